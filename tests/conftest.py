@@ -1,0 +1,11 @@
+"""Shared pytest setup: import paths for the package and the test helpers (tests/servers.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT / "exporter", ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))

@@ -1,0 +1,192 @@
+"""Start real processes for tests: the exporter, Prometheus, Alertmanager.
+
+Every server binds 127.0.0.1 on a free port, lives in a temporary directory and is
+stopped when its context manager exits. Example::
+
+    with run_exporter(["--simulate", str(scenario)]) as url:
+        text = http_get(url + "/metrics")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "exporter"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> str:
+    """GET ``url`` and return the body as text (raises on HTTP errors)."""
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def http_status(url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
+                timeout: float = 5.0) -> tuple[int, str]:
+    """Request ``url`` (POST when ``data`` is given) and return (status, body) even for 4xx/5xx."""
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read().decode()
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
+    """Poll ``predicate()`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - servers may not be up yet
+            last_exc = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})")
+
+
+def exporter_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child exporter process: our sources first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class _Proc:
+    def __init__(self, argv: Sequence[str], env: dict[str, str] | None, log: Path) -> None:
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(list(argv), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def output(self) -> str:
+        self._fh.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._fh.close()
+
+
+@contextlib.contextmanager
+def run_exporter(args: Sequence[str], env: dict[str, str] | None = None,
+                 port: int | None = None, scheme: str = "http",
+                 ready_timeout: float = 20.0) -> Iterator[str]:
+    """Run ``python -m gpu_exporter serve <args>`` on a free port; yield its base URL once /healthz answers."""
+    port = port or free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, "-m", "gpu_exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"]
+        p = _Proc(argv, exporter_env(env), Path(tmp) / "exporter.log")
+        url = f"{scheme}://127.0.0.1:{port}"
+        try:
+            def up() -> bool:
+                if p.proc.poll() is not None:
+                    raise RuntimeError(f"exporter exited with {p.proc.returncode}: {p.output()}")
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            wait_until(up, ready_timeout, what="exporter to listen")
+            yield url
+        finally:
+            p.stop()
+
+
+def promql(prom_url: str, expr: str) -> list[dict[str, Any]]:
+    """Run an instant query against Prometheus and return the result vector."""
+    q = urllib.parse.urlencode({"query": expr})
+    body = json.loads(http_get(f"{prom_url}/api/v1/query?{q}"))
+    if body.get("status") != "success":
+        raise RuntimeError(f"query {expr!r} failed: {body}")
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+@contextlib.contextmanager
+def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
+                   ready_timeout: float = 30.0) -> Iterator[str]:
+    """Run a real Prometheus with ``config_yaml`` (other ``files`` are written beside it); yield its URL.
+
+    Relative paths in the config (rule_files, ...) resolve against the temporary directory.
+    """
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus is not installed: run the README's test command (apt-get install prometheus)")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for name, text in (files or {}).items():
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_text(text)
+        (d / "prometheus.yml").write_text(config_yaml)
+        argv = [binary, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"]
+        p = _Proc(argv, None, d / "prometheus.log")
+        url = f"http://127.0.0.1:{port}"
+        try:
+            def ready() -> bool:
+                if p.proc.poll() is not None:
+                    raise RuntimeError(f"prometheus exited: {p.output()[-2000:]}")
+                return http_status(url + "/-/ready")[0] == 200
+            wait_until(ready, ready_timeout, what="prometheus to be ready")
+            yield url
+        finally:
+            p.stop()
+
+
+@contextlib.contextmanager
+def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> Iterator[str]:
+    """Run a real Alertmanager (Debian ``prometheus-alertmanager``) with ``config_yaml``; yield its URL."""
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        raise RuntimeError("alertmanager is not installed: run the README's test command "
+                           "(apt-get install prometheus-alertmanager)")
+    port, cluster_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "alertmanager.yml").write_text(config_yaml)
+        argv = [binary, f"--config.file={d / 'alertmanager.yml'}", f"--storage.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+                "--cluster.advertise-address=127.0.0.1:" + str(cluster_port)]
+        p = _Proc(argv, None, d / "alertmanager.log")
+        url = f"http://127.0.0.1:{port}"
+        try:
+            def ready() -> bool:
+                if p.proc.poll() is not None:
+                    raise RuntimeError(f"alertmanager exited: {p.output()[-2000:]}")
+                return http_status(url + "/-/ready")[0] == 200
+            wait_until(ready, ready_timeout, what="alertmanager to be ready")
+            yield url
+        finally:
+            p.stop()
