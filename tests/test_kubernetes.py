@@ -16,16 +16,15 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-
 from gpu_exporter.kubernetes import (
     KubernetesAttributionError,
     PodAttribution,
     PodRef,
+    api_pb2,
     device_map,
     normalize_device_id,
 )
-from gpu_exporter.podresources import api_pb2
+from prometheus_client import CollectorRegistry, generate_latest
 
 REPO = Path(__file__).resolve().parents[1]
 GPU0, GPU1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"

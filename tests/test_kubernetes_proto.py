@@ -33,7 +33,7 @@ def test_committed_module_is_generated_from_the_proto(tmp_path: Path) -> None:
 
 
 def test_field_numbers_the_exporter_reads_match_the_kubelet() -> None:
-    from gpu_exporter.podresources import api_pb2
+    from gpu_exporter.kubernetes import api_pb2
 
     # Field numbers of k8s.io/kubelet/pkg/apis/podresources/v1/api.proto.
     assert api_pb2.ListPodResourcesResponse.DESCRIPTOR.fields_by_name["pod_resources"].number == 1
