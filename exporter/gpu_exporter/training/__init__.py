@@ -1,0 +1,71 @@
+"""Instrument a training loop so the exporter can say *why* its GPU is underused.
+
+Standard library only; torch is used when the job has loaded it. Example::
+
+    from gpu_exporter import training
+
+    run = training.start("resnet50-lr3e-4")      # exporter URL from $GPU_EXPORTER_URL
+    for batch in run.data(loader):               # time blocked in next(loader) is phase "data"
+        with run.phase("compute"):
+            loss = train_step(batch)
+        with run.phase("metrics"):
+            log_metrics(loss)
+        run.step(samples=len(batch))
+    run.close()                                  # also happens at interpreter exit
+
+See docs/training.md for the phases, the snapshot schema and honest timing under CUDA.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+
+from .protocol import DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES
+from .pusher import Pusher
+from .run import DEFAULT_MAX_CUSTOM_PHASES, Phase, Run
+
+__all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start"]
+
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Forked children (DataLoader workers) inherit the runs but must never report as the parent."""
+    for run in list(_live_runs):
+        run._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def start(name: str, *, url: str | None = None, token: str | None = None, rank: str | int | None = None,
+          uuid: str | None = None, device: int | None = None, push_interval: float = 5.0,
+          timeout: float = 2.0, sync_every: int = 0,
+          max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES) -> Run:
+    """Start timing run ``name`` and push its snapshots to the exporter in the background.
+
+    ``url``: exporter base URL (default ``$GPU_EXPORTER_URL``, else http://127.0.0.1:9445);
+    ``token``: bearer token (default ``$GPU_EXPORTER_TOKEN``); ``rank``: default ``$RANK`` /
+    ``$LOCAL_RANK`` / 0; ``uuid``: GPU UUID (default: found from CUDA_VISIBLE_DEVICES, torch or
+    NVML); ``device``: CUDA device index; ``sync_every``: call ``torch.cuda.synchronize()`` at
+    phase boundaries on every N-th step so queued GPU work is counted in the phase that issued it
+    (0 = never, the default). Raises ValueError on a bad name or setting.
+
+    >>> run = training.start("bert-base", push_interval=10)
+    >>> with run.phase("compute"):
+    ...     pass
+    >>> run.close()
+    """
+    run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every,
+              max_custom_phases=max_custom_phases)
+    base = (url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL).rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise ValueError(f"training.start: exporter URL {base!r} must start with http:// or https://")
+    token = token if token is not None else os.environ.get("GPU_EXPORTER_TOKEN") or None
+    run._pusher = Pusher(run, base + INGEST_PATH, token, push_interval, timeout)
+    _live_runs.add(run)
+    atexit.register(run.close)
+    run._pusher.start()
+    return run

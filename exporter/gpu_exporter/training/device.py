@@ -1,0 +1,174 @@
+"""Find out which GPU and rank a training process uses, and read torch's allocator figures.
+
+Everything here is best effort and never imports torch: torch is used only when the job has
+already imported it (importing it here would cost seconds in jobs that do not use it), and
+pynvml only as the last resort for the GPU UUID. Example::
+
+    >>> resolve_uuid("GPU-1234", device=0)
+    'GPU-1234'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+_UUID_PREFIXES = ("GPU-", "MIG-")
+
+
+def _torch() -> Any:
+    """The torch module if the job imported it already, else None."""
+    return sys.modules.get("torch")
+
+
+def _torch_cuda_available() -> bool:
+    torch = _torch()
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken CUDA setup means "no CUDA" here
+        return False
+
+
+def resolve_rank(explicit: str | int | None) -> str:
+    """The rank label: ``explicit``, else ``$RANK``, else ``$LOCAL_RANK``, else ``"0"``.
+
+    >>> resolve_rank(3)
+    '3'
+    """
+    if explicit is not None:
+        return str(explicit)
+    for var in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return value
+    return "0"
+
+
+def resolve_device(explicit: int | None) -> int:
+    """The CUDA device index (among the visible ones) this process uses.
+
+    ``explicit``, else torch's current device when CUDA is initialised, else ``$LOCAL_RANK``, else 0.
+
+    >>> resolve_device(1)
+    1
+    """
+    if explicit is not None:
+        return explicit
+    torch = _torch()
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:  # CUDA broken: fall back to the environment
+            pass
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def resolve_uuid(explicit: str | None, device: int) -> str:
+    """The UUID of the GPU (or MIG instance) behind visible CUDA device ``device``; "" if unknown.
+
+    Tried in order: ``explicit``; ``CUDA_VISIBLE_DEVICES`` when it lists UUIDs; torch's device
+    properties when torch with CUDA is loaded; NVML (pynvml) for the physical index that
+    ``CUDA_VISIBLE_DEVICES`` maps ``device`` to. NVML numbers GPUs in PCI bus order; CUDA does
+    too only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so on mixed-model nodes pass the UUID.
+
+    >>> import os; os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-aa,GPU-bb"
+    >>> resolve_uuid(None, 1)
+    'GPU-bb'
+    """
+    if explicit is not None:
+        return explicit
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+    if entries is not None:
+        if device >= len(entries) or not entries[device]:
+            return ""
+        if entries[device].startswith(_UUID_PREFIXES):
+            return entries[device]
+    from_torch = _torch_uuid(device)
+    if from_torch:
+        return from_torch
+    if entries is None:
+        return _nvml_uuid(device)
+    try:
+        return _nvml_uuid(int(entries[device]))
+    except ValueError:
+        return ""
+
+
+def _torch_uuid(device: int) -> str:
+    if not _torch_cuda_available():
+        return ""
+    try:
+        uuid = str(_torch().cuda.get_device_properties(device).uuid)
+    except Exception:  # old torch without .uuid, or a bad index
+        return ""
+    return uuid if uuid.startswith(_UUID_PREFIXES) else "GPU-" + uuid
+
+
+def _nvml_uuid(index: int) -> str:
+    try:
+        import pynvml
+    except ImportError:
+        return ""
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver
+        return ""
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    except Exception:  # bad index, lost GPU
+        return ""
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def allocator_stats(device: int) -> dict[str, int] | None:
+    """torch's caching-allocator figures for ``device``, or None without initialised CUDA.
+
+    Called from the pusher thread only, never on the training hot path.
+
+    >>> allocator_stats(0) is None  # no CUDA on this machine
+    True
+    """
+    torch = _torch()
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        stats = torch.cuda.memory_stats(device)
+    except Exception:
+        return None
+    return {
+        "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
+        "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
+        "retries": int(stats.get("num_alloc_retries", 0)),
+        "ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def synchronizer(device: int) -> Callable[[], None] | None:
+    """A function that waits for all queued CUDA work on ``device``, or None without CUDA.
+
+    >>> synchronizer(0) is None  # no CUDA on this machine
+    True
+    """
+    if not _torch_cuda_available():
+        return None
+    cuda = _torch().cuda
+
+    def synchronize() -> None:
+        cuda.synchronize(device)
+
+    return synchronize

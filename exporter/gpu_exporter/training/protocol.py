@@ -1,0 +1,50 @@
+"""The wire contract between the training library and the exporter's ingest endpoint.
+
+Both sides import these constants, so the phase names, the label charset and the schema
+version cannot drift apart. Example::
+
+    >>> from gpu_exporter.training.protocol import LABEL_RE
+    >>> bool(LABEL_RE.fullmatch("resnet50-lr3e-4"))
+    True
+"""
+
+from __future__ import annotations
+
+import re
+
+SCHEMA_VERSION = 1
+"""Value of the ``version`` field of every snapshot."""
+
+INGEST_PATH = "/api/v1/training"
+"""Path on the exporter that takes snapshots (HTTP POST, ``Content-Type: application/json``)."""
+
+DEFAULT_URL = "http://127.0.0.1:9445"
+"""Exporter base URL used when neither ``url=`` nor ``GPU_EXPORTER_URL`` is given."""
+
+STANDARD_PHASES = ("data", "compute", "metrics", "checkpoint")
+"""Phases every run reports, even at zero seconds."""
+
+OTHER = "other"
+"""The phase that collects time spent outside every named phase, so phases add up to wall time."""
+
+LABEL_CHARS = "A-Za-z0-9_.:/@+-"
+LABEL_RE = re.compile(f"[{LABEL_CHARS}]+")
+"""Characters allowed in run names, ranks, UUIDs and phase names (one or more)."""
+
+MAX_LABEL_LENGTH = 128
+"""Longest run name, rank or phase name the library accepts (the exporter's default limit)."""
+
+
+def check_label(kind: str, value: str, max_length: int = MAX_LABEL_LENGTH) -> str | None:
+    """Return why ``value`` is not a valid label value, or None when it is.
+
+    >>> check_label("run", "bad name")
+    "run 'bad name' may only contain A-Za-z0-9_.:/@+-"
+    """
+    if not value:
+        return f"{kind} must not be empty"
+    if len(value) > max_length:
+        return f"{kind} is {len(value)} characters long; the limit is {max_length}"
+    if not LABEL_RE.fullmatch(value):
+        return f"{kind} {value[:40]!r} may only contain {LABEL_CHARS}"
+    return None

@@ -1,0 +1,318 @@
+"""A training run: phase timers on the hot path, cumulative snapshots for the pusher.
+
+Concurrency design (single writer, no lock on the hot path): only the training thread
+writes the timing state (``Phase.seconds``, ``Run._current``, ``Run._since``). Each phase
+change is bracketed by two increments of ``Run._seq`` (odd while a change is in progress),
+a seqlock: the pusher thread copies the state and keeps the copy only if ``_seq`` was even
+and unchanged across the copy, else it copies again. A torn copy could otherwise count the
+time since the last change twice and make a counter go down in the next snapshot, which the
+exporter rejects. Under the GIL every attribute store is atomic and seen in program order,
+so this is enough; the writer never waits for the reader.
+
+Example::
+
+    >>> run = Run("demo")
+    >>> with run.phase("compute"):
+    ...     pass
+    >>> run.step(samples=32)
+    >>> run.snapshot()["steps"]
+    1
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from time import perf_counter
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from . import device as _device
+from .protocol import MAX_LABEL_LENGTH, OTHER, SCHEMA_VERSION, STANDARD_PHASES, check_label
+
+if TYPE_CHECKING:
+    from .pusher import Pusher
+
+T = TypeVar("T")
+
+DEFAULT_MAX_CUSTOM_PHASES = 8
+"""Custom phases a run may add beside the standard ones (the exporter caps phases per run too)."""
+
+
+class Phase:
+    """One named phase of a run: a reusable context manager that adds its time to the run.
+
+    Nesting is allowed and exclusive: inside ``compute``, a ``metrics`` block pauses
+    ``compute``, so the phases still add up to wall time. Keep the object to skip the
+    name lookup in tight loops::
+
+        compute = run.phase("compute")
+        for batch in run.data(loader):
+            with compute:
+                loss = model(batch)
+    """
+
+    __slots__ = ("_depth", "_prev", "_run", "name", "seconds")
+
+    def __init__(self, run: Run, name: str) -> None:
+        self._run = run
+        self.name = name
+        self.seconds = 0.0
+        """Seconds spent in this phase, finished visits only (the pusher adds the open one)."""
+        self._prev: Phase | None = None
+        self._depth = 0
+
+    def __enter__(self) -> Phase:
+        run = self._run
+        if run._sync_now:
+            run._synchronize()
+        now = perf_counter()
+        current = run._current
+        if current is self:  # re-entered while already current: only count the depth
+            self._depth += 1
+            return self
+        run._seq += 1
+        current.seconds += now - run._since
+        run._since = now
+        self._prev = current
+        run._current = self
+        run._seq += 1
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        run = self._run
+        if self._depth:
+            self._depth -= 1
+            return
+        if run._current is not self:  # exited out of order: leave the state alone
+            return
+        if run._sync_now:
+            run._synchronize()
+        now = perf_counter()
+        run._seq += 1
+        self.seconds += now - run._since
+        run._since = now
+        run._current = self._prev  # type: ignore[assignment]  # set on enter, never None here
+        run._seq += 1
+
+
+class Run:
+    """Timing state of one training process (one run, one rank); create it with ``training.start``.
+
+    ``Run`` itself does no I/O; ``start()`` attaches the background pusher. Example::
+
+        run = Run("resnet50", rank="0", uuid="GPU-...")
+        with run.phase("data"):
+            batch = next(it)
+        run.step(samples=len(batch))
+    """
+
+    def __init__(self, name: str, *, rank: str | int | None = None, uuid: str | None = None,
+                 device: int | None = None, sync_every: int = 0,
+                 max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES) -> None:
+        problem = check_label("run name", name)
+        if problem is not None:
+            raise ValueError(f"training.start: {problem}")
+        rank_label = _device.resolve_rank(rank)
+        problem = check_label("rank", rank_label)
+        if problem is not None:
+            raise ValueError(f"training.start: {problem} (set rank= or $RANK)")
+        if uuid is not None and uuid != "":
+            problem = check_label("uuid", uuid)
+            if problem is not None:
+                raise ValueError(f"training.start: {problem}")
+        if sync_every < 0:
+            raise ValueError(f"training.start: sync_every must be 0 (off) or > 0, not {sync_every}")
+        if max_custom_phases < 0:
+            raise ValueError(f"training.start: max_custom_phases must be >= 0, not {max_custom_phases}")
+        self.name = name
+        self.rank = rank_label
+        self.started_at = time.time()
+        self.steps = 0
+        self.samples = 0
+        self.batch_size = 0
+        self._explicit_uuid = uuid
+        self._explicit_device = device
+        self._identity: tuple[str, int] | None = None
+        self._identity_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self._max_custom = max_custom_phases
+        self._other = Phase(self, OTHER)
+        self._phases: dict[str, Phase] = {OTHER: self._other}
+        self._order: list[Phase] = [self._other]
+        for standard in STANDARD_PHASES:
+            self._add_phase(standard)
+        self._current: Phase = self._other
+        self._seq = 0
+        self._start = perf_counter()
+        self._since = self._start
+        self._sync_every = sync_every
+        self._sync_now = False
+        self._sync_fn: Callable[[], None] | None = None
+        self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
+        self._pusher: Pusher | None = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close()``, and always in a forked child (which never reports)."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop pushing and send the final snapshot (bounded by the push timeout); also runs at exit.
+
+        In a forked child (a DataLoader worker) this does nothing: only the parent reports.
+
+        >>> run = Run("demo"); run.close(); run.closed
+        True
+        """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        pusher, self._pusher = self._pusher, None
+        if pusher is not None and os.getpid() == self._pid:
+            pusher.stop()
+
+    def _forked(self) -> None:
+        """In a forked child: this copy of the run must never report as the parent."""
+        self._closed = True
+        self._pusher = None
+
+    def _add_phase(self, name: str) -> Phase:
+        phase = Phase(self, name)
+        self._phases[name] = phase
+        self._order.append(phase)  # list.append is atomic: the pusher iterates a copy
+        return phase
+
+    def phase(self, name: str) -> Phase:
+        """The context manager for phase ``name`` (standard: data, compute, metrics, checkpoint).
+
+        A new name adds a custom phase, up to ``max_custom_phases``; beyond that, ValueError.
+
+        >>> run = Run("demo")
+        >>> with run.phase("compute"):
+        ...     pass
+        """
+        phase = self._phases.get(name)
+        if phase is not None:
+            return phase
+        problem = check_label("phase name", name, MAX_LABEL_LENGTH)
+        if problem is not None:
+            raise ValueError(f"run.phase: {problem}")
+        if len(self._phases) - 1 - len(STANDARD_PHASES) >= self._max_custom:
+            raise ValueError(f"run.phase: cannot add phase {name!r}: the run already has {self._max_custom} "
+                             f"custom phases (max_custom_phases); reuse one of {sorted(self._phases)}")
+        return self._add_phase(name)
+
+    def data(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Iterate ``iterable``, counting the time blocked in ``next()`` as phase ``data``.
+
+        >>> run = Run("demo")
+        >>> [x for x in run.data([1, 2])]
+        [1, 2]
+        """
+        iterator = iter(iterable)
+        phase = self._phases["data"]
+        while True:
+            with phase:
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+            yield item
+
+    def step(self, samples: int = 0) -> None:
+        """Count one finished training step of ``samples`` samples (also the current batch size).
+
+        >>> run = Run("demo"); run.step(samples=64); run.batch_size
+        64
+        """
+        steps = self.steps + 1
+        self.steps = steps
+        if samples:
+            self.samples += samples
+            self.batch_size = samples
+        if self._sync_every:
+            self._sync_now = steps % self._sync_every == 0
+
+    def _synchronize(self) -> None:
+        if self._sync_fn is None:
+            self._sync_fn = _device.synchronizer(self.identity()[1]) or _no_sync
+        self._sync_fn()
+
+    def identity(self) -> tuple[str, int]:
+        """(GPU UUID or "", CUDA device index), found once on first use (may ask torch or NVML).
+
+        >>> Run("demo", uuid="GPU-1").identity()[0]
+        'GPU-1'
+        """
+        with self._identity_lock:
+            if self._identity is None:
+                index = _device.resolve_device(self._explicit_device)
+                uuid = _device.resolve_uuid(self._explicit_uuid, index)
+                if check_label("uuid", uuid) is not None:
+                    uuid = ""
+                self._identity = (uuid, index)
+            return self._identity
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds per phase so far, the open phase included; they add up to wall time since start.
+
+        Safe to call from any thread (see the module docstring).
+
+        >>> sorted(Run("demo").phase_seconds())
+        ['checkpoint', 'compute', 'data', 'metrics', 'other']
+        """
+        while True:
+            seq = self._seq
+            if seq & 1:
+                time.sleep(0)  # a phase change is half done: let the training thread finish it
+                continue
+            now = perf_counter()
+            current, since = self._current, self._since
+            seconds = {phase.name: phase.seconds for phase in list(self._order)}
+            if self._seq == seq:
+                seconds[current.name] += now - since
+                return seconds
+
+    def snapshot(self, finished: bool = False) -> dict[str, Any]:
+        """The cumulative JSON document the pusher sends (schema in docs/training.md).
+
+        >>> Run("demo", uuid="").snapshot()["current_phase"]
+        'other'
+        """
+        uuid, index = self.identity()
+        body: dict[str, Any] = {
+            "version": SCHEMA_VERSION,
+            "run": self.name,
+            "rank": self.rank,
+            "uuid": uuid,
+            "started_at": self.started_at,
+            "pid": self._pid,
+            "phases": self.phase_seconds(),
+            "current_phase": "" if finished else self._current.name,
+            "steps": self.steps,
+            "samples": self.samples,
+            "batch_size": self.batch_size,
+            "finished": finished,
+        }
+        allocator = self._allocator(index)
+        if allocator is not None:
+            body["allocator"] = allocator
+        return body
+
+
+def _no_sync() -> None:
+    """Stand-in synchronizer without CUDA: nothing is queued, so nothing to wait for."""
