@@ -67,19 +67,18 @@ class Phase:
 
     def __enter__(self) -> Phase:
         run = self._run
-        if run._sync_now:
-            run._synchronize()
         now = perf_counter()
         current = run._current
         if current is self:  # re-entered while already current: only count the depth
             self._depth += 1
             return self
-        run._seq += 1
+        seq = run._seq + 1
+        run._seq = seq  # odd: change in progress
         current.seconds += now - run._since
         run._since = now
         self._prev = current
         run._current = self
-        run._seq += 1
+        run._seq = seq + 1
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -90,14 +89,32 @@ class Phase:
             return
         if run._current is not self:  # exited out of order: leave the state alone
             return
-        if run._sync_now:
-            run._synchronize()
         now = perf_counter()
-        run._seq += 1
+        seq = run._seq + 1
+        run._seq = seq
         self.seconds += now - run._since
         run._since = now
         run._current = self._prev  # type: ignore[assignment]  # set on enter, never None here
-        run._seq += 1
+        run._seq = seq + 1
+
+
+class _SyncPhase(Phase):
+    """A Phase that first waits for queued CUDA work (see ``sync_every``).
+
+    ``Run.step`` switches the class of its phases on the steps that synchronise, so the plain
+    path pays nothing for the option.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:
+        self._run._synchronize()
+        return Phase.__enter__(self)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._run._synchronize()
+        Phase.__exit__(self, exc_type, exc, tb)
 
 
 class Run:
@@ -142,6 +159,7 @@ class Run:
         self._pid = os.getpid()
         self._closed = False
         self._max_custom = max_custom_phases
+        self._sync_now = False
         self._other = Phase(self, OTHER)
         self._phases: dict[str, Phase] = {OTHER: self._other}
         self._order: list[Phase] = [self._other]
@@ -152,7 +170,6 @@ class Run:
         self._start = perf_counter()
         self._since = self._start
         self._sync_every = sync_every
-        self._sync_now = False
         self._sync_fn: Callable[[], None] | None = None
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
         self._pusher: Pusher | None = None
@@ -191,7 +208,7 @@ class Run:
         self._pusher = None
 
     def _add_phase(self, name: str) -> Phase:
-        phase = Phase(self, name)
+        phase = _SyncPhase(self, name) if self._sync_now else Phase(self, name)
         self._phases[name] = phase
         self._order.append(phase)  # list.append is atomic: the pusher iterates a copy
         return phase
@@ -245,7 +262,12 @@ class Run:
             self.samples += samples
             self.batch_size = samples
         if self._sync_every:
-            self._sync_now = steps % self._sync_every == 0
+            sync_now = steps % self._sync_every == 0
+            if sync_now != self._sync_now:
+                self._sync_now = sync_now
+                cls = _SyncPhase if sync_now else Phase
+                for phase in self._order:
+                    phase.__class__ = cls
 
     def _synchronize(self) -> None:
         if self._sync_fn is None:
