@@ -1,0 +1,371 @@
+"""Ingest of training snapshots pushed by instrumented jobs, and their gpu_training_* metrics.
+
+The HTTP server hands every POST to /api/v1/training to ``TrainingStore.handle_push`` and
+registers the store as a prometheus_client collector. Pushed bodies are untrusted: each is
+size-checked, parsed, validated against the schema (docs/training.md), limited in label
+charset, label length and cardinality, and checked for counters that go down. A rejection is
+a 4xx with a one-line reason, counted in ``gpu_exporter_ingest_requests_total{outcome}``.
+
+A job restarted under the same run name sends a new ``started_at``: that is a new
+incarnation, whose counters may start again from zero (Prometheus sees a counter reset).
+Within one incarnation counters must not decrease; pushes from an older incarnation are
+refused. Example::
+
+    store = TrainingStore(IngestSettings())
+    status, reason = store.handle_push(body, "application/json", None)
+    registry.register(store)
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .training.protocol import SCHEMA_VERSION, check_label
+
+OUTCOMES = (
+    "accepted", "disabled", "unauthorized", "too_large", "unsupported_media_type", "malformed_json",
+    "invalid_schema", "invalid_label", "non_finite", "negative_value", "decreasing_counter",
+    "old_incarnation", "too_many_phases", "too_many_runs",
+)
+"""Every value of the ``outcome`` label of gpu_exporter_ingest_requests_total."""
+
+_STATUS = {
+    "disabled": 404, "unauthorized": 401, "too_large": 413, "unsupported_media_type": 415,
+    "malformed_json": 400, "invalid_schema": 400, "invalid_label": 400, "non_finite": 400,
+    "negative_value": 400, "decreasing_counter": 409, "old_incarnation": 409, "too_many_phases": 422,
+    "too_many_runs": 429,
+}
+
+_HELP = {
+    "phase_seconds": "Seconds the training loop spent in each phase; the phases add up to wall time.",
+    "current_phase": "1 for the phase the training loop is in now, 0 for the others.",
+    "steps": "Training steps finished.",
+    "samples": "Training samples processed.",
+    "batch_size": "Samples in the most recent training step.",
+    "last_push": "Unix time the exporter received the run's latest snapshot.",
+    "allocated": "Bytes allocated through torch's CUDA caching allocator.",
+    "reserved": "Bytes reserved by torch's CUDA caching allocator.",
+    "retries": "cudaMalloc retries after torch's caching allocator freed its cache.",
+    "ooms": "Out-of-memory errors raised by torch's CUDA caching allocator.",
+    "requests": "Training snapshot pushes, by outcome (accepted or the rejection reason).",
+    "runs": "Training runs (distinct run, rank, uuid) currently reporting.",
+}
+
+_ALLOCATOR_FIELDS = ("allocated_bytes", "reserved_bytes", "retries", "ooms")
+_ALLOCATOR_COUNTERS = ("retries", "ooms")
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """Limits of the training ingest endpoint (config keys ``ingest.*``).
+
+    >>> IngestSettings(max_runs=8).max_phases_per_run
+    16
+    """
+
+    enabled: bool = True
+    token_file: str | None = None
+    max_body_bytes: int = 65536
+    max_runs: int = 64
+    max_phases_per_run: int = 16
+    max_label_length: int = 128
+    stale_after_seconds: float = 300.0
+
+
+class Rejected(Exception):
+    """A pushed snapshot was refused: ``outcome`` is the metric label, the message says why."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """The newest accepted snapshot of one (run, rank, uuid)."""
+
+    started_at: float
+    phases: dict[str, float]
+    current_phase: str
+    steps: int
+    samples: int
+    batch_size: int
+    finished: bool
+    allocator: dict[str, float] | None
+    received_at: float
+
+
+_Key = tuple[str, str, str]
+
+
+class TrainingStore:
+    """Validated training snapshots, exposed as gpu_training_* metrics (a prometheus_client collector).
+
+    Thread-safe: the HTTP server's threads push while the scrape thread collects.
+
+    >>> store = TrainingStore(IngestSettings())
+    >>> store.handle_push(b"{}", "application/json", None)[0]
+    400
+    """
+
+    def __init__(self, settings: IngestSettings, clock: Callable[[], float] = time.time) -> None:
+        for name in ("max_body_bytes", "max_runs", "max_phases_per_run", "max_label_length"):
+            if getattr(settings, name) < 1:
+                raise ValueError(f"ingest.{name} must be at least 1, not {getattr(settings, name)}")
+        if not settings.stale_after_seconds > 0:
+            raise ValueError(f"ingest.stale_after_seconds must be > 0, not {settings.stale_after_seconds}")
+        self._settings = settings
+        self._clock = clock
+        self._token = _read_token(settings.token_file) if settings.token_file else None
+        self._lock = threading.Lock()
+        self._entries: dict[_Key, _Entry] = {}
+        self._outcomes = dict.fromkeys(OUTCOMES, 0)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest body accepted; the server answers 413 for a larger Content-Length without reading it."""
+        return self._settings.max_body_bytes
+
+    def count_rejection(self, outcome: str) -> None:
+        """Count a push the server refused itself (for example ``"too_large"`` from Content-Length).
+
+        >>> TrainingStore(IngestSettings()).count_rejection("too_large")
+        """
+        if outcome not in self._outcomes or outcome == "accepted":
+            raise ValueError(f"unknown ingest rejection {outcome!r}; use one of {OUTCOMES[1:]}")
+        with self._lock:
+            self._outcomes[outcome] += 1
+
+    def handle_push(self, body: bytes, content_type: str | None,
+                    authorization: str | None) -> tuple[int, str]:
+        """Validate and store one pushed snapshot; return (HTTP status, one-line reason). Never raises.
+
+        >>> TrainingStore(IngestSettings()).handle_push(b"x", "text/plain", None)
+        (415, 'rejected (unsupported_media_type): send Content-Type: application/json')
+        """
+        try:
+            key, entry = self._validate(body, content_type, authorization)
+            with self._lock:
+                self._store(key, entry)
+                self._outcomes["accepted"] += 1
+            return 202, "accepted"
+        except Rejected as rejected:
+            with self._lock:
+                self._outcomes[rejected.outcome] += 1
+            return _STATUS[rejected.outcome], f"rejected ({rejected.outcome}): {rejected}"
+        except Exception as err:  # a validation bug must still not become a 5xx
+            with self._lock:
+                self._outcomes["invalid_schema"] += 1
+            return 400, f"rejected (invalid_schema): {type(err).__name__}"
+
+    def current_phase(self, uuid: str) -> str | None:
+        """The current phase of the most recently pushed live run on GPU ``uuid``, or None.
+
+        >>> TrainingStore(IngestSettings()).current_phase("GPU-1") is None
+        True
+        """
+        with self._lock:
+            self._expire()
+            live = [e for (_, _, u), e in self._entries.items() if u == uuid and not e.finished]
+        if not live:
+            return None
+        return max(live, key=lambda e: e.received_at).current_phase or None
+
+    def describe(self) -> list[Metric]:
+        """No fixed description: the families depend on what was pushed."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the gpu_training_* families and the ingest health metrics."""
+        with self._lock:
+            self._expire()
+            entries = sorted(self._entries.items())
+            outcomes = dict(self._outcomes)
+        labels = ["run", "rank", "uuid"]
+        phase_seconds = CounterMetricFamily("gpu_training_phase_seconds", _HELP["phase_seconds"],
+                                            labels=[*labels, "phase"])
+        current = GaugeMetricFamily("gpu_training_current_phase", _HELP["current_phase"], labels=[*labels, "phase"])
+        steps = CounterMetricFamily("gpu_training_steps", _HELP["steps"], labels=labels)
+        samples = CounterMetricFamily("gpu_training_samples", _HELP["samples"], labels=labels)
+        batch = GaugeMetricFamily("gpu_training_batch_size", _HELP["batch_size"], labels=labels)
+        pushed = GaugeMetricFamily("gpu_training_last_push_timestamp_seconds", _HELP["last_push"], labels=labels)
+        allocated = GaugeMetricFamily("gpu_training_allocator_allocated_bytes", _HELP["allocated"], labels=labels)
+        reserved = GaugeMetricFamily("gpu_training_allocator_reserved_bytes", _HELP["reserved"], labels=labels)
+        retries = CounterMetricFamily("gpu_training_allocator_retries", _HELP["retries"], labels=labels)
+        ooms = CounterMetricFamily("gpu_training_allocator_ooms", _HELP["ooms"], labels=labels)
+        for (run, rank, uuid), entry in entries:
+            values = [run, rank, uuid]
+            for phase, seconds in entry.phases.items():
+                phase_seconds.add_metric([*values, phase], seconds)
+                current.add_metric([*values, phase], 1.0 if phase == entry.current_phase else 0.0)
+            steps.add_metric(values, entry.steps)
+            samples.add_metric(values, entry.samples)
+            batch.add_metric(values, entry.batch_size)
+            pushed.add_metric(values, entry.received_at)
+            if entry.allocator is not None:
+                allocated.add_metric(values, entry.allocator["allocated_bytes"])
+                reserved.add_metric(values, entry.allocator["reserved_bytes"])
+                retries.add_metric(values, entry.allocator["retries"])
+                ooms.add_metric(values, entry.allocator["ooms"])
+        yield from (phase_seconds, current, steps, samples, batch, pushed, allocated, reserved, retries, ooms)
+        requests = CounterMetricFamily("gpu_exporter_ingest_requests", _HELP["requests"], labels=["outcome"])
+        for outcome, count in outcomes.items():
+            requests.add_metric([outcome], count)
+        yield requests
+        yield GaugeMetricFamily("gpu_exporter_training_runs", _HELP["runs"], value=len(entries))
+
+    # -- validation -------------------------------------------------------------------------
+
+    def _validate(self, body: bytes, content_type: str | None,
+                  authorization: str | None) -> tuple[_Key, _Entry]:
+        s = self._settings
+        if not s.enabled:
+            raise Rejected("disabled", "training ingest is off (ingest.enabled: false)")
+        if self._token is not None:
+            offered = _bearer(authorization)
+            if offered is None or not hmac.compare_digest(offered, self._token):
+                raise Rejected("unauthorized", "send Authorization: Bearer <token from ingest.token_file>")
+        if len(body) > s.max_body_bytes:
+            raise Rejected("too_large", f"body of {len(body)} bytes exceeds ingest.max_body_bytes="
+                                        f"{s.max_body_bytes}")
+        if content_type is None or content_type.split(";", 1)[0].strip().lower() != "application/json":
+            raise Rejected("unsupported_media_type", "send Content-Type: application/json")
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise Rejected("malformed_json", f"body is not UTF-8 JSON ({str(err)[:80]})") from None
+        if not isinstance(doc, dict):
+            raise Rejected("invalid_schema", "body must be a JSON object")
+        if doc.get("version") != SCHEMA_VERSION or isinstance(doc.get("version"), bool):
+            raise Rejected("invalid_schema", f"version must be {SCHEMA_VERSION}")
+        run = self._label(doc, "run")
+        rank = self._label(doc, "rank")
+        uuid = self._label(doc, "uuid", allow_empty=True)
+        started_at = _number(doc, "started_at")
+        if started_at <= 0:
+            raise Rejected("invalid_schema", "started_at must be a Unix time > 0")
+        phases_doc = doc.get("phases")
+        if not isinstance(phases_doc, dict) or not phases_doc:
+            raise Rejected("invalid_schema", "phases must be a non-empty object of phase name -> seconds")
+        if len(phases_doc) > s.max_phases_per_run:
+            raise Rejected("too_many_phases", f"{len(phases_doc)} phases exceed ingest.max_phases_per_run="
+                                              f"{s.max_phases_per_run}")
+        phases: dict[str, float] = {}
+        for name in phases_doc:
+            problem = check_label("phase name", name, s.max_label_length)
+            if problem is not None:
+                raise Rejected("invalid_label", problem)
+            phases[name] = _number(phases_doc, name, f"phases.{name}")
+        current = doc.get("current_phase")
+        if not isinstance(current, str) or (current and current not in phases):
+            raise Rejected("invalid_schema", "current_phase must be one of the phases, or \"\"")
+        finished = doc.get("finished", False)
+        if not isinstance(finished, bool):
+            raise Rejected("invalid_schema", "finished must be true or false")
+        allocator: dict[str, float] | None = None
+        allocator_doc = doc.get("allocator")
+        if allocator_doc is not None:
+            if not isinstance(allocator_doc, dict):
+                raise Rejected("invalid_schema", "allocator must be an object")
+            allocator = {f: _number(allocator_doc, f, f"allocator.{f}") for f in _ALLOCATOR_FIELDS}
+        entry = _Entry(started_at=started_at, phases=phases, current_phase="" if finished else current,
+                       steps=_integer(doc, "steps"), samples=_integer(doc, "samples"),
+                       batch_size=_integer(doc, "batch_size"), finished=finished, allocator=allocator,
+                       received_at=self._clock())
+        return (run, rank, uuid), entry
+
+    def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
+        value = doc.get(field)
+        if not isinstance(value, str):
+            raise Rejected("invalid_schema", f"{field} must be a string")
+        if allow_empty and value == "":
+            return value
+        problem = check_label(field, value, self._settings.max_label_length)
+        if problem is not None:
+            raise Rejected("invalid_label", problem)
+        return value
+
+    # -- storage (called with the lock held) ------------------------------------------------
+
+    def _store(self, key: _Key, entry: _Entry) -> None:
+        self._expire()
+        old = self._entries.get(key)
+        if old is None:
+            if len(self._entries) >= self._settings.max_runs:
+                raise Rejected("too_many_runs", f"already {len(self._entries)} runs (ingest.max_runs); "
+                                                "retry after stale runs expire")
+        elif entry.started_at < old.started_at:
+            raise Rejected("old_incarnation", f"run {key[0]} rank {key[1]} restarted at {old.started_at}; "
+                                              "this push is from an older process")
+        elif entry.started_at == old.started_at:
+            _check_monotonic(old, entry)
+        self._entries[key] = entry
+
+    def _expire(self) -> None:
+        cutoff = self._clock() - self._settings.stale_after_seconds
+        for key in [k for k, e in self._entries.items() if e.received_at < cutoff]:
+            del self._entries[key]
+
+
+def _check_monotonic(old: _Entry, new: _Entry) -> None:
+    pairs = [(f"phases.{p}", v, new.phases.get(p, -1.0)) for p, v in old.phases.items()]
+    pairs += [("steps", old.steps, new.steps), ("samples", old.samples, new.samples)]
+    if old.allocator is not None and new.allocator is not None:
+        pairs += [(f"allocator.{f}", old.allocator[f], new.allocator[f]) for f in _ALLOCATOR_COUNTERS]
+    for field, before, after in pairs:
+        if after < before:
+            shown = "missing" if after < 0 else after
+            raise Rejected("decreasing_counter", f"{field} went from {before} to {shown} within one run "
+                                                 "incarnation (same started_at)")
+
+
+def _number(doc: dict[str, Any], field: str, shown: str | None = None) -> float:
+    value = doc.get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Rejected("invalid_schema", f"{shown or field} must be a number")
+    result = float(value) if isinstance(value, float) or abs(value) < 2**63 else math.inf
+    if not math.isfinite(result):
+        raise Rejected("non_finite", f"{shown or field} must be finite")
+    if result < 0:
+        raise Rejected("negative_value", f"{shown or field} must not be negative")
+    return result
+
+
+def _integer(doc: dict[str, Any], field: str) -> int:
+    value = doc.get(field)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Rejected("invalid_schema", f"{field} must be an integer")
+    if value < 0:
+        raise Rejected("negative_value", f"{field} must not be negative")
+    if value >= 2**63:
+        raise Rejected("invalid_schema", f"{field} is implausibly large")
+    return value
+
+
+def _bearer(authorization: str | None) -> bytes | None:
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip().encode("utf-8", "replace")
+
+
+def _read_token(path: str) -> bytes:
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as err:
+        raise ValueError(f"ingest.token_file {path}: cannot read it ({err.strerror})") from None
+    if not token:
+        raise ValueError(f"ingest.token_file {path} is empty; put the bearer token in it")
+    return token
