@@ -1,0 +1,142 @@
+"""Assemble and run the exporter from a Config: NVML (or simulated GPUs), the sampler and its
+collectors, XID events, training ingest, Kubernetes attribution, and the HTTP server.
+
+Example::
+
+    exporter = Exporter(load_config(None, env={}, flags={"simulate.enabled": True}))
+    exporter.start()            # background threads; exporter.url tells where
+    exporter.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import fields
+from typing import Any
+
+from gpu_exporter.collectors.base import PollingCollector
+from gpu_exporter.collectors.device import DeviceCollector
+from gpu_exporter.collectors.gpm import GpmCollector
+from gpu_exporter.collectors.health import HealthCollector
+from gpu_exporter.collectors.mig import MigCollector
+from gpu_exporter.collectors.pcie import PcieCollector
+from gpu_exporter.collectors.processes import ProcessCollector
+from gpu_exporter.collectors.utilization import UtilizationCollector
+from gpu_exporter.collectors.xid import XidCollector
+from gpu_exporter.config import Config
+from gpu_exporter.ingest import IngestSettings, TrainingStore
+from gpu_exporter.nvml import Nvml
+from gpu_exporter.sampler import Sampler
+from gpu_exporter.server import MetricsServer, Source
+
+log = logging.getLogger(__name__)
+
+POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = (
+    UtilizationCollector, DeviceCollector, PcieCollector, ProcessCollector, MigCollector, GpmCollector)
+
+
+class Exporter:
+    """The running exporter; :meth:`start` raises DriverNotFound, AddressInUse or a config error."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.simulated: Any = None
+        if config.simulate_enabled:
+            from gpu_exporter import simulate
+
+            self.simulated = simulate.install(config.simulate_scenario)
+        self.nvml = Nvml()
+        disabled = set(config.collectors_disabled)
+        polling = [cls() for cls in POLLING_COLLECTORS if cls.name not in disabled]
+        self.sampler = Sampler(self.nvml, polling, poll_interval=config.poll_interval,
+                               discovery_interval=config.discovery_interval)
+        self.xid = XidCollector(self.nvml, lambda: self.sampler.gpus) if "xid" not in disabled else None
+        self.training: TrainingStore | None = None
+        if config.ingest_enabled:
+            wanted = {f.name for f in fields(IngestSettings)}
+            self.training = TrainingStore(IngestSettings(**{k: v for k, v in config.section("ingest").items()
+                                                             if k in wanted}))
+            if self.simulated is not None:
+                self.simulated.set_training_source(self.training.current_phase)
+        self.pods: Any = None
+        if config.kubernetes_enabled:
+            from gpu_exporter.kubernetes import PodAttribution
+
+            self.pods = PodAttribution(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds,
+                                       devices=self._inventory)
+        self.health = HealthCollector(self.sampler, self._extra_status)
+        sources: list[Source] = [*polling]
+        sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
+        sources.append(self.health)
+        self.sources = sources
+        self.server: MetricsServer | None = None
+
+    def _inventory(self) -> list[tuple[str, str, str]]:
+        out = []
+        for gpu in self.sampler.gpus[1]:
+            out.append((str(gpu.index), gpu.uuid, ""))
+            out += [(str(gpu.index), gpu.uuid, mig.uuid) for mig in gpu.mig_instances]
+        return out
+
+    def _extra_status(self) -> dict[str, bool]:
+        status = {}
+        if self.xid is not None:
+            status["xid"] = self.xid.healthy
+        if self.pods is not None:
+            status["kubernetes"] = bool(self.pods.last_success)
+        return status
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, reason): ready while the newest complete NVML poll is fresh."""
+        age = self.sampler.sample_age()
+        if age is None:
+            return False, "no NVML sample yet (is the NVIDIA driver loaded?)"
+        if age > self.config.stale_after:
+            return False, f"newest NVML sample is {age:.1f}s old (limit {self.config.stale_after:g}s)"
+        return True, f"ok: newest sample {age:.1f}s old"
+
+    def start(self) -> None:
+        """Initialise NVML (failing fast without a driver), bind the server, start the threads."""
+        self.nvml.init()
+        self.sampler.poll_once()
+        ssl_context, check_auth = None, None
+        if self.config.web_config_file:
+            from gpu_exporter.web_config import load_web_config
+
+            web = load_web_config(self.config.web_config_file)
+            ssl_context = web.ssl_context()
+            check_auth = web.check_auth if web.basic_auth_users else None
+        self.server = MetricsServer(
+            self.config.listen_host_port, self.sources, ready=self.ready,
+            telemetry_path=self.config.web_telemetry_path, ingest=self.training,
+            ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure)
+        self.sampler.start()
+        if self.xid is not None:
+            self.xid.start()
+        if self.pods is not None:
+            self.pods.start()
+        self.server.run_in_thread()
+        port = self.server.server_address[1]
+        scheme = "https" if ssl_context is not None else "http"
+        log.info("serving %s://%s:%s%s for %d GPU(s)%s", scheme, self.config.listen_host_port[0] or "*",
+                 port, self.config.web_telemetry_path, len(self.sampler.gpus[1]),
+                 " (simulated)" if self.simulated is not None else "")
+
+    def stop(self) -> None:
+        """Stop serving and polling; release NVML."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        for part in (self.pods, self.xid):
+            if part is not None:
+                part.stop()
+        self.sampler.stop()
+
+    def serve_until(self, stop: threading.Event) -> None:
+        """Start, block until ``stop`` is set, then stop."""
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()

@@ -1,0 +1,105 @@
+"""Command line: ``gpu-exporter [serve] [flags]`` (the default sub-command).
+
+Every setting of :mod:`gpu_exporter.config` is a flag (``--poll-interval``,
+``--web.listen-address``, ...); ``--simulate [SCENARIO]`` runs on simulated GPUs.
+
+Example::
+
+    gpu-exporter --simulate --web.listen-address :9445
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpu_exporter import __version__
+from gpu_exporter.config import SETTINGS, ConfigError, load_config
+
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"gpu-exporter: error: {message}", file=sys.stderr)
+    return code
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (flags > env > file > defaults)")
+    for setting in SETTINGS:
+        if setting.key in ("simulate.enabled", "simulate.scenario"):
+            continue
+        parser.add_argument(setting.flag, dest=setting.attr, metavar=setting.metavar,
+                            help=f"{setting.help} [env {setting.env}]")
+    parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
+                        help="run on simulated GPUs (packaged default scenario, or SCENARIO.yaml) "
+                             "[env GPU_EXPORTER_SIMULATE_ENABLED, GPU_EXPORTER_SIMULATE_SCENARIO]")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    flags: dict[str, Any] = {s.key: getattr(args, s.attr, None) for s in SETTINGS}
+    if args.simulate is not None:
+        flags["simulate.enabled"] = True
+        flags["simulate.scenario"] = args.simulate or None
+    try:
+        config = load_config(args.config, flags=flags)
+    except ConfigError as err:
+        return _fail(str(err), 2)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from gpu_exporter.app import Exporter
+    from gpu_exporter.nvml import DriverNotFound
+    from gpu_exporter.server import AddressInUse
+
+    try:
+        exporter = Exporter(config)
+    except ValueError as err:  # a bad scenario or web config file
+        return _fail(str(err), 2)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        exporter.serve_until(stop)
+    except DriverNotFound as err:
+        return _fail(str(err), 1)
+    except AddressInUse as err:
+        return _fail(str(err), 1)
+    except ValueError as err:
+        return _fail(str(err), 2)
+    return 0
+
+
+SUBCOMMANDS["serve"] = ("serve metrics (the default)", _add_serve_arguments, _serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-exporter",
+        description="Prometheus exporter that finds NVIDIA GPUs below 30%% utilization and explains why.")
+    parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(sp)
+        sp.set_defaults(run=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpu-exporter`` console script; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version")):
+        args_list.insert(0, "serve")
+    args = build_parser().parse_args(args_list)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

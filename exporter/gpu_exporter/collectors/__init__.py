@@ -1,0 +1,1 @@
+"""One prometheus_client collector per concern; see each module."""

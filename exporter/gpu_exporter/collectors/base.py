@@ -1,0 +1,127 @@
+"""What every polling collector shares: per-poll metric families, cached exposition text.
+
+A polling collector reads NVML on the sampler thread (:meth:`PollingCollector.poll`) and
+publishes immutable metric families plus their text exposition; a scrape only reads the
+latest publication, so no NVML call ever happens on the scrape path.
+
+Example::
+
+    class Temperature(PollingCollector):
+        name = "temperature"
+        def poll_gpu(self, ctx, gpu, out):
+            out.gauge("gpu_temperature_celsius", "GPU temperature.", ["gpu", "uuid"]).add_metric(
+                gpu.labels, ctx.nvml.call(gpu.uuid, "nvmlDeviceGetTemperature", gpu.handle, 0))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from gpu_exporter.nvml import CallFailed, Gpu, GpuLost, Nvml
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PollContext:
+    """What one poll cycle sees: the NVML wrapper, the GPUs and the monotonic time of the cycle."""
+
+    nvml: Nvml
+    gpus: Sequence[Gpu]
+    now: float
+    lost: set[str] = field(default_factory=set)
+
+
+class Families:
+    """Metric families of one poll, created on first use and kept in creation order."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
+        """The gauge family ``name``, created on first use."""
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = GaugeMetricFamily(name, documentation, labels=labels)
+        assert isinstance(family, GaugeMetricFamily)
+        return family
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str]) -> CounterMetricFamily:
+        """The counter family ``name`` (give the name without ``_total``), created on first use."""
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = CounterMetricFamily(name, documentation, labels=labels)
+        assert isinstance(family, CounterMetricFamily)
+        return family
+
+    def collect(self) -> list[Metric]:
+        """The families that received at least one sample."""
+        return [f for f in self._families.values() if f.samples]
+
+
+class _FamilyList:
+    """Adapter so prometheus_client's ``generate_latest`` can render a plain list of families."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def render(families: Iterable[Metric]) -> bytes:
+    """Prometheus text exposition (format 0.0.4) of ``families``."""
+    return generate_latest(_FamilyList(families))
+
+
+class PollingCollector:
+    """Base class: override :meth:`poll_gpu` (per GPU) and optionally :meth:`finish_poll`."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self._families: list[Metric] = []
+        self.exposition = b""
+
+    def poll(self, ctx: PollContext) -> bool:
+        """Read NVML for every GPU and publish the result; False when any GPU failed."""
+        out = Families()
+        ok = True
+        for gpu in ctx.gpus:
+            try:
+                self.poll_gpu(ctx, gpu, out)
+            except GpuLost as err:
+                log.warning("%s collector: %s", self.name, err)
+                ctx.lost.add(gpu.uuid)
+                ok = False
+            except CallFailed as err:
+                log.warning("%s collector: %s", self.name, err)
+                ok = False
+        self.finish_poll(ctx)
+        self.publish(out.collect())
+        return ok
+
+    def publish(self, families: list[Metric]) -> None:
+        """Make ``families`` what scrapes see (one reference swap each, safe across threads)."""
+        self._families = families
+        self.exposition = render(families)
+
+    def reset(self) -> None:
+        """Forget all per-GPU state and published series (the driver went away)."""
+        type(self).__init__(self)
+
+    def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
+        """Read one GPU and add its samples to ``out``."""
+        raise NotImplementedError
+
+    def finish_poll(self, ctx: PollContext) -> None:
+        """Hook after all GPUs were read (drop state of GPUs that are gone)."""
+
+    def collect(self) -> Iterator[Metric]:
+        """The families of the latest poll (the prometheus_client Collector protocol)."""
+        return iter(self._families)

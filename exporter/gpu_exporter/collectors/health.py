@@ -1,0 +1,79 @@
+"""The exporter's own health: build info, collector outcomes, NVML errors, sample age, GPU count,
+and HTTP authentication failures."""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Callable, Iterator
+from importlib import metadata
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_exporter import __version__
+from gpu_exporter.sampler import Sampler
+
+
+def _pynvml_version() -> str:
+    try:
+        return metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class HealthCollector:
+    """``gpu_exporter_*`` families, computed at scrape time from the sampler's bookkeeping.
+
+    ``extra_status`` returns the success flag of collectors that do not poll through the
+    sampler (XID thread, Kubernetes attribution), keyed by collector name.
+    """
+
+    name = "health"
+
+    def __init__(self, sampler: Sampler, extra_status: Callable[[], dict[str, bool]] = dict) -> None:
+        self._sampler = sampler
+        self._extra_status = extra_status
+        self._build = [__version__, platform.python_version(), _pynvml_version()]
+        self._auth_failures = 0
+        self._lock = threading.Lock()
+
+    def count_auth_failure(self) -> None:
+        """Record one request rejected for missing or wrong credentials."""
+        with self._lock:
+            self._auth_failures += 1
+
+    def collect(self) -> Iterator[Metric]:
+        build = GaugeMetricFamily("gpu_exporter_build_info", "Version of the exporter and its NVML binding; always 1.",
+                                  labels=["version", "python_version", "pynvml_version"])
+        build.add_metric(self._build, 1)
+        yield build
+
+        success = GaugeMetricFamily("gpu_exporter_collector_success",
+                                    "1 when the collector's latest run succeeded for every GPU, else 0.",
+                                    labels=["collector"])
+        duration = GaugeMetricFamily("gpu_exporter_collector_duration_seconds",
+                                     "Duration of the collector's latest poll in seconds.", labels=["collector"])
+        for name, status in sorted(self._sampler.status.items()):
+            success.add_metric([name], 1 if status.success else 0)
+            duration.add_metric([name], status.duration_seconds)
+        for name, ok in sorted(self._extra_status().items()):
+            success.add_metric([name], 1 if ok else 0)
+        yield success
+        yield duration
+
+        errors = CounterMetricFamily("gpu_exporter_nvml_errors", "Failed NVML calls by function and error.",
+                                     labels=["function", "error"])
+        for (function, error), count in sorted(self._sampler.nvml.errors.copy().items()):
+            errors.add_metric([function, error], count)
+        yield errors
+
+        age = self._sampler.sample_age()
+        if age is not None:
+            yield GaugeMetricFamily("gpu_exporter_last_sample_age_seconds",
+                                    "Seconds since the newest complete NVML poll.", value=age)
+        yield GaugeMetricFamily("gpu_exporter_gpus", "GPUs visible to the exporter now.",
+                                value=len(self._sampler.gpus[1]))
+        with self._lock:
+            failures = self._auth_failures
+        yield CounterMetricFamily("gpu_exporter_http_auth_failures",
+                                  "HTTP requests rejected for missing or wrong credentials.", value=failures)

@@ -1,0 +1,103 @@
+"""XID errors from the NVML event API, counted per GPU and XID code.
+
+``nvmlEventSetWait`` blocks, so the events live on their own thread: it registers every GPU
+for critical XID events, waits in one-second slices (so it notices new GPUs and shutdown),
+and re-registers when discovery changes the GPU list or the driver comes back. Scrapes read
+the counts under a lock; the thread never touches the scrape path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pynvml
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from gpu_exporter.nvml import CallFailed, DriverLost, Gpu, GpuLost, Nvml, handle_key
+
+log = logging.getLogger(__name__)
+WAIT_MS = 1000
+
+
+class XidCollector:
+    """``gpu_xid_errors_total{gpu,uuid,xid}`` fed by a background event thread."""
+
+    name = "xid"
+
+    def __init__(self, nvml: Nvml, gpus: Callable[[], tuple[int, Sequence[Gpu]]]) -> None:
+        """``gpus()`` returns (discovery generation, GPUs); a new generation triggers re-registration."""
+        self._nvml = nvml
+        self._gpus = gpus
+        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpu-exporter-xid", daemon=True)
+        self.healthy = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("gpu_xid_errors", "XID errors reported by the driver, by XID code.",
+                                     labels=["gpu", "uuid", "xid"])
+        with self._lock:
+            for labels, count in sorted(self._counts.items()):
+                family.add_metric(list(labels), count)
+        if family.samples:
+            yield family
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            generation, gpus = self._gpus()
+            if not self._nvml.initialized or not gpus:
+                self._stop.wait(1.0)
+                continue
+            try:
+                self._listen(generation, gpus)
+            except (DriverLost, GpuLost, CallFailed) as err:
+                log.warning("XID event listener restarting: %s", err)
+                self.healthy = False
+                self._stop.wait(1.0)
+
+    def _listen(self, generation: int, gpus: Sequence[Gpu]) -> None:
+        event_set = self._nvml.call("system", "nvmlEventSetCreate")
+        if event_set is None:
+            self._stop.wait(5.0)
+            return
+        try:
+            by_handle: dict[int, Gpu] = {}
+            for gpu in gpus:
+                supported = self._nvml.call(gpu.uuid, "nvmlDeviceGetSupportedEventTypes", gpu.handle) or 0
+                if supported & pynvml.nvmlEventTypeXidCriticalError:
+                    self._nvml.call(gpu.uuid, "nvmlDeviceRegisterEvents", gpu.handle,
+                                    pynvml.nvmlEventTypeXidCriticalError, event_set)
+                    by_handle[handle_key(gpu.handle)] = gpu
+            self.healthy = True
+            while not self._stop.is_set() and self._gpus()[0] == generation:
+                if not by_handle:
+                    self._stop.wait(1.0)
+                    continue
+                self._wait_once(event_set, by_handle)
+        finally:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(event_set)
+
+    def _wait_once(self, event_set: Any, by_handle: dict[int, Gpu]) -> None:
+        data = self._nvml.call("system", "nvmlEventSetWait_v2", event_set, WAIT_MS)
+        if data is None:  # timed out: no event in this slice
+            return
+        if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            gpu = by_handle.get(handle_key(data.device))
+            if gpu is not None:
+                log.warning("XID %d on GPU %d (%s)", data.eventData, gpu.index, gpu.uuid)
+                with self._lock:
+                    self._counts[(str(gpu.index), gpu.uuid, str(int(data.eventData)))] += 1

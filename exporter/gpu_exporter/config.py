@@ -1,0 +1,298 @@
+"""One validated configuration from a YAML file, environment variables and command-line flags.
+
+Precedence: flag > environment > file > default. Every setting has a dotted key
+(``web.listen_address``), a flag derived from it (``--web.listen-address``), an environment
+variable (``GPU_EXPORTER_WEB_LISTEN_ADDRESS``) and a nested YAML form::
+
+    web:
+      listen_address: ":9445"
+    poll_interval: 0.5
+
+Example::
+
+    >>> cfg = load_config(file_path=None, env={"GPU_EXPORTER_POLL_INTERVAL": "0.5"}, flags={})
+    >>> cfg.poll_interval
+    0.5
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PORT = 9445
+ENV_PREFIX = "GPU_EXPORTER_"
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming where it came from and how to fix it."""
+
+
+def _positive_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a positive number of seconds, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected a positive number, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    try:
+        number = int(str(value), 10)
+    except ValueError:
+        raise ValueError(f"expected a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError(f"expected a string, got {value!r}")
+    return str(value)
+
+
+def _optional_path(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return _text(value)
+
+
+def _listen_address(value: Any) -> str:
+    text = _text(value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT or :PORT (port 1-65535), got {text!r}")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError(f"bad IPv6 host in {text!r}; write it as [::1]:{port}")
+    return text
+
+
+def _telemetry_path(value: Any) -> str:
+    text = _text(value)
+    if not text.startswith("/") or any(c.isspace() for c in text):
+        raise ValueError(f"expected a URL path starting with '/', got {text!r}")
+    return text
+
+
+def _log_level(value: Any) -> str:
+    text = _text(value).lower()
+    if text not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"expected one of debug, info, warning, error, got {value!r}")
+    return text
+
+
+def _name_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, list):
+        items = [_text(part) for part in value]
+    else:
+        raise ValueError(f"expected a list of names, got {value!r}")
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration key: its dotted name, parser, default and help text."""
+
+    key: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str = "VALUE"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.replace(".", "_").upper()
+
+    @property
+    def attr(self) -> str:
+        return self.key.replace(".", "_")
+
+
+COLLECTOR_NAMES = ("utilization", "device", "pcie", "processes", "mig", "gpm", "xid")
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("web.listen_address", _listen_address, f":{DEFAULT_PORT}",
+            f"address to serve HTTP on (default :{DEFAULT_PORT})", "HOST:PORT"),
+    Setting("web.telemetry_path", _telemetry_path, "/metrics", "path of the metrics endpoint", "PATH"),
+    Setting("web.config_file", _optional_path, None,
+            "exporter-toolkit web config file (TLS, basic auth)", "FILE"),
+    Setting("poll_interval", _positive_float, 1.0,
+            "seconds between NVML polls; keep it well below the scrape interval", "SECONDS"),
+    Setting("discovery_interval", _positive_float, 30.0,
+            "seconds between re-enumerations of GPUs and MIG instances", "SECONDS"),
+    Setting("stale_after", _positive_float, 10.0,
+            "/readyz fails when the newest sample is older than this many seconds", "SECONDS"),
+    Setting("log_level", _log_level, "info", "debug, info, warning or error", "LEVEL"),
+    Setting("collectors.disabled", _name_list, (),
+            "comma-separated collectors to switch off: " + ", ".join(COLLECTOR_NAMES), "NAMES"),
+    Setting("simulate.enabled", _boolean, False, "run on simulated GPUs", "BOOL"),
+    Setting("simulate.scenario", _optional_path, None, "scenario YAML for simulated GPUs", "FILE"),
+    Setting("ingest.enabled", _boolean, True, "accept training snapshots on POST /api/v1/training", "BOOL"),
+    Setting("ingest.token_file", _optional_path, None,
+            "file holding the bearer token that pushes must carry", "FILE"),
+    Setting("ingest.max_body_bytes", _positive_int, 65536, "largest accepted snapshot", "BYTES"),
+    Setting("ingest.max_runs", _positive_int, 64, "most training runs (run, rank) kept per node", "N"),
+    Setting("ingest.max_phases_per_run", _positive_int, 16, "most phases per run", "N"),
+    Setting("ingest.max_label_length", _positive_int, 128, "longest run/phase/uuid label value", "N"),
+    Setting("ingest.stale_after_seconds", _positive_float, 300.0,
+            "drop a run that has not pushed for this long", "SECONDS"),
+    Setting("kubernetes.enabled", _boolean, False,
+            "label GPUs with pod/namespace/container from the kubelet pod-resources API", "BOOL"),
+    Setting("kubernetes.pod_resources_socket", _text, "/var/lib/kubelet/pod-resources/kubelet.sock",
+            "kubelet pod-resources Unix socket", "PATH"),
+    Setting("kubernetes.refresh_seconds", _positive_float, 10.0,
+            "seconds between pod-resources refreshes", "SECONDS"),
+)
+
+SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated settings; attribute names are the dotted keys with dots as underscores."""
+
+    web_listen_address: str = f":{DEFAULT_PORT}"
+    web_telemetry_path: str = "/metrics"
+    web_config_file: str | None = None
+    poll_interval: float = 1.0
+    discovery_interval: float = 30.0
+    stale_after: float = 10.0
+    log_level: str = "info"
+    collectors_disabled: tuple[str, ...] = ()
+    simulate_enabled: bool = False
+    simulate_scenario: str | None = None
+    ingest_enabled: bool = True
+    ingest_token_file: str | None = None
+    ingest_max_body_bytes: int = 65536
+    ingest_max_runs: int = 64
+    ingest_max_phases_per_run: int = 16
+    ingest_max_label_length: int = 128
+    ingest_stale_after_seconds: float = 300.0
+    kubernetes_enabled: bool = False
+    kubernetes_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubernetes_refresh_seconds: float = 10.0
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def section(self, prefix: str) -> dict[str, Any]:
+        """Settings under ``prefix.`` as a dict keyed by the rest of the key.
+
+        >>> Config().section("kubernetes")["refresh_seconds"]
+        10.0
+        """
+        out = {}
+        for s in SETTINGS:
+            if s.key.startswith(prefix + "."):
+                out[s.key[len(prefix) + 1:]] = getattr(self, s.attr)
+        return out
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        """``web.listen_address`` split into (host, port); an empty host means all interfaces."""
+        host, _, port = self.web_listen_address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+def _read_yaml(path: Path) -> dict[str, tuple[Any, str]]:
+    """Flatten a YAML config file to {dotted key: (raw value, 'file:line')}."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return {}
+        if not isinstance(root, yaml.MappingNode):
+            raise ConfigError(f"{path}:{root.start_mark.line + 1}: the config file must be a mapping of keys")
+        out: dict[str, tuple[Any, str]] = {}
+        sections = {s.key.split(".")[0] for s in SETTINGS if "." in s.key}
+        stack: list[tuple[str, yaml.MappingNode]] = [("", root)]
+        while stack:
+            prefix, node = stack.pop()
+            for key_node, value_node in node.value:
+                where = f"{path}:{key_node.start_mark.line + 1}"
+                key = prefix + str(key_node.value)
+                if isinstance(value_node, yaml.MappingNode) and key in sections:
+                    stack.append((key + ".", value_node))
+                elif key not in SETTINGS_BY_KEY:
+                    raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(SETTINGS_BY_KEY))}")
+                else:
+                    out[key] = (loader.construct_object(value_node, deep=True), where)
+        return out
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from None
+    finally:
+        loader.dispose()
+
+
+def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
+                flags: Mapping[str, Any] | None = None) -> Config:
+    """Merge defaults, the YAML file, ``GPU_EXPORTER_*`` env vars and flags into one Config.
+
+    ``flags`` maps dotted keys to raw values given on the command line. Raises ConfigError.
+
+    >>> load_config(None, env={}, flags={"web.listen_address": "127.0.0.1:9999"}).listen_host_port
+    ('127.0.0.1', 9999)
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, tuple[Any, str]] = {}
+    if file_path:
+        raw.update(_read_yaml(Path(file_path)))
+    for s in SETTINGS:
+        if s.env in env:
+            raw[s.key] = (env[s.env], f"environment variable {s.env}")
+    known_env = {s.env for s in SETTINGS} | {ENV_PREFIX + "URL", ENV_PREFIX + "TOKEN"}
+    for name in env:
+        if name.startswith(ENV_PREFIX) and name not in known_env:
+            raise ConfigError(f"unknown environment variable {name}; known: {', '.join(sorted(known_env))}")
+    for key, value in (flags or {}).items():
+        if value is not None:
+            raw[key] = (value, f"flag {SETTINGS_BY_KEY[key].flag}")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, (value, where) in raw.items():
+        setting = SETTINGS_BY_KEY[key]
+        try:
+            values[setting.attr] = setting.parse(value)
+        except ValueError as err:
+            raise ConfigError(f"{where}: {key}: {err}") from None
+        sources[key] = where
+    unknown = set(values.get("collectors_disabled", ())) - set(COLLECTOR_NAMES)
+    if unknown:
+        raise ConfigError(f"{sources['collectors.disabled']}: collectors.disabled: unknown collector(s) "
+                          f"{', '.join(sorted(unknown))}; known: {', '.join(COLLECTOR_NAMES)}")
+    return dataclasses.replace(Config(), sources=sources, **values)
