@@ -1,0 +1,95 @@
+"""Config precedence (flag > env > file > default) and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from servers import exporter_env
+
+from gpu_exporter.config import SETTINGS, Config, ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults() -> None:
+    cfg = load_config(None, env={}, flags={})
+    assert cfg.web_listen_address == ":9445"
+    assert cfg.web_telemetry_path == "/metrics"
+    assert cfg.poll_interval == 1.0
+    assert cfg == Config()
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll_interval: 3\nweb:\n  listen_address: '127.0.0.1:1111'\n  telemetry_path: /m\n")
+    env = {"GPU_EXPORTER_POLL_INTERVAL": "2", "GPU_EXPORTER_WEB_LISTEN_ADDRESS": "127.0.0.1:2222"}
+    cfg = load_config(path, env=env, flags={"poll_interval": "0.5"})
+    assert cfg.poll_interval == 0.5  # flag beats env and file
+    assert cfg.web_listen_address == "127.0.0.1:2222"  # env beats file
+    assert cfg.web_telemetry_path == "/m"  # file beats default
+    assert cfg.sources["poll_interval"] == "flag --poll-interval"
+    assert cfg.sources["web.telemetry_path"].endswith("config.yaml:4")
+
+
+def test_every_setting_has_flag_env_and_yaml_form(tmp_path: Path) -> None:
+    for s in SETTINGS:
+        assert s.flag.startswith("--") and s.env.startswith("GPU_EXPORTER_")
+        assert hasattr(Config(), s.attr)
+    cfg = load_config(write(tmp_path, "ingest:\n  max_runs: 5\nkubernetes:\n  enabled: true\n"), env={}, flags={})
+    assert cfg.section("ingest")["max_runs"] == 5 and cfg.kubernetes_enabled is True
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("poll_intervall: 1\n", "config.yaml:1: unknown key 'poll_intervall'"),
+    ("web:\n  listen_adress: ':1'\n", "config.yaml:2: unknown key 'web.listen_adress'"),
+    ("\n\npoll_interval: fast\n", "config.yaml:3: poll_interval: expected a positive number, got 'fast'"),
+    ("web:\n  listen_address: 'nowhere'\n", "config.yaml:2: web.listen_address: expected HOST:PORT"),
+    ("poll_interval: [1\n", "invalid YAML"),
+    ("- a\n- b\n", "must be a mapping"),
+    ("collectors:\n  disabled: [gpu_temp]\n", "unknown collector(s) gpu_temp"),
+])
+def test_file_errors_name_key_and_line(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text), env={}, flags={})
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_env_errors() -> None:
+    with pytest.raises(ConfigError, match="environment variable GPU_EXPORTER_POLL_INTERVAL: poll_interval"):
+        load_config(None, env={"GPU_EXPORTER_POLL_INTERVAL": "-1"}, flags={})
+    with pytest.raises(ConfigError, match="unknown environment variable GPU_EXPORTER_POLINTERVAL"):
+        load_config(None, env={"GPU_EXPORTER_POLINTERVAL": "1"}, flags={})
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="cannot read config file /nonexistent.yaml"):
+        load_config("/nonexistent.yaml", env={}, flags={})
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--poll-interval", "zero"], "flag --poll-interval: poll_interval: expected a positive number"),
+    (["--web.listen-address", "localhost"], "flag --web.listen-address: web.listen_address"),
+    (["--web.telemetry-path", "metrics"], "expected a URL path starting with '/'"),
+])
+def test_cli_bad_flag_exits_2_with_one_line(args: list[str], expected: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", *args], capture_output=True, text=True,
+                          env=exporter_env(), timeout=30)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+def test_cli_unknown_key_in_file_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll_interval: 1\nbogus: 2\n")
+    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", "--config", path], capture_output=True,
+                          text=True, env=exporter_env(), timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"gpu-exporter: error: {path}:2: unknown key 'bogus'; known keys: " + ", ".join(
+        sorted(s.key for s in SETTINGS))
