@@ -1,0 +1,754 @@
+"""A stand-in for libnvidia-ml: an object whose attributes are NVML's C functions.
+
+pynvml looks every C function up with ``getattr(nvmlLib, name)`` and calls it with ctypes
+arguments; :class:`FakeNvmlLibrary` answers those calls from a :class:`SimulatedNode`, so pynvml's
+own wrapper code (two-call size protocols, struct versions, error mapping) runs unchanged.
+Unknown names raise AttributeError, which pynvml reports as FunctionNotFound. Example:
+
+>>> from gpu_exporter.simulate.scenario import load_scenario
+>>> lib = FakeNvmlLibrary(SimulatedNode(load_scenario(None)))
+>>> lib.nvmlInitWithFlags(0)
+0
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gpu_exporter.simulate.node import SimulatedNode
+from gpu_exporter.simulate.patterns import Pattern, integral, mean
+from gpu_exporter.simulate.scenario import CLOCK_EVENT_REASONS, GIB, GpuSpec, MigInstanceSpec
+
+# NVML return codes (nvml.h)
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_NOT_FOUND = 6
+ERROR_INSUFFICIENT_SIZE = 7
+ERROR_DRIVER_NOT_LOADED = 9
+ERROR_TIMEOUT = 10
+ERROR_LIBRARY_NOT_FOUND = 12
+ERROR_GPU_IS_LOST = 15
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
+
+GPU_UTILIZATION_SAMPLES = 1
+MEMORY_UTILIZATION_SAMPLES = 2
+VALUE_TYPE_UNSIGNED_INT = 1
+CLOCK_SM = 1
+CLOCK_MEM = 2
+EVENT_TYPE_XID = 0x8
+SUPPORTED_EVENT_TYPES = 0x1 | 0x2 | 0x4 | 0x8 | 0x10
+MEMORY_V2_VERSION = 0x02000028
+GPM_VERSION = 1
+GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL = 2, 3, 5, 10
+ARCH_HOPPER = 9
+ARCH_AMPERE = 7
+MAX_MIG_DEVICES = 7
+NO_INSTANCE = 0xFFFFFFFF
+INIT_FUNCTIONS = ("nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags")
+
+_GPU_HANDLE_STRIDE = 0x10000
+_EVENT_SET_BASE = 0x7E000000
+_GPM_SAMPLE_BASE = 0x6D000000
+
+F = TypeVar("F", bound=Callable[..., int])
+
+
+class _Status(Exception):
+    """Raised inside a fake function to return an NVML error code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _symbol(name: str, *, device: bool = True, locked: bool = True) -> Callable[[F], F]:
+    """Mark a method as the C function ``name``; ``device``: its first argument is a device handle."""
+
+    def mark(fn: F) -> F:
+        fn.__dict__["nvml_symbol"] = (name, device, locked)
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a device handle points at: a GPU, or one MIG instance of it."""
+
+    gpu: GpuSpec
+    mig_index: int | None
+    t: float
+
+    @property
+    def mig(self) -> MigInstanceSpec | None:
+        return None if self.mig_index is None or self.gpu.mig_instances is None \
+            else self.gpu.mig_instances[self.mig_index]
+
+    def require_full_gpu(self) -> None:
+        if self.mig_index is not None:
+            raise _Status(ERROR_NOT_SUPPORTED)
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, float] = field(default_factory=dict)  # GPU index -> registration time
+    delivered: set[tuple[int, int]] = field(default_factory=set)  # (GPU index, event position)
+
+
+@dataclass(frozen=True)
+class _GpmSample:
+    t: float
+    gpu: int
+    mig_index: int | None
+
+
+def _value(arg: Any) -> int:
+    return int(arg.value) if hasattr(arg, "value") else int(arg)
+
+
+def _out(ref: Any) -> Any:
+    """The ctypes object behind ``byref(x)``."""
+    if ref is None:
+        raise _Status(ERROR_INVALID_ARGUMENT)
+    return ref._obj
+
+
+def _address(pointer: Any) -> int | None:
+    return None if pointer is None else ctypes.cast(pointer, ctypes.c_void_p).value
+
+
+def _write_pointer(ref: Any, address: int) -> None:
+    ctypes.c_void_p.from_buffer(_out(ref)).value = address
+
+
+def _write_string(buffer: Any, length: Any, text: str) -> None:
+    data = text.encode()
+    if len(data) + 1 > _value(length):
+        raise _Status(ERROR_INSUFFICIENT_SIZE)
+    buffer.value = data
+
+
+class FakeNvmlLibrary:
+    """The object installed as ``pynvml.nvmlLib``; attributes are NVML C function names."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self.node = node
+        self._init_count = 0
+        self._event_sets: dict[int, _EventSet] = {}
+        self._gpm_samples: dict[int, _GpmSample | None] = {}
+        self._next_id = 1
+        self._functions: dict[str, Callable[..., int]] = {}
+        for attr in dir(type(self)):
+            method = getattr(self, attr)
+            spec = getattr(method, "nvml_symbol", None)
+            if spec is not None:
+                self._functions[spec[0]] = self._wrap(method, *spec)
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        try:
+            return self.__dict__["_functions"][name]  # type: ignore[no-any-return]
+        except KeyError:
+            raise AttributeError(f"simulated NVML has no function {name}") from None
+
+    @property
+    def symbols(self) -> list[str]:
+        """Names of the C functions this fake implements."""
+        return sorted(self._functions)
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def _wrap(self, method: Callable[..., int], name: str, device: bool, locked: bool) -> Callable[..., int]:
+        node = self.node
+
+        def call(*args: Any) -> int:
+            with node.lock:
+                node.call_counts[name] = node.call_counts.get(name, 0) + 1
+            node.refresh_training()
+            try:
+                if not locked:
+                    self._check_loaded(name)
+                    return method(*args)
+                with node.lock:
+                    self._check_loaded(name)
+                    if device:
+                        return method(self._resolve(args[0], name), *args[1:])
+                    return method(*args)
+            except _Status as status:
+                return status.code
+
+        call.__name__ = name
+        return call
+
+    def _check_loaded(self, name: str) -> None:
+        if name in INIT_FUNCTIONS or name == "nvmlShutdown":
+            return
+        if self.node.scenario.driver_missing or self._init_count == 0:
+            raise _Status(ERROR_UNINITIALIZED)
+        if not self.node.driver_loaded:
+            raise _Status(ERROR_DRIVER_NOT_LOADED)
+
+    def _resolve(self, handle: Any, name: str) -> _Target:
+        address = _address(handle)
+        if address is None:
+            raise _Status(ERROR_INVALID_ARGUMENT)
+        index, rest = divmod(address, _GPU_HANDLE_STRIDE)
+        index -= 1
+        gpus = self.node.scenario.gpus
+        if not 0 <= index < len(gpus) or rest % 0x100:
+            raise _Status(ERROR_INVALID_ARGUMENT)
+        gpu = gpus[index]
+        mig_index = rest // 0x100 - 1 if rest else None
+        if mig_index is not None and (gpu.mig_instances is None or mig_index >= len(gpu.mig_instances)):
+            raise _Status(ERROR_INVALID_ARGUMENT)
+        t = self.node.now()
+        if self.node.is_lost(index, t):
+            raise _Status(ERROR_GPU_IS_LOST)
+        if self.node.is_not_supported(index, name, t):
+            raise _Status(ERROR_NOT_SUPPORTED)
+        return _Target(gpu, mig_index, t)
+
+    @staticmethod
+    def _handle(gpu: int, mig_index: int | None = None) -> int:
+        return (gpu + 1) * _GPU_HANDLE_STRIDE + (0 if mig_index is None else (mig_index + 1) * 0x100)
+
+    def _new_id(self, base: int) -> int:
+        self._next_id += 1
+        return base + self._next_id * 0x10
+
+    # --- library and system ----------------------------------------------------------------
+
+    def _init(self) -> int:
+        if self.node.scenario.driver_missing:
+            return ERROR_LIBRARY_NOT_FOUND
+        if not self.node.driver_loaded:
+            return ERROR_DRIVER_NOT_LOADED
+        self._init_count += 1
+        return SUCCESS
+
+    @_symbol("nvmlInitWithFlags", device=False)
+    def init_with_flags(self, flags: Any) -> int:
+        return self._init()
+
+    @_symbol("nvmlInit_v2", device=False)
+    def init_v2(self) -> int:
+        return self._init()
+
+    @_symbol("nvmlShutdown", device=False)
+    def shutdown(self) -> int:
+        if self._init_count == 0:
+            return ERROR_UNINITIALIZED
+        self._init_count -= 1
+        return SUCCESS
+
+    @_symbol("nvmlSystemGetDriverVersion", device=False)
+    def driver_version(self, buffer: Any, length: Any) -> int:
+        _write_string(buffer, length, self.node.scenario.driver_version)
+        return SUCCESS
+
+    @_symbol("nvmlSystemGetNVMLVersion", device=False)
+    def nvml_version(self, buffer: Any, length: Any) -> int:
+        major = self.node.scenario.cuda_version.split(".")[0]
+        _write_string(buffer, length, f"{major}.{self.node.scenario.driver_version}")
+        return SUCCESS
+
+    @_symbol("nvmlSystemGetCudaDriverVersion", device=False)
+    def cuda_version(self, ref: Any) -> int:
+        _out(ref).value = self.node.scenario.cuda_version_number
+        return SUCCESS
+
+    @_symbol("nvmlSystemGetCudaDriverVersion_v2", device=False)
+    def cuda_version_v2(self, ref: Any) -> int:
+        return self.cuda_version(ref)
+
+    @_symbol("nvmlSystemGetProcessName", device=False)
+    def process_name(self, pid: Any, buffer: Any, length: Any) -> int:
+        wanted = _value(pid)
+        for gpu in self.node.scenario.gpus:
+            for process in gpu.processes:
+                if process.pid == wanted:
+                    _write_string(buffer, length, process.name)
+                    return SUCCESS
+        return ERROR_NOT_FOUND
+
+    # --- devices ---------------------------------------------------------------------------
+
+    @_symbol("nvmlDeviceGetCount_v2", device=False)
+    def count(self, ref: Any) -> int:
+        _out(ref).value = len(self.node.scenario.gpus)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetHandleByIndex_v2", device=False)
+    def handle_by_index(self, index: Any, ref: Any) -> int:
+        i = _value(index)
+        if not 0 <= i < len(self.node.scenario.gpus):
+            return ERROR_INVALID_ARGUMENT
+        if self.node.is_lost(i, self.node.now()):
+            return ERROR_GPU_IS_LOST
+        _write_pointer(ref, self._handle(i))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetHandleByUUID", device=False)
+    def handle_by_uuid(self, uuid: Any, ref: Any) -> int:
+        wanted = uuid.decode() if isinstance(uuid, bytes) else str(getattr(uuid, "value", b"").decode())
+        for gpu in self.node.scenario.gpus:
+            if gpu.uuid == wanted:
+                _write_pointer(ref, self._handle(gpu.index))
+                return SUCCESS
+            for i, inst in enumerate(gpu.mig_instances or ()):
+                if inst.uuid == wanted:
+                    _write_pointer(ref, self._handle(gpu.index, i))
+                    return SUCCESS
+        return ERROR_NOT_FOUND
+
+    @_symbol("nvmlDeviceGetIndex")
+    def index(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        _out(ref).value = dev.gpu.index
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetName")
+    def name(self, dev: _Target, buffer: Any, length: Any) -> int:
+        mig = dev.mig
+        _write_string(buffer, length, dev.gpu.name if mig is None else f"{dev.gpu.name} MIG {mig.profile}")
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetUUID")
+    def uuid(self, dev: _Target, buffer: Any, length: Any) -> int:
+        mig = dev.mig
+        _write_string(buffer, length, dev.gpu.uuid if mig is None else mig.uuid)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetPciInfo_v3")
+    def pci_info(self, dev: _Target, ref: Any) -> int:
+        info = _out(ref)
+        domain, bus, rest = dev.gpu.pci_bus_id.split(":")
+        slot = rest.split(".")[0]
+        info.busId = dev.gpu.pci_bus_id.encode()
+        info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(slot, 16)
+        info.pciDeviceId = 0x233010DE if dev.gpu.architecture_id >= ARCH_HOPPER else 0x20B010DE
+        info.pciSubSystemId = 0x16C110DE
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetArchitecture")
+    def architecture(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = dev.gpu.architecture_id
+        return SUCCESS
+
+    # --- MIG -------------------------------------------------------------------------------
+
+    @_symbol("nvmlDeviceGetMigMode")
+    def mig_mode(self, dev: _Target, current: Any, pending: Any) -> int:
+        dev.require_full_gpu()
+        if dev.gpu.architecture_id < ARCH_AMPERE:
+            return ERROR_NOT_SUPPORTED
+        mode = int(dev.gpu.mig_instances is not None)
+        _out(current).value = mode
+        _out(pending).value = mode
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetMaxMigDeviceCount")
+    def max_mig_devices(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        if dev.gpu.architecture_id < ARCH_AMPERE:
+            return ERROR_NOT_SUPPORTED
+        _out(ref).value = MAX_MIG_DEVICES if dev.gpu.mig_instances is not None else 0
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetMigDeviceHandleByIndex")
+    def mig_handle(self, dev: _Target, index: Any, ref: Any) -> int:
+        dev.require_full_gpu()
+        if dev.gpu.mig_instances is None:
+            return ERROR_INVALID_ARGUMENT
+        i = _value(index)
+        if not 0 <= i < MAX_MIG_DEVICES:
+            return ERROR_INVALID_ARGUMENT
+        if i >= len(dev.gpu.mig_instances):
+            return ERROR_NOT_FOUND
+        _write_pointer(ref, self._handle(dev.gpu.index, i))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceIsMigDeviceHandle")
+    def is_mig(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = int(dev.mig_index is not None)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetGpuInstanceId")
+    def gpu_instance_id(self, dev: _Target, ref: Any) -> int:
+        mig = dev.mig
+        if mig is None:
+            return ERROR_NOT_SUPPORTED
+        _out(ref).value = mig.gpu_instance_id
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetComputeInstanceId")
+    def compute_instance_id(self, dev: _Target, ref: Any) -> int:
+        mig = dev.mig
+        if mig is None:
+            return ERROR_NOT_SUPPORTED
+        _out(ref).value = mig.compute_instance_id
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+    def parent_handle(self, dev: _Target, ref: Any) -> int:
+        if dev.mig_index is None:
+            return ERROR_INVALID_ARGUMENT
+        _write_pointer(ref, self._handle(dev.gpu.index))
+        return SUCCESS
+
+    # --- utilization -----------------------------------------------------------------------
+
+    def _pattern_for_samples(self, dev: _Target, sampling_type: int) -> Pattern:
+        if dev.mig_index is not None or dev.gpu.mig_instances is not None:
+            raise _Status(ERROR_NOT_SUPPORTED)  # no utilization counters in MIG mode
+        if sampling_type == GPU_UTILIZATION_SAMPLES:
+            return self.node.utilization_pattern(dev.gpu.index)
+        if sampling_type == MEMORY_UTILIZATION_SAMPLES:
+            return dev.gpu.memory_utilization
+        raise _Status(ERROR_NOT_SUPPORTED)
+
+    @_symbol("nvmlDeviceGetSamples")
+    def samples(self, dev: _Target, sampling_type: Any, last_seen: Any, value_type: Any, count: Any,
+                buffer: Any) -> int:
+        pattern = self._pattern_for_samples(dev, _value(sampling_type))
+        slots = self.node.recent_slots(dev.t, _value(last_seen))
+        if not slots:
+            return ERROR_NOT_FOUND
+        _out(value_type).value = VALUE_TYPE_UNSIGNED_INT
+        counter = _out(count)
+        if buffer is None:
+            counter.value = len(slots)
+            return SUCCESS
+        slots = slots[: min(counter.value, len(buffer))]
+        for i, slot in enumerate(slots):
+            buffer[i].timeStamp = self.node.slot_timestamp(slot)
+            buffer[i].sampleValue.uiVal = round(100 * self.node.slot_mean(pattern, slot))
+        counter.value = len(slots)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetUtilizationRates")
+    def utilization_rates(self, dev: _Target, ref: Any) -> int:
+        gpu_pattern = self._pattern_for_samples(dev, GPU_UTILIZATION_SAMPLES)
+        util = _out(ref)
+        util.gpu = round(100 * self.node.instant(gpu_pattern, dev.t))
+        util.memory = round(100 * self.node.instant(dev.gpu.memory_utilization, dev.t))
+        return SUCCESS
+
+    def _busy(self, dev: _Target) -> float:
+        """The GPU's current utilization ratio (also drives power, temperature, clocks)."""
+        return self.node.instant(self.node.utilization_pattern(dev.gpu.index), dev.t)
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def _memory(self, dev: _Target) -> tuple[int, int, int]:
+        mig = dev.mig
+        if mig is not None:
+            return int(mig.memory_gib * GIB), 0, int(mig.memory_used_gib * GIB)
+        gpu = dev.gpu
+        return int(gpu.memory_gib * GIB), int(gpu.memory_reserved_gib * GIB), int(gpu.memory_used_gib * GIB)
+
+    @_symbol("nvmlDeviceGetMemoryInfo")
+    def memory_info(self, dev: _Target, ref: Any) -> int:
+        total, reserved, used = self._memory(dev)
+        info = _out(ref)
+        info.total, info.used, info.free = total, used + reserved, total - used - reserved
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetMemoryInfo_v2")
+    def memory_info_v2(self, dev: _Target, ref: Any) -> int:
+        info = _out(ref)
+        if info.version != MEMORY_V2_VERSION:
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        total, reserved, used = self._memory(dev)
+        info.total, info.reserved, info.used, info.free = total, reserved, used, total - used - reserved
+        return SUCCESS
+
+    # --- power, thermals, clocks, PCIe -------------------------------------------------------
+
+    @_symbol("nvmlDeviceGetPowerUsage")
+    def power_usage(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        _out(ref).value = round(1000 * dev.gpu.power_watts.at(self._busy(dev)))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetEnforcedPowerLimit")
+    def power_limit(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        _out(ref).value = round(1000 * dev.gpu.power_limit_watts)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetTotalEnergyConsumption")
+    def energy(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        if dev.gpu.architecture_id < 5:
+            return ERROR_NOT_SUPPORTED  # Volta and newer only
+        power = dev.gpu.power_watts
+        busy = integral(self.node.utilization_pattern(dev.gpu.index), 0.0, dev.t)
+        _out(ref).value = round(1000 * (power.idle * dev.t + (power.busy - power.idle) * busy))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetTemperature")
+    def temperature(self, dev: _Target, sensor: Any, ref: Any) -> int:
+        dev.require_full_gpu()
+        if _value(sensor) != 0:
+            return ERROR_INVALID_ARGUMENT
+        _out(ref).value = round(dev.gpu.temperature_celsius.at(self._busy(dev)))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetClockInfo")
+    def clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
+        dev.require_full_gpu()
+        kind = _value(clock_type)
+        if kind not in (CLOCK_SM, CLOCK_MEM):
+            return ERROR_NOT_SUPPORTED
+        level = dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
+        _out(ref).value = round(level.at(self._busy(dev)))
+        return SUCCESS
+
+    def _reasons(self, dev: _Target) -> int:
+        dev.require_full_gpu()
+        names = dev.gpu.clock_event_reasons
+        if names is None:
+            names = ("gpu_idle",) if self._busy(dev) < 0.05 else ()
+        mask = 0
+        for name in names:
+            mask |= CLOCK_EVENT_REASONS[name]
+        return mask
+
+    @_symbol("nvmlDeviceGetCurrentClocksEventReasons")
+    def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = self._reasons(dev)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetCurrentClocksThrottleReasons")
+    def clock_throttle_reasons(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = self._reasons(dev)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetFanSpeed")
+    def fan_speed(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        if dev.gpu.fan_percent is None:
+            return ERROR_NOT_SUPPORTED
+        _out(ref).value = round(dev.gpu.fan_percent.at(self._busy(dev)))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetPcieThroughput")
+    def pcie_throughput(self, dev: _Target, counter: Any, ref: Any) -> int:
+        dev.require_full_gpu()
+        which = _value(counter)
+        if which not in (0, 1):
+            return ERROR_INVALID_ARGUMENT
+        level = dev.gpu.pcie_tx_mib_s if which == 0 else dev.gpu.pcie_rx_mib_s
+        _out(ref).value = round(1024 * level.at(self._busy(dev)))  # KB/s
+        return SUCCESS
+
+    # --- processes -------------------------------------------------------------------------
+
+    def _processes(self, dev: _Target, graphics: bool, count: Any, buffer: Any) -> int:
+        procs = [p for p in dev.gpu.processes
+                 if p.graphics == graphics and (dev.mig_index is None or p.mig_instance == dev.mig_index)]
+        counter = _out(count)
+        if buffer is None or counter.value < len(procs):
+            counter.value = len(procs)
+            return ERROR_INSUFFICIENT_SIZE if procs else SUCCESS
+        for i, p in enumerate(procs):
+            inst = None if p.mig_instance is None or dev.gpu.mig_instances is None \
+                else dev.gpu.mig_instances[p.mig_instance]
+            buffer[i].pid = p.pid
+            buffer[i].usedGpuMemory = int(p.memory_gib * GIB)
+            buffer[i].gpuInstanceId = NO_INSTANCE if inst is None else inst.gpu_instance_id
+            buffer[i].computeInstanceId = NO_INSTANCE if inst is None else inst.compute_instance_id
+        counter.value = len(procs)
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetComputeRunningProcesses_v3")
+    def compute_processes(self, dev: _Target, count: Any, buffer: Any) -> int:
+        return self._processes(dev, False, count, buffer)
+
+    @_symbol("nvmlDeviceGetGraphicsRunningProcesses_v3")
+    def graphics_processes(self, dev: _Target, count: Any, buffer: Any) -> int:
+        return self._processes(dev, True, count, buffer)
+
+    @_symbol("nvmlDeviceGetProcessUtilization")
+    def process_utilization(self, dev: _Target, buffer: Any, count: Any, last_seen: Any) -> int:
+        pattern = self._pattern_for_samples(dev, GPU_UTILIZATION_SAMPLES)
+        procs = dev.gpu.processes
+        counter = _out(count)
+        if not procs:
+            counter.value = 0
+            return SUCCESS  # what drivers do with no processes (pynvml then raises NVMLError(0))
+        slots = self.node.recent_slots(dev.t, _value(last_seen))
+        if not slots:
+            return ERROR_NOT_FOUND
+        if buffer is None or counter.value < len(procs):
+            counter.value = len(procs)
+            return ERROR_INSUFFICIENT_SIZE
+        slot = slots[-1]
+        sm_share = self.node.slot_mean(pattern, slot) / len(procs)
+        mem_share = self.node.slot_mean(dev.gpu.memory_utilization, slot) / len(procs)
+        for i, p in enumerate(procs):
+            buffer[i].pid = p.pid
+            buffer[i].timeStamp = self.node.slot_timestamp(slot)
+            buffer[i].smUtil = round(100 * (sm_share if p.sm_utilization is None else p.sm_utilization))
+            buffer[i].memUtil = round(100 * (mem_share if p.memory_utilization is None
+                                             else p.memory_utilization))
+            buffer[i].encUtil = buffer[i].decUtil = 0
+        counter.value = len(procs)
+        return SUCCESS
+
+    # --- events ----------------------------------------------------------------------------
+
+    @_symbol("nvmlEventSetCreate", device=False)
+    def event_set_create(self, ref: Any) -> int:
+        address = self._new_id(_EVENT_SET_BASE)
+        self._event_sets[address] = _EventSet()
+        _write_pointer(ref, address)
+        return SUCCESS
+
+    def _event_set(self, handle: Any) -> _EventSet:
+        events = self._event_sets.get(_address(handle) or 0)
+        if events is None:
+            raise _Status(ERROR_INVALID_ARGUMENT)
+        return events
+
+    @_symbol("nvmlDeviceGetSupportedEventTypes")
+    def supported_event_types(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = SUPPORTED_EVENT_TYPES
+        return SUCCESS
+
+    @_symbol("nvmlDeviceRegisterEvents")
+    def register_events(self, dev: _Target, event_types: Any, event_set: Any) -> int:
+        dev.require_full_gpu()
+        events = self._event_set(event_set)
+        types = _value(event_types)
+        if types & ~SUPPORTED_EVENT_TYPES:
+            return ERROR_NOT_SUPPORTED
+        if types & EVENT_TYPE_XID:
+            events.registered.setdefault(dev.gpu.index, dev.t)
+        return SUCCESS
+
+    def _next_event(self, events: _EventSet) -> tuple[int, int] | None:
+        t = self.node.now()
+        best: tuple[float, int, int] | None = None
+        for index, since in events.registered.items():
+            for position, xid in enumerate(self.node.scenario.gpus[index].xid_events):
+                if since <= xid.at <= t and (index, position) not in events.delivered \
+                        and (best is None or xid.at < best[0]):
+                    best = (xid.at, index, position)
+        return None if best is None else (best[1], best[2])
+
+    @_symbol("nvmlEventSetWait_v2", device=False, locked=False)
+    def event_set_wait(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
+        deadline = time.monotonic() + _value(timeout_ms) / 1000.0
+        with self.node.changed:
+            events = self._event_set(event_set)
+            while True:
+                if not self.node.driver_loaded:
+                    return ERROR_DRIVER_NOT_LOADED
+                found = self._next_event(events)
+                if found is not None:
+                    index, position = found
+                    events.delivered.add(found)
+                    data = _out(ref)
+                    data.device = ctypes.cast(ctypes.c_void_p(self._handle(index)), type(data.device))
+                    data.eventType = EVENT_TYPE_XID
+                    data.eventData = self.node.scenario.gpus[index].xid_events[position].xid
+                    data.gpuInstanceId = data.computeInstanceId = NO_INSTANCE
+                    return SUCCESS
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return ERROR_TIMEOUT
+                self.node.changed.wait(min(remaining, 0.02))
+
+    @_symbol("nvmlEventSetFree", device=False)
+    def event_set_free(self, event_set: Any) -> int:
+        address = _address(event_set)
+        if address not in self._event_sets:
+            return ERROR_INVALID_ARGUMENT
+        del self._event_sets[address]
+        return SUCCESS
+
+    # --- GPM (Hopper and newer) --------------------------------------------------------------
+
+    @_symbol("nvmlGpmQueryDeviceSupport")
+    def gpm_support(self, dev: _Target, ref: Any) -> int:
+        support = _out(ref)
+        if support.version != GPM_VERSION:
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        support.isSupportedDevice = int(dev.gpu.architecture_id >= ARCH_HOPPER)
+        return SUCCESS
+
+    @_symbol("nvmlGpmSampleAlloc", device=False)
+    def gpm_alloc(self, ref: Any) -> int:
+        address = self._new_id(_GPM_SAMPLE_BASE)
+        self._gpm_samples[address] = None
+        _write_pointer(ref, address)
+        return SUCCESS
+
+    @_symbol("nvmlGpmSampleFree", device=False)
+    def gpm_free(self, sample: Any) -> int:
+        address = _address(sample)
+        if address not in self._gpm_samples:
+            return ERROR_INVALID_ARGUMENT
+        del self._gpm_samples[address]
+        return SUCCESS
+
+    def _gpm_record(self, dev: _Target, mig_index: int | None, sample: Any) -> int:
+        if dev.gpu.architecture_id < ARCH_HOPPER:
+            return ERROR_NOT_SUPPORTED
+        address = _address(sample)
+        if address not in self._gpm_samples:
+            return ERROR_INVALID_ARGUMENT
+        self._gpm_samples[address] = _GpmSample(dev.t, dev.gpu.index, mig_index)
+        return SUCCESS
+
+    @_symbol("nvmlGpmSampleGet")
+    def gpm_sample_get(self, dev: _Target, sample: Any) -> int:
+        return self._gpm_record(dev, dev.mig_index, sample)
+
+    @_symbol("nvmlGpmMigSampleGet")
+    def gpm_mig_sample_get(self, dev: _Target, gpu_instance_id: Any, sample: Any) -> int:
+        dev.require_full_gpu()
+        wanted = _value(gpu_instance_id)
+        for i, inst in enumerate(dev.gpu.mig_instances or ()):
+            if inst.gpu_instance_id == wanted:
+                return self._gpm_record(dev, i, sample)
+        return ERROR_INVALID_ARGUMENT
+
+    @_symbol("nvmlGpmMetricsGet", device=False)
+    def gpm_metrics(self, ref: Any) -> int:
+        request = _out(ref)
+        if request.version != GPM_VERSION:
+            return ERROR_ARGUMENT_VERSION_MISMATCH
+        first = self._gpm_samples.get(_address(request.sample1) or 0)
+        second = self._gpm_samples.get(_address(request.sample2) or 0)
+        if first is None or second is None or (first.gpu, first.mig_index) != (second.gpu, second.mig_index):
+            return ERROR_INVALID_ARGUMENT
+        if second.t <= first.t or request.numMetrics > len(request.metrics):
+            return ERROR_INVALID_ARGUMENT
+        gpu = self.node.scenario.gpus[first.gpu]
+        sm_pattern = self.node.utilization_pattern(gpu.index) if first.mig_index is None \
+            or gpu.mig_instances is None else gpu.mig_instances[first.mig_index].utilization
+        sm = mean(sm_pattern, first.t, second.t)
+        values = {
+            GPM_SM_UTIL: sm,
+            GPM_SM_OCCUPANCY: sm * gpu.gpm_occupancy_factor,
+            GPM_ANY_TENSOR_UTIL: sm * gpu.gpm_tensor_factor,
+            GPM_DRAM_BW_UTIL: mean(gpu.memory_utilization, first.t, second.t),
+        }
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            if metric.metricId in values:
+                metric.value = 100.0 * values[metric.metricId]
+                metric.nvmlReturn = SUCCESS
+            else:
+                metric.value = 0.0
+                metric.nvmlReturn = ERROR_NOT_SUPPORTED
+        return SUCCESS

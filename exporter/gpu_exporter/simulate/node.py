@@ -1,0 +1,192 @@
+"""The state of a simulated node: simulated time, injected faults, and the GPUs' utilization history.
+
+The fake C library (fake_nvml.py) reads everything it reports from here. Example:
+
+>>> from gpu_exporter.simulate import load_scenario
+>>> node = SimulatedNode(load_scenario(None), clock=lambda: 100.0)
+>>> node.now()
+0.0
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from gpu_exporter.simulate.patterns import SLOT_SECONDS, Pattern, Timeline, integral, mean
+from gpu_exporter.simulate.scenario import GpuSpec, Scenario
+
+RING_SLOTS = 120
+"""How many 1/6 s samples the driver keeps per GPU (20 s), like NVML's ring buffer."""
+TIMESTAMP_BASE_US = 1_700_000_000_000_000
+"""Sample timestamp (microseconds) of simulated time 0; consumers must treat it as opaque."""
+TRAINING_REFRESH_SECONDS = 0.02
+
+
+class SimulatedNode:
+    """A simulated GPU node; created by :func:`gpu_exporter.simulate.install`.
+
+    Tests and demos use it to move through failure modes, e.g. ``node.lose_gpu(1)``.
+    """
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
+        self.scenario = scenario
+        self._clock = clock or time.monotonic
+        self._start = self._clock()
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.call_counts: dict[str, int] = {}
+        self._lost: set[int] = set()
+        self._not_supported: set[tuple[int, str]] = set()
+        self.driver_loaded = True
+        self._training_source: Callable[[str], str | None] | None = None
+        self._timelines = {g.index: Timeline(g.idle_utilization) for g in scenario.gpus if g.follow_training}
+        self._refresher: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def __enter__(self) -> SimulatedNode:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        from gpu_exporter.simulate.install import uninstall
+
+        uninstall()
+
+    # --- time -------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Simulated seconds since install, e.g. ``node.now() -> 12.5``."""
+        return self._clock() - self._start
+
+    # --- fault injection ----------------------------------------------------------------------
+
+    def lose_gpu(self, index: int) -> None:
+        """Make every call on GPU ``index`` (and its MIG devices) return NVML_ERROR_GPU_IS_LOST."""
+        with self.lock:
+            self._gpu(index)
+            self._lost.add(index)
+
+    def restore_gpu(self, index: int) -> None:
+        """Undo :meth:`lose_gpu`."""
+        with self.lock:
+            self._gpu(index)
+            self._lost.discard(index)
+
+    def unload_driver(self) -> None:
+        """Simulate an unloaded driver: nvmlInit and every other call fail with DRIVER_NOT_LOADED."""
+        with self.changed:
+            self.driver_loaded = False
+            self.changed.notify_all()
+
+    def reload_driver(self) -> None:
+        """Undo :meth:`unload_driver`; callers must nvmlInit again."""
+        with self.lock:
+            self.driver_loaded = True
+
+    def set_not_supported(self, index: int, function_name: str) -> None:
+        """Make C function ``function_name`` return NVML_ERROR_NOT_SUPPORTED for GPU ``index``.
+
+        >>> node.set_not_supported(0, "nvmlDeviceGetPowerUsage")  # doctest: +SKIP
+        """
+        with self.lock:
+            self._gpu(index)
+            self._not_supported.add((index, function_name))
+
+    def is_lost(self, index: int, t: float) -> bool:
+        """Whether GPU ``index`` is lost at simulated time ``t`` (by :meth:`lose_gpu` or a fault)."""
+        return index in self._lost or any(
+            f.kind == "lost" and f.active(t) for f in self.scenario.gpus[index].faults)
+
+    def is_not_supported(self, index: int, function_name: str, t: float) -> bool:
+        """Whether ``function_name`` is NOT_SUPPORTED on GPU ``index`` at time ``t``."""
+        return (index, function_name) in self._not_supported or any(
+            f.kind == "not_supported" and f.function == function_name and f.active(t)
+            for f in self.scenario.gpus[index].faults)
+
+    # --- training-driven utilization ---------------------------------------------------------
+
+    def set_training_source(self, fn: Callable[[str], str | None]) -> None:
+        """Drive ``follow_training`` GPUs: ``fn(uuid)`` returns the job's current phase or None.
+
+        While the phase is "compute" the GPU runs at ``busy_utilization``, otherwise at
+        ``idle_utilization``. The phase is polled every 20 ms and on every NVML call.
+        """
+        with self.lock:
+            self._training_source = fn
+            if self._timelines and self._refresher is None:
+                self._refresher = threading.Thread(target=self._refresh_loop, name="gpu-sim-training",
+                                                   daemon=True)
+                self._refresher.start()
+        self.refresh_training()
+
+    def refresh_training(self) -> None:
+        """Record the current training phase of every ``follow_training`` GPU."""
+        source = self._training_source
+        if source is None or not self._timelines:
+            return
+        t = self.now()
+        for index, timeline in self._timelines.items():
+            gpu = self.scenario.gpus[index]
+            try:
+                phase = source(gpu.uuid)
+            except Exception:  # a broken source must not break NVML calls; it reads as "no job"
+                phase = None
+            timeline.record(t, gpu.busy_utilization if phase == "compute" else gpu.idle_utilization)
+
+    def _refresh_loop(self) -> None:
+        while not self._closed.wait(TRAINING_REFRESH_SECONDS):
+            self.refresh_training()
+
+    def close(self) -> None:
+        """Stop the training refresher thread (called by uninstall)."""
+        self._closed.set()
+        if self._refresher is not None and self._refresher is not threading.current_thread():
+            self._refresher.join(timeout=1.0)
+
+    # --- utilization ground truth ------------------------------------------------------------
+
+    def utilization_pattern(self, index: int) -> Pattern:
+        """The pattern GPU ``index`` follows (its recorded timeline when it follows training)."""
+        return self._timelines.get(index) or self._gpu(index).utilization
+
+    def true_busy_seconds(self, index: int, t0: float, t1: float) -> float:
+        """Exact seconds GPU ``index`` was busy between simulated times t0 and t1.
+
+        >>> node.true_busy_seconds(0, 0.0, 60.0)  # doctest: +SKIP
+        51.0
+        """
+        self.refresh_training()
+        return integral(self.utilization_pattern(index), t0, t1)
+
+    def slot_count(self, t: float) -> int:
+        """Number of complete 1/6 s sample slots at simulated time ``t``."""
+        return max(0, math.floor(t / SLOT_SECONDS + 1e-9))
+
+    @staticmethod
+    def slot_timestamp(slot: int) -> int:
+        """Timestamp (microseconds) of the sample covering slot ``slot`` (taken at its end)."""
+        return TIMESTAMP_BASE_US + (slot + 1) * 1_000_000 // 6
+
+    @staticmethod
+    def slot_mean(pattern: Pattern, slot: int) -> float:
+        """Exact mean of ``pattern`` over slot ``slot``."""
+        return mean(pattern, slot * SLOT_SECONDS, (slot + 1) * SLOT_SECONDS)
+
+    def recent_slots(self, t: float, after_us: int) -> list[int]:
+        """Slots still in the ring buffer at time ``t`` whose timestamp is newer than ``after_us``."""
+        end = self.slot_count(t)
+        return [k for k in range(max(0, end - RING_SLOTS), end) if self.slot_timestamp(k) > after_us]
+
+    def instant(self, pattern: Pattern, t: float) -> float:
+        """The value NVML shows "now": the mean of the last complete slot (the value at t before one)."""
+        end = self.slot_count(t)
+        return self.slot_mean(pattern, end - 1) if end else pattern.value(t)
+
+    def _gpu(self, index: int) -> GpuSpec:
+        if not 0 <= index < len(self.scenario.gpus):
+            raise IndexError(f"no simulated GPU {index}; this scenario has {len(self.scenario.gpus)}")
+        return self.scenario.gpus[index]
