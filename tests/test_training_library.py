@@ -1,0 +1,221 @@
+"""The training library's timing: phases add up to wall time, custom phases, sync_every, identity."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from time import perf_counter
+
+import pynvml
+import pytest
+from gpu_exporter.ingest import IngestSettings, TrainingStore
+from gpu_exporter.training import OTHER, STANDARD_PHASES, Run
+from gpu_exporter.training import device as dev
+
+
+def test_phases_add_up_to_wall_time_and_idle_time_is_other() -> None:
+    run = Run("wall", uuid="")
+    t0 = run._start
+
+    def slow_batches() -> list[int]:
+        time.sleep(0.03)
+        return [1, 2]
+
+    for batch in run.data(iter([slow_batches(), slow_batches()])):
+        with run.phase("compute"):
+            time.sleep(0.02)
+        time.sleep(0.01)  # in no phase: counts as "other"
+        run.step(samples=len(batch))
+    seconds = run.phase_seconds()
+    wall = perf_counter() - t0
+    assert set(seconds) == {OTHER, *STANDARD_PHASES}
+    assert sum(seconds.values()) == pytest.approx(wall, abs=2e-3)
+    assert seconds["compute"] == pytest.approx(0.04, abs=0.015)
+    # both slow batches were built before run.data() took them, so "other" holds their 60 ms too
+    assert seconds[OTHER] >= 0.02 + 0.06
+    assert run.steps == 2 and run.samples == 4 and run.batch_size == 2
+
+
+def test_data_phase_counts_time_blocked_in_next() -> None:
+    run = Run("data", uuid="")
+
+    def loader() -> Iterator[int]:
+        for i in range(3):
+            time.sleep(0.02)
+            yield i
+
+    assert list(run.data(loader())) == [0, 1, 2]
+    assert run.phase_seconds()["data"] == pytest.approx(0.06, abs=0.015)
+
+
+def test_nested_phase_pauses_the_outer_one() -> None:
+    run = Run("nest", uuid="")
+    with run.phase("compute"):
+        time.sleep(0.02)
+        with run.phase("metrics"):
+            time.sleep(0.03)
+            with run.phase("metrics"):  # re-entering the current phase changes nothing
+                time.sleep(0.01)
+        assert run._current.name == "compute"
+    s = run.phase_seconds()
+    assert s["metrics"] == pytest.approx(0.04, abs=0.01)
+    assert s["compute"] == pytest.approx(0.02, abs=0.01)
+    assert run._current.name == OTHER
+
+
+def test_exception_inside_a_phase_still_closes_it() -> None:
+    run = Run("exc", uuid="")
+    with pytest.raises(RuntimeError), run.phase("compute"):
+        raise RuntimeError("boom")
+    assert run._current.name == OTHER
+
+
+def test_custom_phases_up_to_the_cap() -> None:
+    run = Run("custom", uuid="", max_custom_phases=2)
+    with run.phase("eval"):
+        pass
+    assert run.phase("eval") is run.phase("eval")
+    run.phase("upload")
+    with pytest.raises(ValueError, match="already has 2 custom phases"):
+        run.phase("third")
+    with pytest.raises(ValueError, match="may only contain"):
+        Run("custom2", uuid="").phase("bad phase")
+    assert set(run.phase_seconds()) == {OTHER, *STANDARD_PHASES, "eval", "upload"}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name": "has space"}, "may only contain"),
+    ({"name": ""}, "must not be empty"),
+    ({"name": "x" * 129}, "limit is 128"),
+    ({"name": "ok", "sync_every": -1}, "sync_every"),
+    ({"name": "ok", "rank": "a b"}, "rank"),
+])
+def test_bad_arguments_give_one_line_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        Run(**kwargs)  # type: ignore[arg-type]  # deliberately wrong types
+    assert "\n" not in str(info.value)
+
+
+def test_sync_every_synchronises_only_on_every_nth_step() -> None:
+    run = Run("sync", uuid="", sync_every=2)
+    calls: list[str] = []
+    run._sync_fn = lambda: calls.append(run._current.name)
+    compute = run.phase("compute")
+    for step in range(1, 6):
+        with compute:
+            pass
+        calls.append(f"step{step}")
+        run.step()
+    # boundaries synchronise on the steps after steps 2 and 4: before entering and before leaving
+    assert calls == ["step1", "step2", OTHER, "compute", "step3", "step4", OTHER, "compute", "step5"]
+
+
+def test_sync_every_without_cuda_is_a_no_op() -> None:
+    run = Run("nocuda", uuid="", sync_every=1)
+    run.step()
+    with run.phase("compute"):
+        pass
+    assert run.phase_seconds()["compute"] >= 0
+
+
+def test_concurrent_snapshots_never_go_down() -> None:
+    """The pusher thread reads while the training thread switches phases (the seqlock)."""
+    run = Run("race", uuid="")
+    stop = threading.Event()
+    phases = [run.phase(p) for p in ("data", "compute", "metrics")]
+
+    def train() -> None:
+        while not stop.is_set():
+            for p in phases:
+                with p:
+                    pass
+            run.step(samples=1)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    previous: dict[str, float] = {}
+    try:
+        for _ in range(3000):
+            now = run.phase_seconds()
+            for name, value in previous.items():
+                assert now[name] >= value, (name, previous, now)
+            previous = now
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_snapshot_is_accepted_by_the_exporter_store() -> None:
+    run = Run("schema", rank=2, uuid="GPU-0c8b1f1e")
+    run._allocator = lambda device: {"allocated_bytes": 10, "reserved_bytes": 20, "retries": 1, "ooms": 0}
+    with run.phase("compute"):
+        run.step(samples=16)
+        snap = run.snapshot()
+    assert snap["current_phase"] == "compute" and snap["rank"] == "2"
+    store = TrainingStore(IngestSettings())
+    assert store.handle_push(json.dumps(snap).encode(), "application/json", None) == (202, "accepted")
+    assert store.current_phase("GPU-0c8b1f1e") == "compute"
+    final = run.snapshot(finished=True)
+    assert final["current_phase"] == ""
+    assert store.handle_push(json.dumps(final).encode(), "application/json", None)[0] == 202
+    assert store.current_phase("GPU-0c8b1f1e") is None
+
+
+def test_rank_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert dev.resolve_rank(None) == "0"
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert dev.resolve_rank(None) == "3"
+    assert dev.resolve_device(None) == 3
+    monkeypatch.setenv("RANK", "11")
+    assert dev.resolve_rank(None) == "11"
+    assert dev.resolve_rank(5) == "5"
+
+
+def test_uuid_from_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa, MIG-bbbb")
+    assert dev.resolve_uuid(None, 0) == "GPU-aaaa"
+    assert dev.resolve_uuid(None, 1) == "MIG-bbbb"
+    assert dev.resolve_uuid(None, 2) == ""  # not visible to this process
+    assert dev.resolve_uuid("GPU-explicit", 0) == "GPU-explicit"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert dev.resolve_uuid(None, 0) == ""  # no GPU visible at all
+
+
+def test_uuid_falls_back_to_nvml_and_is_empty_without_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    asked: list[int] = []
+
+    def fake_nvml_uuid(index: int) -> str:
+        asked.append(index)
+        return "GPU-from-nvml"
+
+    monkeypatch.setattr(dev, "_nvml_uuid", fake_nvml_uuid)
+    assert dev.resolve_uuid(None, 0) == "GPU-from-nvml"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert dev.resolve_uuid(None, 1) == "GPU-from-nvml"
+    assert asked == [0, 1]  # CUDA index 1 is physical GPU 1 in "3,1"
+    monkeypatch.undo()
+
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    assert dev._nvml_uuid(0) == ""  # no NVIDIA driver: unknown, not an error
+
+
+def test_identity_is_resolved_once_and_invalid_uuids_become_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fake_resolve(explicit: str | None, index: int) -> str:
+        calls.append(index)
+        return "weird uuid!"
+
+    monkeypatch.setattr(dev, "resolve_uuid", fake_resolve)
+    run = Run("ident", device=0)
+    assert run.identity() == ("", 0)
+    assert run.identity() == ("", 0)
+    assert calls == [0]
