@@ -124,10 +124,12 @@ class Setting:
     default: Any
     help: str
     metavar: str = "VALUE"
+    flag_name: str = ""
 
     @property
     def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
+        """The command-line flag: ``flag_name`` when set (exporter-toolkit spelling), else derived from the key."""
+        return self.flag_name or "--" + self.key.replace("_", "-")
 
     @property
     def env(self) -> str:
@@ -145,7 +147,7 @@ SETTINGS: tuple[Setting, ...] = (
             f"address to serve HTTP on (default :{DEFAULT_PORT})", "HOST:PORT"),
     Setting("web.telemetry_path", _telemetry_path, "/metrics", "path of the metrics endpoint", "PATH"),
     Setting("web.config_file", _optional_path, None,
-            "exporter-toolkit web config file (TLS, basic auth)", "FILE"),
+            "exporter-toolkit web config file (TLS, basic auth)", "FILE", "--web.config.file"),
     Setting("poll_interval", _positive_float, 1.0,
             "seconds between NVML polls; keep it well below the scrape interval", "SECONDS"),
     Setting("discovery_interval", _positive_float, 30.0,
