@@ -315,6 +315,11 @@ class _Reader:
         sub.finish()
         return Noisy(base, noise, seed) if noise > 0 else base
 
+    def allow(self, *keys: str) -> None:
+        unknown = sorted(set(self.data) - set(keys))
+        if unknown:
+            raise self.fail("unknown key", str(unknown[0]))
+
     def finish(self) -> None:
         unknown = sorted(set(self.data) - self.used)
         if unknown:
@@ -482,6 +487,7 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     if data is None:
         data = {}
     top = _Reader(source, "", data)
+    top.allow("seed", "driver_missing", "gpus", "cuda_version", "driver_version")
     seed = top.integer("seed", 0)
     driver_missing = top.boolean("driver_missing", False)
     gpus = tuple(_parse_gpu(g, i, seed) for i, g in enumerate(top.items("gpus")))
