@@ -1,0 +1,130 @@
+"""Each collector against simulated GPUs (the real pynvml wrapper code runs underneath)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import Harness, scenario_path
+
+from gpu_exporter import simulate
+from gpu_exporter.collectors.xid import XidCollector
+from gpu_exporter.nvml import Nvml
+from gpu_exporter.sampler import Sampler
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def default() -> Harness:
+    with Harness("default.yaml") as h:
+        h.advance(10.0)
+        yield h
+
+
+def test_info_labels(default: Harness) -> None:
+    info = default.samples("gpu_info")
+    assert len(info) == 4
+    gpu0 = default.samples("gpu_info", gpu="0")[0].labels
+    assert gpu0["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpu0["uuid"].startswith("GPU-")
+    assert gpu0["driver_version"] == "550.54.15" and gpu0["cuda_version"] == "12.4"
+    assert gpu0["architecture"] == "hopper" and gpu0["mig_mode"] == "disabled"
+    assert gpu0["pci_bus_id"]
+    assert default.samples("gpu_info", gpu="3")[0].labels["mig_mode"] == "enabled"
+
+
+def test_utilization_and_busy_counter(default: Harness) -> None:
+    busy = default.value("gpu_busy_seconds_total", gpu="0")
+    assert 0.75 * 10 < busy < 0.95 * 10  # ~85% of the 10 s integrated
+    assert 0.7 < default.value("gpu_utilization_ratio", gpu="0") < 1.0
+    assert 0.15 < default.value("gpu_utilization_ratio", gpu="2") < 0.35
+    assert 0.0 <= default.value("gpu_memory_utilization_ratio", gpu="0") <= 1.0
+    assert default.value("gpu_memory_busy_seconds_total", gpu="0") > 0
+    # MIG-enabled GPU: NVML utilization is NOT_SUPPORTED, so no series (GPM covers it)
+    assert default.samples("gpu_utilization_ratio", gpu="3") == []
+    before = busy
+    default.advance(5.0)
+    assert default.value("gpu_busy_seconds_total", gpu="0") > before
+
+
+def test_memory_power_thermal_clocks(default: Harness) -> None:
+    assert default.value("gpu_memory_total_bytes", gpu="0") == 80 * GIB
+    used = default.value("gpu_memory_used_bytes", gpu="0")
+    free = default.value("gpu_memory_free_bytes", gpu="0")
+    reserved = default.value("gpu_memory_reserved_bytes", gpu="0")
+    assert used >= 71.5 * GIB
+    assert used + free + reserved == pytest.approx(80 * GIB, rel=1e-6)
+    assert 72 < default.value("gpu_power_watts", gpu="0") <= 700
+    assert default.value("gpu_power_limit_watts", gpu="0") == 700
+    assert 31 <= default.value("gpu_temperature_celsius", gpu="0") <= 68
+    assert 345e6 <= default.value("gpu_sm_clock_hertz", gpu="0") <= 1980e6
+    assert default.value("gpu_memory_clock_hertz", gpu="0") == 2619e6
+    energy = default.value("gpu_energy_joules_total", gpu="0")
+    default.advance(2.0)
+    assert default.value("gpu_energy_joules_total", gpu="0") > energy
+    reasons = {s.labels["reason"]: s.value for s in default.samples("gpu_clock_event_active", gpu="0")}
+    assert len(reasons) == 9 and set(reasons.values()) <= {0.0, 1.0}
+    assert default.samples("gpu_fan_speed_ratio") == []  # scenario GPUs have no fan: NOT_SUPPORTED
+    assert default.value("gpu_pcie_tx_bytes_per_second", gpu="0") >= 0
+
+
+def test_processes(default: Harness) -> None:
+    procs = default.samples("gpu_process_memory_used_bytes", gpu="1")
+    assert [(s.labels["pid"], s.labels["process_name"]) for s in procs] == [("41102", "jupyter-kernel")]
+    assert procs[0].value == 30 * GIB
+    assert len(default.samples("gpu_process_sm_utilization_ratio", gpu="0")) == 1
+    mig_procs = default.samples("gpu_process_memory_used_bytes", gpu="3")
+    assert sorted(s.labels["pid"] for s in mig_procs) == ["41304", "41305"]
+
+
+def test_mig_and_gpm(default: Harness) -> None:
+    instances = default.samples("gpu_mig_info", gpu="3")
+    assert sorted(s.labels["profile"] for s in instances) == ["1g.10gb", "2g.20gb", "3g.40gb"]
+    three_g = default.samples("gpu_mig_info", profile="3g.40gb")[0].labels
+    assert default.value("gpu_mig_memory_used_bytes", mig_uuid=three_g["mig_uuid"]) == 31 * GIB
+    # GPM on Hopper: whole GPU (mig_uuid="") for GPUs 0, 1, 3 and per MIG instance on GPU 3
+    sm = default.samples("gpu_sm_active_ratio")
+    assert {(s.labels["gpu"], s.labels["mig_uuid"] == "") for s in sm} >= {("0", True), ("3", True), ("3", False)}
+    assert default.samples("gpu_sm_active_ratio", gpu="2") == []  # Ampere: no GPM
+    busy_mig = default.value("gpu_sm_active_ratio", mig_uuid=three_g["mig_uuid"])
+    idle_mig = default.value("gpu_sm_active_ratio", mig_uuid=default.samples(
+        "gpu_mig_info", profile="1g.10gb")[0].labels["mig_uuid"])
+    assert busy_mig > 0.5 > idle_mig
+    for name in ("gpu_sm_occupancy_ratio", "gpu_tensor_active_ratio", "gpu_dram_bandwidth_utilization_ratio"):
+        assert all(0 <= s.value <= 1 for s in default.samples(name))
+        assert default.samples(name, gpu="0")
+
+
+def test_health(default: Harness) -> None:
+    assert default.value("gpu_exporter_gpus") == 4
+    success = {s.labels["collector"]: s.value for s in default.samples("gpu_exporter_collector_success")}
+    assert success == {"utilization": 1, "device": 1, "pcie": 1, "processes": 1, "mig": 1, "gpm": 1}
+    assert default.value("gpu_exporter_last_sample_age_seconds") == 0
+    default.clock.t += 7
+    assert default.value("gpu_exporter_last_sample_age_seconds") == pytest.approx(7)
+    build = default.samples("gpu_exporter_build_info")[0].labels
+    assert build["version"] and build["pynvml_version"] != "unknown"
+
+
+def test_xid_events_counted_from_event_thread() -> None:
+    node = simulate.install(scenario_path("faults.yaml"))
+    nvml = Nvml()
+    try:
+        nvml.init()
+        sampler = Sampler(nvml, [], poll_interval=0.2)
+        sampler.poll_once()
+        xid = XidCollector(nvml, lambda: sampler.gpus)
+        xid.start()
+        deadline = time.monotonic() + 10
+        counts: dict[tuple[str, str], float] = {}
+        while time.monotonic() < deadline and ("0", "13") not in counts:
+            time.sleep(0.2)
+            counts = {(s.labels["gpu"], s.labels["xid"]): s.value for f in xid.collect() for s in f.samples}
+        xid.stop()
+        assert counts.get(("0", "13")) == 1, counts
+        assert node.now() >= 2
+    finally:
+        nvml.shutdown()
+        simulate.uninstall()
+
