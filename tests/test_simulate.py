@@ -496,3 +496,39 @@ def test_real_nvml_is_never_replaced_silently(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(pynvml, "nvmlLib", object())
     with pytest.raises(RuntimeError, match="real NVML library is already loaded"):
         install()
+
+
+def test_concurrent_polling_and_event_wait() -> None:
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        try:
+            cursor = 0
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            while not stop.is_set():
+                try:
+                    _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
+                    cursor = samples[-1].timeStamp
+                except pynvml.NVMLError_NotFound:
+                    pass
+                pynvml.nvmlDeviceGetMemoryInfo(handle)
+                pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except BaseException as exc:  # surfaced to the test below
+            errors.append(exc)
+
+    with install() as node:
+        pynvml.nvmlInit()
+        events = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(0),
+                                        pynvml.nvmlEventTypeXidCriticalError, events)
+        pollers = [threading.Thread(target=poll) for _ in range(2)]
+        for thread in pollers:
+            thread.start()
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait(events, 400)
+        stop.set()
+        for thread in pollers:
+            thread.join()
+        assert not errors
+        assert node.call_counts["nvmlDeviceGetMemoryInfo"] > 10

@@ -143,6 +143,7 @@ class FakeNvmlLibrary:
         self._event_sets: dict[int, _EventSet] = {}
         self._gpm_samples: dict[int, _GpmSample | None] = {}
         self._next_id = 1
+        self._busy_so_far: dict[int, tuple[float, float]] = {}  # GPU index -> (t, busy seconds 0..t)
         self._functions: dict[str, Callable[..., int]] = {}
         for attr in dir(type(self)):
             method = getattr(self, attr)
@@ -489,9 +490,18 @@ class FakeNvmlLibrary:
         if dev.gpu.architecture_id < 5:
             return ERROR_NOT_SUPPORTED  # Volta and newer only
         power = dev.gpu.power_watts
-        busy = integral(self.node.utilization_pattern(dev.gpu.index), 0.0, dev.t)
+        busy = self._busy_seconds_until(dev.gpu.index, dev.t)
         _out(ref).value = round(1000 * (power.idle * dev.t + (power.busy - power.idle) * busy))
         return SUCCESS
+
+    def _busy_seconds_until(self, index: int, t: float) -> float:
+        """Busy seconds from 0 to t, integrated incrementally so long runs stay cheap."""
+        since, busy = self._busy_so_far.get(index, (0.0, 0.0))
+        if t < since:
+            since, busy = 0.0, 0.0
+        busy += integral(self.node.utilization_pattern(index), since, t)
+        self._busy_so_far[index] = (t, busy)
+        return busy
 
     @_symbol("nvmlDeviceGetTemperature")
     def temperature(self, dev: _Target, sensor: Any, ref: Any) -> int:
