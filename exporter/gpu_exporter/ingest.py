@@ -33,14 +33,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .training.protocol import SCHEMA_VERSION, check_label
 
 OUTCOMES = (
-    "accepted", "disabled", "unauthorized", "too_large", "unsupported_media_type", "malformed_json",
+    "accepted", "disabled", "unauthorized", "length_required", "too_large", "unsupported_media_type", "malformed_json",
     "invalid_schema", "invalid_label", "non_finite", "negative_value", "decreasing_counter",
     "old_incarnation", "too_many_phases", "too_many_runs",
 )
 """Every value of the ``outcome`` label of gpu_exporter_ingest_requests_total."""
 
 _STATUS = {
-    "disabled": 404, "unauthorized": 401, "too_large": 413, "unsupported_media_type": 415,
+    "disabled": 404, "unauthorized": 401, "length_required": 411, "too_large": 413, "unsupported_media_type": 415,
     "malformed_json": 400, "invalid_schema": 400, "invalid_label": 400, "non_finite": 400,
     "negative_value": 400, "decreasing_counter": 409, "old_incarnation": 409, "too_many_phases": 422,
     "too_many_runs": 429,

@@ -1,0 +1,220 @@
+"""The exporter's training ingest: every rejection reason, incarnations, expiry, caps and the metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpu_exporter.ingest import OUTCOMES, IngestSettings, TrainingStore
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+JSON = "application/json"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshot(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "version": 1, "run": "resnet50", "rank": "0", "uuid": "GPU-1111", "started_at": 1_700_000_000.0,
+        "pid": 42, "phases": {"other": 1.0, "data": 6.0, "compute": 3.0, "metrics": 0.0, "checkpoint": 0.0},
+        "current_phase": "data", "steps": 10, "samples": 320, "batch_size": 32, "finished": False,
+    }
+    doc.update(changes)
+    return doc
+
+
+def push(store: TrainingStore, doc: Any, content_type: str | None = JSON,
+         authorization: str | None = None) -> tuple[int, str]:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return store.handle_push(body, content_type, authorization)
+
+
+def scrape(store: TrainingStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(store)
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def outcome_count(store: TrainingStore, outcome: str) -> float:
+    return scrape(store)[("gpu_exporter_ingest_requests_total", (("outcome", outcome),))]
+
+
+def test_accepted_snapshot_becomes_metrics() -> None:
+    store = TrainingStore(IngestSettings())
+    alloc = {"allocated_bytes": 1e9, "reserved_bytes": 3e9, "retries": 2, "ooms": 0}
+    assert push(store, snapshot(allocator=alloc)) == (202, "accepted")
+    m = scrape(store)
+    key = (("rank", "0"), ("run", "resnet50"), ("uuid", "GPU-1111"))
+    assert m[("gpu_training_phase_seconds_total", (("phase", "data"), *key))] == 6.0
+    assert m[("gpu_training_current_phase", (("phase", "data"), *key))] == 1.0
+    assert m[("gpu_training_current_phase", (("phase", "compute"), *key))] == 0.0
+    assert m[("gpu_training_steps_total", key)] == 10
+    assert m[("gpu_training_samples_total", key)] == 320
+    assert m[("gpu_training_batch_size", key)] == 32
+    assert m[("gpu_training_allocator_reserved_bytes", key)] == 3e9
+    assert m[("gpu_training_allocator_retries_total", key)] == 2
+    assert m[("gpu_exporter_training_runs", ())] == 1
+    assert m[("gpu_exporter_ingest_requests_total", (("outcome", "accepted"),))] == 1
+    assert all(("gpu_exporter_ingest_requests_total", (("outcome", o),)) in m for o in OUTCOMES)
+
+
+def test_allocator_series_only_when_reported() -> None:
+    store = TrainingStore(IngestSettings())
+    push(store, snapshot())
+    assert not [k for k in scrape(store) if k[0].startswith("gpu_training_allocator")]
+
+
+BAD: list[tuple[str, Any, int, str]] = [
+    ("not json", b"{nope", 400, "malformed_json"),
+    ("not utf-8", b"\xff\xfe{}", 400, "malformed_json"),
+    ("deep nesting", b"[" * 100_000 + b"]" * 100_000, 413, "too_large"),
+    ("nested within limit", b"[" * 30_000 + b"]" * 30_000, 400, "malformed_json"),
+    ("array", [1, 2], 400, "invalid_schema"),
+    ("wrong version", snapshot(version=2), 400, "invalid_schema"),
+    ("bool version", snapshot(version=True), 400, "invalid_schema"),
+    ("run missing", {k: v for k, v in snapshot().items() if k != "run"}, 400, "invalid_schema"),
+    ("run not string", snapshot(run=5), 400, "invalid_schema"),
+    ("run with space", snapshot(run="my run"), 400, "invalid_label"),
+    ("run with newline", snapshot(run="a\nb"), 400, "invalid_label"),
+    ("run too long", snapshot(run="r" * 129), 400, "invalid_label"),
+    ("quote in uuid", snapshot(uuid='GPU-"}'), 400, "invalid_label"),
+    ("empty rank", snapshot(rank=""), 400, "invalid_label"),
+    ("phase name", snapshot(phases={"da ta": 1.0}, current_phase=""), 400, "invalid_label"),
+    ("no phases", snapshot(phases={}), 400, "invalid_schema"),
+    ("phase value string", snapshot(phases={"data": "1"}, current_phase="data"), 400, "invalid_schema"),
+    ("NaN phase", b'{"version":1,"run":"r","rank":"0","uuid":"","started_at":1,"phases":{"data":NaN},'
+                  b'"current_phase":"data","steps":0,"samples":0,"batch_size":0}', 400, "non_finite"),
+    ("infinite started_at", snapshot(started_at=float("inf")), 400, "non_finite"),
+    ("huge int", snapshot(phases={"data": 10**400}, current_phase="data"), 400, "non_finite"),
+    ("negative phase", snapshot(phases={"data": -1.0}, current_phase="data"), 400, "negative_value"),
+    ("negative steps", snapshot(steps=-1), 400, "negative_value"),
+    ("float steps", snapshot(steps=1.5), 400, "invalid_schema"),
+    ("zero started_at", snapshot(started_at=0), 400, "invalid_schema"),
+    ("unknown current phase", snapshot(current_phase="nap"), 400, "invalid_schema"),
+    ("finished not bool", snapshot(finished="yes"), 400, "invalid_schema"),
+    ("allocator not object", snapshot(allocator=[1]), 400, "invalid_schema"),
+    ("allocator field missing", snapshot(allocator={"allocated_bytes": 1}), 400, "invalid_schema"),
+    ("too many phases", snapshot(phases={f"p{i}": 0.0 for i in range(17)}, current_phase=""), 422,
+     "too_many_phases"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "outcome"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_each_rejection_is_a_4xx_with_its_reason_and_counted(body: Any, status: int, outcome: str) -> None:
+    store = TrainingStore(IngestSettings(max_body_bytes=150_000))
+    got_status, reason = push(store, body)
+    assert (got_status, reason.split(":")[0]) == (status, f"rejected ({outcome})")
+    assert "\n" not in reason
+    assert outcome_count(store, outcome) == 1
+    assert scrape(store)[("gpu_exporter_training_runs", ())] == 0
+
+
+def test_size_and_media_type() -> None:
+    store = TrainingStore(IngestSettings(max_body_bytes=100))
+    assert push(store, b"{" + b" " * 200 + b"}")[0] == 413
+    assert store.max_body_bytes == 100
+    small = TrainingStore(IngestSettings())
+    assert push(small, snapshot(), content_type="text/plain")[0] == 415
+    assert push(small, snapshot(), content_type=None)[0] == 415
+    assert push(small, snapshot(), content_type="Application/JSON; charset=utf-8")[0] == 202
+
+
+def test_decreasing_counters_are_rejected_within_one_incarnation() -> None:
+    store = TrainingStore(IngestSettings())
+    assert push(store, snapshot())[0] == 202
+    assert push(store, snapshot(steps=9))[:1] == (409,)
+    lower = snapshot()
+    lower["phases"] = {**lower["phases"], "data": 5.0}
+    status, reason = push(store, lower)
+    assert status == 409 and "phases.data went from 6.0 to 5.0" in reason
+    dropped = snapshot()
+    del dropped["phases"]["checkpoint"]
+    assert push(store, dropped)[0] == 409
+    alloc = {"allocated_bytes": 1, "reserved_bytes": 1, "retries": 5, "ooms": 1}
+    assert push(store, snapshot(steps=11, allocator=alloc))[0] == 202
+    assert push(store, snapshot(steps=12, allocator={**alloc, "ooms": 0}))[0] == 409
+    assert push(store, snapshot(steps=12, allocator={**alloc, "allocated_bytes": 0}))[0] == 202  # a gauge
+    assert outcome_count(store, "decreasing_counter") == 4
+
+
+def test_a_restarted_job_is_a_new_incarnation_and_old_pushes_are_refused() -> None:
+    store = TrainingStore(IngestSettings())
+    assert push(store, snapshot(steps=100))[0] == 202
+    restarted = snapshot(started_at=1_700_000_500.0, steps=1, phases={"other": 0.1}, current_phase="other")
+    assert push(store, restarted)[0] == 202
+    assert scrape(store)[("gpu_training_steps_total", (("rank", "0"), ("run", "resnet50"), ("uuid", "GPU-1111")))] == 1
+    status, reason = push(store, snapshot(steps=101))
+    assert status == 409 and reason.startswith("rejected (old_incarnation)")
+
+
+def test_stale_runs_expire_and_free_their_slot() -> None:
+    clock = Clock()
+    store = TrainingStore(IngestSettings(max_runs=2, stale_after_seconds=60), clock=clock)
+    assert push(store, snapshot(run="a"))[0] == 202
+    assert push(store, snapshot(run="b"))[0] == 202
+    status, reason = push(store, snapshot(run="c"))
+    assert status == 429 and "ingest.max_runs" in reason
+    assert push(store, snapshot(run="a", steps=11))[0] == 202  # known runs still update
+    clock.now += 61
+    assert scrape(store)[("gpu_exporter_training_runs", ())] == 0
+    assert push(store, snapshot(run="c"))[0] == 202
+    assert outcome_count(store, "too_many_runs") == 1
+
+
+def test_current_phase_follows_the_freshest_live_run_on_a_gpu() -> None:
+    clock = Clock()
+    store = TrainingStore(IngestSettings(stale_after_seconds=30), clock=clock)
+    assert store.current_phase("GPU-1111") is None
+    push(store, snapshot(run="old", current_phase="data"))
+    clock.now += 1
+    push(store, snapshot(run="new", current_phase="compute"))
+    assert store.current_phase("GPU-1111") == "compute"
+    assert store.current_phase("GPU-2222") is None
+    push(store, snapshot(run="new", current_phase="", finished=True))
+    assert store.current_phase("GPU-1111") == "data"
+    clock.now += 31
+    assert store.current_phase("GPU-1111") is None
+
+
+def test_bearer_token_from_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    store = TrainingStore(IngestSettings(token_file=str(token_file)))
+    assert push(store, snapshot())[0] == 401
+    assert push(store, snapshot(), authorization="Bearer wrong")[0] == 401
+    assert push(store, snapshot(), authorization="Basic s3cret")[0] == 401
+    assert push(store, snapshot(), authorization="Bearer s3cret")[0] == 202
+    assert outcome_count(store, "unauthorized") == 3
+
+
+def test_bad_settings_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read it"):
+        TrainingStore(IngestSettings(token_file=str(tmp_path / "missing")))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        TrainingStore(IngestSettings(token_file=str(tmp_path / "empty")))
+    with pytest.raises(ValueError, match=r"ingest\.max_runs"):
+        TrainingStore(IngestSettings(max_runs=0))
+    with pytest.raises(ValueError, match="stale_after_seconds"):
+        TrainingStore(IngestSettings(stale_after_seconds=float("nan")))
+
+
+def test_disabled_store_and_server_side_rejections() -> None:
+    store = TrainingStore(IngestSettings(enabled=False))
+    assert push(store, snapshot())[0] == 404
+    store.count_rejection("too_large")
+    store.count_rejection("length_required")
+    assert outcome_count(store, "too_large") == 1 and outcome_count(store, "length_required") == 1
+    with pytest.raises(ValueError, match="unknown ingest rejection"):
+        store.count_rejection("made_up")
