@@ -1,0 +1,126 @@
+"""docker-compose.yml: valid per the Compose specification, every mount exists, the parts fit together.
+
+The schema check uses the ``compose-spec`` package (bindings of the Rust ``compose_spec`` parser,
+which rejects unknown keys and wrong types). No Docker engine runs here, so the simulated
+exporter's command is run as a plain process instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from compose_spec import PyCompose
+from servers import http_get, run_exporter
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()
+COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_TEXT)
+SERVICES: dict[str, Any] = COMPOSE["services"]
+
+
+def bind_mounts(service: dict[str, Any]) -> list[tuple[Path, str]]:
+    """(host path, container path) of the service's bind mounts (named volumes skipped)."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith((".", "/")):
+            mounts.append(((REPO / source).resolve(), target))
+    return mounts
+
+
+def host_path(service: dict[str, Any], container_path: str) -> Path | None:
+    """Where a path inside the container comes from on the host, through the bind mounts."""
+    for source, target in bind_mounts(service):
+        if container_path == target:
+            return source
+        if container_path.startswith(target.rstrip("/") + "/"):
+            return source / container_path[len(target.rstrip("/")) + 1:]
+    return None
+
+
+def test_valid_per_the_compose_specification() -> None:
+    compose = PyCompose.from_yaml(COMPOSE_TEXT)
+    compose.validate()
+    assert set(compose.service_names()) == {"exporter", "exporter-simulated", "training-demo",
+                                            "prometheus", "alertmanager", "grafana"}
+
+
+def test_the_schema_check_rejects_mistakes() -> None:
+    bad = COMPOSE_TEXT.replace("pid: host", "pids: host")
+    with pytest.raises(ValueError, match="pids"):
+        PyCompose.from_yaml(bad).validate()
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_bind_mount_exists(name: str) -> None:
+    for source, target in bind_mounts(SERVICES[name]):
+        assert source.exists(), f"{name} mounts {source} at {target}, which does not exist"
+        if Path(target).suffix in (".yml", ".yaml"):
+            assert source.is_file(), f"{name}: {source} should be a file"
+
+
+def test_gpu_exporter_gets_the_gpus_and_the_host_pids() -> None:
+    exporter = SERVICES["exporter"]
+    assert exporter["pid"] == "host" and exporter["profiles"] == ["gpu"]
+    (device,) = exporter["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and set(device["capabilities"]) == {"gpu", "utility"}
+    assert exporter["cap_drop"] == ["ALL"] and exporter["read_only"] is True
+
+
+def test_prometheus_finds_its_rules_the_exporter_and_alertmanager() -> None:
+    prometheus = SERVICES["prometheus"]
+    config_path = host_path(prometheus, "/etc/prometheus/prometheus.yml")
+    assert config_path is not None
+    config = yaml.safe_load(config_path.read_text())
+    for rule_file in config["rule_files"]:
+        resolved = host_path(prometheus, "/etc/prometheus/" + rule_file)
+        assert resolved is not None and resolved.is_file(), f"rule file {rule_file} is not mounted"
+    names = set(SERVICES) | {alias for s in SERVICES.values()
+                             for net in (s.get("networks") or {}).values() for alias in (net or {}).get("aliases", [])}
+    targets = [t for job in config["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
+    assert "exporter:9445" in targets
+    for target in targets:
+        assert target.split(":")[0] in names, f"scrape target {target} is no compose service"
+    alertmanagers = [t for am in config["alerting"]["alertmanagers"] for sc in am["static_configs"]
+                     for t in sc["targets"]]
+    assert alertmanagers == ["alertmanager:9093"]
+    assert host_path(SERVICES["alertmanager"], "/etc/alertmanager/alertmanager.yml") is not None
+
+
+def test_both_exporters_answer_as_exporter_and_one_profile_each() -> None:
+    simulated = SERVICES["exporter-simulated"]
+    assert simulated["networks"]["default"]["aliases"] == ["exporter"]
+    assert simulated["profiles"] == ["simulate"] and SERVICES["training-demo"]["profiles"] == ["simulate"]
+    for always in ("prometheus", "alertmanager", "grafana"):
+        assert "profiles" not in SERVICES[always]
+
+
+def test_grafana_provisioning_matches_the_mounts() -> None:
+    grafana = SERVICES["grafana"]
+    assert grafana["environment"]["PROMETHEUS_URL"] == "http://prometheus:9090"
+    provisioning = host_path(grafana, "/etc/grafana/provisioning")
+    assert provisioning is not None
+    for provider_file in (provisioning / "dashboards").glob("*.yml"):
+        for provider in yaml.safe_load(provider_file.read_text())["providers"]:
+            dashboards = host_path(grafana, provider["options"]["path"])
+            assert dashboards is not None and any(dashboards.glob("*.json"))
+
+
+def test_training_demo_script_is_mounted() -> None:
+    demo = SERVICES["training-demo"]
+    script = host_path(demo, demo["entrypoint"][1])
+    assert script is not None and script.is_file(), f"{demo['entrypoint'][1]} is not in examples/"
+    assert demo["environment"]["GPU_EXPORTER_URL"] == "http://exporter:9445"
+
+
+def test_simulated_exporter_command_serves_metrics() -> None:
+    simulated = SERVICES["exporter-simulated"]
+    args = list(simulated["command"])
+    scenario = host_path(simulated, args[1])
+    assert scenario is not None and scenario.is_file()
+    args[1] = str(scenario)
+    with run_exporter(args) as url:
+        assert "gpu_info{" in http_get(url + "/metrics")
