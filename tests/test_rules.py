@@ -1,0 +1,182 @@
+"""The Prometheus rules: promtool checks and unit tests, one source for thresholds, runbooks.
+
+Every alert must have a runbook section and promtool tests that show it both silent and firing;
+the rules files must be what prometheus/generate_rules.py makes from thresholds.yml.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROM = REPO / "prometheus"
+RULE_FILES = sorted((PROM / "rules").glob("*.rules.yml"))
+TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://github.com/gpu-utilization-exporter/gpu-utilization-exporter/blob/main/docs/runbooks.md#"
+
+CONTRACT_RECORDS = {
+    "gpu:gpu_utilization:avg5m", "gpu:gpu_utilization:avg1h", "gpu:gpu_memory_used:ratio",
+    "run:gpu_training_phase:share5m", "node:gpu_utilization:avg5m", "model:gpu_utilization:avg5m",
+    "namespace:gpu_utilization:avg5m", "gpu:gpu_underutilized:bool5m", "node:gpu_idle_hours:increase1h",
+}
+EXPECTED_ALERTS = {
+    "GpuUtilizationLow", "GpuIdleButAllocated", "GpuTrainingInputBound", "GpuTrainingMetricsBound",
+    "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing", "GpuMemoryNearlyFull", "GpuExporterDown",
+    "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
+    "GpuMissing",
+}
+CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
+                  "GpuMemoryAllocatorThrashing": "M4", "GpuMemoryNearlyFull": "M4"}
+
+promtool = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("generate_rules", PROM / "generate_rules.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rules(kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            out.extend(rule for rule in group["rules"] if kind in rule)
+    return out
+
+
+def alerts() -> dict[str, dict[str, Any]]:
+    return {rule["alert"]: rule for rule in rules("alert")}
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for the ``##`` headings of ``markdown``."""
+    heads = re.findall(r"^#{2,3} (.+)$", markdown, flags=re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@needs_promtool
+def test_promtool_check_rules() -> None:
+    proc = subprocess.run([str(promtool), "check", "rules", *map(str, RULE_FILES)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("SUCCESS") == len(RULE_FILES)
+
+
+@needs_promtool
+@pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
+def test_promtool_unit_tests(test_file: Path) -> None:
+    proc = subprocess.run([str(promtool), "test", "rules", test_file.name], cwd=test_file.parent,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_rules_files_are_generated_from_thresholds() -> None:
+    proc = subprocess.run([sys.executable, str(PROM / "generate_rules.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_threshold_values_reach_the_rules() -> None:
+    gen = load_generator()
+    values = gen.load_thresholds()
+    assert values["utilization_low_threshold"] == "0.3"
+    changed = dict(values, utilization_low_threshold="0.42", utilization_low_for="17m")
+    text = "".join(gen.generate(changed).values())
+    assert "gpu:gpu_utilization:avg5m < 0.42" in text
+    assert "< bool 0.42" in text
+    assert "for: 17m" in text
+    assert "below 42% utilization" in text
+    # No utilization comparison kept a literal 0.3: they all come from the one key.
+    assert "< 0.3" not in text and ">= 0.3" not in text
+
+
+def test_generator_rejects_unknown_and_unused_keys() -> None:
+    gen = load_generator()
+    with pytest.raises(KeyError, match="unknown threshold"):
+        gen.render("x > ${nope}", {"yes": "1"}, source="t.in")
+    values = dict(gen.load_thresholds(), never_used="1")
+    with pytest.raises(ValueError, match="unused thresholds never_used"):
+        gen.generate(values)
+    assert gen.render("${r|percent} of ${r}", {"r": "0.25"}) == "25% of 0.25"
+
+
+def test_bad_thresholds_file_is_one_clear_error(tmp_path: Path) -> None:
+    gen = load_generator()
+    bad = tmp_path / "thresholds.yml"
+    bad.write_text("utilization_low_threshold: [0.3]\n")
+    with pytest.raises(ValueError, match="utilization_low_threshold must be a number or a duration"):
+        gen.load_thresholds(bad)
+
+
+def test_recording_rules_follow_naming_and_contract() -> None:
+    names = {rule["record"] for rule in rules("record")}
+    assert names >= CONTRACT_RECORDS
+    for name in names:
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", name), f"{name} is not level:metric:operation"
+
+
+def test_alert_set_and_conventions() -> None:
+    found = alerts()
+    assert set(found) == EXPECTED_ALERTS
+    for name, rule in found.items():
+        assert re.fullmatch(r"Gpu[A-Za-z]+", name)
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}, name
+        ann = rule["annotations"]
+        assert set(ann) == {"summary", "description", "runbook_url"}, name
+        assert "{{" not in ann["summary"], f"{name}: summary must be static"
+        assert "{{" in ann["description"], f"{name}: description must be templated"
+        assert ann["runbook_url"] == RUNBOOK_BASE + name.lower(), name
+        if name in CAUSE_REMEDIES:
+            assert rule["labels"]["remedy"] == CAUSE_REMEDIES[name]
+            assert f"{CAUSE_REMEDIES[name]}:" in ann["description"], f"{name}: description must name the remedy"
+
+
+def test_device_alerts_name_gpu_node_and_workload() -> None:
+    for name, rule in alerts().items():
+        desc = rule["annotations"]["description"]
+        if "gpu:gpu_workload:info" in rule["expr"]:
+            for needle in ("$labels.gpu", "$labels.uuid", "$labels.node", "$labels.pod"):
+                assert needle in desc, f"{name}: description lacks {needle}"
+            assert "$value" in desc or "| query" in desc, f"{name}: description shows no value"
+            assert "$labels.run" in desc or "group_left (gpu," in rule["expr"], name
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    have = anchors(RUNBOOKS.read_text())
+    missing = sorted(name for name in alerts() if name.lower() not in have)
+    assert not missing, f"docs/runbooks.md lacks a section for {missing}"
+
+
+def test_every_alert_has_silent_and_firing_promtool_tests() -> None:
+    silent: set[str] = set()
+    firing: set[str] = set()
+    for path in TEST_FILES:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                exp = check.get("exp_alerts") or []
+                (firing if exp else silent).add(check["alertname"])
+                for alert in exp:
+                    assert "severity" in alert["exp_labels"], f"{path.name}: {check['alertname']} lacks full labels"
+                    assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}
+    names = set(alerts())
+    assert not names - silent, f"alerts without a not-firing promtool test: {sorted(names - silent)}"
+    assert not names - firing, f"alerts without a firing promtool test: {sorted(names - firing)}"
+
+
+def test_anchor_helper_matches_github_style() -> None:
+    assert anchors("## GpuUtilizationLow\n### Two words, here\n") == {"gpuutilizationlow", "two-words-here"}
