@@ -190,7 +190,7 @@ class Nvml:
             code = int(err.value)
             if code in _NO_DATA:
                 return None
-            self._count(name, code)
+            self._count(function, code)
             if code in _UNSUPPORTED:
                 with self._lock:
                     self._unsupported.add((key, name))

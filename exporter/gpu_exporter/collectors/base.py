@@ -93,6 +93,9 @@ class PollingCollector:
         out = Families()
         ok = True
         for gpu in ctx.gpus:
+            if gpu.uuid in ctx.lost:  # an earlier collector of this cycle found it gone
+                ok = False
+                continue
             try:
                 self.poll_gpu(ctx, gpu, out)
             except GpuLost as err:
