@@ -1,0 +1,131 @@
+"""The shipped Prometheus and Alertmanager configurations: syntax, routing, Kubernetes relabeling."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servers import free_port, http_get, run_prometheus, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+PROM = REPO / "prometheus"
+AM_CONFIG = PROM / "alertmanager.yml"
+
+promtool = shutil.which("promtool")
+amtool = shutil.which("amtool")
+needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
+needs_amtool = pytest.mark.skipif(amtool is None,
+                                  reason="amtool not installed (apt-get install prometheus-alertmanager)")
+
+
+def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False, cwd=cwd)
+
+
+@needs_promtool
+def test_compose_config_is_valid() -> None:
+    proc = run([str(promtool), "check", "config", "prometheus.yml"], cwd=PROM)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 rule files found" in proc.stdout
+
+
+def test_configs_scrape_with_node_label_and_share_rules() -> None:
+    compose = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    kube = yaml.safe_load((PROM / "prometheus-kubernetes.yml").read_text())
+    assert compose["rule_files"] == kube["rule_files"] == [
+        "rules/gpu-recording.rules.yml", "rules/gpu-alerts.rules.yml"]
+    assert compose["alerting"] == kube["alerting"]
+    static = compose["scrape_configs"][0]["static_configs"][0]
+    assert static["targets"] == ["exporter:9445"] and "node" in static["labels"]
+    job_regex = yaml.safe_load((PROM / "thresholds.yml").read_text())["exporter_job_regex"]
+    for cfg in (compose, kube):
+        for job in cfg["scrape_configs"]:
+            assert re.fullmatch(job_regex, job["job_name"]), f"{job['job_name']} escapes GpuExporterDown"
+    assert "# remote_write:" in (PROM / "prometheus.yml").read_text()
+
+
+def kubernetes_config_with_static_pods(targets: list[tuple[str, dict[str, str]]]) -> str:
+    """prometheus-kubernetes.yml with pod discovery replaced by static targets carrying the same meta labels."""
+    cfg: dict[str, Any] = yaml.safe_load((PROM / "prometheus-kubernetes.yml").read_text())
+    for job in cfg["scrape_configs"]:
+        assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+        job["static_configs"] = [{"targets": [addr], "labels": labels} for addr, labels in targets]
+    cfg.pop("rule_files")
+    cfg.pop("alerting")
+    return yaml.safe_dump(cfg)
+
+
+def pod(name: str, app: str, port: str, phase: str = "Running") -> dict[str, str]:
+    return {"__meta_kubernetes_pod_label_app_kubernetes_io_name": app,
+            "__meta_kubernetes_pod_container_port_number": port,
+            "__meta_kubernetes_pod_phase": phase,
+            "__meta_kubernetes_pod_node_name": f"node-of-{name}",
+            "__meta_kubernetes_namespace": "monitoring",
+            "__meta_kubernetes_pod_name": name}
+
+
+def test_kubernetes_relabeling_keeps_exporter_pods_and_sets_node(tmp_path: Path) -> None:
+    targets = [(f"127.0.0.1:{free_port()}", pod("exporter-a", "gpu-utilization-exporter", "9445")),
+               (f"127.0.0.1:{free_port()}", pod("exporter-b", "gpu-utilization-exporter", "9445")),
+               (f"127.0.0.1:{free_port()}", pod("exporter-a", "gpu-utilization-exporter", "8080")),
+               (f"127.0.0.1:{free_port()}", pod("web", "nginx", "9445")),
+               (f"127.0.0.1:{free_port()}", pod("exporter-c", "gpu-utilization-exporter", "9445", "Pending"))]
+    config = kubernetes_config_with_static_pods(targets)
+    if promtool is not None:
+        (tmp_path / "prometheus.yml").write_text(config)
+        proc = run([str(promtool), "check", "config", str(tmp_path / "prometheus.yml")])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    with run_prometheus(config) as url:
+        def listed() -> dict[str, Any] | None:
+            data: dict[str, Any] = json.loads(http_get(url + "/api/v1/targets?state=any"))["data"]
+            return data if len(data["activeTargets"]) + len(data["droppedTargets"]) == len(targets) else None
+        data = wait_until(listed, 20, what="targets to be discovered")
+    active = sorted((t["labels"] for t in data["activeTargets"]), key=lambda labels: labels["exporter_pod"])
+    assert [labels["node"] for labels in active] == ["node-of-exporter-a", "node-of-exporter-b"]
+    for labels in active:
+        assert labels["job"] == "gpu-exporter-kubernetes"
+        assert labels["exporter_namespace"] == "monitoring"
+        assert "namespace" not in labels
+    assert len(data["droppedTargets"]) == 3
+
+
+@needs_amtool
+def test_alertmanager_config_is_valid() -> None:
+    proc = run([str(amtool), "check-config", str(AM_CONFIG)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
+
+
+@needs_amtool
+@pytest.mark.parametrize(("labels", "receivers"), [
+    (["severity=critical", "alertname=GpuMissing"], "oncall-webhook,slack"),
+    (["severity=warning", "alertname=GpuUtilizationLow"], "slack"),
+    (["severity=info", "alertname=GpuMemoryNearlyFull"], "email"),
+    (["alertname=SomethingElse"], "default-webhook"),
+])
+def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> None:
+    proc = run([str(amtool), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == receivers
+
+
+def test_alertmanager_groups_inhibits_and_reads_secrets_from_files() -> None:
+    cfg = yaml.safe_load(AM_CONFIG.read_text())
+    assert cfg["route"]["group_by"] == ["alertname", "node", "namespace"]
+    causes = {"GpuTrainingInputBound", "GpuTrainingMetricsBound", "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing"}
+    rule = next(r for r in cfg["inhibit_rules"] if r["target_matchers"] == ['alertname="GpuUtilizationLow"'])
+    assert rule["equal"] == ["uuid"]
+    source = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0])
+    assert source is not None and causes <= set(source.group(1).split("|"))
+    kinds = {key for receiver in cfg["receivers"] for key in receiver if key.endswith("_configs")}
+    assert kinds == {"webhook_configs", "slack_configs", "email_configs"}
+    text = AM_CONFIG.read_text()
+    for secret in ("credentials_file:", "api_url_file:", "auth_password_file:"):
+        assert secret in text
+    assert not re.search(r"^\s*(api_url|auth_password|credentials):", text, flags=re.M)
