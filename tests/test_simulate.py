@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -532,3 +535,21 @@ def test_concurrent_polling_and_event_wait() -> None:
             thread.join()
         assert not errors
         assert node.call_counts["nvmlDeviceGetMemoryInfo"] > 10
+
+
+def test_other_nvml_tools_see_the_simulated_node(tmp_path: Path) -> None:
+    """nvitop, a peer tool built on pynvml, reads the same simulated GPUs (own process: nvitop keeps state)."""
+    script = (
+        "from gpu_exporter.simulate import install\n"
+        "install(clock=lambda: 5.0)\n"
+        "from nvitop import Device\n"
+        "for d in Device.all():\n"
+        "    print(d.name(), d.cuda_compute_capability(), d.memory_used(), d.is_mig_mode_enabled())\n"
+    )
+    exporter_root = str(SCENARIOS.parents[2])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": exporter_root}, check=True)
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"NVIDIA H100 80GB HBM3 (9, 0) {int(71.5 * GIB)} False"
+    assert lines[2].startswith("NVIDIA A100-SXM4-80GB (8, 0)")
+    assert lines[3].endswith("True") and len(lines) == 4

@@ -50,6 +50,10 @@ ARCH_HOPPER = 9
 ARCH_AMPERE = 7
 MAX_MIG_DEVICES = 7
 NO_INSTANCE = 0xFFFFFFFF
+COMPUTE_CAPABILITY = {
+    "kepler": (3, 7), "maxwell": (5, 2), "pascal": (6, 0), "volta": (7, 0), "turing": (7, 5),
+    "ampere": (8, 0), "ada": (8, 9), "hopper": (9, 0), "blackwell": (10, 0),
+}
 INIT_FUNCTIONS = ("nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags")
 
 _GPU_HANDLE_STRIDE = 0x10000
@@ -558,6 +562,63 @@ class FakeNvmlLibrary:
         level = dev.gpu.pcie_tx_mib_s if which == 0 else dev.gpu.pcie_rx_mib_s
         _out(ref).value = round(1024 * level.at(self._busy(dev)))  # KB/s
         return SUCCESS
+
+    # --- static properties other NVML tools (e.g. nvitop) read --------------------------------
+
+    @_symbol("nvmlDeviceGetCudaComputeCapability")
+    def compute_capability(self, dev: _Target, major: Any, minor: Any) -> int:
+        _out(major).value, _out(minor).value = COMPUTE_CAPABILITY[dev.gpu.architecture]
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetMaxClockInfo")
+    def max_clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
+        dev.require_full_gpu()
+        kind = _value(clock_type)
+        if kind not in (CLOCK_SM, CLOCK_MEM):
+            return ERROR_NOT_SUPPORTED
+        level = dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
+        _out(ref).value = round(max(level.idle, level.busy))
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetPowerManagementLimit")
+    def power_management_limit(self, dev: _Target, ref: Any) -> int:
+        return self.power_limit(dev, ref)
+
+    @_symbol("nvmlDeviceGetPerformanceState")
+    def performance_state(self, dev: _Target, ref: Any) -> int:
+        dev.require_full_gpu()
+        _out(ref).value = 0 if self._busy(dev) >= 0.05 else 8  # P0 busy, P8 idle
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetPersistenceMode")
+    def persistence_mode(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = 1
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetComputeMode")
+    def compute_mode(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = 0  # NVML_COMPUTEMODE_DEFAULT
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetDisplayMode")
+    def display_mode(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = 0
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetDisplayActive")
+    def display_active(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = 0
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetEncoderUtilization")
+    def encoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
+        dev.require_full_gpu()
+        _out(ref).value, _out(period).value = 0, 167_000
+        return SUCCESS
+
+    @_symbol("nvmlDeviceGetDecoderUtilization")
+    def decoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
+        return self.encoder_utilization(dev, ref, period)
 
     # --- processes -------------------------------------------------------------------------
 
