@@ -490,6 +490,16 @@ def test_scenario_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, 
     assert isinstance(error.value, ValueError)
 
 
+def test_packaged_scenario_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert load_scenario("bursty").gpus[0].name == "NVIDIA A100-SXM4-80GB"
+    assert load_scenario("faults.yaml").source.endswith("scenarios/faults.yaml")
+    (tmp_path / "bursty.yaml").write_text("gpus: [{name: Local, architecture: ada, memory_gib: 24}]\n")
+    assert load_scenario("bursty.yaml").gpus[0].name == "Local"  # an existing file wins
+    with pytest.raises(ScenarioError, match=r"^nope: cannot read"):
+        load_scenario("nope")
+
+
 def test_missing_scenario_file(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"nope\.yaml: cannot read the scenario file"):
         load_scenario(tmp_path / "nope.yaml")

@@ -514,10 +514,18 @@ def parse_scenario(data: Any, source: str) -> Scenario:
 def load_scenario(path: str | Path | None) -> Scenario:
     """Load and validate a scenario file; None loads the packaged default (4 GPUs).
 
+    A bare name that is not an existing file ("bursty" or "bursty.yaml") names a packaged scenario.
+
     >>> len(load_scenario(None).gpus)
     4
+    >>> len(load_scenario("eight_gpus").gpus)
+    8
     """
     file = DEFAULT_SCENARIO if path is None else Path(path)
+    if not file.exists() and file.parent == Path("."):
+        packaged = DEFAULT_SCENARIO.parent / (file.name if file.suffix == ".yaml" else f"{file.name}.yaml")
+        if packaged.is_file():
+            file = packaged
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
