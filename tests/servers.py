@@ -64,7 +64,7 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str 
             value = predicate()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 - servers may not be up yet
+        except Exception as exc:
             last_exc = exc
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})")

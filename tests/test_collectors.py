@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import Harness, scenario_path
-
 from gpu_exporter import simulate
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
+from harness import Harness, scenario_path
 
 GIB = 1 << 30
 

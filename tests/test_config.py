@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import exporter_env
-
 from gpu_exporter.config import SETTINGS, Config, ConfigError, load_config
+from servers import exporter_env
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -69,7 +68,7 @@ def test_env_errors() -> None:
 
 
 def test_missing_file() -> None:
-    with pytest.raises(ConfigError, match="cannot read config file /nonexistent.yaml"):
+    with pytest.raises(ConfigError, match=r"cannot read config file /nonexistent\.yaml"):
         load_config("/nonexistent.yaml", env={}, flags={})
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import Harness
-
 from gpu_exporter import simulate
 from gpu_exporter.nvml import DriverNotFound, Nvml
+from harness import Harness
 
 
 def test_gpu_lost_mid_run_keeps_other_gpus() -> None:
@@ -61,7 +60,7 @@ def test_driver_missing_at_start(tmp_path: Path) -> None:
     scenario.write_text("driver_missing: true\ngpus: []\n")
     simulate.install(scenario)
     try:
-        with pytest.raises(DriverNotFound, match="NVIDIA driver was not found.*--simulate"):
+        with pytest.raises(DriverNotFound, match=r"NVIDIA driver was not found.*--simulate"):
             Nvml().init()
     finally:
         simulate.uninstall()

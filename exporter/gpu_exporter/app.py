@@ -99,7 +99,6 @@ class Exporter:
     def start(self) -> None:
         """Initialise NVML (failing fast without a driver), bind the server, start the threads."""
         self.nvml.init()
-        self.sampler.poll_once()
         ssl_context, check_auth = None, None
         if self.config.web_config_file:
             from gpu_exporter.web_config import load_web_config
@@ -111,6 +110,7 @@ class Exporter:
             self.config.listen_host_port, self.sources, ready=self.ready,
             telemetry_path=self.config.web_telemetry_path, ingest=self.training,
             ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure)
+        self.sampler.poll_once()
         self.sampler.start()
         if self.xid is not None:
             self.xid.start()

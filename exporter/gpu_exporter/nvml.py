@@ -194,7 +194,7 @@ class Nvml:
             if code in _UNSUPPORTED:
                 with self._lock:
                     self._unsupported.add((key, name))
-                log.info("%s is not supported on %s; not asking again", name, key)
+                log.debug("%s is not supported on %s; not asking again", name, key)
                 return None
             if code == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost(f"{key}: {function} failed: GPU is lost") from None
