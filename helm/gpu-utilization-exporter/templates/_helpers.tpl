@@ -1,0 +1,81 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "gpu-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's resources. */}}
+{{- define "gpu-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels the selectors use. */}}
+{{- define "gpu-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels on every resource. */}}
+{{- define "gpu-exporter.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpu-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: exporter
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "gpu-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-exporter.webConfigSecret" -}}
+{{- default (printf "%s-web-config" (include "gpu-exporter.fullname" .)) .Values.webConfig.existingSecret }}
+{{- end }}
+
+{{/* Relabeling shared by the ServiceMonitor and the PodMonitor (see values.yaml: monitor). */}}
+{{- define "gpu-exporter.monitorRelabelings" -}}
+- action: replace
+  targetLabel: job
+  replacement: {{ .Values.monitor.jobName }}
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+- action: replace
+  sourceLabels: [__meta_kubernetes_namespace]
+  targetLabel: exporter_namespace
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_name]
+  targetLabel: exporter_pod
+- action: labeldrop
+  regex: (pod|namespace|container)
+{{- end }}
+
+{{/* Scheme, TLS and basic auth of a monitor endpoint. */}}
+{{- define "gpu-exporter.monitorEndpoint" -}}
+interval: {{ .Values.monitor.interval }}
+scrapeTimeout: {{ .Values.monitor.scrapeTimeout }}
+path: /metrics
+scheme: {{ .Values.webConfig.scheme | lower }}
+{{- if and .Values.webConfig.enabled (eq .Values.webConfig.scheme "HTTPS") }}
+tlsConfig:
+  {{- toYaml .Values.webConfig.monitorTLSConfig | nindent 2 }}
+{{- end }}
+{{- with .Values.webConfig.monitorBasicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+relabelings:
+  {{- include "gpu-exporter.monitorRelabelings" . | nindent 2 }}
+{{- end }}
