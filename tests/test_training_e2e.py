@@ -36,8 +36,8 @@ class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 def train(run: training.Run, dataset: SlowDataset) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     compute, metrics = run.phase("compute"), run.phase("metrics")
     for x, y in run.data(DataLoader(dataset, batch_size=BATCH, num_workers=0)):
