@@ -1,0 +1,227 @@
+"""End to end: simulated GPUs -> real exporter -> real Prometheus rules -> real Alertmanager -> webhook.
+
+The shipped rules, prometheus.yml and alertmanager.yml are used through a test-time transform
+only: durations in the rules shrink 60-fold (``for: 15m`` -> 15s, ``[5m]`` -> ``[5s]``), the
+scrape and evaluation intervals drop to 1s, targets point at the local processes, and every
+receiver becomes a webhook served by this test (its path is the receiver's name), so routing,
+grouping and inhibition are the shipped ones.
+
+Cases (tests/scenarios/alerting.yaml, one GPU each): a healthy run at 90% (no alert), an
+input-bound run (M1), a metrics-bound run (M2), a run with small batches and allocator retries
+(M3, M4), and a GPU at 20% with no instrumented run (GpuUtilizationLow delivered). The cause
+alerts inhibit GpuUtilizationLow for their GPUs, although Prometheus fires it for them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servers import http_status, promql, run_alertmanager, run_exporter, run_prometheus, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+PROM = REPO / "prometheus"
+SCENARIO = Path(__file__).with_name("scenarios") / "alerting.yaml"
+SCALE = 60  # production durations / test durations
+NODE = "e2e-node"
+
+# Each instrumented run: (uuid, share of wall time per phase, allocator retries per second).
+RUNS: dict[str, tuple[str, dict[str, float], float]] = {
+    "healthy": ("GPU-e2e-healthy", {"data": 0.03, "compute": 0.92, "metrics": 0.03, "checkpoint": 0.0}, 0.0),
+    "loader": ("GPU-e2e-input", {"data": 0.7, "compute": 0.25, "metrics": 0.05, "checkpoint": 0.0}, 0.0),
+    "evaluator": ("GPU-e2e-metrics", {"data": 0.05, "compute": 0.45, "metrics": 0.5, "checkpoint": 0.0}, 0.0),
+    "tiny": ("GPU-e2e-batch", {"data": 0.05, "compute": 0.9, "metrics": 0.05, "checkpoint": 0.0}, 2.0),
+}
+
+_DURATION = re.compile(r"(\d+)([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def shrink(duration: str) -> str:
+    """``15m`` -> ``15s`` (SCALE-fold shorter, at least 1s)."""
+    match = _DURATION.fullmatch(duration)
+    if match is None:
+        raise ValueError(f"unexpected duration {duration!r} in the rules")
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return f"{max(1, seconds // SCALE)}s"
+
+
+def fast_rules(path: Path) -> str:
+    """The rules file at ``path`` with every ``for:``, range window and offset shrunk."""
+    doc = yaml.safe_load(path.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = shrink(rule["for"])
+            expr = re.sub(r"\[(\w+)\]", lambda m: f"[{shrink(m.group(1))}]", rule["expr"])
+            rule["expr"] = re.sub(r"offset (\w+)", lambda m: f"offset {shrink(m.group(1))}", expr)
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_shrink_transform() -> None:
+    text = fast_rules(PROM / "rules" / "gpu-alerts.rules.yml")
+    assert "for: 15s" in text and "[10s]" in text and "offset 10s" in text and "[1440s]" in text
+    assert not re.search(r"\[\d+[mhd]\]|for: \d+[mhd]", text)
+
+
+class Webhook:
+    """Alertmanager webhook receiver on 127.0.0.1: records (receiver path, notification) pairs."""
+
+    def __init__(self) -> None:
+        self.notifications: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with hook.lock:
+                    hook.notifications.append((self.path.strip("/"), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every firing alert delivered so far, with the receiver it came through."""
+        with self.lock:
+            return [(receiver, alert) for receiver, note in self.notifications
+                    for alert in note["alerts"] if alert["status"] == "firing"]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def fast_alertmanager(hook_url: str) -> str:
+    cfg: dict[str, Any] = yaml.safe_load((PROM / "alertmanager.yml").read_text())
+    cfg["global"] = {"resolve_timeout": "1m"}
+    cfg["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": f"{hook_url}/{r['name']}"}]}
+                        for r in cfg["receivers"]]
+    return str(yaml.safe_dump(cfg))
+
+
+def fast_prometheus(exporter: str, alertmanager: str) -> str:
+    cfg: dict[str, Any] = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    cfg["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    (job,) = cfg["scrape_configs"]
+    job["static_configs"] = [{"targets": [exporter.removeprefix("http://")], "labels": {"node": NODE}}]
+    cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}]}]
+    return str(yaml.safe_dump(cfg))
+
+
+class Pusher:
+    """Pushes cumulative training snapshots for RUNS to the exporter every 0.5 s, as the library would."""
+
+    def __init__(self, exporter: str) -> None:
+        self.url = exporter + "/api/v1/training"
+        self.started = time.time()
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def push_all(self) -> None:
+        elapsed = time.time() - self.started
+        for run, (uuid, shares, retries_per_s) in RUNS.items():
+            snapshot = {
+                "version": 1, "run": run, "rank": "0", "uuid": uuid, "started_at": self.started,
+                "phases": {phase: share * elapsed for phase, share in shares.items()},
+                "current_phase": "compute", "finished": False,
+                "steps": int(elapsed * 10), "samples": int(elapsed * 10) * 32, "batch_size": 32,
+                "allocator": {"allocated_bytes": 4e9, "reserved_bytes": 6e9,
+                              "retries": int(elapsed * retries_per_s), "ooms": 0},
+            }
+            status, body = http_status(self.url, json.dumps(snapshot).encode(),
+                                       {"Content-Type": "application/json"})
+            if status != 202:
+                self.errors.append(f"{run}: {status} {body}")
+
+    def loop(self) -> None:
+        while not self.stop.wait(0.5):
+            self.push_all()
+
+
+@pytest.fixture
+def stack() -> Iterator[tuple[str, Webhook]]:
+    hook = Webhook()
+    try:
+        with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
+                run_alertmanager(fast_alertmanager(hook.url)) as am:
+            pusher = Pusher(exporter)
+            pusher.push_all()
+            assert not pusher.errors, pusher.errors
+            pusher.thread.start()
+            files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+            try:
+                with run_prometheus(fast_prometheus(exporter, am), files) as prom:
+                    yield prom, hook
+            finally:
+                pusher.stop.set()
+                pusher.thread.join()
+            assert not pusher.errors, pusher.errors
+    finally:
+        hook.close()
+
+
+def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) -> None:
+    prom, hook = stack
+    causes = {"GpuTrainingInputBound": "GPU-e2e-input", "GpuTrainingMetricsBound": "GPU-e2e-metrics",
+              "GpuBatchTooSmall": "GPU-e2e-batch", "GpuMemoryAllocatorThrashing": "GPU-e2e-batch"}
+
+    def delivered() -> dict[str, list[dict[str, Any]]]:
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for _, alert in hook.alerts():
+            by_name.setdefault(alert["labels"]["alertname"], []).append(alert)
+        return by_name
+
+    wanted = {*causes, "GpuUtilizationLow"}
+    wait_until(lambda: wanted <= set(delivered()), 60, interval=0.5, what=f"alerts {sorted(wanted)} to arrive")
+    # Prometheus fires GpuUtilizationLow for every GPU under 30% with work on it ...
+    firing = {r["metric"]["uuid"] for r in promql(prom, 'ALERTS{alertname="GpuUtilizationLow",alertstate="firing"}')}
+    assert firing >= {"GPU-e2e-input", "GPU-e2e-metrics", "GPU-e2e-batch", "GPU-e2e-low"}
+    time.sleep(3)  # several group intervals: an un-inhibited alert would have been delivered by now
+    got = delivered()
+
+    # ... but Alertmanager delivers it only for the GPU without a cause alert.
+    assert {a["labels"]["uuid"] for a in got["GpuUtilizationLow"]} == {"GPU-e2e-low"}
+    (low,) = {json.dumps(a["labels"], sort_keys=True): a for a in got["GpuUtilizationLow"]}.values()
+    assert low["labels"] == {"alertname": "GpuUtilizationLow", "severity": "warning", "gpu": "2",
+                             "uuid": "GPU-e2e-low", "node": NODE, "job": "gpu-exporter",
+                             "instance": low["labels"]["instance"]}
+    assert re.match(r"GPU 2 \(GPU-e2e-low\) on node e2e-node has averaged 2\d(\.\d+)?% utilization",
+                    low["annotations"]["description"]), low["annotations"]["description"]
+
+    remedies = {"GpuTrainingInputBound": ("M1", "loader", "1"), "GpuTrainingMetricsBound": ("M2", "evaluator", "3"),
+                "GpuBatchTooSmall": ("M3", "tiny", "4"), "GpuMemoryAllocatorThrashing": ("M4", "tiny", "4")}
+    for name, uuid in causes.items():
+        remedy, run, gpu = remedies[name]
+        labels = got[name][0]["labels"]
+        assert {k: labels[k] for k in ("uuid", "run", "rank", "gpu", "node", "remedy", "severity")} == {
+            "uuid": uuid, "run": run, "rank": "0", "gpu": gpu, "node": NODE, "remedy": remedy, "severity": "warning"}
+        assert f"{remedy}:" in got[name][0]["annotations"]["description"]
+        assert got[name][0]["annotations"]["runbook_url"].endswith("#" + name.lower())
+
+    # Warnings route to the (webhook stand-in of the) slack receiver.
+    assert {receiver for receiver, alert in hook.alerts() if alert["labels"]["severity"] == "warning"} == {"slack"}
+
+    # The healthy run and its GPU raise nothing, in Prometheus or at the receiver.
+    healthy = promql(prom, 'ALERTS{uuid="GPU-e2e-healthy"} or ALERTS{run="healthy"}')
+    assert healthy == []
+    assert not [a for _, a in hook.alerts() if a["labels"].get("uuid") == "GPU-e2e-healthy"]
+    # The phase shares the rules saw are the ones pushed.
+    share = promql(prom, 'run:gpu_training_phase:share5m{run="loader",phase="data"}')
+    assert abs(float(share[0]["value"][1]) - 0.7) < 0.05
