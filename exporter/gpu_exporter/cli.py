@@ -37,7 +37,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(setting.flag, dest=setting.attr, metavar=setting.metavar,
                             help=f"{setting.help} [env {setting.env}]")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
-                        help="run on simulated GPUs (packaged default scenario, or SCENARIO.yaml) "
+                        help="run on simulated GPUs: the packaged default, a packaged scenario name (bursty, "
+                             "eight_gpus, demo-training, faults) or a scenario YAML file "
                              "[env GPU_EXPORTER_SIMULATE_ENABLED, GPU_EXPORTER_SIMULATE_SCENARIO]")
 
 
