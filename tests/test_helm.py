@@ -150,7 +150,7 @@ def test_monitor_toggles_and_relabeling(chart: Any) -> None:
     assert relabel[-1] == {"action": "labeldrop", "regex": "(pod|namespace|container)"}
     assert "honorLabels" not in endpoint
     thresholds = yaml.safe_load((REPO / "prometheus" / "thresholds.yml").read_text())
-
+    assert re.fullmatch(thresholds["exporter_job_regex"], "gpu-exporter")
 
 
 def test_service_monitor_without_service_fails_clearly(chart: Any) -> None:
