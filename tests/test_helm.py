@@ -7,6 +7,7 @@ through symlinks under files/; Helm follows them when loading and packaging (pro
 from __future__ import annotations
 
 import json
+import re
 import logging
 from pathlib import Path
 from typing import Any
