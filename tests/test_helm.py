@@ -7,8 +7,8 @@ through symlinks under files/; Helm follows them when loading and packaging (pro
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
