@@ -190,7 +190,7 @@ def test_every_variable_reference_is_defined_earlier_or_builtin(name: str) -> No
 
 def test_dashboards_together_offer_node_gpu_namespace_pod_and_run_variables() -> None:
     names = {v["name"] for d in load_dashboards().values() for v in d["templating"]["list"]}
-    assert {"datasource", "node", "gpu", "namespace", "run"} <= names
+    assert {"datasource", "node", "gpu", "namespace", "pod", "run"} <= names
     pod_filter = [v for d in load_dashboards().values() for v in d["templating"]["list"]
                   if "gpu_pod_info" in json.dumps(v)]
     assert pod_filter, "a variable built from gpu_pod_info (namespace/pod)"
