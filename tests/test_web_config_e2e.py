@@ -1,0 +1,78 @@
+"""End to end: a real Prometheus scrapes the real exporter over HTTPS with basic auth.
+
+Wrong credentials get 401 with a Basic challenge and are counted in
+gpu_exporter_http_auth_failures_total; the health endpoints stay open for probes.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+from servers import promql, run_exporter, run_prometheus, wait_until
+from test_web_config import self_signed
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def get(url: str, context: ssl.SSLContext, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """(status, WWW-Authenticate header, body) without raising on 4xx."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, context=context, timeout=5) as resp:
+            return int(resp.status), "", resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return int(err.code), str(err.headers.get("WWW-Authenticate", "")), err.read().decode()
+
+
+def test_prometheus_scrapes_over_https_with_basic_auth(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    hashed = bcrypt.hashpw(b"scrape-secret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n"
+                   f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    context = ssl.create_default_context(cafile=str(cert))
+
+    with run_exporter(["--simulate", "--web.config.file", str(web)], scheme="https") as url:
+        status, challenge, _ = get(url + "/metrics", context)
+        assert status == 401 and challenge.startswith("Basic")
+        assert get(url + "/metrics", context, basic("prometheus", "wrong"))[0] == 401
+        assert get(url + "/healthz", context)[0] == 200  # probes need no credentials
+
+        port = url.rsplit(":", 1)[1]
+        config = f"""
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: gpu-exporter
+    scheme: https
+    tls_config: {{ca_file: {cert}}}
+    basic_auth: {{username: prometheus, password: scrape-secret}}
+    static_configs: [{{targets: ["127.0.0.1:{port}"], labels: {{node: test-node}}}}]
+  - job_name: gpu-exporter-wrong-password
+    scheme: https
+    tls_config: {{ca_file: {cert}}}
+    basic_auth: {{username: prometheus, password: nope}}
+    static_configs: [{{targets: ["127.0.0.1:{port}"], labels: {{node: test-node}}}}]
+"""
+        with run_prometheus(config) as prom:
+            def scraped() -> bool:
+                ups = {r["metric"]["job"]: r["value"][1] for r in promql(prom, "up")}
+                return ups.get("gpu-exporter") == "1" and ups.get("gpu-exporter-wrong-password") == "0"
+
+            wait_until(scraped, 30, what="Prometheus to scrape over HTTPS (and fail with the wrong password)")
+            wait_until(lambda: promql(prom, 'gpu_info{job="gpu-exporter",node="test-node"}'), 15,
+                       what="GPU series in Prometheus")
+
+            def failures_counted() -> float:
+                result = promql(prom, 'gpu_exporter_http_auth_failures_total{job="gpu-exporter"}')
+                return float(result[0]["value"][1]) if result else 0.0
+
+            # Two wrong requests above, plus one per scrape of the wrong-password job.
+            assert wait_until(lambda: failures_counted() >= 3, 15, what="auth failures counted") is True
