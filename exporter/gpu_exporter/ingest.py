@@ -229,15 +229,15 @@ class TrainingStore:
     def _validate(self, body: bytes, content_type: str | None,
                   authorization: str | None) -> tuple[_Key, _Entry]:
         s = self._settings
+        if len(body) > s.max_body_bytes:
+            raise Rejected("too_large", f"body of {len(body)} bytes exceeds ingest.max_body_bytes="
+                                        f"{s.max_body_bytes}")
         if not s.enabled:
             raise Rejected("disabled", "training ingest is off (ingest.enabled: false)")
         if self._token is not None:
             offered = _bearer(authorization)
             if offered is None or not hmac.compare_digest(offered, self._token):
                 raise Rejected("unauthorized", "send Authorization: Bearer <token from ingest.token_file>")
-        if len(body) > s.max_body_bytes:
-            raise Rejected("too_large", f"body of {len(body)} bytes exceeds ingest.max_body_bytes="
-                                        f"{s.max_body_bytes}")
         if content_type is None or content_type.split(";", 1)[0].strip().lower() != "application/json":
             raise Rejected("unsupported_media_type", "send Content-Type: application/json")
         try:
