@@ -136,15 +136,15 @@ class TrainingStore:
         """Largest body accepted; the server answers 413 for a larger Content-Length without reading it."""
         return self._settings.max_body_bytes
 
-    def count_rejection(self, outcome: str) -> None:
+    def count_rejection(self, reason: str) -> None:
         """Count a push the server refused itself (for example ``"too_large"`` from Content-Length).
 
         >>> TrainingStore(IngestSettings()).count_rejection("too_large")
         """
-        if outcome not in self._outcomes or outcome == "accepted":
-            raise ValueError(f"unknown ingest rejection {outcome!r}; use one of {OUTCOMES[1:]}")
+        if reason not in self._outcomes or reason == "accepted":
+            raise ValueError(f"unknown ingest rejection {reason!r}; use one of {OUTCOMES[1:]}")
         with self._lock:
-            self._outcomes[outcome] += 1
+            self._outcomes[reason] += 1
 
     def handle_push(self, body: bytes, content_type: str | None,
                     authorization: str | None) -> tuple[int, str]:
