@@ -111,9 +111,11 @@ def test_grafana_provisioning_matches_the_mounts() -> None:
 
 def test_training_demo_script_is_mounted() -> None:
     demo = SERVICES["training-demo"]
-    script = host_path(demo, demo["entrypoint"][1])
-    assert script is not None and script.is_file(), f"{demo['entrypoint'][1]} is not in examples/"
+    script = host_path(demo, demo["command"][1])
+    assert script is not None and script.is_file(), f"{demo['command'][1]} is not in examples/"
     assert demo["environment"]["GPU_EXPORTER_URL"] == "http://exporter:9445"
+    library = host_path(demo, demo["environment"]["PYTHONPATH"] + "/gpu_exporter/training/__init__.py")
+    assert library is not None and library.is_file()
 
 
 def test_simulated_exporter_command_serves_metrics() -> None:
