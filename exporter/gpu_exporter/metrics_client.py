@@ -1,0 +1,265 @@
+"""Read GPU metrics for the ``query`` and ``diagnose`` sub-commands.
+
+Three sources, one shape: an exporter's ``/metrics`` page (:class:`ExporterSource`), NVML in
+this process through the exporter's own collectors (:class:`NvmlSource`, also on simulated
+GPUs), each returning a :class:`Snapshot`; and Prometheus's HTTP API (:class:`Prometheus`) for
+instant queries. Every failure is a :class:`MetricsError` whose message is one sentence that
+says what went wrong and what to check. Example::
+
+    source = ExporterSource("http://127.0.0.1:9445")
+    first = source.read(); time.sleep(1); second = source.read()
+    busy = second.value("gpu_busy_seconds_total", gpu="0") - first.value("gpu_busy_seconds_total", gpu="0")
+    utilization = busy / (second.at - first.at)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+Labels = dict[str, str]
+
+
+class MetricsError(Exception):
+    """A source could not be read; ``str(err)`` is one sentence for the user."""
+
+
+def fail(message: str, code: int = 2) -> int:
+    """Print ``gpu-exporter: error: <message>`` to stderr and return ``code`` (the exit status)."""
+    print(f"gpu-exporter: error: {message}", file=sys.stderr)
+    return code
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One reading of a node: every sample by metric name, and when the NVML values were taken.
+
+    ``at`` is this process's monotonic clock at the NVML poll the values come from (for an
+    exporter: the scrape time minus ``gpu_exporter_last_sample_age_seconds``), so busy-second
+    deltas divide by the time NVML really covered. ``wall`` is the Unix time of the reading.
+
+    >>> s = Snapshot({"gpu_power_watts": [({"gpu": "0"}, 250.0)]}, at=1.0, wall=0.0)
+    >>> s.value("gpu_power_watts", gpu="0")
+    250.0
+    """
+
+    samples: dict[str, list[tuple[Labels, float]]]
+    at: float
+    wall: float
+
+    def series(self, name: str, **match: str) -> list[tuple[Labels, float]]:
+        """Samples of ``name`` whose labels include every ``match`` pair."""
+        return [(labels, value) for labels, value in self.samples.get(name, [])
+                if all(labels.get(k) == v for k, v in match.items())]
+
+    def value(self, name: str, **match: str) -> float | None:
+        """The value of the first sample of ``name`` matching ``match``, or None."""
+        found = self.series(name, **match)
+        return found[0][1] if found else None
+
+
+def snapshot_of(families: Iterable[Metric], at: float, wall: float) -> Snapshot:
+    """A Snapshot of prometheus_client metric families (parsed or collected)."""
+    samples: dict[str, list[tuple[Labels, float]]] = {}
+    for family in families:
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return Snapshot(samples, at=at, wall=wall)
+
+
+def normalize_url(text: str, default_path: str, what: str) -> str:
+    """``host:port`` or ``http(s)://host:port[/path]`` as a full URL; ``default_path`` when none is given.
+
+    >>> normalize_url("node7:9445", "/metrics", "exporter")
+    'http://node7:9445/metrics'
+    """
+    raw = text.strip()
+    candidate = raw if "://" in raw else f"http://{raw}"
+    try:
+        parts = urllib.parse.urlsplit(candidate)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+    except ValueError:  # a port that is not a number
+        valid = False
+    if not valid:
+        raise MetricsError(f"{text!r} is not a valid {what} URL: use http://HOST:PORT")
+    path = parts.path if parts.path not in ("", "/") else default_path
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def _fetch(url: str, what: str, timeout: float) -> bytes:
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Accept": "text/plain, application/json"}
+    if parts.username is not None:
+        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        url = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
+    shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+            body: bytes = resp.read()
+            return body
+    except urllib.error.HTTPError as err:
+        hint = {401: "give credentials as http://USER:PASSWORD@HOST:PORT",
+                404: f"check the path (the {what} serves {'/metrics' if what == 'exporter' else '/api/v1/'})"}
+        raise MetricsError(f"the {what} at {shown} answered HTTP {err.code} {err.reason}"
+                           f"{': ' + hint[err.code] if err.code in hint else ''}") from None
+    except urllib.error.URLError as err:
+        reason = err.reason
+        if isinstance(reason, ConnectionRefusedError):
+            raise MetricsError(f"cannot connect to the {what} at {shown}: connection refused "
+                               f"(is {'gpu-exporter' if what == 'exporter' else 'it'} running there?)") from None
+        if isinstance(reason, socket.gaierror):
+            raise MetricsError(f"cannot resolve the host {parts.hostname!r} of the {what} URL {shown}") from None
+        if isinstance(reason, TimeoutError):
+            raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
+        raise MetricsError(f"cannot reach the {what} at {shown}: {reason}") from None
+    except TimeoutError:
+        raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
+    except OSError as err:
+        raise MetricsError(f"cannot reach the {what} at {shown}: {err.strerror or err}") from None
+
+
+class ExporterSource:
+    """Scrapes a running gpu-exporter's metrics page.
+
+    >>> ExporterSource("127.0.0.1:9445").url
+    'http://127.0.0.1:9445/metrics'
+    """
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = normalize_url(url, "/metrics", "exporter")
+        self.timeout = timeout
+
+    def read(self) -> Snapshot:
+        """Scrape once; raises MetricsError when the page is unreachable or not a gpu-exporter's."""
+        started = time.monotonic()
+        body = _fetch(self.url, "exporter", self.timeout)
+        at, wall = (started + time.monotonic()) / 2, time.time()
+        try:
+            snapshot = snapshot_of(text_string_to_metric_families(body.decode("utf-8", "replace")), at, wall)
+        except (ValueError, TypeError, IndexError):
+            raise MetricsError(f"{self.url} does not serve Prometheus metrics: is it a gpu-exporter?") from None
+        if "gpu_exporter_build_info" not in snapshot.samples:
+            raise MetricsError(f"{self.url} serves no gpu-exporter metrics (gpu_exporter_build_info is missing): "
+                               "point --url at a gpu-exporter")
+        age = snapshot.value("gpu_exporter_last_sample_age_seconds")
+        return Snapshot(snapshot.samples, at=at - (age or 0.0), wall=wall)
+
+
+@dataclass
+class NvmlSource:
+    """Reads NVML in this process with the exporter's utilization and device collectors.
+
+    ``simulate``: None for the real driver, "" for the packaged simulated node, or a scenario
+    name or file. Call :meth:`close` when done.
+    """
+
+    simulate: str | None = None
+    _state: dict[str, Any] = field(default_factory=dict)
+
+    def _open(self) -> None:
+        from gpu_exporter.collectors.device import DeviceCollector
+        from gpu_exporter.collectors.utilization import UtilizationCollector
+        from gpu_exporter.nvml import DriverNotFound, Nvml
+
+        if self.simulate is not None:
+            from gpu_exporter import simulate
+
+            try:
+                simulate.install(self.simulate or None)
+            except (ValueError, OSError) as err:
+                raise MetricsError(str(err)) from None
+        nvml = Nvml()
+        try:
+            nvml.init()
+        except DriverNotFound as err:
+            raise MetricsError(str(err)) from None
+        self._state.update(nvml=nvml, gpus=nvml.discover(),
+                           collectors=(UtilizationCollector(), DeviceCollector()))
+
+    def read(self) -> Snapshot:
+        """Poll every GPU once; the first call initialises NVML (MetricsError without a driver)."""
+        from gpu_exporter.collectors.base import PollContext
+        from gpu_exporter.nvml import DriverLost
+
+        if not self._state:
+            self._open()
+        now = time.monotonic()
+        ctx = PollContext(nvml=self._state["nvml"], gpus=self._state["gpus"], now=now)
+        families: list[Metric] = []
+        try:
+            for collector in self._state["collectors"]:
+                collector.poll(ctx)
+                families.extend(collector.collect())
+        except DriverLost as err:
+            raise MetricsError(f"NVML stopped answering ({err}); is the NVIDIA driver still loaded?") from None
+        return snapshot_of(families, at=now, wall=time.time())
+
+    def close(self) -> None:
+        """Shut NVML down (and remove the simulated node, if one was installed)."""
+        if self._state:
+            self._state["nvml"].shutdown()
+            self._state.clear()
+        if self.simulate is not None:
+            from gpu_exporter import simulate
+
+            simulate.uninstall()
+
+
+class Prometheus:
+    """Instant queries against Prometheus's HTTP API.
+
+    >>> Prometheus("http://prometheus:9090").base
+    'http://prometheus:9090'
+    """
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.base = normalize_url(url, "", "Prometheus").rstrip("/")
+        self.timeout = timeout
+
+    def query(self, expr: str) -> list[tuple[Labels, float]]:
+        """The instant vector ``expr`` evaluates to now, as (labels, value) pairs."""
+        url = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        body = _fetch(url, "Prometheus", self.timeout)
+        try:
+            doc = json.loads(body)
+            status, data = doc["status"], doc.get("data", {})
+        except (ValueError, KeyError, TypeError):
+            raise MetricsError(f"{self.base} is not a Prometheus HTTP API (its answer is not Prometheus JSON)"
+                               ) from None
+        if status != "success":
+            raise MetricsError(f"Prometheus at {self.base} rejected the query {expr!r}: {doc.get('error', status)}")
+        if data.get("resultType") != "vector":
+            raise MetricsError(f"Prometheus at {self.base} answered {expr!r} with a {data.get('resultType')}, "
+                               "not a vector")
+        return [(dict(item["metric"]), float(item["value"][1])) for item in data.get("result", [])]
+
+    def require(self, metric: str, window: str) -> None:
+        """Raise MetricsError unless Prometheus holds ``metric`` within the last ``window``."""
+        if not self.query(f"count(last_over_time({metric}[{window}]))"):
+            raise MetricsError(f"Prometheus at {self.base} has no {metric} series in the last {window}: "
+                               "is it scraping a gpu-exporter (see its Targets page)?")
+
+
+def by_uuid(pairs: Sequence[tuple[Labels, float]]) -> dict[str, list[tuple[Labels, float]]]:
+    """Group (labels, value) pairs by their ``uuid`` label.
+
+    >>> sorted(by_uuid([({"uuid": "a"}, 1.0), ({"uuid": "b"}, 2.0)]))
+    ['a', 'b']
+    """
+    grouped: dict[str, list[tuple[Labels, float]]] = {}
+    for labels, value in pairs:
+        grouped.setdefault(labels.get("uuid", ""), []).append((labels, value))
+    return grouped
