@@ -124,3 +124,14 @@ def test_sigterm_stops_cleanly() -> None:
         assert proc.wait(timeout=15) == 0
     finally:
         proc.kill()
+
+
+def test_web_config_headers_are_sent(tmp_path: object) -> None:
+    import urllib.request
+    from pathlib import Path
+
+    web = Path(str(tmp_path)) / "web.yml"
+    web.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    with run_exporter(["--simulate", "--web.config.file", str(web)]) as url:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            assert resp.headers["X-Frame-Options"] == "deny"

@@ -20,13 +20,12 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import grpc
 import pytest
 import yaml
+from fake_kubelet import FakeKubelet
 from gpu_exporter import training
 from gpu_exporter.kubernetes import api_pb2
 from gpu_exporter.training import device as training_device
@@ -261,27 +260,6 @@ def test_docs_describe_every_panel() -> None:
 # ----------------------------------------------------------------------------------------- live stack
 
 
-class FakeKubelet:
-    """The kubelet's pod-resources API on a Unix socket, answering with a fixed pod list."""
-
-    def __init__(self, socket_path: str, answer: Any) -> None:
-        def answer_list(request: Any, context: Any) -> Any:
-            return answer
-
-        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                answer_list,
-                request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
-                response_serializer=api_pb2.ListPodResourcesResponse.SerializeToString)})
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        self.server.add_generic_rpc_handlers((handler,))
-        self.server.add_insecure_port("unix:" + socket_path)
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(grace=None).wait()
-
-
 def cluster(scenario: dict[str, Any]) -> Any:
     """Pods holding the scenario's GPUs: a trainer on GPU 0, a notebook on GPU 2, servers on MIG slices."""
 
@@ -355,6 +333,7 @@ def stack() -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix="grafana-", dir="/tmp")  # a Unix socket path must stay short
     socket_path = os.path.join(tmp, "kubelet.sock")
     kubelet = FakeKubelet(socket_path, cluster(scenario))
+    kubelet.start()
     stop = threading.Event()
     env = {"GPU_EXPORTER_KUBERNETES_ENABLED": "true",
            "GPU_EXPORTER_KUBERNETES_POD_RESOURCES_SOCKET": socket_path,

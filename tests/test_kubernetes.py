@@ -10,12 +10,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from fake_kubelet import FakeKubelet
 from gpu_exporter.kubernetes import (
     KubernetesAttributionError,
     PodAttribution,
@@ -49,40 +49,6 @@ CLUSTER = response(
 )
 
 
-class FakeKubelet:
-    """A PodResourcesLister on a Unix socket; ``answer``, ``delay`` and ``status`` are changeable."""
-
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
-        self.answer: Any = CLUSTER
-        self.delay = 0.0
-        self.status: grpc.StatusCode | None = None
-        self.calls = 0
-        self._server: Any = None
-
-    def _list(self, request: Any, context: Any) -> Any:
-        self.calls += 1
-        time.sleep(self.delay)
-        if self.status is not None:
-            context.abort(self.status, "fake kubelet refuses")
-        return self.answer
-
-    def start(self) -> None:
-        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
-                response_serializer=api_pb2.ListPodResourcesResponse.SerializeToString)})
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self._server.add_generic_rpc_handlers((handler,))
-        self._server.add_insecure_port("unix:" + self.socket_path)
-        self._server.start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=None).wait()
-            self._server = None
-
-
 @pytest.fixture
 def socket_path() -> Iterator[str]:
     # Unix socket paths are limited to 107 bytes: pytest's tmp_path can be longer.
@@ -93,7 +59,7 @@ def socket_path() -> Iterator[str]:
 
 @pytest.fixture
 def kubelet(socket_path: str) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet(socket_path)
+    fake = FakeKubelet(socket_path, CLUSTER)
     fake.start()
     yield fake
     fake.stop()
@@ -159,7 +125,7 @@ def test_absent_kubelet_fails_fast_and_recovers_when_it_appears(socket_path: str
         assert "gpu_pod_info{" not in scrape(attribution)
         assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1  # logged once
 
-        fake = FakeKubelet(socket_path)
+        fake = FakeKubelet(socket_path, CLUSTER)
         fake.start()
         try:
             assert attribution.refresh() is True

@@ -99,17 +99,19 @@ class Exporter:
     def start(self) -> None:
         """Initialise NVML (failing fast without a driver), bind the server, start the threads."""
         self.nvml.init()
-        ssl_context, check_auth = None, None
+        ssl_context, check_auth, headers = None, None, {}
         if self.config.web_config_file:
             from gpu_exporter.web_config import load_web_config
 
             web = load_web_config(self.config.web_config_file)
             ssl_context = web.ssl_context()
             check_auth = web.check_auth if web.basic_auth_users else None
+            headers = web.headers
         self.server = MetricsServer(
             self.config.listen_host_port, self.sources, ready=self.ready,
             telemetry_path=self.config.web_telemetry_path, ingest=self.training,
-            ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure)
+            ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure,
+            headers=headers)
         self.sampler.poll_once()
         self.sampler.start()
         if self.xid is not None:

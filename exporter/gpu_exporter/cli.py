@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
-        description="Prometheus exporter that finds NVIDIA GPUs below 30%% utilization and explains why.")
+        description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.")
     parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     sub = parser.add_subparsers(dest="command")
     for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():

@@ -163,7 +163,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ingest.token_file", _optional_path, None,
             "file holding the bearer token that pushes must carry", "FILE"),
     Setting("ingest.max_body_bytes", _positive_int, 65536, "largest accepted snapshot", "BYTES"),
-    Setting("ingest.max_runs", _positive_int, 64, "most training runs (run, rank) kept per node", "N"),
+    Setting("ingest.max_runs", _positive_int, 64, "most training runs (run, rank, uuid) kept per node", "N"),
     Setting("ingest.max_phases_per_run", _positive_int, 16, "most phases per run", "N"),
     Setting("ingest.max_label_length", _positive_int, 128, "longest run/phase/uuid label value", "N"),
     Setting("ingest.stale_after_seconds", _positive_float, 300.0,

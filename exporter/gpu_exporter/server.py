@@ -72,8 +72,10 @@ class MetricsServer(ThreadingHTTPServer):
                  ready: Callable[[], tuple[bool, str]], telemetry_path: str = "/metrics",
                  ingest: Ingest | None = None, ssl_context: ssl.SSLContext | None = None,
                  check_auth: Callable[[str | None], bool] | None = None,
-                 on_auth_failure: Callable[[], None] | None = None) -> None:
+                 on_auth_failure: Callable[[], None] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.sources = sources
+        self.extra_headers = dict(headers or {})
         self.ready = ready
         self.telemetry_path = telemetry_path
         self.ingest = ingest
@@ -123,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
+        for name, value in {**self.server.extra_headers, **(headers or {})}.items():
             self.send_header(name, value)
         self.end_headers()
         if self.command != "HEAD":
