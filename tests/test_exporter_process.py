@@ -132,6 +132,6 @@ def test_web_config_headers_are_sent(tmp_path: object) -> None:
 
     web = Path(str(tmp_path)) / "web.yml"
     web.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
-    with run_exporter(["--simulate", "--web.config.file", str(web)]) as url:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-            assert resp.headers["X-Frame-Options"] == "deny"
+    with run_exporter(["--simulate", "--web.config.file", str(web)]) as url, \
+            urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        assert resp.headers["X-Frame-Options"] == "deny"
