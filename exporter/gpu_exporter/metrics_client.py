@@ -22,9 +22,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -129,6 +129,25 @@ def _fetch(url: str, what: str, timeout: float) -> bytes:
         raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
     except OSError as err:
         raise MetricsError(f"cannot reach the {what} at {shown}: {err.strerror or err}") from None
+
+
+class Source(Protocol):
+    """Anything that returns a Snapshot per read (an exporter or in-process NVML)."""
+
+    def read(self) -> Snapshot: ...
+
+
+def read_after(source: Source, after: float, patience: float) -> Snapshot:
+    """The first reading whose NVML poll is newer than ``after`` (an exporter polls on its own schedule).
+
+    Gives up after ``patience`` seconds and returns the latest reading.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        snapshot = source.read()
+        if snapshot.at > after + 1e-6 or time.monotonic() >= deadline:
+            return snapshot
+        time.sleep(0.1)
 
 
 class ExporterSource:
@@ -252,14 +271,3 @@ class Prometheus:
             raise MetricsError(f"Prometheus at {self.base} has no {metric} series in the last {window}: "
                                "is it scraping a gpu-exporter (see its Targets page)?")
 
-
-def by_uuid(pairs: Sequence[tuple[Labels, float]]) -> dict[str, list[tuple[Labels, float]]]:
-    """Group (labels, value) pairs by their ``uuid`` label.
-
-    >>> sorted(by_uuid([({"uuid": "a"}, 1.0), ({"uuid": "b"}, 2.0)]))
-    ['a', 'b']
-    """
-    grouped: dict[str, list[tuple[Labels, float]]] = {}
-    for labels, value in pairs:
-        grouped.setdefault(labels.get("uuid", ""), []).append((labels, value))
-    return grouped

@@ -22,19 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
-from gpu_exporter.metrics_client import ExporterSource, MetricsError, NvmlSource, Snapshot, fail
+from gpu_exporter.metrics_client import ExporterSource, MetricsError, NvmlSource, Snapshot, Source, fail, read_after
 
 DEFAULT_QUERY = "timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free"
 NOT_AVAILABLE = "[N/A]"
 _MIB = 1024 * 1024
-
-
-class Source(Protocol):
-    """Anything that returns a Snapshot per read (an exporter or in-process NVML)."""
-
-    def read(self) -> Snapshot: ...
 
 
 @dataclass(frozen=True)
@@ -202,16 +196,6 @@ def format_rows(fields: Sequence[Field], prev: Snapshot, cur: Snapshot, gpus: Se
     return lines
 
 
-def _read_after(source: Source, after: float, patience: float) -> Snapshot:
-    """The first reading whose NVML poll is newer than ``after`` (an exporter polls on its own schedule)."""
-    deadline = time.monotonic() + patience
-    while True:
-        snapshot = source.read()
-        if snapshot.at > after + 1e-6 or time.monotonic() >= deadline:
-            return snapshot
-        time.sleep(0.1)
-
-
 def run_query(source: Source, fields: Sequence[Field], ids: str | None, header: bool, units: bool,
               interval: float, count: int | None, out: TextIO) -> None:
     """Print ``count`` sets of rows (forever when None), each the mean over ``interval`` seconds."""
@@ -223,7 +207,7 @@ def run_query(source: Source, fields: Sequence[Field], ids: str | None, header: 
     printed = 0
     while count is None or printed < count:
         time.sleep(max(0.0, interval - (time.monotonic() - prev.at)))
-        cur = _read_after(source, prev.at, patience=max(5.0, interval))
+        cur = read_after(source, prev.at, patience=max(5.0, interval))
         out.write("".join(line + "\n" for line in format_rows(fields, prev, cur, gpus, units)))
         out.flush()
         prev, printed = cur, printed + 1
