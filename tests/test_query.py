@@ -156,7 +156,8 @@ def test_a_page_that_is_not_an_exporter_is_refused() -> None:
     with run_exporter(["--simulate", "bursty"]) as url:
         result = run_cli("query", "--url", url + "/healthz")
     assert result.returncode == 2
-    assert "is it a gpu-exporter?" in result.stderr or "no gpu-exporter metrics" in result.stderr, result.stderr
+    assert result.stderr == (f"gpu-exporter: error: {url}/healthz does not serve Prometheus metrics: "
+                             "is it a gpu-exporter?\n")
 
 
 def _snapshot(busy: float, at: float) -> Snapshot:

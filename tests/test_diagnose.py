@@ -1,0 +1,231 @@
+"""``gpu-exporter diagnose`` against a real exporter: one simulated GPU per verdict, exit codes, errors.
+
+tests/scenarios/diagnose-node.yaml holds one GPU per verdict; a pusher thread sends training
+snapshots for the instrumented ones over HTTP, like the training library does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpu_exporter.diagnose import INSTRUMENT_SNIPPET, RUNBOOKS, GpuView, RunView, build_views, from_snapshots, judge
+from gpu_exporter.metrics_client import Snapshot
+from gpu_exporter.thresholds import load_thresholds
+from servers import REPO, free_port, http_get, run_exporter, wait_until
+from test_query import run_cli
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+STANDARD = ("data", "compute", "metrics", "checkpoint", "other")
+
+
+def _shares(data: float, compute: float, metrics: float, checkpoint: float) -> dict[str, float]:
+    return dict(zip(STANDARD, (data, compute, metrics, checkpoint, 1 - data - compute - metrics - checkpoint),
+                    strict=True))
+
+
+# uuid -> (run, phase shares while the test runs, phase seconds before, allocator retries per second)
+RUNS: dict[str, tuple[str, dict[str, float], dict[str, float], float]] = {
+    # 1000 s of compute before the window: since the run started it looks compute-bound, in the window it waits
+    # for data. diagnose must judge the window.
+    "GPU-diag-input": ("loader", _shares(0.6, 0.3, 0.05, 0.0), {"compute": 1000.0}, 0.0),
+    "GPU-diag-metrics": ("evaluator", _shares(0.1, 0.4, 0.45, 0.0), {}, 0.0),
+    "GPU-diag-batch": ("tiny", _shares(0.1, 0.8, 0.05, 0.0), {}, 0.0),
+    "GPU-diag-allocator": ("fragmented", _shares(0.1, 0.8, 0.05, 0.0), {}, 10.0),
+    "GPU-diag-unclear": ("checkpointer", _shares(0.1, 0.25, 0.05, 0.55), {}, 0.0),
+}
+EXPECTED = {
+    "GPU-diag-healthy": "healthy",
+    "GPU-diag-input": "input_bound",
+    "GPU-diag-metrics": "metrics_bound",
+    "GPU-diag-batch": "batch_too_small",
+    "GPU-diag-allocator": "allocator_trouble",
+    "GPU-diag-idle": "idle_but_allocated",
+    "GPU-diag-blind": "not_instrumented",
+    "GPU-diag-free": "unused",
+    "GPU-diag-unclear": "underutilized",
+    "GPU-diag-mig": "unknown",
+}
+
+
+def push(url: str, body: dict[str, Any]) -> None:
+    """POST one training snapshot to the exporter's ingest endpoint."""
+    req = urllib.request.Request(url + "/api/v1/training", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 202
+
+
+def _pusher(url: str, stop: threading.Event) -> None:
+    started = time.time()
+    while not stop.is_set():
+        elapsed = time.time() - started
+        for uuid, (run, shares, before, retries_per_s) in RUNS.items():
+            phases = {p: before.get(p, 0.0) + share * elapsed for p, share in shares.items()}
+            push(url, {"version": 1, "run": run, "rank": "0", "uuid": uuid, "started_at": started - 1200,
+                       "phases": phases, "current_phase": "compute", "steps": int(elapsed * 10),
+                       "samples": int(elapsed * 40), "batch_size": 4, "finished": False,
+                       "allocator": {"allocated_bytes": 2e9, "reserved_bytes": 6e9,
+                                     "retries": int(elapsed * retries_per_s), "ooms": 0}})
+        stop.wait(0.2)
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[str]:
+    """A running exporter on diagnose-node.yaml with its training runs pushing."""
+    with run_exporter(["--simulate", str(SCENARIOS / "diagnose-node.yaml"), "--poll-interval", "0.2"]) as url:
+        stop = threading.Event()
+        thread = threading.Thread(target=_pusher, args=(url, stop), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: http_get(url + "/metrics").count('gpu_training_batch_size{') == len(RUNS), 10,
+                       what="every run to be pushed")
+            yield url
+        finally:
+            stop.set()
+            thread.join()
+
+
+def test_one_gpu_per_verdict_json(node: str) -> None:
+    result = run_cli("diagnose", "--url", node, "--window", "2", "--output", "json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    verdicts = {g["uuid"]: g["verdict"]["verdict"] for g in doc["gpus"]}
+    assert verdicts == EXPECTED
+    assert doc["utilization_target"] == 0.3 and doc["window_seconds"] == 2.0
+    # unused and unknown GPUs do not count as below target; healthy does not either.
+    assert doc["gpus_below_target"] == 7
+    gpus = {g["uuid"]: g for g in doc["gpus"]}
+    loader = gpus["GPU-diag-input"]["runs"][0]
+    assert loader["run"] == "loader" and not loader["since_start"]
+    assert loader["shares"]["data"] == pytest.approx(0.6, abs=0.05)  # the window, not the 1000 s before
+    assert gpus["GPU-diag-input"]["utilization"] == pytest.approx(0.15, abs=0.02)
+    assert gpus["GPU-diag-healthy"]["utilization"] == pytest.approx(0.9, abs=0.05)
+    assert gpus["GPU-diag-batch"]["memory_used_ratio"] == pytest.approx(0.1)
+    assert gpus["GPU-diag-mig"]["utilization"] is None
+    for uuid, verdict in EXPECTED.items():
+        v = gpus[uuid]["verdict"]
+        assert v["below_target"] is (verdict not in ("healthy", "unused", "unknown"))
+        if verdict not in ("healthy", "unused", "unknown"):
+            assert v["remedy"] and v["runbook"].startswith(RUNBOOKS + "#"), v
+
+
+def test_text_report_names_remedy_and_runbook(node: str) -> None:
+    result = run_cli("diagnose", "--url", node, "--window", "1")
+    assert result.returncode == 1, result.stderr
+    text = result.stdout
+    for title in ("healthy", "input-bound (M1)", "metrics-bound (M2)", "batch too small (M3)",
+                  "allocator trouble (M4)", "idle but allocated", "not instrumented", "underutilized", "unused"):
+        assert f"  verdict      {title}: " in text
+    assert "  run          loader (rank 0): data 6" in text
+    assert "DataLoader(num_workers=N, pin_memory=True" in text
+    assert "expandable_segments:True" in text
+    for line in INSTRUMENT_SNIPPET.splitlines():  # the not-instrumented GPU gets the snippet
+        assert line in text
+    assert text.rstrip().endswith("7 of 10 GPU(s) below the 30% utilization target.")
+
+
+def test_every_runbook_link_has_its_section() -> None:
+    headings = re.findall(r"^## (\S+)", (REPO / "docs" / "runbooks.md").read_text(), flags=re.M)
+    anchors = {h.lower() for h in headings}
+    t = load_thresholds()
+    views = [_view(0.1, 0.3, runs=(_run({"data": 0.9, "compute": 0.1}),)),
+             _view(0.1, 0.3, runs=(_run({"metrics": 0.9, "compute": 0.1}),)),
+             _view(0.1, 0.1, runs=(_run({"compute": 1.0}),)), _view(0.1, 0.3, runs=(_run({"compute": 1}, ooms=1),)),
+             _view(0.0, 0.3), _view(0.1, 0.3), _view(0.1, 0.9, runs=(_run({"compute": 1.0}),))]
+    links = [judge(v, t, 60).runbook for v in views]
+    assert all(link.startswith(RUNBOOKS + "#") for link in links)
+    assert {link.rpartition("#")[2] for link in links} <= anchors
+
+
+def test_filters_and_exit_0_when_every_gpu_is_at_target(node: str) -> None:
+    result = run_cli("diagnose", "--url", node, "--window", "1", "--run", "loader", "--output", "json")
+    assert result.returncode == 1
+    assert [g["uuid"] for g in json.loads(result.stdout)["gpus"]] == ["GPU-diag-input"]
+    result = run_cli("diagnose", "--url", node, "--window", "1", "--id", "GPU-diag-healthy,7")
+    assert result.returncode == 0, result.stdout
+    assert "No GPU with work is below the 30% utilization target (2 GPU(s) checked)." in result.stdout
+    result = run_cli("diagnose", "--url", node, "--window", "1", "--run", "nope")
+    assert result.returncode == 2
+    assert result.stderr == f"gpu-exporter: error: no GPU matches --run nope at {node}/metrics\n"
+
+
+def test_healthy_node_exits_0() -> None:
+    with run_exporter(["--simulate", str(SCENARIOS / "diagnose-healthy.yaml"), "--poll-interval", "0.2"]) as url:
+        result = run_cli("diagnose", "--url", url, "--window", "1s", "--output", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [g["verdict"]["verdict"] for g in json.loads(result.stdout)["gpus"]] == ["healthy", "healthy", "unused"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--url", "http://127.0.0.1:x"], "'http://127.0.0.1:x' is not a valid exporter URL: use http://HOST:PORT"),
+    (["--url", "127.0.0.1:{port}"], "cannot connect to the exporter at http://127.0.0.1:{port}/metrics: connection "
+                                    "refused (is gpu-exporter running there?)"),
+    (["--prometheus-url", "127.0.0.1:{port}"], "cannot connect to the Prometheus at http://127.0.0.1:{port}/api/v1/"
+                                               "query: connection refused (is it running there?)"),
+    (["--url", "127.0.0.1:{port}", "--window", "soon"], "--window: 'soon' is not a duration like 30s, 15m, 1h or 1d"),
+    (["--node", "a"], "--node needs --prometheus-url (an exporter only knows its own node)"),
+    (["--thresholds", "/nonexistent.yml"], "/nonexistent.yml cannot be read: No such file or directory"),
+])
+def test_errors_are_one_sentence_and_exit_2(args: list[str], message: str) -> None:
+    port = str(free_port())
+    result = run_cli("diagnose", *(a.replace("{port}", port) for a in args))
+    assert result.returncode == 2
+    assert result.stderr == f"gpu-exporter: error: {message.replace('{port}', port)}\n"
+    assert result.stdout == ""
+
+
+def _run(shares: dict[str, float], retries: float = 0.0, ooms: float = 0.0) -> RunView:
+    return RunView("r", "0", shares, 60.0, False, 8.0, retries, ooms)
+
+
+def _view(util: float | None, memory: float, processes: int = 1, runs: tuple[RunView, ...] = ()) -> GpuView:
+    return GpuView("GPU-x", "0", "T", "", util, memory, processes, (), runs)
+
+
+def test_judge_thresholds_come_from_the_rules_file() -> None:
+    t = load_thresholds()
+    assert judge(_view(0.30, 0.5), t, 60).verdict == "healthy"  # at target counts as at target
+    assert judge(_view(0.29, 0.5), t, 60).verdict == "not_instrumented"
+    assert judge(_view(0.01, 0.5), t, 60).verdict == "idle_but_allocated"
+    assert judge(_view(0.01, 0.01, processes=0), t, 60).verdict == "unused"
+    # a run on the GPU is work even without a process or memory
+    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}),)), t, 60).verdict == "batch_too_small"
+    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.30, "compute": 0.7}),)), t, 60).verdict == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.31, "compute": 0.69}),)), t, 60).verdict == "input_bound"
+    assert judge(_view(0.2, 0.5, runs=(_run({"metrics": 0.21, "compute": 0.79}),)), t, 60).verdict == (
+        "metrics_bound")
+    # M3 needs memory below batch_memory_used_ratio (0.5)
+    assert judge(_view(0.2, 0.49, runs=(_run({"compute": 0.9}),)), t, 60).verdict == "batch_too_small"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 0.9}),)), t, 60).verdict == "underutilized"
+    # M4: more than 3 retries per 10m; a longer window scales the limit, any OOM counts, even at target
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=3),)), t, 60).verdict == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t, 60).verdict == "allocator_trouble"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t, 3600).verdict == "underutilized"
+    oom = judge(_view(0.9, 0.5, runs=(_run({"compute": 1}, ooms=1),)), t, 60)
+    assert (oom.verdict, oom.below_target) == ("allocator_trouble", False)
+    assert judge(_view(None, 0.5), t, 60).verdict == "unknown"
+
+
+def _snap(phases: dict[str, float], at: float) -> Snapshot:
+    labels = {"run": "r", "rank": "0", "uuid": "GPU-x"}
+    return Snapshot({"gpu_info": [({"gpu": "0", "uuid": "GPU-x", "name": "T"}, 1.0)],
+                     "gpu_training_phase_seconds_total": [({**labels, "phase": p}, v) for p, v in phases.items()]},
+                    at=at, wall=0.0)
+
+
+def test_window_shares_fall_back_to_the_run_totals_without_a_push_in_the_window() -> None:
+    pushed = build_views(from_snapshots(_snap({"data": 10, "compute": 10}, 0), _snap({"data": 40, "compute": 20}, 5)))
+    assert pushed[0].runs[0].shares == {"data": 0.75, "compute": 0.25} and not pushed[0].runs[0].since_start
+    quiet = build_views(from_snapshots(_snap({"data": 10, "compute": 30}, 0), _snap({"data": 10, "compute": 30}, 5)))
+    assert quiet[0].runs[0].shares == {"data": 0.25, "compute": 0.75} and quiet[0].runs[0].since_start
+    # a restarted run (counters went down) counts from zero
+    restarted = build_views(from_snapshots(_snap({"data": 50, "compute": 50}, 0), _snap({"data": 1, "compute": 3}, 5)))
+    assert restarted[0].runs[0].shares == {"data": 0.25, "compute": 0.75}
