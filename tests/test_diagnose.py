@@ -63,7 +63,8 @@ def push(url: str, body: dict[str, Any]) -> None:
         assert resp.status == 202
 
 
-def _pusher(url: str, stop: threading.Event) -> None:
+def push_runs(url: str, stop: threading.Event) -> None:
+    """Push a snapshot of every run in RUNS every 0.2 s until ``stop`` is set."""
     started = time.time()
     while not stop.is_set():
         elapsed = time.time() - started
@@ -82,7 +83,7 @@ def node() -> Iterator[str]:
     """A running exporter on diagnose-node.yaml with its training runs pushing."""
     with run_exporter(["--simulate", str(SCENARIOS / "diagnose-node.yaml"), "--poll-interval", "0.2"]) as url:
         stop = threading.Event()
-        thread = threading.Thread(target=_pusher, args=(url, stop), daemon=True)
+        thread = threading.Thread(target=push_runs, args=(url, stop), daemon=True)
         thread.start()
         try:
             wait_until(lambda: http_get(url + "/metrics").count('gpu_training_batch_size{') == len(RUNS), 10,
@@ -168,7 +169,7 @@ def test_healthy_node_exits_0() -> None:
     (["--url", "http://127.0.0.1:x"], "'http://127.0.0.1:x' is not a valid exporter URL: use http://HOST:PORT"),
     (["--url", "127.0.0.1:{port}"], "cannot connect to the exporter at http://127.0.0.1:{port}/metrics: connection "
                                     "refused (is gpu-exporter running there?)"),
-    (["--prometheus-url", "127.0.0.1:{port}"], "cannot connect to the Prometheus at http://127.0.0.1:{port}/api/v1/"
+    (["--prometheus-url", "127.0.0.1:{port}"], "cannot connect to the Prometheus server at http://127.0.0.1:{port}/api/v1/"
                                                "query: connection refused (is it running there?)"),
     (["--url", "127.0.0.1:{port}", "--window", "soon"], "--window: 'soon' is not a duration like 30s, 15m, 1h or 1d"),
     (["--node", "a"], "--node needs --prometheus-url (an exporter only knows its own node)"),

@@ -432,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
         if args.prometheus_url is not None:
             seconds, window = _window(args.window or DEFAULT_WINDOW_PROMETHEUS)
             prom = Prometheus(args.prometheus_url)
-            promql_window = f"{int(seconds)}s" if seconds == int(seconds) else f"{int(seconds * 1000)}ms"
+            promql_window = window if "." not in window else f"{round(seconds * 1000)}ms"
             readings, source = from_prometheus(prom, promql_window), prom.base
         else:
             seconds, window = _window(args.window or DEFAULT_WINDOW_EXPORTER)

@@ -245,13 +245,13 @@ class Prometheus:
     """
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
-        self.base = normalize_url(url, "", "Prometheus").rstrip("/")
+        self.base = normalize_url(url, "", "Prometheus server").rstrip("/")
         self.timeout = timeout
 
     def query(self, expr: str) -> list[tuple[Labels, float]]:
         """The instant vector ``expr`` evaluates to now, as (labels, value) pairs."""
         url = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-        body = _fetch(url, "Prometheus", self.timeout)
+        body = _fetch(url, "Prometheus server", self.timeout)
         try:
             doc = json.loads(body)
             status, data = doc["status"], doc.get("data", {})

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-_DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_UNIT_SECONDS = (86400, 3600, 60, 1)
+_DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
+_UNIT_SECONDS = (86400, 3600, 60, 1, 0.001)
 
 
 class ThresholdsError(ValueError):
@@ -28,7 +28,7 @@ class ThresholdsError(ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus-style duration (``15m``, ``1h30m``, ``1d``, ``45s``).
+    """Seconds in a Prometheus-style duration (``15m``, ``1h30m``, ``1d``, ``45s``, ``500ms``).
 
     >>> parse_duration("1h30m")
     5400.0
