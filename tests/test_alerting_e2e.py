@@ -10,10 +10,13 @@ Cases (tests/scenarios/alerting.yaml, one GPU each): a healthy run at 90% (no al
 input-bound run (M1), a metrics-bound run (M2), a run with small batches and allocator retries
 (M3, M4), and a GPU at 20% with no instrumented run (GpuUtilizationLow delivered). The cause
 alerts inhibit GpuUtilizationLow for their GPUs, although Prometheus fires it for them.
+tests/scenarios/gpu_lost.yaml: XID errors and a GPU that falls off the bus (GpuXidErrors,
+GpuMissing routed to the on-call webhook and Slack).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -25,11 +28,12 @@ from typing import Any
 
 import pytest
 import yaml
-from servers import http_status, promql, run_alertmanager, run_exporter, run_prometheus, wait_until
+from servers import free_port, http_status, promql, run_alertmanager, run_exporter, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"
 SCENARIO = Path(__file__).with_name("scenarios") / "alerting.yaml"
+GPU_LOST = Path(__file__).with_name("scenarios") / "gpu_lost.yaml"
 SCALE = 60  # production durations / test durations
 NODE = "e2e-node"
 
@@ -155,26 +159,36 @@ class Pusher:
             self.push_all()
 
 
-@pytest.fixture
-def stack() -> Iterator[tuple[str, Webhook]]:
+@contextlib.contextmanager
+def alerting_stack(scenario: Path, push: bool) -> Iterator[tuple[str, Webhook]]:
+    """Exporter on ``scenario`` (RUNS pushed when ``push``), Prometheus, Alertmanager, webhook; yields (prom, hook)."""
     hook = Webhook()
+    port = free_port()  # the exporter starts last, so Prometheus sees its (and the scenario's) first seconds
+    exporter = f"http://127.0.0.1:{port}"
+    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
     try:
-        with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-                run_alertmanager(fast_alertmanager(hook.url)) as am:
+        with run_alertmanager(fast_alertmanager(hook.url)) as am, \
+                run_prometheus(fast_prometheus(exporter, am), files) as prom, \
+                run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"], port=port):
             pusher = Pusher(exporter)
-            pusher.push_all()
-            assert not pusher.errors, pusher.errors
-            pusher.thread.start()
-            files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+            if push:
+                pusher.push_all()
+                pusher.thread.start()
             try:
-                with run_prometheus(fast_prometheus(exporter, am), files) as prom:
-                    yield prom, hook
+                yield prom, hook
             finally:
                 pusher.stop.set()
-                pusher.thread.join()
+                if push:
+                    pusher.thread.join()
             assert not pusher.errors, pusher.errors
     finally:
         hook.close()
+
+
+@pytest.fixture
+def stack() -> Iterator[tuple[str, Webhook]]:
+    with alerting_stack(SCENARIO, push=True) as running:
+        yield running
 
 
 def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) -> None:
@@ -225,3 +239,27 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
     # The phase shares the rules saw are the ones pushed.
     share = promql(prom, 'run:gpu_training_phase:share5m{run="loader",phase="data"}')
     assert abs(float(share[0]["value"][1]) - 0.7) < 0.05
+
+
+def test_lost_gpu_and_xid_errors_alert() -> None:
+    """gpu_lost.yaml: XID 13 on GPU 0 at 3 s; GPU 1 reports XID 79 and is lost at 12 s."""
+    with alerting_stack(GPU_LOST, push=False) as (prom, hook):
+        def arrived() -> list[tuple[str, dict[str, Any]]] | None:
+            alerts = [(r, a) for r, a in hook.alerts() if a["labels"]["alertname"] in {"GpuXidErrors", "GpuMissing"}]
+            xids = {a["labels"].get("xid") for _, a in alerts}
+            return alerts if {"13", "79", None} <= xids else None
+        try:
+            alerts = wait_until(arrived, 45, interval=0.5, what="GpuXidErrors (13, 79) and GpuMissing")
+        except TimeoutError as err:
+            state = [(a["metric"]["alertname"], a["metric"].get("xid"), a["metric"]["alertstate"])
+                     for a in promql(prom, "ALERTS")]
+            raise AssertionError(f"{err}; Prometheus alerts: {state}; delivered: {hook.alerts()}") from None
+        assert promql(prom, "gpu_exporter_gpus")[0]["value"][1] == "1"
+    xid = {a["labels"]["xid"]: a["labels"] for _, a in alerts if a["labels"]["alertname"] == "GpuXidErrors"}
+    assert (xid["13"]["uuid"], xid["79"]["uuid"]) == ("GPU-e2e-xid", "GPU-e2e-lost")  # gone, yet it alerts
+    assert (xid["13"]["gpu"], xid["79"]["gpu"]) == ("0", "1")
+    assert {xid["13"]["node"], xid["79"]["node"]} == {NODE}
+    missing = [(r, a) for r, a in alerts if a["labels"]["alertname"] == "GpuMissing"]
+    assert missing[0][1]["labels"]["severity"] == "critical"
+    assert {r for r, _ in missing} == {"oncall-webhook", "slack"}  # critical: on call and Slack
+    assert "sees 1 GPUs" in missing[0][1]["annotations"]["description"]
