@@ -209,7 +209,7 @@ def build_views(readings: Readings) -> list[GpuView]:
         since_start = seconds <= 0
         basis = totals if since_start else window
         total = sum(v for v in basis.values() if v > 0)
-        shares = {p: max(v, 0.0) / total for p, v in basis.items()} if total > 0 else {}
+        shares = {p: round(max(v, 0.0) / total, 4) for p, v in basis.items()} if total > 0 else {}
         runs.setdefault(key[2], []).append(RunView(
             run=key[0], rank=key[1], shares=shares, seconds=total, since_start=since_start,
             batch_size=readings.batch_size.get(key), allocator_retries=readings.retries.get(key, 0.0),
