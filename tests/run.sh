@@ -16,8 +16,9 @@ if ((${#missing[@]})); then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+# (pip's notes about optional local package indexes are noise on most machines)
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
-.venv/bin/ruff check exporter tests bench examples
+.venv/bin/ruff check exporter tests bench examples prometheus
 .venv/bin/mypy --strict
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 from gpu_exporter import simulate
@@ -15,7 +16,7 @@ GIB = 1 << 30
 
 
 @pytest.fixture
-def default() -> Harness:
+def default() -> Iterator[Harness]:
     with Harness("default.yaml") as h:
         h.advance(10.0)
         yield h

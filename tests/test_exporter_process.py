@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,7 +16,7 @@ from servers import exporter_env, free_port, http_get, http_status, run_exporter
 
 
 @pytest.fixture(scope="module")
-def exporter() -> str:
+def exporter() -> Iterator[str]:
     with run_exporter(["--simulate", "--poll-interval", "0.2"]) as url:
         yield url
 

@@ -37,7 +37,7 @@ def chart() -> Any:
 def render(chart: Any, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every manifest the chart renders, as dicts."""
     out = chart.render(values or {}, name="gpu", namespace="monitoring", is_install=True)
-    docs = []
+    docs: list[dict[str, Any]] = []
     for name, text in sorted(out.items()):
         if name.endswith("NOTES.txt"):
             continue
