@@ -101,9 +101,13 @@ def test_both_exporters_answer_as_exporter_and_one_profile_each() -> None:
 def test_grafana_provisioning_matches_the_mounts() -> None:
     grafana = SERVICES["grafana"]
     assert grafana["environment"]["PROMETHEUS_URL"] == "http://prometheus:9090"
-    provisioning = host_path(grafana, "/etc/grafana/provisioning")
-    assert provisioning is not None
-    for provider_file in (provisioning / "dashboards").glob("*.yml"):
+    datasources = host_path(grafana, "/etc/grafana/provisioning/datasources")
+    assert datasources is not None and any(datasources.glob("*.yml"))
+    # Grafana-managed alerts stay unmounted: Prometheus already sends them to Alertmanager.
+    assert host_path(grafana, "/etc/grafana/provisioning/alerting") is None
+    providers = host_path(grafana, "/etc/grafana/provisioning/dashboards")
+    assert providers is not None
+    for provider_file in providers.glob("*.yml"):
         for provider in yaml.safe_load(provider_file.read_text())["providers"]:
             dashboards = host_path(grafana, provider["options"]["path"])
             assert dashboards is not None and any(dashboards.glob("*.json"))
