@@ -1,0 +1,397 @@
+"""Render one bench run as docs/benchmarks.md: machine, method, every figure, ratios and goals.
+
+Example::
+
+    text = render(results)          # results: a bench.report.Results
+    Path("docs/benchmarks.md").write_text(text)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import gpu_exporter
+import psutil
+
+from bench.accuracy import SCRAPE_INTERVALS, WINDOW, AccuracyRow
+from bench.hotspots import PollProfile
+from bench.instrumentation import MicroRow, TrainingAB
+from bench.scrape import Durations, ScrapeResult
+
+OURS, PEER = "gpu-exporter", "nvitop-exporter"
+RSS_LIMIT_MB = 40.0
+PHASE_LIMIT_NS = 1000.0
+HISTOGRAM_FACTOR = 3.0
+PACKAGES = ("prometheus-client", "nvidia-ml-py", "nvitop", "nvitop-exporter", "torch", "psutil", "PyYAML")
+
+
+@dataclass(frozen=True)
+class Results:
+    """Everything one run measured, plus how it was run."""
+
+    mode: str
+    command: str
+    started_utc: str
+    elapsed_s: float
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    durations: Durations
+    scrape: list[ScrapeResult]
+    simulation_rss_mb: dict[tuple[int, int], float]
+    profile: PollProfile
+    profile_node: tuple[int, int]
+    accuracy: list[AccuracyRow]
+    accuracy_seconds: int
+    micro: list[MicroRow]
+    micro_number: int
+    micro_repeat: int
+    training: TrainingAB
+
+
+def num(x: float) -> str:
+    """A figure with about three significant digits, never in exponent form.
+
+    >>> num(0.000271), num(1.5837), num(22.06), num(1241.8)
+    ('0.00', '1.58', '22.1', '1242')
+    """
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def ratio(x: float | None) -> str:
+    """A ratio like ``12.3x``; None (a zero denominator) shows as n/a."""
+    return "n/a" if x is None else f"{num(x)}x"
+
+
+def div(a: float, b: float) -> float | None:
+    """``a / b``, or None when ``b`` is 0 (CPU below psutil's 10 ms tick over a short stage).
+
+    >>> div(1.0, 4.0), div(0.0, 0.0)
+    (0.25, None)
+    """
+    return a / b if b else None
+
+
+def _worst(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return out.stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def net_poll(r: ScrapeResult) -> float:
+    """CPU s/min of polling alone, less the simulated event wait (absent on a real driver)."""
+    return max(0.0, r.poll_cpu_s_per_min - r.sim_wait_s_per_min)
+
+
+def net_scraped(r: ScrapeResult) -> float:
+    """CPU s/min under the steady scraper, less the simulated event wait."""
+    return max(0.0, r.cpu_s_per_min - r.sim_wait_s_per_min)
+
+
+def _pairs(results: Results) -> list[tuple[ScrapeResult, ScrapeResult]]:
+    ours = {(r.gpus, r.processes): r for r in results.scrape if r.exporter == OURS}
+    peer = {(r.gpus, r.processes): r for r in results.scrape if r.exporter == PEER}
+    return [(ours[k], peer[k]) for k in sorted(ours) if k in peer]
+
+
+def _node(r: ScrapeResult) -> str:
+    return f"{r.gpus} GPU{'s' if r.gpus > 1 else ''}, {r.processes} processes"
+
+
+def fit(points: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least-squares ``y = a + b*g + c*p`` through (g, p, y) points; returns (a, b, c).
+
+    >>> [round(v, 6) for v in fit([(1, 0, 3), (2, 0, 5), (1, 10, 13), (2, 10, 15)])]
+    [1.0, 2.0, 1.0]
+    """
+    rows = [(1.0, g, p) for g, p, _ in points]
+    ys = [y for _, _, y in points]
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(3)] + [sum(r[i] * y for r, y in zip(rows, ys, strict=True))]
+         for i in range(3)]
+    for col in range(3):  # Gauss-Jordan elimination with partial pivoting
+        pivot = max(range(col, 3), key=lambda i: abs(m[i][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            raise ValueError("bench: the node sizes do not separate GPUs from processes; add a node size")
+        m[col], m[pivot] = m[pivot], m[col]
+        for i in range(3):
+            if i != col:
+                factor = m[i][col] / m[col][col]
+                m[i] = [a - factor * b for a, b in zip(m[i], m[col], strict=True)]
+    a, b, c = (m[i][3] / m[i][i] for i in range(3))
+    return a, b, c
+
+
+def _goals(results: Results) -> list[tuple[str, str, bool]]:
+    pairs = _pairs(results)
+    p99 = _worst([div(o.p99_ms, p.p99_ms) for o, p in pairs])
+    cpu = _worst([div(net_scraped(o), net_scraped(p)) for o, p in pairs])
+    idle = _worst([div(net_poll(o), net_poll(p)) for o, p in pairs])
+    wait = max(o.sim_wait_s_per_min for o, _ in pairs)
+    rss = max(o.rss_mb for o, _ in pairs)
+    micro = {m.code: m for m in results.micro}
+    phase = max(micro["with compute: pass"].median_ns, micro["with run.phase('compute'): pass"].median_ns)
+    hist = micro["with histogram.time(): pass"].median_ns
+    ab = results.training
+    return [
+        ("scrape p99 below nvitop-exporter's on every node",
+         f"worst ratio gpu-exporter / nvitop-exporter = {ratio(p99)}", p99 is not None and p99 < 1),
+        ("CPU below nvitop-exporter's on every node (polling alone and under the scraper)",
+         f"worst ratios gpu-exporter / nvitop-exporter = {ratio(idle)} polling, {ratio(cpu)} scraped, net of "
+         f"the simulated event wait (up to {num(wait)} s/min, see Method)",
+         all(net_scraped(o) < net_scraped(p) and net_poll(o) < net_poll(p) for o, p in pairs)),
+        (f"exporter RSS ≤ {RSS_LIMIT_MB:g} MB", f"largest {num(rss)} MB (simulated NVML included)",
+         rss <= RSS_LIMIT_MB),
+        ("phase enter+exit ≤ 1 µs", f"{num(phase)} ns (slower of the two forms)", phase <= PHASE_LIMIT_NS),
+        (f"phase ≥ {HISTOGRAM_FACTOR:g}x cheaper than Histogram.time()",
+         f"{ratio(hist / phase)} cheaper", hist / phase >= HISTOGRAM_FACTOR),
+        ("training throughput unchanged within noise",
+         f"{ab.diff_percent:+.2f}% (noise ±{num(ab.noise_percent)}%)", abs(ab.diff_percent) <= ab.noise_percent),
+    ]
+
+
+def render(results: Results) -> str:
+    """The whole docs/benchmarks.md for ``results``."""
+    out: list[str] = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{results.command}` ({results.mode} mode) on {results.started_utc}, "
+        f"in {num(results.elapsed_s)} s. Do not edit by hand: rerun the command (from the repository root) "
+        "and commit the result. Every figure below comes from that one run on the machine described.",
+        "",
+    ]
+    out += _headline(results)
+    out += _machine(results)
+    out += _method(results)
+    out += _scrape(results)
+    out += _growth(results)
+    out += _profile(results)
+    out += _accuracy(results)
+    out += _instrumentation(results)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _headline(results: Results) -> list[str]:
+    pairs = _pairs(results)
+    o, p = max(pairs, key=lambda pair: (pair[0].gpus, pair[0].processes))
+    acc = {(r.interval, r.method.split(" (")[0]): r for r in results.accuracy}
+    micro = {m.code: m for m in results.micro}
+    phase = micro["with compute: pass"].median_ns
+    record = micro["with record_function('compute'): pass"]
+    lines = ["## Headline", "",
+             f"On the largest simulated node ({_node(o)}), against nvitop-exporter on the same node:", "",
+             f"- scrape latency p99 {num(o.p99_ms)} ms vs {num(p.p99_ms)} ms: {ratio(div(p.p99_ms, o.p99_ms))} lower "
+             f"(p50 {ratio(div(p.p50_ms, o.p50_ms))} lower);",
+             f"- CPU {num(net_scraped(o))} vs {num(net_scraped(p))} s per minute under "
+             f"{num(results.durations.rate)} scrapes/s ({ratio(div(net_scraped(p), net_scraped(o)))} less), "
+             f"{num(net_poll(o))} vs {num(net_poll(p))} s/min polling alone "
+             f"({ratio(div(net_poll(p), net_poll(o)))} less), net of the simulated event wait;",
+             f"- RSS {num(o.rss_mb)} MB vs {num(p.rss_mb)} MB ({ratio(div(p.rss_mb, o.rss_mb))});",
+             f"- on a bursty GPU scraped every 15 s, the busy counter is off by "
+             f"{num(acc[15, 'busy counter'].point_mean_pp)} percentage points on average, the instant gauge "
+             f"peers export by {num(acc[15, 'instant NVML gauge'].point_mean_pp)};",
+             f"- timing a training phase costs {num(phase)} ns, "
+             f"{ratio(micro['with histogram.time(): pass'].median_ns / phase)} less than "
+             f"`Histogram.time()` and {ratio(record.median_ns / phase)} less than "
+             "`torch.profiler.record_function`.",
+             "", "### Goals", ""]
+    rows = [[goal, measured, "met" if met else "**missed**"] for goal, measured, met in _goals(results)]
+    return lines + _table(["goal", "measured", "status"], rows)
+
+
+def _machine(results: Results) -> list[str]:
+    mem = psutil.virtual_memory().total / 1e9
+    rows = [
+        ["CPU", f"{_cpu_model()}, {os.cpu_count()} logical cores"],
+        ["memory", f"{num(mem)} GB"],
+        ["OS", platform.platform()],
+        ["Python", f"{platform.python_implementation()} {platform.python_version()}"],
+        ["gpu-exporter", f"{gpu_exporter.__version__} (commit {_git_commit()})"],
+        *[[name, _version(name)] for name in PACKAGES],
+        ["load average before / after", f"{' '.join(num(x) for x in results.load_before)} / "
+                                        f"{' '.join(num(x) for x in results.load_after)}"],
+    ]
+    return ["## Machine", "", "No GPU: both exporters read simulated GPUs through the real pynvml "
+            "(docs/simulation.md). The machine is shared, so compare figures within this run, not across runs.",
+            "", *_table(["", ""], rows)]
+
+
+def _method(results: Results) -> list[str]:
+    d = results.durations
+    return [
+        "## Method", "",
+        "- **Nodes.** Scenarios are generated for each node size: N H100s (Hopper, so gpu-exporter also polls "
+        "GPM) with utilization from 20% to 90%, and P processes spread round-robin over the GPUs. Each simulated "
+        "process carries the PID of a real sleeping host process, so a peer that looks GPU processes up on the "
+        "host (nvitop reads user, command, CPU and memory through psutil) pays that cost as on a real node.",
+        f"- **Exporters.** `{sys.executable.rsplit('/', 1)[-1]} -m gpu_exporter --simulate SCENARIO "
+        "--poll-interval 1` and `python -m nvitop_exporter --interval 1`, one at a time (the order alternates "
+        "between node sizes), each in its own process. nvitop-exporter loads the simulated NVML through a "
+        "`sitecustomize.py` on its PYTHONPATH that calls `gpu_exporter.simulate.install(SCENARIO)` at "
+        "interpreter start, so both read the same simulated GPUs through the same pynvml. nvitop's NVLink "
+        "queries (`nvmlDeviceGetFieldValues`) are not simulated and come back N/A, which if anything saves "
+        "it work.",
+        f"- **Scraper.** After the exporter serves GPU metrics: {num(d.warmup)} s warm-up at the steady rate, "
+        f"then RSS (psutil), then {num(d.idle)} s without scrapes (CPU of polling alone), then {num(d.scrape)} s "
+        f"of steady scraping at {num(d.rate)} scrapes/s, one at a time, each on a fresh connection with the "
+        "headers Prometheus 2.x sends (OpenMetrics preferred, `Accept-Encoding: gzip`). Latency is request "
+        "sent to body read. CPU is in seconds per minute: for polling alone, the sum of the exporter's threads' "
+        "`/proc/PID/task/TID/schedstat` run time (nanoseconds); under the scraper, the process's user+system "
+        "time from psutil (10 ms ticks, but it keeps the time of the finished per-request threads). CPU per "
+        "scrape is the scraped stage's CPU minus the polling rate, per scrape. At Prometheus's usual 15 s "
+        "interval, the CPU an exporter costs is about the polling figure.",
+        "- **The simulated event wait.** gpu-exporter keeps a thread blocked in `nvmlEventSetWait` for XID "
+        "errors. On a real driver that wait sleeps in the kernel; the simulation's version wakes every 20 ms "
+        "to check its clock, which costs CPU that a real node does not pay and that nvitop-exporter (no event "
+        "thread) never sees. The bench finds that thread with `py-spy dump` (the thread whose stack is in the "
+        "simulated `event_set_wait`), measures its run time from schedstat, shows it in its own column and "
+        "compares CPU net of it. Without py-spy the column is 0 and nothing is subtracted.",
+        "- **RSS and the simulation.** The simulated NVML lives inside each exporter process. The table gives "
+        "its share, measured as the RSS of a Python process that loads pynvml and PyYAML and installs the "
+        "scenario minus one that only loads pynvml and PyYAML.",
+        f"- **Accuracy.** In-process and exact: the sampler and utilization collector poll the packaged "
+        f"`bursty.yaml` GPU (3 s at 95%, 7 s idle, mean 28.5%) on a hand-driven clock, once per simulated "
+        f"second for {results.accuracy_seconds} simulated seconds; the ground truth is "
+        "`SimulatedNode.true_busy_seconds`. See bench/accuracy.py.",
+        f"- **Instrumentation.** `timeit`, {results.micro_number} iterations, {results.micro_repeat} repeats "
+        "per statement, median per iteration; the run's pusher points at a closed port with an hour-long "
+        "interval, so nothing is sent while timing. The training loop is a small MLP (256-512-512-10, batch "
+        "64, SGD) on the CPU with one torch thread, run alternately without (A) and with (B) the library "
+        "(`run.data`, phases `compute` and `metrics`, `run.step`), the same number of steps each time.",
+        "",
+    ]
+
+
+def _scrape(results: Results) -> list[str]:
+    rows = []
+    for o, p in _pairs(results):
+        sim = results.simulation_rss_mb[o.gpus, o.processes]
+        for r in (o, p):
+            rows.append([_node(r), r.exporter, str(r.series), str(r.wire_bytes), num(r.p50_ms), num(r.p99_ms),
+                         num(r.max_ms), str(r.scrapes), num(r.poll_cpu_s_per_min), num(r.cpu_s_per_min),
+                         num(r.sim_wait_s_per_min), num(r.cpu_ms_per_scrape), num(r.rss_mb), num(sim)])
+    lines = ["## Scrape cost side by side", "",
+             *_table(["node", "exporter", "series", "bytes on the wire", "p50 ms", "p99 ms", "max ms", "scrapes",
+                      "CPU s/min polling", "CPU s/min scraped", "of which simulated event wait s/min",
+                      "CPU ms per scrape", "RSS MB",
+                      "of which simulation MB"], rows),
+             "### Ratios (nvitop-exporter ÷ gpu-exporter; above 1 means gpu-exporter is cheaper)", "",
+             "CPU ratios are net of the simulated event wait.", ""]
+    ratio_rows = [[_node(o), ratio(div(p.p50_ms, o.p50_ms)), ratio(div(p.p99_ms, o.p99_ms)),
+                   ratio(div(net_poll(p), net_poll(o))), ratio(div(net_scraped(p), net_scraped(o))),
+                   ratio(div(p.rss_mb, o.rss_mb))]
+                  for o, p in _pairs(results)]
+    return lines + _table(["node", "p50", "p99", "CPU polling", "CPU scraped", "RSS"], ratio_rows)
+
+
+def _growth(results: Results) -> list[str]:
+    rows = []
+    for exporter in (OURS, PEER):
+        mine = [r for r in results.scrape if r.exporter == exporter]
+        for label, value in (("CPU s/min polling (net)", net_poll),
+                             ("scrape p50 ms", lambda r: r.p50_ms), ("RSS MB", lambda r: r.rss_mb)):
+            a, b, c = fit([(r.gpus, r.processes, value(r)) for r in mine])
+            rows.append([exporter, label, num(a), num(b), num(c * 100)])
+    return ["## How cost grows with GPUs and processes", "",
+            "A least-squares fit of each figure as base + per GPU * GPUs + per process * processes over the node "
+            "sizes of this run (the per-process slope is given per 100 processes).", "",
+            *_table(["exporter", "figure", "base", "per GPU", "per 100 processes"], rows)]
+
+
+def _profile(results: Results) -> list[str]:
+    prof = results.profile
+    g, p = results.profile_node
+    rows = [[f"`{h.function}`", str(h.calls), num(h.own_percent)] for h in prof.top]
+    return ["## Where gpu-exporter's polling time goes", "",
+            f"cProfile of {prof.polls} in-process sampler cycles (every polling collector) on the {g}-GPU, "
+            f"{p}-process node: one cycle takes {num(prof.poll_ms)} ms unprofiled. The simulated NVML takes "
+            f"{num(prof.simulation_percent)}% of the profiled time (on a real node the driver takes its place); "
+            "the rest, by own time:", "",
+            *_table(["function", "calls", "% of profiled time"], rows),
+            "Polling renders each collector's exposition once per cycle, so a scrape only joins pre-rendered "
+            "bytes; the rendering (prometheus_client's exposition code) is therefore part of the polling cost, "
+            "not of the scrape.", ""]
+
+
+def _accuracy(results: Results) -> list[str]:
+    rows = [[f"{r.interval} s", r.method, str(r.points), num(r.point_mean_pp), num(r.point_max_pp), str(r.windows),
+             num(r.window_mean_pp), num(r.window_max_pp)] for r in results.accuracy]
+    return ["## Accuracy on a bursty GPU", "",
+            f"Error in percentage points against the truth. *Per scrape*: each scraped value against the true "
+            f"mean since the previous scrape (for the counter, its increase over the interval, which is what "
+            f"`rate()` over one interval gives). *{WINDOW // 60}-minute mean*: counter increase over the window "
+            f"against the mean of the scraped gauge values (`avg_over_time`), each against the true mean. Scrape "
+            f"intervals {' and '.join(f'{i} s' for i in SCRAPE_INTERVALS)}, every phase offset of the schedule.",
+            "",
+            *_table(["scrape interval", "method", "scrapes", "per scrape: mean error pp", "max pp",
+                     f"{WINDOW // 60}-min windows", "window: mean error pp", "max pp"], rows),
+            "The 10 s burst period beats against both intervals: every 15 s scrape alternates between two "
+            "phases of the burst, and a 60 s scrape always lands on the same phase, so a gauge can read 0% or "
+            "95% for the whole hour while the GPU runs at 28.5%. The counter integrates every 1/6 s sample "
+            "(its remaining error is the 1/6 s sampling edge at the end of an interval).", ""]
+
+
+def _instrumentation(results: Results) -> list[str]:
+    micro = {m.code: m for m in results.micro}
+    phase = micro["with compute: pass"].median_ns
+    rows = [[m.name, f"`{m.code}`", num(m.median_ns), f"{num(m.min_ns)}-{num(m.max_ns)}",
+             ratio(m.median_ns / phase)] for m in results.micro]
+    ab = results.training
+    tr_rows = [["A: without the library", str(len(ab.a)), num(statistics.fmean(ab.a)), num(min(ab.a)),
+                num(max(ab.a)), num(statistics.stdev(ab.a))],
+               ["B: with gpu_exporter.training", str(len(ab.b)), num(statistics.fmean(ab.b)), num(min(ab.b)),
+                num(max(ab.b)), num(statistics.stdev(ab.b))]]
+    return ["## Instrumentation overhead", "",
+            "Nanoseconds per enter+exit pair (one iteration), median over repeats; the last column is relative "
+            "to the gpu_exporter.training phase with the phase object kept.", "",
+            *_table(["what", "statement", "median ns", "range ns", "relative to phase"], rows),
+            "### A real training loop", "",
+            f"Steps per second, {ab.steps_per_rep} steps per repetition, A and B alternated "
+            f"{len(ab.a)} times, {ab.threads} torch thread.", "",
+            *_table(["loop", "repetitions", "mean steps/s", "min", "max", "stdev"], tr_rows),
+            f"B relative to A: {ab.diff_percent:+.2f}%; the noise (two standard errors of the difference) is "
+            f"±{num(ab.noise_percent)}%. Three phase changes per step at the measured phase cost are "
+            f"{num(3 * phase / 1e3)} µs against a step of "
+            f"{num(1e6 / statistics.fmean(ab.a))} µs.", ""]

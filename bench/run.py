@@ -1,0 +1,111 @@
+"""``python -m bench --quick|--full [--output FILE]``: run every benchmark and rewrite the document.
+
+Quick mode (a minute or two; CI runs it) measures three node sizes with short stages; full mode
+measures 1, 8 and 16 GPUs with 0, 64 and 256 processes. Both run the accuracy, instrumentation and
+training-loop benchmarks and write docs/benchmarks.md (or ``--output``). Example::
+
+    PYTHONPATH=exporter python -m bench --full
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench import accuracy, hotspots, instrumentation, report, scrape
+from bench.node import Sleepers, write_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT = REPO / "docs" / "benchmarks.md"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Sizes and durations of one bench mode."""
+
+    name: str
+    nodes: tuple[tuple[int, int], ...]
+    """(GPUs, processes) of each simulated node."""
+    durations: scrape.Durations
+    accuracy_seconds: int
+    micro_number: int
+    micro_repeat: int
+    training_pairs: int
+    training_seconds: float
+    profile_polls: int
+
+
+QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)), scrape.Durations(warmup=1.5, idle=3.0, scrape=5.0, rate=4.0),
+             accuracy_seconds=3600, micro_number=50_000, micro_repeat=5, training_pairs=3, training_seconds=0.7,
+             profile_polls=5)
+FULL = Mode("full", tuple((g, p) for g in (1, 8, 16) for p in (0, 64, 256)),
+            scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0),
+            accuracy_seconds=7200, micro_number=200_000, micro_repeat=9, training_pairs=8, training_seconds=2.5,
+            profile_polls=20)
+
+
+def _say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def run(mode: Mode, command: str) -> report.Results:
+    """Run every benchmark of ``mode``; ``command`` is recorded in the document."""
+    started = time.perf_counter()
+    started_utc = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = os.getloadavg()
+    results: list[scrape.ScrapeResult] = []
+    sim_rss: dict[tuple[int, int], float] = {}
+    largest = max(mode.nodes)
+    with tempfile.TemporaryDirectory(prefix="gpu-exporter-bench-") as tmp, \
+            Sleepers(max(p for _, p in mode.nodes)) as pids:
+        folder = Path(tmp)
+        scenarios = {}
+        for i, (gpus, processes) in enumerate(mode.nodes):
+            scenario = scenarios[gpus, processes] = write_scenario(folder, gpus, pids[:processes])
+            specs = [scrape.ours(scenario), scrape.nvitop(scenario, folder / f"site-{gpus}-{processes}")]
+            for spec in specs if i % 2 == 0 else specs[::-1]:
+                _say(f"{spec.name} on {gpus} GPU(s), {processes} processes")
+                results.append(scrape.measure(spec, mode.durations, gpus, processes))
+            sim_rss[gpus, processes] = scrape.simulation_rss_mb(scenario)
+        _say(f"profiling {mode.profile_polls} polls on the largest node")
+        profile = hotspots.profile_polls(scenarios[largest], mode.profile_polls)
+    _say("accuracy on the bursty GPU")
+    acc = accuracy.measure_accuracy(mode.accuracy_seconds)
+    _say("phase enter/exit micro-benchmark")
+    micro = instrumentation.measure_phase_overhead(mode.micro_number, mode.micro_repeat)
+    _say("training loop A/B")
+    training = instrumentation.measure_training(mode.training_pairs, mode.training_seconds)
+    return report.Results(
+        mode=mode.name, command=command, started_utc=started_utc, elapsed_s=time.perf_counter() - started,
+        load_before=load_before, load_after=os.getloadavg(), durations=mode.durations, scrape=results,
+        simulation_rss_mb=sim_rss, profile=profile, profile_node=largest, accuracy=acc,
+        accuracy_seconds=mode.accuracy_seconds, micro=micro, micro_number=mode.micro_number,
+        micro_repeat=mode.micro_repeat, training=training)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, run, write the document; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--quick", action="store_true", help="three node sizes, short stages (CI)")
+    which.add_argument("--full", action="store_true", help="nine node sizes (about 10 minutes on 2 cores)")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"document to write ({DEFAULT_OUTPUT})")
+    args = parser.parse_args(argv)
+    if not args.output.parent.is_dir():
+        print(f"bench: error: the folder of --output {args.output} does not exist", file=sys.stderr)
+        return 2
+    mode = FULL if args.full else QUICK
+    command = "PYTHONPATH=exporter python -m bench " + ("--full" if args.full else "--quick")
+    if args.output.resolve() != DEFAULT_OUTPUT:
+        command += f" --output {args.output}"
+    results = run(mode, command)
+    args.output.write_text(report.render(results))
+    _say(f"wrote {args.output} in {results.elapsed_s:.0f} s")
+    return 0

@@ -1,0 +1,309 @@
+"""Scrape cost of a real exporter process: latency under a steady scraper, CPU and memory.
+
+Each exporter runs as its own process on a generated scenario; the peer (nvitop-exporter) gets
+the simulated NVML through a ``sitecustomize.py`` on its PYTHONPATH, so both read the same
+simulated GPUs through the real pynvml. Example::
+
+    spec = ours(scenario)                      # or nvitop(scenario, site_dir)
+    result = measure(spec, Durations(warmup=2, idle=3, scrape=6, rate=4), gpus=8, processes=64)
+    print(result.p99_ms)
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gpu_exporter
+import psutil
+
+# What Prometheus 2.x sends by default: it prefers OpenMetrics and accepts gzip.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+    "User-Agent": "gpu-exporter-bench",
+}
+EXPORTER_SRC = Path(gpu_exporter.__file__).resolve().parents[1]
+MB = 1e6
+SIM_WAIT = "event_set_wait (gpu_exporter/simulate/"
+"""py-spy's frame of the simulated nvmlEventSetWait: it wakes every 20 ms to watch the simulated
+clock, where a real driver blocks in the kernel, so its CPU is an artifact of the simulation."""
+
+
+@dataclass(frozen=True)
+class Durations:
+    """Seconds of each measurement stage, and the steady scrape rate (scrapes per second)."""
+
+    warmup: float
+    idle: float
+    scrape: float
+    rate: float
+
+
+@dataclass(frozen=True)
+class ExporterSpec:
+    """How to start one exporter: ``argv`` with ``{port}`` placeholders, environment additions."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    """Cost of one exporter on one simulated node."""
+
+    exporter: str
+    gpus: int
+    processes: int
+    scrapes: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    poll_cpu_s_per_min: float
+    """CPU while nobody scrapes: the polling loop alone."""
+    cpu_s_per_min: float
+    """CPU during the steady scraper (polling plus serving ``rate`` scrapes per second)."""
+    sim_wait_s_per_min: float
+    """Of both figures above: the thread blocked in the simulated ``nvmlEventSetWait`` (see SIM_WAIT)."""
+    cpu_ms_per_scrape: float
+    rss_mb: float
+    series: int
+    wire_bytes: int
+    """Body size on the wire (gzip where the exporter compresses)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _python_env(*paths: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def ours(scenario: Path) -> ExporterSpec:
+    """gpu-exporter on ``scenario``, polling every second (its default)."""
+    argv = (sys.executable, "-m", "gpu_exporter", "--simulate", str(scenario),
+            "--web.listen-address", "127.0.0.1:{port}", "--poll-interval", "1")
+    return ExporterSpec("gpu-exporter", argv, _python_env(str(EXPORTER_SRC)))
+
+
+def nvitop(scenario: Path, site_dir: Path) -> ExporterSpec:
+    """nvitop-exporter on ``scenario`` (simulated NVML through ``site_dir/sitecustomize.py``), --interval 1."""
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / "sitecustomize.py").write_text(
+        "# Written by bench: put the simulated GPUs under pynvml before nvitop loads NVML.\n"
+        "from gpu_exporter.simulate import install\n"
+        f"install({str(scenario)!r})\n")
+    argv = (sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", "{port}",
+            "--interval", "1")
+    return ExporterSpec("nvitop-exporter", argv, _python_env(str(site_dir), str(EXPORTER_SRC)))
+
+
+def scrape_once(port: int) -> tuple[float, int, bytes, str]:
+    """One scrape like Prometheus's (fresh connection): (seconds, status, body, content encoding)."""
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
+        resp = conn.getresponse()
+        body = resp.read()
+        elapsed = time.perf_counter() - started
+        return elapsed, resp.status, body, resp.getheader("Content-Encoding") or ""
+    finally:
+        conn.close()
+
+
+def _steady(port: int, seconds: float, rate: float) -> list[float]:
+    """Scrape at ``rate`` per second for ``seconds`` (never two at once); the latencies in seconds."""
+    latencies: list[float] = []
+    start = time.perf_counter()
+    n = 0
+    while True:
+        due = start + n / rate
+        if due - start >= seconds:
+            return latencies
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        elapsed, status, _, _ = scrape_once(port)
+        if status != 200:
+            raise RuntimeError(f"bench: scrape of 127.0.0.1:{port} answered HTTP {status}")
+        latencies.append(elapsed)
+        n += 1
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    """User+system seconds of the whole process, finished threads included (10 ms resolution)."""
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Nanoseconds on the CPU of each live thread (/proc/PID/task/TID/schedstat); {} where unavailable."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def simulated_wait_threads(pid: int) -> set[int]:
+    """Threads of ``pid`` waiting in the simulated nvmlEventSetWait, found with ``py-spy dump``; {} without py-spy."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    found, tid = set(), None
+    for line in dump.splitlines():
+        header = re.match(r"Thread (\d+) ", line)
+        if header:
+            tid = int(header.group(1))
+        elif tid is not None and SIM_WAIT in line:
+            found.add(tid)
+    return found
+
+
+def _delta(before: dict[int, int], after: dict[int, int], tids: set[int] | None = None) -> float:
+    """Seconds of CPU between two thread_cpu_ns snapshots (of ``tids`` only, when given)."""
+    keys = after.keys() if tids is None else after.keys() & tids
+    return sum(after[k] - before.get(k, 0) for k in keys) / 1e9
+
+
+def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (1-99) with linear interpolation between the closest ranks.
+
+    >>> percentile([1.0, 2.0, 3.0, 4.0], 50)
+    2.5
+    """
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int) -> ScrapeResult:
+    """Start ``spec``, warm it up, then measure idle CPU, and latency and CPU under a steady scraper."""
+    port = free_port()
+    argv = [a.replace("{port}", str(port)) for a in spec.argv]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, env=spec.env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+        def output() -> str:
+            log.seek(0)
+            return log.read().decode(errors="replace")[-2000:]
+
+        try:
+            _wait_ready(proc, port, output)
+            ps = psutil.Process(proc.pid)
+            _steady(port, durations.warmup, durations.rate)
+            rss = ps.memory_info().rss / MB
+            waiting = simulated_wait_threads(proc.pid)
+            s0, c0, t0 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+            time.sleep(durations.idle)
+            s1, c1, t1 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+            latencies = _steady(port, durations.scrape, durations.rate)
+            s2, c2, t2 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+            _, _, body, encoding = scrape_once(port)
+            if proc.poll() is not None:
+                raise RuntimeError(f"bench: {spec.name} exited during the measurement: {output()}")
+        finally:
+            _stop(proc)
+    # Polling alone: per-thread schedstat (ns) where available, since no thread ends while idle.
+    idle_rate = (_delta(s0, s1) if s1 else c1 - c0) / (t1 - t0)
+    busy_rate = (c2 - c1) / (t2 - t1)
+    wait_rate = _delta(s0, s2, waiting) / (t2 - t0) if s2 else 0.0
+    text = gzip.decompress(body) if encoding == "gzip" else body
+    series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
+    ms = [x * 1000 for x in latencies]
+    return ScrapeResult(
+        exporter=spec.name, gpus=gpus, processes=processes, scrapes=len(ms),
+        p50_ms=statistics.median(ms), p99_ms=percentile(ms, 99), max_ms=max(ms),
+        poll_cpu_s_per_min=idle_rate * 60, cpu_s_per_min=busy_rate * 60, sim_wait_s_per_min=wait_rate * 60,
+        cpu_ms_per_scrape=max(0.0, (c2 - c1) - idle_rate * (t2 - t1)) * 1000 / len(ms),
+        rss_mb=rss, series=series, wire_bytes=len(body))
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, output: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"bench: {proc.args!r} exited with {proc.returncode}: {output()}")  # type: ignore[operator]
+        try:
+            _, status, body, encoding = scrape_once(port)
+        except OSError:
+            time.sleep(0.2)
+            continue
+        text = gzip.decompress(body) if encoding == "gzip" else body
+        if status == 200 and b"\ngpu_" in text:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"bench: {proc.args!r} did not serve GPU metrics within {timeout:g}s: {output()}")  # type: ignore[operator]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+_RSS_PROBE = """
+import sys, pynvml, yaml
+if sys.argv[1]:
+    from gpu_exporter.simulate import install
+    install(sys.argv[1])
+    pynvml.nvmlInit()
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        pynvml.nvmlDeviceGetUtilizationRates(h)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def simulation_rss_mb(scenario: Path) -> float:
+    """Memory the simulated NVML itself adds to a process (so RSS can be compared with a real driver)."""
+    sizes = []
+    for arg in ("", str(scenario)):
+        proc = subprocess.Popen([sys.executable, "-c", _RSS_PROBE, arg], env=_python_env(str(EXPORTER_SRC)),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            if proc.stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"bench: the memory probe for {scenario} failed")
+            sizes.append(psutil.Process(proc.pid).memory_info().rss / MB)
+            proc.stdin.close()
+        finally:
+            proc.wait(timeout=30)
+    return max(0.0, sizes[1] - sizes[0])
