@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from gpu_exporter import cli
@@ -192,3 +193,13 @@ def test_help_query_gpu_lists_every_field() -> None:
     assert result.returncode == 0
     for f in FIELDS:
         assert f.name in result.stdout
+
+
+def test_no_driver_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    scenario = tmp_path / "no-driver.yaml"
+    scenario.write_text("driver_missing: true\ngpus:\n  - {name: T4, architecture: turing, memory_gib: 16}\n")
+    result = run_cli("query", "--simulate", str(scenario))
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpu-exporter: error: NVML could not be initialised (library_not_found): "
+                                    "the NVIDIA driver was not found")
+    assert result.stderr.count("\n") == 1

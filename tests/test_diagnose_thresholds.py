@@ -1,0 +1,46 @@
+"""The thresholds diagnose uses are the alert rules' thresholds: same file, typed, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
+from servers import REPO
+
+PACKAGED = REPO / "exporter" / "gpu_exporter" / "thresholds.yml"
+RULES_SOURCE = REPO / "prometheus" / "thresholds.yml"
+
+
+def test_packaged_thresholds_are_the_rules_thresholds() -> None:
+    # generate_rules.py reads prometheus/thresholds.yml; the package ships a copy that must not drift.
+    assert PACKAGED.read_bytes() == RULES_SOURCE.read_bytes()
+    t = load_thresholds()
+    assert (t.utilization_low_threshold, t.idle_utilization_threshold, t.work_memory_used_ratio) == (0.3, 0.02, 0.05)
+    assert (t.input_bound_share, t.metrics_bound_share) == (0.3, 0.2)
+    assert (t.batch_compute_share, t.batch_memory_used_ratio) == (0.5, 0.5)
+    assert (t.allocator_window, t.allocator_retries_threshold, t.memory_nearly_full_ratio) == (600.0, 3, 0.95)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("15m", 900), ("1h30m", 5400), ("1d", 86400),
+                                               ("250ms", 0.25)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (("input_bound_share: 0.3", "input_bound_share: 1.3"), "input_bound_share must be a ratio between 0 and 1"),
+    (("allocator_window: 10m", "allocator_window: ten"), "allocator_window: 'ten' is not a duration"),
+    (("allocator_retries_threshold: 3", "allocator_retries_threshold: 2.5"),
+     "allocator_retries_threshold must be a whole number >= 0"),
+    (("metrics_bound_share: 0.2\n", ""), "lacks the key metrics_bound_share"),
+    (("utilization_low_threshold: 0.3", "utilization_low_threshold: [0.3"), "is not valid YAML"),
+])
+def test_bad_thresholds_file_is_one_sentence(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    text = RULES_SOURCE.read_text()
+    assert change[0] in text
+    path = tmp_path / "thresholds.yml"
+    path.write_text(text.replace(change[0], change[1]))
+    with pytest.raises(ThresholdsError, match="^" + str(path)) as err:
+        load_thresholds(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
