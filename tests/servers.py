@@ -134,59 +134,51 @@ def promql(prom_url: str, expr: str) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
-                   ready_timeout: float = 30.0) -> Iterator[str]:
-    """Run a real Prometheus with ``config_yaml`` (other ``files`` are written beside it); yield its URL.
-
-    Relative paths in the config (rule_files, ...) resolve against the temporary directory.
-    """
-    binary = shutil.which("prometheus")
+def _run_server(binary_names: Sequence[str], package: str, config_name: str, config_yaml: str,
+                argv: Any, files: dict[str, str] | None, ready_timeout: float) -> Iterator[str]:
+    """Write ``config_yaml`` (and ``files``) to a temporary directory, start ``argv(dir, port)`` and
+    yield the base URL once ``/-/ready`` answers 200."""
+    binary = next((b for name in binary_names if (b := shutil.which(name))), None)
     if binary is None:
-        raise RuntimeError("prometheus is not installed: run the README's test command (apt-get install prometheus)")
+        raise RuntimeError(f"{binary_names[0]} is not installed: run the README's test command "
+                           f"(apt-get install {package})")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for name, text in (files or {}).items():
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_text(text)
-        (d / "prometheus.yml").write_text(config_yaml)
-        argv = [binary, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"]
-        p = _Proc(argv, None, d / "prometheus.log")
+        (d / config_name).write_text(config_yaml)
+        p = _Proc([binary, *argv(d, port)], None, d / f"{binary_names[0]}.log")
         url = f"http://127.0.0.1:{port}"
         try:
             def ready() -> bool:
                 if p.proc.poll() is not None:
-                    raise RuntimeError(f"prometheus exited: {p.output()[-2000:]}")
+                    raise RuntimeError(f"{binary_names[0]} exited: {p.output()[-2000:]}")
                 return http_status(url + "/-/ready")[0] == 200
-            wait_until(ready, ready_timeout, what="prometheus to be ready")
+            wait_until(ready, ready_timeout, what=f"{binary_names[0]} to be ready")
             yield url
         finally:
             p.stop()
 
 
-@contextlib.contextmanager
-def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> Iterator[str]:
+def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
+                   ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
+    """Run a real Prometheus with ``config_yaml`` (other ``files`` are written beside it); yield its URL.
+
+    Relative paths in the config (rule_files, ...) resolve against the temporary directory.
+    """
+    return _run_server(["prometheus"], "prometheus", "prometheus.yml", config_yaml, lambda d, port: [
+        f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"], files, ready_timeout)
+
+
+def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
     """Run a real Alertmanager (Debian ``prometheus-alertmanager``) with ``config_yaml``; yield its URL."""
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
-        raise RuntimeError("alertmanager is not installed: run the README's test command "
-                           "(apt-get install prometheus-alertmanager)")
-    port, cluster_port = free_port(), free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        (d / "alertmanager.yml").write_text(config_yaml)
-        argv = [binary, f"--config.file={d / 'alertmanager.yml'}", f"--storage.path={d / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-                "--cluster.advertise-address=127.0.0.1:" + str(cluster_port)]
-        p = _Proc(argv, None, d / "alertmanager.log")
-        url = f"http://127.0.0.1:{port}"
-        try:
-            def ready() -> bool:
-                if p.proc.poll() is not None:
-                    raise RuntimeError(f"alertmanager exited: {p.output()[-2000:]}")
-                return http_status(url + "/-/ready")[0] == 200
-            wait_until(ready, ready_timeout, what="alertmanager to be ready")
-            yield url
-        finally:
-            p.stop()
+    cluster_port = free_port()
+    return _run_server(["prometheus-alertmanager", "alertmanager"], "prometheus-alertmanager", "alertmanager.yml",
+                       config_yaml, lambda d, port: [
+                           f"--config.file={d / 'alertmanager.yml'}", f"--storage.path={d / 'data'}",
+                           f"--web.listen-address=127.0.0.1:{port}",
+                           f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+                           f"--cluster.advertise-address=127.0.0.1:{cluster_port}"], None, ready_timeout)

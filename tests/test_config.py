@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpu_exporter.config import SETTINGS, Config, ConfigError, load_config
+from gpu_exporter.config import DEFAULTS, SETTINGS, ConfigError, load_config
 from servers import exporter_env
 
 
@@ -22,7 +22,7 @@ def test_defaults() -> None:
     assert cfg.web_listen_address == ":9445"
     assert cfg.web_telemetry_path == "/metrics"
     assert cfg.poll_interval == 1.0
-    assert cfg == Config()
+    assert cfg == DEFAULTS
 
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
 def test_every_setting_has_flag_env_and_yaml_form(tmp_path: Path) -> None:
     for s in SETTINGS:
         assert s.flag.startswith("--") and s.env.startswith("GPU_EXPORTER_")
-        assert hasattr(Config(), s.attr)
+        assert hasattr(DEFAULTS, s.attr)
     cfg = load_config(write(tmp_path, "ingest:\n  max_runs: 5\nkubernetes:\n  enabled: true\n"), env={}, flags={})
     assert cfg.section("ingest")["max_runs"] == 5 and cfg.kubernetes_enabled is True
 

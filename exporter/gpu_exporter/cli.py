@@ -34,8 +34,9 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for setting in SETTINGS:
         if setting.key in ("simulate.enabled", "simulate.scenario"):
             continue
+        default = "" if setting.default in (None, ()) else f"; default {setting.default}"
         parser.add_argument(setting.flag, dest=setting.attr, metavar=setting.metavar,
-                            help=f"{setting.help} [env {setting.env}]")
+                            help=f"{setting.help} [env {setting.env}{default}]")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
                         help="run on simulated GPUs: the packaged default, a packaged scenario name (bursty, "
                              "eight_gpus, demo-training, faults) or a scenario YAML file "
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
-        description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.")
+        description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.",
+        epilog="Without a sub-command it serves metrics: see 'gpu-exporter serve --help' for every flag.")
     parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     sub = parser.add_subparsers(dest="command")
     for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from gpu_exporter.ingest import IngestSettings
+
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
 
@@ -140,6 +142,8 @@ class Setting:
         return self.key.replace(".", "_")
 
 
+_INGEST = IngestSettings()
+
 COLLECTOR_NAMES = ("utilization", "device", "pcie", "processes", "mig", "gpm", "xid")
 
 SETTINGS: tuple[Setting, ...] = (
@@ -159,14 +163,16 @@ SETTINGS: tuple[Setting, ...] = (
             "comma-separated collectors to switch off: " + ", ".join(COLLECTOR_NAMES), "NAMES"),
     Setting("simulate.enabled", _boolean, False, "run on simulated GPUs", "BOOL"),
     Setting("simulate.scenario", _optional_path, None, "scenario YAML for simulated GPUs", "FILE"),
-    Setting("ingest.enabled", _boolean, True, "accept training snapshots on POST /api/v1/training", "BOOL"),
-    Setting("ingest.token_file", _optional_path, None,
+    Setting("ingest.enabled", _boolean, _INGEST.enabled, "accept training snapshots on POST /api/v1/training", "BOOL"),
+    Setting("ingest.token_file", _optional_path, _INGEST.token_file,
             "file holding the bearer token that pushes must carry", "FILE"),
-    Setting("ingest.max_body_bytes", _positive_int, 65536, "largest accepted snapshot", "BYTES"),
-    Setting("ingest.max_runs", _positive_int, 64, "most training runs (run, rank, uuid) kept per node", "N"),
-    Setting("ingest.max_phases_per_run", _positive_int, 16, "most phases per run", "N"),
-    Setting("ingest.max_label_length", _positive_int, 128, "longest run/phase/uuid label value", "N"),
-    Setting("ingest.stale_after_seconds", _positive_float, 300.0,
+    Setting("ingest.max_body_bytes", _positive_int, _INGEST.max_body_bytes, "largest accepted snapshot", "BYTES"),
+    Setting("ingest.max_runs", _positive_int, _INGEST.max_runs,
+            "most training runs (run, rank, uuid) kept per node", "N"),
+    Setting("ingest.max_phases_per_run", _positive_int, _INGEST.max_phases_per_run, "most phases per run", "N"),
+    Setting("ingest.max_label_length", _positive_int, _INGEST.max_label_length,
+            "longest run/phase/uuid label value", "N"),
+    Setting("ingest.stale_after_seconds", _positive_float, _INGEST.stale_after_seconds,
             "drop a run that has not pushed for this long", "SECONDS"),
     Setting("kubernetes.enabled", _boolean, False,
             "label GPUs with pod/namespace/container from the kubelet pod-resources API", "BOOL"),
@@ -181,34 +187,37 @@ SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
 @dataclass(frozen=True)
 class Config:
-    """The validated settings; attribute names are the dotted keys with dots as underscores."""
+    """The validated settings; attribute names are the dotted keys with dots as underscores.
 
-    web_listen_address: str = f":{DEFAULT_PORT}"
-    web_telemetry_path: str = "/metrics"
-    web_config_file: str | None = None
-    poll_interval: float = 1.0
-    discovery_interval: float = 30.0
-    stale_after: float = 10.0
-    log_level: str = "info"
-    collectors_disabled: tuple[str, ...] = ()
-    simulate_enabled: bool = False
-    simulate_scenario: str | None = None
-    ingest_enabled: bool = True
-    ingest_token_file: str | None = None
-    ingest_max_body_bytes: int = 65536
-    ingest_max_runs: int = 64
-    ingest_max_phases_per_run: int = 16
-    ingest_max_label_length: int = 128
-    ingest_stale_after_seconds: float = 300.0
-    kubernetes_enabled: bool = False
-    kubernetes_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    kubernetes_refresh_seconds: float = 10.0
+    Defaults live in :data:`SETTINGS` only; :data:`DEFAULTS` is the Config they make.
+    """
+
+    web_listen_address: str
+    web_telemetry_path: str
+    web_config_file: str | None
+    poll_interval: float
+    discovery_interval: float
+    stale_after: float
+    log_level: str
+    collectors_disabled: tuple[str, ...]
+    simulate_enabled: bool
+    simulate_scenario: str | None
+    ingest_enabled: bool
+    ingest_token_file: str | None
+    ingest_max_body_bytes: int
+    ingest_max_runs: int
+    ingest_max_phases_per_run: int
+    ingest_max_label_length: int
+    ingest_stale_after_seconds: float
+    kubernetes_enabled: bool
+    kubernetes_pod_resources_socket: str
+    kubernetes_refresh_seconds: float
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def section(self, prefix: str) -> dict[str, Any]:
         """Settings under ``prefix.`` as a dict keyed by the rest of the key.
 
-        >>> Config().section("kubernetes")["refresh_seconds"]
+        >>> DEFAULTS.section("kubernetes")["refresh_seconds"]
         10.0
         """
         out = {}
@@ -222,6 +231,10 @@ class Config:
         """``web.listen_address`` split into (host, port); an empty host means all interfaces."""
         host, _, port = self.web_listen_address.rpartition(":")
         return host.strip("[]"), int(port)
+
+
+DEFAULTS = Config(**{s.attr: s.default for s in SETTINGS})
+"""The configuration when nothing is set."""
 
 
 def _read_yaml(path: Path) -> dict[str, tuple[Any, str]]:
@@ -297,4 +310,4 @@ def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
     if unknown:
         raise ConfigError(f"{sources['collectors.disabled']}: collectors.disabled: unknown collector(s) "
                           f"{', '.join(sorted(unknown))}; known: {', '.join(COLLECTOR_NAMES)}")
-    return dataclasses.replace(Config(), sources=sources, **values)
+    return dataclasses.replace(DEFAULTS, sources=sources, **values)

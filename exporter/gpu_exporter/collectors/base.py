@@ -45,18 +45,20 @@ class Families:
 
     def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
         """The gauge family ``name``, created on first use."""
-        family = self._families.get(name)
-        if family is None:
-            family = self._families[name] = GaugeMetricFamily(name, documentation, labels=labels)
+        family = self._family(GaugeMetricFamily, name, documentation, labels)
         assert isinstance(family, GaugeMetricFamily)
         return family
 
     def counter(self, name: str, documentation: str, labels: Sequence[str]) -> CounterMetricFamily:
         """The counter family ``name`` (give the name without ``_total``), created on first use."""
+        family = self._family(CounterMetricFamily, name, documentation, labels)
+        assert isinstance(family, CounterMetricFamily)
+        return family
+
+    def _family(self, kind: type[Metric], name: str, documentation: str, labels: Sequence[str]) -> Metric:
         family = self._families.get(name)
         if family is None:
-            family = self._families[name] = CounterMetricFamily(name, documentation, labels=labels)
-        assert isinstance(family, CounterMetricFamily)
+            family = self._families[name] = kind(name, documentation, labels=labels)  # type: ignore[call-arg]
         return family
 
     def collect(self) -> list[Metric]:
