@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpu_exporter import __version__
+from gpu_exporter import __version__, diagnose, query
 from gpu_exporter.config import SETTINGS, ConfigError, load_config
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -77,6 +77,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS["serve"] = ("serve metrics (the default)", _add_serve_arguments, _serve)
+query.register(SUBCOMMANDS)
+diagnose.register(SUBCOMMANDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
