@@ -21,7 +21,7 @@ RANGE = re.compile(r"^\d+(\.\d+)?-\d+(\.\d+)?$")
 # heading -> (data rows, indexes of the columns that must hold a number)
 EXPECTED: dict[str, tuple[int, tuple[int, ...]]] = {
     "### Goals": (6, ()),
-    "## Machine": (14, ()),
+    "## Machine": (13, ()),
     "## Scrape cost side by side": (6, tuple(range(2, 14))),
     "### Ratios (nvitop-exporter ÷ gpu-exporter; above 1 means gpu-exporter is cheaper)": (3, (1, 2, 3, 4, 5)),
     "## How cost grows with GPUs and processes": (6, (2, 3, 4)),
