@@ -283,8 +283,9 @@ def _method(results: Results) -> list[str]:
         "scrape is the scraped stage's CPU minus the polling rate, per scrape. At Prometheus's usual 15 s "
         "interval, the CPU an exporter costs is about the polling figure.",
         "- **The simulated event wait.** gpu-exporter keeps a thread blocked in `nvmlEventSetWait` for XID "
-        "errors. On a real driver that wait sleeps in the kernel; the simulation's version wakes every 20 ms "
-        "to check its clock, which costs CPU that a real node does not pay and that nvitop-exporter (no event "
+        "errors. On a real driver that wait sleeps in the kernel; the simulation's version sleeps on a "
+        "condition until the next scheduled event or the wait's timeout (1 s), waking at most every 20 ms only "
+        "while an event is due, which costs a little CPU that a real node does not pay and that nvitop-exporter (no event "
         "thread) never sees. The bench finds that thread with `py-spy dump` (the thread whose stack is in the "
         "simulated `event_set_wait`), measures its run time from schedstat, shows it in its own column and "
         "compares CPU net of it. Without py-spy the column is 0 and nothing is subtracted.",

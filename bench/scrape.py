@@ -39,8 +39,8 @@ PROMETHEUS_HEADERS = {
 EXPORTER_SRC = Path(gpu_exporter.__file__).resolve().parents[1]
 MB = 1e6
 SIM_WAIT = "event_set_wait (gpu_exporter/simulate/"
-"""py-spy's frame of the simulated nvmlEventSetWait: it wakes every 20 ms to watch the simulated
-clock, where a real driver blocks in the kernel, so its CPU is an artifact of the simulation."""
+"""py-spy's frame of the simulated nvmlEventSetWait: it wakes on the simulated clock (at least once per
+wait timeout), where a real driver blocks in the kernel, so its CPU is an artifact of the simulation."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """What every polling collector shares: per-poll metric families, cached exposition text.
 
 A polling collector reads NVML on the sampler thread (:meth:`PollingCollector.poll`) and
-publishes immutable metric families plus their text exposition; a scrape only reads the
-latest publication, so no NVML call ever happens on the scrape path.
+publishes immutable metric families; the first scrape after a publication renders their text
+exposition once and later scrapes reuse it, so no NVML call ever happens on the scrape path and
+polls that no scrape reads cost no rendering.
 
 Example::
 
@@ -16,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -88,7 +90,8 @@ class PollingCollector:
 
     def __init__(self) -> None:
         self._families: list[Metric] = []
-        self.exposition = b""
+        self._text: bytes | None = b""
+        self._lock = threading.Lock()
 
     def poll(self, ctx: PollContext) -> bool:
         """Read NVML for every GPU and publish the result; False when any GPU failed."""
@@ -112,9 +115,17 @@ class PollingCollector:
         return ok
 
     def publish(self, families: list[Metric]) -> None:
-        """Make ``families`` what scrapes see (one reference swap each, safe across threads)."""
-        self._families = families
-        self.exposition = render(families)
+        """Make ``families`` what scrapes see; their text is rendered on the next scrape."""
+        with self._lock:
+            self._families, self._text = families, None
+
+    @property
+    def exposition(self) -> bytes:
+        """Text exposition of the latest publication, rendered at most once per publication."""
+        with self._lock:
+            if self._text is None:
+                self._text = render(self._families)
+            return self._text
 
     def reset(self) -> None:
         """Forget all per-GPU state and published series (the driver went away)."""

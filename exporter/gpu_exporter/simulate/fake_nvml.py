@@ -715,6 +715,14 @@ class FakeNvmlLibrary:
                     best = (xid.at, index, position)
         return None if best is None else (best[1], best[2])
 
+    def _seconds_to_next_event(self, events: _EventSet) -> float:
+        """Simulated seconds until the next undelivered XID event (inf when none is scheduled)."""
+        t = self.node.now()
+        pending = [xid.at - t for index, since in events.registered.items()
+                   for position, xid in enumerate(self.node.scenario.gpus[index].xid_events)
+                   if xid.at >= since and (index, position) not in events.delivered]
+        return max(0.0, min(pending, default=float("inf")))
+
     @_symbol("nvmlEventSetWait_v2", device=False, locked=False)
     def event_set_wait(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
         deadline = time.monotonic() + _value(timeout_ms) / 1000.0
@@ -736,7 +744,9 @@ class FakeNvmlLibrary:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return ERROR_TIMEOUT
-                self.node.changed.wait(min(remaining, 0.02))
+                # Sleep until the next scheduled event (state changes notify ``changed``); a short
+                # floor keeps hand-driven test clocks, whose time moves without notice, responsive.
+                self.node.changed.wait(min(remaining, max(0.02, self._seconds_to_next_event(events))))
 
     @_symbol("nvmlEventSetFree", device=False)
     def event_set_free(self, event_set: Any) -> int:

@@ -345,7 +345,8 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
     if memory_gib <= 0:
         raise r.fail("must be greater than 0", "memory_gib")
     uuid = r.string("uuid", f"GPU-{_uuid('gpu', seed, index)}")
-    pci_bus_id = r.string("pci_bus_id", f"00000000:{0x18 + 0x10 * index:02X}:00.0")
+    # 15 buses per PCI domain (0x18, 0x28, ... 0xF8); later GPUs go to the next domain.
+    pci_bus_id = r.string("pci_bus_id", f"{index // 15:08X}:{0x18 + 0x10 * (index % 15):02X}:00.0")
     if not re.fullmatch(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", pci_bus_id):
         raise r.fail(f"must look like 00000000:18:00.0, got {pci_bus_id!r}", "pci_bus_id")
 
