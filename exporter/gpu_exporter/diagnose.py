@@ -286,18 +286,14 @@ def judge(view: GpuView, t: Thresholds, window_seconds: float) -> Verdict:
     if not view.processes and not view.runs and (memory is None or memory <= t.work_memory_used_ratio):
         return Verdict("unused", "unused", "no process, training run or memory on the GPU: free capacity.")
     active = [r for r in view.runs if r.shares]
-    for run in active:
-        share = run.shares.get("data", 0.0)
-        if share > t.input_bound_share:
-            return _verdict("input_bound", "input-bound (M1)",
-                            f"run {run.run} rank {run.rank} spends {_pct(share)} of its time waiting for the next "
-                            f"batch (limit {_pct(t.input_bound_share)}).", True)
-    for run in active:
-        share = run.shares.get("metrics", 0.0)
-        if share > t.metrics_bound_share:
-            return _verdict("metrics_bound", "metrics-bound (M2)",
-                            f"run {run.run} rank {run.rank} spends {_pct(share)} of its time computing metrics "
-                            f"(limit {_pct(t.metrics_bound_share)}).", True)
+    for phase, limit, code, label, doing in (
+            ("data", t.input_bound_share, "input_bound", "input-bound (M1)", "waiting for the next batch"),
+            ("metrics", t.metrics_bound_share, "metrics_bound", "metrics-bound (M2)", "computing metrics")):
+        for run in active:
+            share = run.shares.get(phase, 0.0)
+            if share > limit:
+                return _verdict(code, label, f"run {run.run} rank {run.rank} spends {_pct(share)} of its time "
+                                             f"{doing} (limit {_pct(limit)}).", True)
     for run in active:
         share = run.shares.get("compute", 0.0)
         if share > t.batch_compute_share and memory is not None and memory < t.batch_memory_used_ratio:
