@@ -286,7 +286,8 @@ def _method(results: Results) -> list[str]:
         "errors. On a real driver that wait sleeps in the kernel; the simulation's version sleeps on a "
         "condition until the next scheduled event or the wait's timeout (1 s), waking at most every 20 ms only "
         "while an event is due, which costs a little CPU that a real node does not pay and that "
-        "nvitop-exporter (no event thread) never sees. The bench finds that thread with `py-spy dump` (the thread whose stack is in the "
+        "nvitop-exporter (no event thread) never sees. The bench finds that thread with `py-spy dump` "
+        "(the thread whose stack is in the "
         "simulated `event_set_wait`), measures its run time from schedstat, shows it in its own column and "
         "compares CPU net of it. Without py-spy the column is 0 and nothing is subtracted.",
         "- **RSS and the simulation.** The simulated NVML lives inside each exporter process. The table gives "
