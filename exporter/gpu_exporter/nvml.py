@@ -167,10 +167,6 @@ class Nvml:
         with self._lock:
             self.errors[(function, error_name(code))] += 1
 
-    def is_unsupported(self, key: str, function: str) -> bool:
-        """True once ``function`` returned NOT_SUPPORTED for device ``key``."""
-        return (key, function) in self._unsupported
-
     def call(self, key: str, function: str, *args: Any, variant: str = "") -> Any:
         """Call ``pynvml.<function>(*args)`` for device ``key``; None when unsupported or no data.
 
