@@ -352,9 +352,9 @@ def _profile(results: Results) -> list[str]:
             f"{num(prof.simulation_percent)}% of the profiled time (on a real node the driver takes its place); "
             "the rest, by own time:", "",
             *_table(["function", "calls", "% of profiled time"], rows),
-            "Polling renders each collector's exposition once per cycle, so a scrape only joins pre-rendered "
-            "bytes; the rendering (prometheus_client's exposition code) is therefore part of the polling cost, "
-            "not of the scrape.", ""]
+            "Polling only builds metric families; the first scrape after a poll renders each collector's text "
+            "once (prometheus_client's exposition code) and later scrapes of the same poll reuse it, so polls "
+            "that no scrape reads cost no rendering.", ""]
 
 
 def _accuracy(results: Results) -> list[str]:
