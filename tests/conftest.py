@@ -1,4 +1,4 @@
-"""Shared pytest setup: import paths for the package and the test helpers (tests/servers.py)."""
+"""Shared pytest setup: import paths for the package, the test helpers (tests/servers.py) and monitoring/."""
 
 from __future__ import annotations
 
@@ -6,6 +6,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT / "exporter", ROOT / "tests"):
+for path in (ROOT / "exporter", ROOT / "tests", ROOT):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))

@@ -19,6 +19,6 @@ fi
 # (pip's notes about optional local package indexes are noise on most machines)
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
-.venv/bin/ruff check exporter tests bench examples prometheus
+.venv/bin/ruff check exporter tests bench examples prometheus monitoring
 .venv/bin/mypy --strict
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

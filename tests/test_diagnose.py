@@ -16,8 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_exporter.diagnose import INSTRUMENT_SNIPPET, RUNBOOKS, GpuView, RunView, build_views, from_snapshots, judge
-from gpu_exporter.metrics_client import Snapshot
+from gpu_exporter.commands.diagnose import (
+    INSTRUMENT_SNIPPET,
+    RUNBOOKS,
+    GpuView,
+    RunView,
+    build_views,
+    from_snapshots,
+    judge,
+)
+from gpu_exporter.commands.metrics_client import Snapshot
 from gpu_exporter.thresholds import load_thresholds
 from servers import REPO, free_port, http_get, run_exporter, wait_until
 from test_query import run_cli

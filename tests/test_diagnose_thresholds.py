@@ -13,7 +13,7 @@ RULES_SOURCE = REPO / "prometheus" / "thresholds.yml"
 
 
 def test_packaged_thresholds_are_the_rules_thresholds() -> None:
-    # generate_rules.py reads prometheus/thresholds.yml, a link to the packaged file: one source.
+    # monitoring/rules.py reads prometheus/thresholds.yml, a link to the packaged file: one source.
     assert RULES_SOURCE.is_symlink() and RULES_SOURCE.resolve() == PACKAGED.resolve()
     t = load_thresholds()
     assert (t.utilization_low_threshold, t.idle_utilization_threshold, t.work_memory_used_ratio) == (0.3, 0.02, 0.05)

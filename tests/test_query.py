@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 from gpu_exporter import cli
-from gpu_exporter.metrics_client import Snapshot
-from gpu_exporter.query import FIELDS, UsageError, format_rows, parse_fields, parse_format, select_gpus
+from gpu_exporter.commands.metrics_client import Snapshot
+from gpu_exporter.commands.query import FIELDS, UsageError, format_rows, parse_fields, parse_format, select_gpus
 from servers import exporter_env, free_port, run_exporter
 
 # cli.py registers query and diagnose through their register() functions; until it does, the
 # child process registers them exactly that way before calling cli.main().
 _REGISTER_THEN_MAIN = (
     "import sys\n"
-    "from gpu_exporter import cli, diagnose, query\n"
+    "from gpu_exporter import cli\n"
+    "from gpu_exporter.commands import diagnose, query\n"
     "query.register(cli.SUBCOMMANDS); diagnose.register(cli.SUBCOMMANDS)\n"
     "sys.exit(cli.main(sys.argv[1:]))\n"
 )

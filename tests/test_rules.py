@@ -1,12 +1,11 @@
 """The Prometheus rules: promtool checks and unit tests, one source for thresholds, runbooks.
 
 Every alert must have a runbook section and promtool tests that show it both silent and firing;
-the rules files must be what prometheus/generate_rules.py makes from thresholds.yml.
+the rules files must be what python -m monitoring makes from thresholds.yml.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -44,11 +43,8 @@ needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not insta
 
 
 def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("generate_rules", PROM / "generate_rules.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from monitoring import rules as generator
+    return generator
 
 
 def rules(kind: str) -> list[dict[str, Any]]:
@@ -86,7 +82,7 @@ def test_promtool_unit_tests(test_file: Path) -> None:
 
 
 def test_rules_files_are_generated_from_thresholds() -> None:
-    proc = subprocess.run([sys.executable, str(PROM / "generate_rules.py"), "--check"],
+    proc = subprocess.run([sys.executable, "-m", "monitoring", "--check"], cwd=REPO,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

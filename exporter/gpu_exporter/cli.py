@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpu_exporter import __version__, diagnose, query
+from gpu_exporter import __version__
+from gpu_exporter.commands import diagnose, query
 from gpu_exporter.config import SETTINGS, ConfigError, load_config
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}

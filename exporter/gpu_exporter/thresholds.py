@@ -1,7 +1,7 @@
 """The alert thresholds, read from the same file the Prometheus rules are generated from.
 
 ``gpu_exporter/thresholds.yml`` (shipped inside the package; ``prometheus/thresholds.yml`` is a
-symbolic link to it, and ``prometheus/generate_rules.py`` renders the rules from it) holds every
+symbolic link to it, and ``monitoring/ (python -m monitoring)`` renders the rules from it) holds every
 number the alert rules use; ``gpu-exporter diagnose`` judges GPUs with the
 same numbers, so its verdicts and the alerts cannot disagree. Example::
 

@@ -40,7 +40,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from gpu_exporter.metrics_client import ExporterSource, Labels, MetricsError, Prometheus, Snapshot, fail, read_after
+from gpu_exporter.commands.metrics_client import (
+    ExporterSource,
+    Labels,
+    MetricsError,
+    Prometheus,
+    Snapshot,
+    fail,
+    read_after,
+)
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.training.protocol import OTHER, STANDARD_PHASES
 

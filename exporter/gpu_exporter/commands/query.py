@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
-from gpu_exporter.metrics_client import ExporterSource, MetricsError, NvmlSource, Snapshot, Source, fail, read_after
+from gpu_exporter.commands.metrics_client import (
+    ExporterSource,
+    MetricsError,
+    NvmlSource,
+    Snapshot,
+    Source,
+    fail,
+    read_after,
+)
 
 DEFAULT_QUERY = "timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free"
 NOT_AVAILABLE = "[N/A]"
