@@ -26,8 +26,6 @@ from typing import Any
 
 import yaml
 
-from gpu_exporter.ingest import IngestSettings
-
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
 
@@ -140,6 +138,23 @@ class Setting:
     @property
     def attr(self) -> str:
         return self.key.replace(".", "_")
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """Limits of the training ingest endpoint (config keys ``ingest.*``).
+
+    >>> IngestSettings(max_runs=8).max_phases_per_run
+    16
+    """
+
+    enabled: bool = True
+    token_file: str | None = None
+    max_body_bytes: int = 65536
+    max_runs: int = 64
+    max_phases_per_run: int = 16
+    max_label_length: int = 128
+    stale_after_seconds: float = 300.0
 
 
 _INGEST = IngestSettings()

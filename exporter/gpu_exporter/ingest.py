@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .training.protocol import SCHEMA_VERSION, check_label
 
 OUTCOMES = (
@@ -63,23 +64,6 @@ _HELP = {
 
 _ALLOCATOR_FIELDS = ("allocated_bytes", "reserved_bytes", "retries", "ooms")
 _ALLOCATOR_COUNTERS = ("retries", "ooms")
-
-
-@dataclass(frozen=True)
-class IngestSettings:
-    """Limits of the training ingest endpoint (config keys ``ingest.*``).
-
-    >>> IngestSettings(max_runs=8).max_phases_per_run
-    16
-    """
-
-    enabled: bool = True
-    token_file: str | None = None
-    max_body_bytes: int = 65536
-    max_runs: int = 64
-    max_phases_per_run: int = 16
-    max_label_length: int = 128
-    stale_after_seconds: float = 300.0
 
 
 class Rejected(Exception):
