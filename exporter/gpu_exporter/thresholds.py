@@ -45,22 +45,40 @@ class Thresholds:
     """The thresholds diagnose uses: ratios 0-1, durations in seconds, counts as integers."""
 
     utilization_low_threshold: float
+    utilization_target: float
     work_memory_used_ratio: float
     idle_utilization_threshold: float
     input_bound_share: float
     metrics_bound_share: float
+    checkpoint_share: float
     batch_compute_share: float
+    batch_busy_ratio: float
     batch_memory_used_ratio: float
     allocator_window: float
     allocator_retries_threshold: int
     memory_nearly_full_ratio: float
+    cluster_label: str
+    runbook_url_pattern: str
+
+    def runbook_url(self, anchor: str) -> str:
+        """The runbook link of a section, from ``runbook_url_pattern`` (``{anchor}`` replaced).
+
+        >>> load_thresholds().runbook_url("gpuutilizationlow").endswith("runbooks.md#gpuutilizationlow")
+        True
+        """
+        return self.runbook_url_pattern.replace("{anchor}", anchor)
 
 
 _DURATIONS = {"allocator_window"}
 _COUNTS = {"allocator_retries_threshold"}
+_STRINGS = {"cluster_label", "runbook_url_pattern"}
 
 
-def _convert(source: str, key: str, value: Any) -> float | int:
+def _convert(source: str, key: str, value: Any) -> float | int | str:
+    if key in _STRINGS:
+        if not isinstance(value, str) or not value.strip():
+            raise ThresholdsError(f"{source}: {key} must be a non-empty string, got {value!r}")
+        return value
     if key in _DURATIONS:
         if not isinstance(value, str):
             raise ThresholdsError(f"{source}: {key} must be a duration like 10m, got {value!r}")
@@ -106,9 +124,11 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
         raise ThresholdsError(f"{source} is not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(doc, dict):
         raise ThresholdsError(f"{source} must be a mapping of threshold name -> value")
-    values: dict[str, float | int] = {}
+    values: dict[str, float | int | str] = {}
     for f in fields(Thresholds):
         if f.name not in doc:
             raise ThresholdsError(f"{source} lacks the key {f.name}")
         values[f.name] = _convert(source, f.name, doc[f.name])
+    if values["utilization_target"] < values["utilization_low_threshold"]:  # type: ignore[operator]
+        raise ThresholdsError(f"{source}: utilization_target must be at least utilization_low_threshold")
     return Thresholds(**values)  # type: ignore[arg-type]

@@ -1,0 +1,215 @@
+"""Why a GPU is below its utilization target: one table of causes, and the pure judge that applies it.
+
+The same table (:data:`CAUSES`) is the single definition of every cause. ``monitoring/rules.py``
+turns it into the Prometheus recording rules ``run:gpu_training_cause:share`` and
+``run:gpu_training_cause:projected_utilization`` and the alerts that read only those series;
+:func:`find_causes` applies it in Python for ``gpu-exporter diagnose --url`` and the status page.
+A conformance test feeds the same cases to promtool and to :func:`find_causes` and requires the
+same verdicts, so the two cannot drift apart.
+
+The signals, per training run (and rank) on a GPU, over one window:
+
+* ``u``: the GPU's interval-mean utilization (busy seconds / wall seconds);
+* the run's phase shares (``data``, ``compute``, ``metrics``, ``checkpoint``, ... adding up to 1);
+* the share of GPU memory used; caching-allocator retries and OOMs in the window.
+
+Two levels: ``low`` (``u`` below ``utilization_low_threshold``: warning alerts) and ``target``
+(``u`` at or above that but below ``utilization_target``: one info alert). At or above the target
+no cause is named. The projection is an upper bound: hiding a phase of share ``s`` (overlapping it
+with compute) shortens the step to ``1 - s`` of its time with the same GPU work, so utilization
+can reach at most ``u / (1 - s)``; a launch-bound GPU (M3) can reach at most the compute share.
+
+>>> from gpu_exporter.thresholds import load_thresholds
+>>> t = load_thresholds()
+>>> [f.summary(0.08) for f in find_causes(0.08, 0.2, RunSignals({"data": 0.9, "compute": 0.1}), t)]
+['input-bound (M1): 8% now, at most ~80% if loading overlapped compute']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpu_exporter.thresholds import Thresholds
+
+PHASE = "phase"
+"""A cause explained by the share of one phase of the step (M1, M2, checkpointing)."""
+LAUNCH = "launch"
+"""M3: the GPU is busy for only part of the compute phase (small batches, launch overhead)."""
+ALLOCATOR = "allocator"
+"""M4: the caching allocator retries or runs out of memory (counted, not timed)."""
+
+LOW = "low"
+"""Level label: utilization below ``utilization_low_threshold`` (warning alerts)."""
+TARGET = "target"
+"""Level label: at or above the low threshold, below ``utilization_target`` (info alert)."""
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One row of the cause table. ``keys`` are the thresholds.yml keys its condition reads."""
+
+    cause: str
+    code: str
+    title: str
+    alert: str
+    kind: str
+    phase: str
+    keys: tuple[str, ...]
+    doing: str
+    hidden: str
+    remedy: str
+    advice: str
+
+    @property
+    def label(self) -> str:
+        """``"input-bound (M1)"``."""
+        return f"{self.title} ({self.code})"
+
+    @property
+    def anchor(self) -> str:
+        """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
+        return self.alert.lower()
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause("input_bound", "M1", "input-bound", "GpuTrainingInputBound", PHASE, "data", ("input_bound_share",),
+          doing="waiting for the next batch", hidden="if loading overlapped compute",
+          remedy="more DataLoader workers, pinned memory, prefetch, cache the data set",
+          advice="M1: feed the GPU faster: DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
+                 "persistent_workers=True), preload or cache the data set, move augmentation to the GPU."),
+    Cause("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", PHASE, "metrics",
+          ("metrics_bound_share",),
+          doing="computing metrics", hidden="if metrics ran off the training path",
+          remedy="compute metrics every N steps or on the GPU, log asynchronously",
+          advice="M2: compute metrics every N steps or at epoch end, drop the ones nobody reads, keep them on "
+                 "the GPU without a .item()/.cpu() per step, log asynchronously."),
+    Cause("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", PHASE, "checkpoint",
+          ("checkpoint_share",),
+          doing="saving checkpoints", hidden="if checkpoints were written asynchronously",
+          remedy="save checkpoints asynchronously or less often",
+          advice="CK: save checkpoints less often (every N minutes, not every N steps), write them from a "
+                 "background thread or process (torch.distributed.checkpoint.async_save), copy the state "
+                 "to CPU memory first and write it off the training path, save to fast local disk."),
+    Cause("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", LAUNCH, "compute",
+          ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
+          doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",
+          remedy="raise the batch size while memory allows; fewer, larger kernels",
+          advice="M3: raise the batch size while memory allows (scale the learning rate with it) or "
+                 "accumulate gradients; fewer, larger kernels with torch.compile, CUDA graphs or mixed "
+                 "precision."),
+    Cause("allocator", "M4", "allocator trouble", "GpuMemoryAllocatorThrashing", ALLOCATOR, "",
+          ("allocator_window", "allocator_retries_threshold"),
+          doing="", hidden="",
+          remedy="expandable_segments, stable tensor shapes, no empty_cache() in the loop",
+          advice="M4: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, stable tensor shapes, no "
+                 "torch.cuda.empty_cache() in the loop; lower the batch size a little if memory is really "
+                 "too small."),
+)
+"""Every cause, in the order diagnose breaks ties (the allocator first: it also explains the others)."""
+
+BY_ID: dict[str, Cause] = {c.cause: c for c in CAUSES}
+
+
+@dataclass(frozen=True)
+class RunSignals:
+    """What one training run (rank) on a GPU reported over the window.
+
+    ``allocator_retries`` / ``allocator_ooms`` count events within ``allocator_window`` (diagnose
+    scales a shorter window's limit, see :func:`find_causes`).
+    """
+
+    shares: Mapping[str, float]
+    allocator_retries: float = 0.0
+    allocator_ooms: float = 0.0
+    batch_size: float | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One cause that applies: its level, the value that explains it and the projected utilization.
+
+    ``value`` is the share of the run's time the cause takes (for M4: allocator events in the
+    window); ``projected`` the utilization the GPU could reach if it were removed (None for M4).
+    """
+
+    cause: Cause
+    level: str
+    value: float
+    projected: float | None
+    batch_size: float | None = field(default=None, compare=False)
+
+    def summary(self, utilization: float) -> str:
+        """``"input-bound (M1): 8% now, at most ~90% if loading overlapped compute"``."""
+        if self.projected is None:
+            return (f"{self.cause.label}: {pct(utilization)} now, {self.value:.0f} allocator event(s); "
+                    "no projection (allocator stalls are not timed)")
+        return f"{self.cause.label}: {pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
+
+    def reason(self, run: str, rank: str) -> str:
+        """One sentence on what the run does, for diagnose."""
+        if self.cause.kind == ALLOCATOR:
+            return f"run {run} rank {rank}: the CUDA caching allocator had {self.value:.0f} retries/OOMs."
+        if self.cause.kind == LAUNCH:
+            batch = f" with batch size {self.batch_size:.0f}" if self.batch_size is not None else ""
+            return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(self.value)} of the "
+                    "step inside the compute phase (small kernels, launch overhead).")
+        return f"run {run} rank {rank} spends {pct(self.value)} of its time {self.cause.doing}."
+
+
+def pct(ratio: float) -> str:
+    """``0.084 -> "8%"``."""
+    return f"{ratio * 100:.0f}%"
+
+
+def level(utilization: float, t: Thresholds) -> str | None:
+    """``"low"``, ``"target"`` or None (at or above ``utilization_target``)."""
+    if utilization < t.utilization_low_threshold:
+        return LOW
+    if utilization < t.utilization_target:
+        return TARGET
+    return None
+
+
+def _threshold(t: Thresholds, key: str) -> float:
+    value = getattr(t, key)
+    assert isinstance(value, int | float)
+    return float(value)
+
+
+def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds,
+                retry_limit: float | None = None) -> list[Finding]:
+    """Every cause of :data:`CAUSES` that applies to ``run`` on a GPU at ``utilization``, biggest first.
+
+    Mirrors the generated PromQL exactly (the conformance test checks it). ``retry_limit`` is the
+    allocator retry limit for the window (default ``allocator_retries_threshold``, the limit per
+    ``allocator_window`` the rules use). Nothing at or above the target.
+
+    >>> from gpu_exporter.thresholds import load_thresholds
+    >>> t = load_thresholds()
+    >>> [f.cause.code for f in find_causes(0.4, 0.3, RunSignals({"data": 0.38, "metrics": 0.34}), t)]
+    ['M1', 'M2']
+    >>> find_causes(0.9, 0.3, RunSignals({"data": 0.5}), t)
+    []
+    """
+    lvl = level(utilization, t)
+    if lvl is None:
+        return []
+    limit = t.allocator_retries_threshold if retry_limit is None else retry_limit
+    found: list[Finding] = []
+    for cause in CAUSES:
+        if cause.kind == PHASE:
+            share = run.shares.get(cause.phase, 0.0)
+            if share > _threshold(t, cause.keys[0]):
+                projected = 1.0 if share >= 1.0 else min(1.0, utilization / (1.0 - share))
+                found.append(Finding(cause, lvl, share, projected))
+        elif cause.kind == LAUNCH:
+            compute = run.shares.get(cause.phase, 0.0)
+            if (compute > t.batch_compute_share and utilization / compute < t.batch_busy_ratio
+                    and memory_used_ratio is not None and memory_used_ratio < t.batch_memory_used_ratio):
+                found.append(Finding(cause, lvl, compute - utilization, min(1.0, compute), run.batch_size))
+        elif run.allocator_ooms > 0 or run.allocator_retries > limit:
+            found.append(Finding(cause, lvl, run.allocator_retries + run.allocator_ooms, None))
+    return sorted(found, key=lambda f: (f.cause.kind != ALLOCATOR, -f.value))
