@@ -44,11 +44,41 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-web-config" (include "gpu-exporter.fullname" .)) .Values.webConfig.existingSecret }}
 {{- end }}
 
+{{/* The selector labels of the monitors and the PrometheusRule: monitor.release as release=<it>
+(kube-prometheus-stack's default serviceMonitorSelector, podMonitorSelector and ruleSelector), then
+the given extra labels. Call with (list $ extraLabels). */}}
+{{- define "gpu-exporter.selectedLabels" -}}
+{{- $root := index . 0 }}
+{{- include "gpu-exporter.labels" $root }}
+{{- $extra := deepCopy (index . 1) }}
+{{- with $root.Values.monitor.release }}
+{{- $_ := set $extra "release" . }}
+{{- end }}
+{{- with $extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The name of the cluster label: `cluster_label` of thresholds.yml (files/thresholds.yml is a
+symlink to exporter/gpu_exporter/thresholds.yml, the one config of rules and dashboards). */}}
+{{- define "gpu-exporter.clusterLabel" -}}
+{{- $name := get (fromYaml (.Files.Get "files/thresholds.yml")) "cluster_label" }}
+{{- if not $name }}
+{{- fail "files/thresholds.yml (exporter/gpu_exporter/thresholds.yml) has no cluster_label" }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
 {{/* Relabeling shared by the ServiceMonitor and the PodMonitor (see values.yaml: monitor). */}}
 {{- define "gpu-exporter.monitorRelabelings" -}}
 - action: replace
   targetLabel: job
   replacement: {{ .Values.monitor.jobName }}
+{{- with .Values.monitor.cluster }}
+- action: replace
+  targetLabel: {{ include "gpu-exporter.clusterLabel" $ }}
+  replacement: {{ . | quote }}
+{{- end }}
 - action: replace
   sourceLabels: [__meta_kubernetes_pod_node_name]
   targetLabel: node
@@ -60,6 +90,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   targetLabel: exporter_pod
 - action: labeldrop
   regex: (pod|namespace|container)
+{{- with .Values.monitor.relabelings }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Scheme, TLS and basic auth of a monitor endpoint. */}}
@@ -78,4 +111,13 @@ basicAuth:
 {{- end }}
 relabelings:
   {{- include "gpu-exporter.monitorRelabelings" . | nindent 2 }}
+{{- with .Values.monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The ingest token Secret: the given one, or the one the chart creates. */}}
+{{- define "gpu-exporter.ingestTokenSecret" -}}
+{{- default (printf "%s-ingest-token" (include "gpu-exporter.fullname" .)) .Values.ingest.token.existingSecret }}
 {{- end }}
