@@ -10,6 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from monitoring import rules
+from monitoring import dashboards, grafana_alerts, rules
 
-GENERATORS: list[Callable[[], dict[Path, str]]] = [rules.generate]
+GENERATORS: list[Callable[[], dict[Path, str]]] = [rules.generate, dashboards.generate, grafana_alerts.generate]

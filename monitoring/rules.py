@@ -81,7 +81,7 @@ def generate(values: dict[str, str] | None = None) -> dict[Path, str]:
         if name in generated:
             body = body.rstrip("\n") + "\n\n" + render(generated[name](), values, used, source="gpu_exporter.causes")
         outputs[RULES / name] = HEADER.format(name=name) + body
-    unused = sorted(set(values) - used)
+    unused = sorted(key for key in set(values) - used if not key.startswith("dashboard_"))  # monitoring.dashboards
     if unused:
         raise ValueError(f"{THRESHOLDS.name}: unused thresholds {', '.join(unused)}")
     return outputs

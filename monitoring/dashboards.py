@@ -1,0 +1,443 @@
+"""The four Grafana dashboards (grafana/dashboards/*.json), built with grafana-foundation-sdk.
+
+The problem: operators need the same answers in Grafana that the rules and ``diagnose`` give (which
+GPUs idle, who holds them, why), for one cluster or many, without the dashboards drifting from the
+thresholds. Every number below comes from the one config (:class:`monitoring.panels.Config`), every
+query filters on the ``$cluster`` variable (label from ``cluster_label``) and keeps that label in
+aggregations and joins, and the cause panels read only the cause-engine recording rules
+(``run:gpu_training_cause:share`` and ``:projected_utilization``). Example::
+
+    python -m monitoring          # rewrites grafana/dashboards/*.json among the rest
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus
+from grafana_foundation_sdk.models import common as cm
+
+from monitoring.panels import (
+    Config,
+    bar_gauge,
+    dashboard,
+    link,
+    link_url,
+    override,
+    query,
+    render,
+    stat_panel,
+    state_timeline,
+    steps,
+    table_panel,
+    timeseries,
+    utilization_timeseries,
+    variable,
+)
+from monitoring.rules import ROOT
+
+OUT = ROOT / "grafana" / "dashboards"
+NODE_LINK = ("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}", "gpu-node",
+             {"node": "${__field.labels.node}", "gpu": "${__field.labels.gpu}"})
+
+
+def gpu_link() -> dash.DashboardLink:
+    title, uid, variables = NODE_LINK
+    return link(title, uid, **variables)
+
+
+def fleet(cfg: Config) -> dash.Dashboard:
+    """Which GPUs run below the low threshold, for how long, who holds them and why."""
+    low = cfg.text("utilization_low_threshold")
+    pct = f"{cfg.num('utilization_low_threshold') * 100:g}%"
+    c = cfg.cluster
+    util = cfg.sel("gpu:gpu_utilization:avg5m", "node")
+    under = cfg.sel("gpu:gpu_underutilized:bool5m", "node")
+    below = f"({util} < {low})"
+    time_steps = steps(("green", None), ("orange", cfg.num("dashboard_time_below_warn")),
+                       ("red", cfg.num("dashboard_time_below_critical")))
+    board = dashboard(cfg, "gpu-fleet", "GPU fleet overview",
+                      f"Which GPUs run below {pct} utilization, for how long, who holds them and why.", "24h", [
+                          variable(cfg, "node", "Node", "gpu_info"),
+                          variable(cfg, "namespace", "Namespace", "gpu_pod_info"),
+                          variable(cfg, "pod", "Pod", "gpu_pod_info", "namespace"),
+                      ])
+    board = (board.with_row(dash.Row("Now"))
+             .with_panel(stat_panel(
+                 f"GPUs below {pct} now",
+                 f"GPUs whose mean utilization over the last 5 minutes (busy-time counter) is below {pct}.",
+                 query(f"sum({under})"), thresholds=steps(("green", None), ("orange", 1))))
+             .with_panel(stat_panel("GPUs monitored", "GPUs the exporters see now (gpu_info series).",
+                                    query(f"count({cfg.sel('gpu_info', 'node')})")))
+             .with_panel(stat_panel("Fleet utilization (5m)",
+                                    "Mean utilization of all selected GPUs over the last 5 minutes.",
+                                    query(f"avg({util})"), unit="percentunit", thresholds=cfg.utilization_steps()))
+             .with_panel(stat_panel(
+                 f"Time below {pct} (24h)",
+                 f"Share of GPU time in the last 24 hours during which GPUs were below {pct} (mean over GPUs).",
+                 query(f"avg(avg_over_time({under}[1d]))"), unit="percentunit", thresholds=time_steps))
+             .with_panel(stat_panel(
+                 "Idle GPU-hours (last hour)",
+                 f"GPU-hours spent below {pct} utilization in the last hour, all selected nodes "
+                 "(node:gpu_idle_hours:increase1h).",
+                 query(f"sum({cfg.sel('node:gpu_idle_hours:increase1h', 'node')})"), unit="h"))
+             .with_panel(stat_panel(
+                 "Idle GPU-hours (24h)",
+                 f"GPU-hours spent below {pct} in the last 24 hours: each GPU's share of the day below {pct} "
+                 "times 24 h, summed (like node:gpu_idle_hours:increase1h, a GPU monitored for part of the "
+                 "day counts as if that part were typical).",
+                 query(f"sum(avg_over_time({under}[1d])) * 24"), unit="h"))
+             .with_row(dash.Row("Utilization over time"))
+             .with_panel(state_timeline(
+                 "Utilization by GPU (5m mean)",
+                 f"Each row is one GPU; red is below {pct}, yellow below the "
+                 f"{cfg.num('utilization_target') * 100:g}% target, green above. Click for the GPU's detail.",
+                 query(util, f"{{{{{c}}}}} {{{{node}}}} GPU {{{{gpu}}}}"), unit="percentunit",
+                 thresholds=cfg.utilization_steps(), w=24, h=9, legend=True, links=[gpu_link()]))
+             .with_panel(utilization_timeseries(
+                 cfg, "Utilization by node (5m mean)",
+                 f"Mean utilization of each node's GPUs; the line is the {pct} threshold.",
+                 [query(cfg.sel("node:gpu_utilization:avg5m", "node"), f"{{{{{c}}}}} {{{{node}}}}")]))
+             .with_panel(timeseries(
+                 f"GPUs below {pct} by node", f"How many GPUs of each node were below {pct} over time.",
+                 [query(f"sum {cfg.by('node')} ({under})", f"{{{{{c}}}}} {{{{node}}}}")],
+                 unit="none", bars=True, stacked=True, fill=60))
+             .with_panel(bar_gauge("Utilization by GPU model (5m mean)",
+                                   "Mean utilization per GPU model (name from gpu_info).",
+                                   query(cfg.sel("model:gpu_utilization:avg5m"), f"{{{{{c}}}}} {{{{name}}}}",
+                                         instant=True), thresholds=cfg.utilization_steps()))
+             .with_panel(bar_gauge(
+                 "Utilization by namespace (5m mean)",
+                 "Mean utilization of the GPUs allocated to each Kubernetes namespace (from gpu_pod_info).",
+                 query(cfg.sel("namespace:gpu_utilization:avg5m", "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
+                       instant=True), thresholds=cfg.utilization_steps()))
+             .with_panel(timeseries("Idle GPU-hours per hour by node",
+                                    f"GPU-hours below {pct} in the trailing hour, per node.",
+                                    [query(cfg.sel("node:gpu_idle_hours:increase1h", "node"),
+                                           f"{{{{{c}}}}} {{{{node}}}}")], unit="h", w=8))
+             .with_row(dash.Row("Underused GPUs"))
+             .with_panel(table_panel(
+                 "Underused GPUs: owner and likely cause",
+                 f"GPUs below {pct} over the last 5 minutes, with their model, the pod or training run holding "
+                 "them, and the causes the cause engine found (run:gpu_training_cause:share: the share of time "
+                 "that explains it, and the utilization the GPU could reach without it; see docs/runbooks.md). "
+                 "Click a GPU for its detail dashboard, a run for the training-run dashboard.",
+                 [query(below, "", instant=True, table_format=True),
+                  query(f"max {cfg.by('node', 'gpu', 'uuid', 'name')} ({cfg.sel('gpu_info', 'node')}) "
+                        f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
+                  query(f"{cfg.sel('gpu:gpu_memory_used:ratio', 'node')} and {cfg.on('uuid')} {below}", "",
+                        instant=True, table_format=True),
+                  query(f"{cfg.sel('gpu:gpu_workload:info', 'namespace', 'pod')} and {cfg.on('uuid')} {below}", "",
+                        instant=True, table_format=True),
+                  query(f"max {cfg.by('uuid', 'code', 'remedy')} ({cfg.sel('run:gpu_training_cause:share')}) "
+                        f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
+                  query(f"max {cfg.by('uuid', 'code', 'remedy')} "
+                        f"({cfg.sel('run:gpu_training_cause:projected_utilization')}) and {cfg.on('uuid')} {below}",
+                        "", instant=True, table_format=True)],
+                 unit="percentunit", w=24, h=10,
+                 hide=("Value #B", "Value #D", "container"),
+                 order=(c, "node", "gpu", "name", "Value #A", "Value #C", "namespace", "pod", "run", "code",
+                        "remedy", "Value #E", "Value #F", "uuid"),
+                 rename={"Value #A": "Utilization (5m)", "Value #C": "Memory used", "name": "Model",
+                         "code": "Cause", "remedy": "Likely remedy", "Value #E": "Share of time",
+                         "Value #F": "Could reach"},
+                 overrides=[override("Utilization (5m)", custom_cellOptions={"type": "color-background"},
+                                     thresholds=cfg.utilization_steps().build(), color={"mode": "thresholds"}),
+                            override("gpu", links=[gpu_table_link()]),
+                            override("run", links=[run_table_link()])],
+                 sort_by="Utilization (5m)")))
+    return board
+
+
+def gpu_table_link() -> dict[str, str]:
+    return {"title": "GPU detail",
+            "url": link_url("gpu-node", node="${__data.fields.node}", gpu="${__data.fields.gpu}")}
+
+
+def run_table_link() -> dict[str, str]:
+    return {"title": "Training run ${__data.fields.run}",
+            "url": link_url("gpu-training-run", run="${__data.fields.run}")}
+
+
+def node_detail(cfg: Config) -> dash.Dashboard:
+    """Everything one node's GPUs report."""
+    pct = f"{cfg.num('utilization_low_threshold') * 100:g}%"
+
+    def sel(metric: str, **fixed: str) -> str:
+        return cfg.sel(metric, "node", "gpu", **fixed)
+
+    def series(metric: str, legend: str = "GPU {{gpu}}") -> list[prometheus.Dataquery]:
+        return [query(sel(metric), legend)]
+
+    board = dashboard(cfg, "gpu-node", "GPU node detail",
+                      "Everything one node's GPUs report: utilization from busy-time counters, memory, power, "
+                      "temperature, clocks and throttling, GPM activity, MIG, processes, pods and XID errors.", "3h", [
+                          variable(cfg, "node", "Node", "gpu_info", multi=False),
+                          variable(cfg, "gpu", "GPU", "gpu_info", "node"),
+                      ])
+    identity = cfg.by("node", "gpu", "uuid", "name", "driver_version", "cuda_version", "architecture", "mig_mode")
+    gpm = [("gpu_sm_active_ratio", "SM active"), ("gpu_sm_occupancy_ratio", "SM occupancy"),
+           ("gpu_tensor_active_ratio", "tensor active"), ("gpu_dram_bandwidth_utilization_ratio", "DRAM BW")]
+    board = (board.with_row(dash.Row("Utilization"))
+             .with_panel(utilization_timeseries(
+                 cfg, "GPU utilization (busy-time counter)",
+                 "rate(gpu_busy_seconds_total): the true mean share of time a kernel ran, integrated from NVML "
+                 f"samples polled faster than the scrape, so it does not alias. The line is {pct}.",
+                 [query(f"rate({sel('gpu_busy_seconds_total')}[$__rate_interval])", "GPU {{gpu}}"),
+                  query(sel("gpu:gpu_utilization:avg5m"), "GPU {{gpu}} (5m mean)")], w=16))
+             .with_panel(stat_panel("Utilization, last hour", "Mean utilization per GPU over the last hour.",
+                                    query(sel("gpu:gpu_utilization:avg1h"), "GPU {{gpu}}"), unit="percentunit",
+                                    thresholds=cfg.utilization_steps(), w=8, h=8))
+             .with_panel(timeseries(
+                 "Memory-controller utilization",
+                 "rate(gpu_memory_busy_seconds_total): share of time the memory controller was busy.",
+                 [query(f"rate({sel('gpu_memory_busy_seconds_total')}[$__rate_interval])", "GPU {{gpu}}")],
+                 unit="percentunit", h=7))
+             .with_panel(timeseries(
+                 "SM and tensor activity (GPM, Hopper and newer)",
+                 "GPM metrics of the whole GPU (mig_uuid empty) or of each MIG instance: SM active, SM occupancy, "
+                 "tensor pipes active, DRAM bandwidth. Empty on GPUs older than Hopper.",
+                 [query(sel(metric), f"GPU {{{{gpu}}}} {{{{mig_uuid}}}} {name}") for metric, name in gpm],
+                 unit="percentunit", h=7))
+             .with_row(dash.Row("Memory"))
+             .with_panel(timeseries(
+                 "Memory used vs total", "Framebuffer memory used, reserved by the driver, and installed.",
+                 [query(sel(f"gpu_memory_{kind}_bytes"), f"GPU {{{{gpu}}}} {kind}")
+                  for kind in ("used", "reserved", "total")], unit="bytes", w=16, dashed=".*total"))
+             .with_panel(bar_gauge(
+                 "Memory used", "Used share of each GPU's memory.",
+                 query(sel("gpu:gpu_memory_used:ratio"), "GPU {{gpu}}", instant=True),
+                 thresholds=steps(("green", None), ("orange", cfg.num("dashboard_memory_warn_ratio")),
+                                  ("red", cfg.num("memory_nearly_full_ratio")))))
+             .with_panel(timeseries(
+                 "MIG instances: memory used", "Memory used by each MIG instance against its size "
+                 "(profile from gpu_mig_info).",
+                 [query(f"{sel('gpu_mig_memory_used_bytes')} * {cfg.on('mig_uuid')} group_left (profile) "
+                        f"max {cfg.by('mig_uuid', 'profile')} ({cfg.sel('gpu_mig_info')})",
+                        "GPU {{gpu}} {{profile}} GI {{gpu_instance}} used"),
+                  query(sel("gpu_mig_memory_total_bytes"), "GPU {{gpu}} GI {{gpu_instance}} total")],
+                 unit="bytes", w=24, h=7, dashed=".*total"))
+             .with_row(dash.Row("Power, temperature, clocks"))
+             .with_panel(timeseries("Power vs limit", "Power draw and the enforced power limit.",
+                                    [query(sel("gpu_power_watts"), "GPU {{gpu}} draw"),
+                                     query(sel("gpu_power_limit_watts"), "GPU {{gpu}} limit")],
+                                    unit="watt", w=8, dashed=".*limit"))
+             .with_panel(timeseries(
+                 "Temperature", "GPU die temperature.", series("gpu_temperature_celsius"), unit="celsius", w=8,
+                 thresholds=steps(("green", None), ("orange", cfg.num("dashboard_temperature_warn_celsius")),
+                                  ("red", cfg.num("dashboard_temperature_critical_celsius"))),
+                 threshold_style=cm.GraphThresholdsStyleMode.DASHED))
+             .with_panel(timeseries("Energy per hour", "Energy drawn, from the energy counter (kWh per hour).",
+                                    [query(f"increase({sel('gpu_energy_joules_total')}[1h]) / 3.6e6", "GPU {{gpu}}")],
+                                    unit="kwatth", w=8))
+             .with_panel(timeseries("Clocks", "Current SM and memory clocks.",
+                                    [query(sel("gpu_sm_clock_hertz"), "GPU {{gpu}} SM"),
+                                     query(sel("gpu_memory_clock_hertz"), "GPU {{gpu}} memory")], unit="hertz", w=8))
+             .with_panel(state_timeline(
+                 "Clock event (throttle) reasons",
+                 "Which clock event reasons were active; gpu_idle is normal on an idle GPU, power and thermal "
+                 "reasons slow a busy one.", query(sel("gpu_clock_event_active"), "GPU {{gpu}} {{reason}}"),
+                 unit="bool_on_off", thresholds=steps(("transparent", None), ("orange", 1)), w=8))
+             .with_panel(timeseries("Fan speed", "Fan speed as a share of its maximum (absent on passively "
+                                    "cooled GPUs).", series("gpu_fan_speed_ratio"), unit="percentunit", w=8))
+             .with_panel(timeseries("PCIe throughput", "PCIe transmit (up) and receive (down).",
+                                    [query(sel("gpu_pcie_tx_bytes_per_second"), "GPU {{gpu}} tx"),
+                                     query(f"-{sel('gpu_pcie_rx_bytes_per_second')}", "GPU {{gpu}} rx")],
+                                    unit="Bps", h=7))
+             .with_panel(timeseries(
+                 "XID errors", "XID errors reported through the NVML event API, by code; see NVIDIA's XID table. "
+                 "Any non-zero value deserves a look.",
+                 [query(f"sum {cfg.by('gpu', 'xid')} (increase({sel('gpu_xid_errors_total')}[$__rate_interval]))",
+                        "GPU {{gpu}} XID {{xid}}")], unit="none", bars=True, h=7))
+             .with_row(dash.Row("Who uses the GPU"))
+             .with_panel(table_panel(
+                 "Processes", "Compute processes on the selected GPUs: memory and SM share.",
+                 [query(sel("gpu_process_memory_used_bytes"), "", instant=True, table_format=True),
+                  query(sel("gpu_process_sm_utilization_ratio"), "", instant=True, table_format=True)],
+                 unit="bytes", hide=("uuid",), order=("node", "gpu", "pid", "process_name", "Value #A", "Value #B"),
+                 rename={"Value #A": "Memory used", "Value #B": "SM share"},
+                 overrides=[override("SM share", unit="percentunit")]))
+             .with_panel(table_panel(
+                 "Kubernetes pods and GPU identity",
+                 "The pod holding each GPU (kubelet pod-resources) and the GPU's static attributes.",
+                 [query(f"max {identity} ({sel('gpu_info')})", "", instant=True, table_format=True),
+                  query(f"max {cfg.by('uuid', 'namespace', 'pod', 'container')} "
+                        f"({sel('gpu_pod_info', mig_uuid='')})", "", instant=True, table_format=True)],
+                 hide=("Value #A", "Value #B"), order=("node", "gpu", "name", "namespace", "pod", "container"),
+                 rename={"name": "Model"})))
+    return board
+
+
+def training_run(cfg: Config) -> dash.Dashboard:
+    """One instrumented training run: where each step's time goes and which cause to fix."""
+    pct = f"{cfg.num('utilization_low_threshold') * 100:g}%"
+
+    def sel(metric: str, **fixed: str) -> str:
+        return cfg.sel(metric, "run", "rank", **fixed)
+
+    def rate(metric: str) -> str:
+        return f"rate({sel(metric)}[$__rate_interval])"
+
+    run_gpus = f"group {cfg.by('uuid', 'run', 'rank')} ({sel('gpu_training_steps_total')})"
+    board = dashboard(cfg, "gpu-training-run", "GPU training run",
+                      "One instrumented training run: where each step's time goes, throughput, memory, and the "
+                      "causes (M1-M4, CK) that hold GPU utilization down.", "3h", [
+                          variable(cfg, "run", "Run", "gpu_training_steps_total", multi=False),
+                          variable(cfg, "rank", "Rank", "gpu_training_steps_total", "run"),
+                      ])
+    phase_share = (f"sum {cfg.by('phase')} (increase({sel('gpu_training_phase_seconds_total')}[$__range])) "
+                   f"/ ignoring (phase) group_left "
+                   f"sum {cfg.by()} (increase({sel('gpu_training_phase_seconds_total')}[$__range]))")
+    causes = cfg.sel("run:gpu_training_cause:share", "run")
+    projected = cfg.sel("run:gpu_training_cause:projected_utilization", "run")
+    cause_labels = cfg.by("uuid", "code", "cause", "remedy", "level")
+    board = (board.with_row(dash.Row("Where the time goes"))
+             .with_panel(timeseries(
+                 "Phase shares (5m)",
+                 "Share of the run's wall time spent in each phase (data, compute, metrics, checkpoint, other, "
+                 "custom), averaged over the selected ranks, stacked to 100%. Much data time calls for M1, much "
+                 "metrics time for M2.",
+                 [query(f"avg {cfg.by('phase')} ({sel('run:gpu_training_phase:share5m')})", "{{phase}}")],
+                 unit="percentunit", h=9, stacked=True, fill=70))
+             .with_panel(utilization_timeseries(
+                 cfg, "GPU utilization of the run's GPUs",
+                 "Utilization (busy-time counter, 5m mean) of the GPUs this run pushes from (joined on uuid), "
+                 f"beside the compute-phase share. The line is {pct}.",
+                 [query(f"{cfg.sel('gpu:gpu_utilization:avg5m')} * {cfg.on('uuid')} group_right (node, gpu) "
+                        f"{run_gpus}", "GPU utilization rank {{rank}}"),
+                  query(f"avg {cfg.by('rank')} ({sel('run:gpu_training_phase:share5m', phase='compute')})",
+                        "compute share rank {{rank}}")], h=9, links=[gpu_link()]))
+             .with_panel(bar_gauge("Phase shares over the selected range",
+                                   "Share of each phase over the whole time range shown.",
+                                   query(phase_share, "{{phase}}", instant=True)))
+             .with_panel(table_panel(
+                 "Likely causes",
+                 "The causes the cause engine finds for this run now (run:gpu_training_cause:share, from the "
+                 "same cause table as diagnose and the cause alerts): the share of time that explains it, and the "
+                 "utilization the GPU could reach without it (an upper bound). Level low: the GPU is below "
+                 f"{pct}; target: below the {cfg.num('utilization_target') * 100:g}% target. "
+                 "Runbooks: docs/runbooks.md.",
+                 [query(f"max {cause_labels} ({causes})", "", instant=True, table_format=True),
+                  query(f"max {cause_labels} ({projected})", "", instant=True, table_format=True)],
+                 unit="percentunit", w=16,
+                 order=("code", "remedy", "Value #A", "Value #B", "level", "cause", "uuid"),
+                 rename={"code": "Cause", "remedy": "Likely remedy", "Value #A": "Share of time",
+                         "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level"}))
+             .with_row(dash.Row("Throughput"))
+             .with_panel(timeseries(
+                 "Step time", "Mean wall time per training step, per rank.",
+                 [query(f"sum {cfg.by('rank')} ({rate('gpu_training_phase_seconds_total')}) "
+                        f"/ sum {cfg.by('rank')} ({rate('gpu_training_steps_total')})", "rank {{rank}}")],
+                 unit="s", w=8))
+             .with_panel(timeseries(
+                 "Samples per second", "Training throughput, per rank and in total.",
+                 [query(f"sum {cfg.by('rank')} ({rate('gpu_training_samples_total')})", "rank {{rank}}"),
+                  query(f"sum({rate('gpu_training_samples_total')})", "total")], unit="suffix: samples/s", w=8))
+             .with_panel(timeseries("Batch size", "Batch size reported by each rank (M3: raise it while memory "
+                                    "allows).", [query(sel("gpu_training_batch_size"), "rank {{rank}}")],
+                                    unit="suffix: samples", w=8))
+             .with_row(dash.Row("Memory and allocator"))
+             .with_panel(timeseries(
+                 "Allocator memory vs GPU memory",
+                 "PyTorch caching-allocator allocated and reserved bytes, against the GPU's total memory. Reserved "
+                 "far above allocated hints at fragmentation (M4).",
+                 [query(sel("gpu_training_allocator_allocated_bytes"), "rank {{rank}} allocated"),
+                  query(sel("gpu_training_allocator_reserved_bytes"), "rank {{rank}} reserved"),
+                  query(f"{cfg.sel('gpu_memory_total_bytes')} * {cfg.on('uuid')} group_right (node, gpu) {run_gpus}",
+                        "rank {{rank}} GPU total")], unit="bytes", dashed=".*GPU total"))
+             .with_panel(timeseries(
+                 "Allocator retries and OOMs", "cudaMalloc retries after freeing cached blocks, and out-of-memory "
+                 "errors, per interval. Any of these calls for M4.",
+                 [query(f"sum {cfg.by('rank')} (increase({sel(f'gpu_training_allocator_{kind}_total')}"
+                        f"[$__rate_interval]))", f"rank {{{{rank}}}} {name}")
+                  for kind, name in (("retries", "retries"), ("ooms", "OOMs"))], unit="none", bars=True, w=6))
+             .with_panel(stat_panel(
+                 "Seconds since last push", "Age of each rank's newest snapshot; a stalled or finished run stops "
+                 "pushing (the exporter drops it after ingest.stale_after_seconds).",
+                 query(f"time() - {sel('gpu_training_last_push_timestamp_seconds')}", "rank {{rank}}"), unit="s",
+                 w=6, h=8, thresholds=steps(("green", None), ("orange", cfg.num("dashboard_push_age_warn_seconds")),
+                                            ("red", cfg.ingest_stale_after)))))
+    return board
+
+
+def exporter_health(cfg: Config) -> dash.Dashboard:
+    """Whether the exporters themselves work; only targets of the exporter job count."""
+    c = cfg.cluster
+    job = f'job=~"{cfg.exporter_job}"'
+
+    def sel(metric: str) -> str:
+        return cfg.sel(metric, "node")
+
+    def jobsel(metric: str) -> str:
+        return sel(metric).replace("{", "{" + job + ", ", 1)
+
+    board = dashboard(cfg, "gpu-exporter-health", "GPU exporter health",
+                      "Is the exporter itself healthy: targets up, collectors succeeding, NVML errors, sample age, "
+                      "training ingest.", "6h", [variable(cfg, "node", "Node", "gpu_exporter_build_info")])
+    stale = cfg.stale_after
+    legend = f"{{{{{c}}}}} {{{{node}}}}"
+    board = (board
+             .with_panel(stat_panel(
+                 "Exporters up", f"Exporter scrape targets (job matching {cfg.exporter_job}) of the selected "
+                 "nodes that answered the last scrape; other targets such as kubelets do not count.",
+                 query(f"sum({jobsel('up')})"), w=6))
+             .with_panel(stat_panel("GPUs visible", "GPUs the exporters see now (gpu_exporter_gpus), all selected "
+                                    "nodes.", query(f"sum({sel('gpu_exporter_gpus')})"), w=6))
+             .with_panel(stat_panel("Training runs tracked", "Training runs (run, rank) whose snapshots the "
+                                    "exporters hold.", query(f"sum({sel('gpu_exporter_training_runs')})"), w=6))
+             .with_panel(stat_panel(
+                 "Newest sample age", f"Age of the newest NVML sample; /readyz fails when it grows past "
+                 f"stale_after ({stale:g} s by default); orange from half that.",
+                 query(f"max({sel('gpu_exporter_last_sample_age_seconds')})", "oldest node"), unit="s", w=6,
+                 thresholds=steps(("green", None), ("orange", stale / 2), ("red", stale))))
+             .with_panel(state_timeline(
+                 "Collector success", "1 while a collector's last run succeeded; a failing collector never fails "
+                 "the scrape, it shows here.", query(sel("gpu_exporter_collector_success"),
+                                                    f"{legend} {{{{collector}}}}"),
+                 unit="bool_on_off", thresholds=steps(("red", None), ("green", 1))))
+             .with_panel(timeseries("Collector duration", "Time each collector took on the last scrape.",
+                                    [query(sel("gpu_exporter_collector_duration_seconds"),
+                                           f"{legend} {{{{collector}}}}")], unit="s"))
+             .with_panel(timeseries(
+                 "NVML errors", "NVML calls that failed, by function and error, per interval.",
+                 [query(f"sum {cfg.by('node', 'function', 'error')} "
+                        f"(increase({sel('gpu_exporter_nvml_errors_total')}[$__rate_interval]))",
+                        f"{legend} {{{{function}}}}: {{{{error}}}}")], unit="none", bars=True))
+             .with_panel(timeseries(
+                 "Sample age and scrape duration", "Age of the newest NVML sample and the time Prometheus needed "
+                 "to scrape each exporter (exporter jobs only).",
+                 [query(sel("gpu_exporter_last_sample_age_seconds"), f"{legend} sample age"),
+                  query(jobsel("scrape_duration_seconds"), f"{legend} scrape duration")], unit="s"))
+             .with_panel(timeseries(
+                 "Training ingest", "Snapshots pushed by training jobs per second, by outcome (accepted, or the "
+                 "reason for rejection).",
+                 [query(f"sum {cfg.by('node', 'outcome')} "
+                        f"(rate({sel('gpu_exporter_ingest_requests_total')}[$__rate_interval]))",
+                        f"{legend} {{{{outcome}}}}")], unit="reqps"))
+             .with_panel(timeseries(
+                 "HTTP authentication failures", "Requests rejected for bad credentials, per interval.",
+                 [query(f"sum {cfg.by('node')} "
+                        f"(increase({sel('gpu_exporter_http_auth_failures_total')}[$__rate_interval]))", legend)],
+                 unit="none", bars=True))
+             .with_panel(table_panel(
+                 "Build info", "Exporter, Python and nvidia-ml-py versions per node.",
+                 [query(f"max {cfg.by('node', 'version', 'python_version', 'pynvml_version')} "
+                        f"({sel('gpu_exporter_build_info')})", "", instant=True, table_format=True)],
+                 w=24, h=6, merge=False, hide=("Value",))))
+    return board
+
+
+DASHBOARDS: dict[str, Callable[[Config], dash.Dashboard]] = {
+    "gpu-fleet-overview.json": fleet,
+    "gpu-node-detail.json": node_detail,
+    "gpu-training-run.json": training_run,
+    "gpu-exporter-health.json": exporter_health,
+}
+
+
+def generate(cfg: Config | None = None) -> dict[Path, str]:
+    """``{grafana/dashboards/<name>.json: JSON}`` for the four dashboards."""
+    cfg = Config.load() if cfg is None else cfg
+    return {OUT / name: render(build(cfg)) for name, build in DASHBOARDS.items()}

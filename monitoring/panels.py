@@ -1,0 +1,329 @@
+"""Panel helpers for the generated Grafana dashboards, on top of grafana-foundation-sdk builders.
+
+The problem: the four dashboards share one data source variable, one way to select a cluster/node/GPU,
+one set of utilization colours and a handful of panel shapes; written out by hand those repeated
+options were most of the JSON and drifted apart. Here each shape is one function, every number
+comes from the one config (:class:`Config`, read from ``exporter/gpu_exporter/thresholds.yml``), and
+:func:`render` turns a built dashboard into the committed JSON. Example::
+
+    cfg = Config.load()
+    panel = timeseries("Temperature", "GPU die temperature.", [query(cfg.sel("gpu_temperature_celsius"))],
+                       unit="celsius")
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gpu_exporter.config import SETTINGS
+from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, statetimeline, table
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import timeseries as ts
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
+
+from monitoring.rules import load_thresholds
+
+DATASOURCE_UID = "gpu-prometheus"
+"""The provisioned Prometheus (grafana/provisioning/datasources/prometheus.yml) the dashboards default to."""
+DATASOURCE = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAG = "gpu-exporter"
+
+P = TypeVar("P", ts.Panel, stat.Panel, bargauge.Panel, statetimeline.Panel, table.Panel)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The one config as the dashboards and Grafana alerts need it: raw text (for PromQL) and numbers."""
+
+    values: dict[str, str]
+
+    @classmethod
+    def load(cls, values: dict[str, str] | None = None) -> Config:
+        """Read thresholds.yml (or take ``values``, as :func:`monitoring.rules.load_thresholds` returns)."""
+        return cls(dict(load_thresholds() if values is None else values))
+
+    def text(self, key: str) -> str:
+        """The value as written in the config (for PromQL and durations); KeyError names the key."""
+        if key not in self.values:
+            raise KeyError(f"thresholds.yml lacks the key {key}")
+        return self.values[key]
+
+    def num(self, key: str) -> float:
+        """The value as a number; ValueError names the key."""
+        try:
+            return float(self.text(key))
+        except ValueError:
+            raise ValueError(f"thresholds.yml: {key} must be a number, got {self.text(key)!r}") from None
+
+    @property
+    def cluster(self) -> str:
+        """The label that names a cluster (config key ``cluster_label``)."""
+        return self.text("cluster_label")
+
+    @property
+    def exporter_job(self) -> str:
+        return self.text("exporter_job_regex")
+
+    @property
+    def stale_after(self) -> float:
+        """The exporter's default ``stale_after`` (seconds), when /readyz starts failing."""
+        return _setting("stale_after")
+
+    @property
+    def ingest_stale_after(self) -> float:
+        """The exporter's default ``ingest.stale_after_seconds``, when it drops a silent training rank."""
+        return _setting("ingest.stale_after_seconds")
+
+    def runbook(self, alert: str) -> str:
+        """The runbook URL of an alert, from ``runbook_url_pattern`` (``{anchor}``: the lower-cased name)."""
+        return self.text("runbook_url_pattern").format(anchor=alert.lower(), alert=alert)
+
+    def sel(self, metric: str, *labels: str, **fixed: str) -> str:
+        """``metric{cluster=~"$cluster", node=~"$node", ...}``: the cluster variable, then one ``=~"$x"``
+        per label in ``labels`` and one exact match per ``fixed`` item.
+
+        >>> Config({"cluster_label": "k8s_cluster"}).sel("gpu_info", "node", phase="data")
+        'gpu_info{k8s_cluster=~"$cluster", node=~"$node", phase="data"}'
+        """
+        matchers = [f'{self.cluster}=~"$cluster"', *(f'{name}=~"${name}"' for name in labels),
+                    *(f'{name}="{value}"' for name, value in fixed.items())]
+        return f"{metric}{{{', '.join(matchers)}}}"
+
+    def by(self, *labels: str) -> str:
+        """``by (cluster, node, ...)``: every aggregation keeps the cluster label apart."""
+        return f"by ({', '.join((self.cluster, *labels))})"
+
+    def on(self, *labels: str) -> str:
+        """``on (cluster, uuid)``: joins match within one cluster (an absent label matches absent)."""
+        return f"on ({', '.join((self.cluster, *labels))})"
+
+    def utilization_steps(self) -> dash.ThresholdsConfig:
+        """Red below ``utilization_low_threshold``, yellow below ``utilization_target``, green above."""
+        return steps(("red", None), ("yellow", self.num("utilization_low_threshold")),
+                     ("green", self.num("utilization_target")))
+
+
+def _setting(name: str) -> float:
+    return float(next(s.default for s in SETTINGS if s.key == name))
+
+
+# ------------------------------------------------------------------------------------------- pieces
+
+
+def steps(*pairs: tuple[str, float | None]) -> dash.ThresholdsConfig:
+    """Absolute threshold steps ``(colour, from value)``; the first one starts at ``None`` (-inf)."""
+    return (dash.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=value, color=color) for color, value in pairs]))
+
+
+def query(expr: str, legend: str = "__auto", *, instant: bool = False, table_format: bool = False
+          ) -> prometheus.Dataquery:
+    """One PromQL target: a range query by default, an instant one for bar gauges and tables."""
+    target = prometheus.Dataquery().expr(expr).legend_format(legend).editor_mode(pm.QueryEditorMode.CODE)
+    target = target.instant() if instant else target.range()
+    if table_format:
+        target = target.format(pm.PromQueryFormat.TABLE)
+    return target
+
+
+def link_url(uid: str, **variables: str) -> str:
+    """The URL of another generated dashboard, carrying the data source, the cluster and the time range."""
+    params = "".join(f"var-{name}={value}&" for name, value in
+                     {"datasource": "${datasource}", "cluster": "${cluster}", **variables}.items())
+    return f"/d/{uid}/{uid}?{params}${{__url_time_range}}"
+
+
+def link(title: str, uid: str, **variables: str) -> dash.DashboardLink:
+    """A data link to another generated dashboard (see :func:`link_url`)."""
+    return dash.DashboardLink(title).url(link_url(uid, **variables))
+
+
+def override(field_name: str, **props: Any) -> tuple[str, list[dm.DynamicConfigValue]]:
+    """Properties for one field (``custom_fillOpacity=0`` sets ``custom.fillOpacity``)."""
+    return field_name, [dm.DynamicConfigValue(id_val=key.replace("_", "."), value=value)
+                        for key, value in props.items()]
+
+
+DASHED = {"custom_fillOpacity": 0, "custom_lineStyle": {"dash": [10, 10], "fill": "dash"}}
+"""Override for reference lines (a limit, a total) drawn dashed and unfilled beside the measured series."""
+
+
+def _common(panel: P, title: str, description: str, targets: Sequence[prometheus.Dataquery], unit: str,
+            w: int, h: int) -> P:
+    panel = panel.title(title).description(description).datasource(DATASOURCE).unit(unit).span(w).height(h)
+    for ref, target in zip("ABCDEFGH", targets, strict=False):
+        panel = panel.with_target(target.ref_id(ref).datasource(DATASOURCE))
+    return panel
+
+
+def _ratio(panel: P, ratio: bool) -> P:
+    return panel.min(0).max(1) if ratio else panel
+
+
+# ------------------------------------------------------------------------------------------- panels
+
+
+def timeseries(title: str, description: str, targets: Sequence[prometheus.Dataquery], *, unit: str,
+               w: int = 12, h: int = 8, thresholds: dash.ThresholdsConfig | None = None,
+               threshold_style: cm.GraphThresholdsStyleMode = cm.GraphThresholdsStyleMode.OFF,
+               bars: bool = False, stacked: bool = False, fill: int | None = None,
+               dashed: str | None = None, links: Sequence[dash.DashboardLink] = ()) -> ts.Panel:
+    """A time series: lines (fill 10) or bars (fill 80), optionally stacked; a ratio unit fixes 0-1;
+    ``dashed`` names a regex of series drawn as dashed reference lines."""
+    panel = _common(ts.Panel(), title, description, targets, unit, w, h)
+    panel = _ratio(panel, unit == "percentunit")
+    panel = (panel.thresholds(thresholds or steps(("green", None)))
+             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
+             .draw_style(cm.GraphDrawStyle.BARS if bars else cm.GraphDrawStyle.LINE)
+             .line_width(1).fill_opacity(fill if fill is not None else 80 if bars else 10)
+             .show_points(cm.VisibilityMode.NEVER).span_nulls(False)
+             .thresholds_style(common.GraphThresholdsStyleConfig().mode(threshold_style))
+             .legend(common.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST)
+                     .placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+             .tooltip(common.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)))
+    if stacked:
+        panel = panel.stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
+    if dashed:
+        panel = panel.override_by_regexp(dashed, override("", **DASHED)[1])
+    if links:
+        panel = panel.data_links(list(links))
+    return panel
+
+
+def utilization_timeseries(cfg: Config, title: str, description: str, targets: Sequence[prometheus.Dataquery],
+                           **kwargs: Any) -> ts.Panel:
+    """A utilization time series with the low threshold drawn as a line over coloured bands."""
+    return timeseries(title, description, targets, unit="percentunit", thresholds=cfg.utilization_steps(),
+                      threshold_style=cm.GraphThresholdsStyleMode.LINE_AND_AREA, **kwargs)
+
+
+def stat_panel(title: str, description: str, target: prometheus.Dataquery, *, unit: str = "none",
+               w: int = 4, h: int = 5, thresholds: dash.ThresholdsConfig | None = None) -> stat.Panel:
+    """A big number (last value, with its sparkline) coloured by ``thresholds``."""
+    panel = _common(stat.Panel(), title, description, [target], unit, w, h)
+    return (_ratio(panel, unit == "percentunit").thresholds(thresholds or steps(("green", None)))
+            .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+            .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields(""))
+            .color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
+            .text_mode(cm.BigValueTextMode.AUTO).justify_mode(cm.BigValueJustifyMode.AUTO)
+            .orientation(cm.VizOrientation.AUTO))
+
+
+def bar_gauge(title: str, description: str, target: prometheus.Dataquery, *, unit: str = "percentunit",
+              w: int = 8, h: int = 8, thresholds: dash.ThresholdsConfig | None = None) -> bargauge.Panel:
+    """Horizontal gradient bars, one per series, of an instant query."""
+    panel = _common(bargauge.Panel(), title, description, [target], unit, w, h)
+    return (_ratio(panel, unit == "percentunit").thresholds(thresholds or steps(("green", None)))
+            .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+            .orientation(cm.VizOrientation.HORIZONTAL).display_mode(cm.BarGaugeDisplayMode.GRADIENT)
+            .show_unfilled(True)
+            .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields("")))
+
+
+def state_timeline(title: str, description: str, target: prometheus.Dataquery, *, unit: str,
+                   thresholds: dash.ThresholdsConfig, w: int = 12, h: int = 8, legend: bool = False,
+                   links: Sequence[dash.DashboardLink] = ()) -> statetimeline.Panel:
+    """One row per series, coloured by ``thresholds``; on/off signals merge equal neighbours."""
+    panel = _common(statetimeline.Panel(), title, description, [target], unit, w, h)
+    panel = (_ratio(panel, unit == "percentunit").thresholds(thresholds)
+             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+             .show_value(cm.VisibilityMode.NEVER).merge_values(unit != "percentunit")
+             .row_height(0.9 if unit == "percentunit" else 0.8).align_value(cm.TimelineValueAlignment.LEFT)
+             .legend(common.VizLegendOptions().show_legend(legend).display_mode(cm.LegendDisplayMode.LIST)
+                     .placement(cm.LegendPlacement.BOTTOM))
+             .tooltip(common.VizTooltipOptions().mode(cm.TooltipDisplayMode.SINGLE).sort(cm.SortOrder.NONE)))
+    return panel.data_links(list(links)) if links else panel
+
+
+def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataquery], *, unit: str = "none",
+                w: int = 12, h: int = 8, merge: bool = True, hide: Sequence[str] = (),
+                order: Sequence[str] = (), rename: dict[str, str] | None = None,
+                overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
+                sort_by: str | None = None) -> table.Panel:
+    """Instant queries in table format, merged on their common labels into one row per series;
+    ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value)."""
+    panel = _common(table.Panel(), title, description, targets, unit, w, h)
+    panel = (panel.thresholds(steps(("green", None)))
+             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
+             .show_header(True).cell_height(cm.TableCellHeight.SM))
+    if sort_by:
+        panel = panel.sort_by([common.TableSortByFieldState().display_name(sort_by).desc(False)])
+    transformations = [dm.DataTransformerConfig(id_val="merge", options={})] if merge else []
+    transformations.append(dm.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {name: True for name in ("Time", "__name__", "instance", "job", *hide)},
+        "indexByName": {name: i for i, name in enumerate(order)},
+        "renameByName": rename or {}}))
+    panel = panel.transformations(transformations)
+    for name, props in overrides:
+        panel = panel.override_by_name(name, props)
+    return panel
+
+
+# ------------------------------------------------------------------------------------------ dashboard
+
+
+def variable(cfg: Config, name: str, label: str, metric: str, *parents: str, multi: bool = True
+             ) -> dash.QueryVariable:
+    """A query variable ``label_values(metric{cluster, parents...}, name)``; multi-value ones offer All
+    (``.*``, which also matches series without the label)."""
+    source = cfg.sel(metric, *parents)
+    var = (dash.QueryVariable(name).label(label).datasource(DATASOURCE)
+           .query({"query": f"label_values({source}, {name})", "refId": f"{name}-variable", "qryType": 1})
+           .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+           .multi(multi).include_all(multi))
+    return var.all_value(".*") if multi else var
+
+
+def dashboard(cfg: Config, uid: str, title: str, description: str, time_from: str,
+              variables: Sequence[dash.QueryVariable]) -> dash.Dashboard:
+    """A dashboard with the shared frame: tag, links to its siblings, the data source and cluster
+    variables (cluster values from ``gpu_exporter_build_info``), then ``variables``."""
+    cluster = (dash.QueryVariable("cluster").label("Cluster").datasource(DATASOURCE)
+               .query({"query": f"label_values(gpu_exporter_build_info, {cfg.cluster})",
+                       "refId": "cluster-variable", "qryType": 1})
+               .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+               .multi(True).include_all(True).all_value(".*")
+               .description(f"Values of the {cfg.cluster} label; All also matches series without it."))
+    board = (dash.Dashboard(title).uid(uid).description(description).tags([TAG]).editable()
+             .tooltip(dm.DashboardCursorSync.CROSSHAIR).timezone("browser").refresh("30s")
+             .time(f"now-{time_from}", "now")
+             .link(dash.DashboardLink("GPU dashboards").type(dm.DashboardLinkType.DASHBOARDS)
+                   .tags([TAG]).as_dropdown(False).include_vars(False).keep_time(True).target_blank(False)
+                   .icon("external link"))
+             .with_variable(dash.DatasourceVariable("datasource").label("Data source").type("prometheus")
+                            .current(dm.VariableOption(selected=True, text="Prometheus", value=DATASOURCE_UID)))
+             .with_variable(cluster))
+    for var in variables:
+        board = board.with_variable(var)
+    return board
+
+
+def render(board: dash.Dashboard) -> str:
+    """The dashboard as committed JSON: panels numbered in order (ids 1..n, rows included, so Grafana
+    alerts can name a panel), and no table ``options.footer`` (absent from Grafana 13's schema)."""
+    model: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    for number, panel in enumerate(model["panels"], start=1):
+        panel["id"] = number
+        if panel["type"] == "table":
+            panel.get("options", {}).pop("footer", None)
+    return json.dumps(model, indent=2) + "\n"
+
+
+def panel_id(text: str, title: str) -> int:
+    """The id of the panel titled ``title`` in a rendered dashboard; KeyError when there is none."""
+    for panel in json.loads(text)["panels"]:
+        if panel["title"] == title:
+            return int(panel["id"])
+    raise KeyError(f"no panel titled {title!r}")
+
+
+def squash(expr: str) -> str:
+    """Whitespace-insensitive form of a PromQL expression, for comparisons."""
+    return re.sub(r"\s+", "", expr)
