@@ -1,7 +1,9 @@
 """The wire contract between the training library and the exporter's ingest endpoint.
 
-Both sides import these constants, so the phase names, the label charset and the schema
-version cannot drift apart. Example::
+The library uses all of these; the exporter's ingest (gpu_exporter.ingest) imports
+SCHEMA_VERSION and check_label, so the schema version and the label charset cannot drift
+apart. The HTTP server names the ingest route itself; tests/test_training_load.py checks
+that it equals INGEST_PATH. Example::
 
     >>> from gpu_exporter.training.protocol import LABEL_RE
     >>> bool(LABEL_RE.fullmatch("resnet50-lr3e-4"))

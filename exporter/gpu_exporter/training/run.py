@@ -6,8 +6,12 @@ change is bracketed by two increments of ``Run._seq`` (odd while a change is in 
 a seqlock: the pusher thread copies the state and keeps the copy only if ``_seq`` was even
 and unchanged across the copy, else it copies again. A torn copy could otherwise count the
 time since the last change twice and make a counter go down in the next snapshot, which the
-exporter rejects. Under the GIL every attribute store is atomic and seen in program order,
-so this is enough; the writer never waits for the reader.
+exporter rejects. The writer reads the clock only *after* marking the change in progress:
+a reader whose copy survives the check read its clock before the mark, so before the
+writer's clock, and never extends the open phase past the instant the writer then records.
+(Reading the clock first let a reader slip in between, report more time than the writer
+then stored, and the next snapshot went down.) Under the GIL every attribute store is atomic
+and seen in program order, so this is enough; the writer never waits for the reader.
 
 Example::
 
@@ -67,13 +71,13 @@ class Phase:
 
     def __enter__(self) -> Phase:
         run = self._run
-        now = perf_counter()
         current = run._current
         if current is self:  # re-entered while already current: only count the depth
             self._depth += 1
             return self
         seq = run._seq + 1
-        run._seq = seq  # odd: change in progress
+        run._seq = seq  # odd: change in progress; only now read the clock (module docstring)
+        now = perf_counter()
         current.seconds += now - run._since
         run._since = now
         self._prev = current
@@ -89,9 +93,9 @@ class Phase:
             return
         if run._current is not self:  # exited out of order: leave the state alone
             return
-        now = perf_counter()
         seq = run._seq + 1
-        run._seq = seq
+        run._seq = seq  # odd first, then the clock: see the module docstring
+        now = perf_counter()
         self.seconds += now - run._since
         run._since = now
         run._current = self._prev  # type: ignore[assignment]  # set on enter, never None here
