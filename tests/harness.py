@@ -16,9 +16,9 @@ from typing import Any
 from gpu_exporter import simulate
 from gpu_exporter.app import POLLING_COLLECTORS
 from gpu_exporter.collectors.health import HealthCollector
+from gpu_exporter.exposition import exposition
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.server import exposition
 from prometheus_client.parser import text_string_to_metric_families
 
 SCENARIOS = Path(simulate.__file__).parent / "scenarios"

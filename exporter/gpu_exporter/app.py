@@ -11,9 +11,10 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import fields
 from typing import Any
+
+import prometheus_client
 
 from gpu_exporter.collectors.base import PollingCollector
 from gpu_exporter.collectors.device import DeviceCollector
@@ -25,10 +26,11 @@ from gpu_exporter.collectors.processes import ProcessCollector
 from gpu_exporter.collectors.utilization import UtilizationCollector
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import Config
+from gpu_exporter.exposition import Source
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.server import MetricsServer, Source
+from gpu_exporter.server import Limits, MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class Exporter:
         sources: list[Source] = [*polling]
         sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
         sources.append(self.health)
+        sources.append(prometheus_client.ProcessCollector(registry=None))  # process_*: CPU, memory, open files
         self.sources = sources
         self.server: MetricsServer | None = None
 
@@ -107,11 +110,15 @@ class Exporter:
             ssl_context = web.ssl_context()
             check_auth = web.check_auth if web.basic_auth_users else None
             headers = web.headers
+            if check_auth is not None and self.training is not None and not self.config.ingest_token_file:
+                log.warning("basic auth protects %s, but training ingest (POST /api/v1/training) accepts "
+                            "pushes from anyone: set ingest.token_file, or ingest.enabled: false",
+                            self.config.web_telemetry_path)
         self.server = MetricsServer(
             self.config.listen_host_port, self.sources, ready=self.ready,
             telemetry_path=self.config.web_telemetry_path, ingest=self.training,
             ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure,
-            headers=headers)
+            headers=headers, limits=Limits.from_config(self.config))
         self.sampler.poll_once()
         self.sampler.start()
         if self.xid is not None:
@@ -134,11 +141,3 @@ class Exporter:
             if part is not None:
                 part.stop()
         self.sampler.stop()
-
-    def serve_until(self, stop: threading.Event) -> None:
-        """Start, block until ``stop`` is set, then stop."""
-        self.start()
-        try:
-            stop.wait()
-        finally:
-            self.stop()

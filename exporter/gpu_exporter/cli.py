@@ -59,21 +59,26 @@ def _serve(args: argparse.Namespace) -> int:
     from gpu_exporter.nvml import DriverNotFound
     from gpu_exporter.server import AddressInUse
 
+    # Until the exporter serves, SIGTERM and SIGINT keep their default action: a slow start (bcrypt
+    # hashing, TLS setup, a hanging file) ends at once instead of after the slow step returns.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         exporter = Exporter(config)
+        exporter.start()
+    except DriverNotFound as err:
+        return _fail(str(err), 1)
+    except AddressInUse as err:
+        return _fail(str(err), 1)
     except ValueError as err:  # a bad scenario or web config file
         return _fail(str(err), 2)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        exporter.serve_until(stop)
-    except DriverNotFound as err:
-        return _fail(str(err), 1)
-    except AddressInUse as err:
-        return _fail(str(err), 1)
-    except ValueError as err:
-        return _fail(str(err), 2)
+        stop.wait()
+    finally:
+        exporter.stop()
     return 0
 
 
@@ -87,11 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.",
-        epilog="Without a sub-command it serves metrics: see 'gpu-exporter serve --help' for every flag.")
+        epilog="Without a sub-command it serves metrics: see 'gpu-exporter serve --help' for every flag.",
+        allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     sub = parser.add_subparsers(dest="command")
     for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         add_arguments(sp)
         sp.set_defaults(run=run)
     return parser

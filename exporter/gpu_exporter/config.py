@@ -167,6 +167,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("web.telemetry_path", _telemetry_path, "/metrics", "path of the metrics endpoint", "PATH"),
     Setting("web.config_file", _optional_path, None,
             "exporter-toolkit web config file (TLS, basic auth)", "FILE", "--web.config.file"),
+    Setting("web.max_requests", _positive_int, 40, "most requests served at once; more get 503", "N"),
+    Setting("web.max_connections", _positive_int, 128,
+            "most open connections, one thread each; at the limit the longest-idle one is closed", "N"),
+    Setting("web.listen_backlog", _positive_int, 128, "connections the kernel queues before they are accepted",
+            "N"),
+    Setting("web.read_timeout", _positive_float, 10.0,
+            "seconds a client has to send a whole request, and to take each part of the response", "SECONDS"),
+    Setting("web.idle_timeout", _positive_float, 120.0,
+            "seconds a kept-alive connection may wait for its next request", "SECONDS"),
     Setting("poll_interval", _positive_float, 1.0,
             "seconds between NVML polls; keep it well below the scrape interval", "SECONDS"),
     Setting("discovery_interval", _positive_float, 30.0,
@@ -210,6 +219,11 @@ class Config:
     web_listen_address: str
     web_telemetry_path: str
     web_config_file: str | None
+    web_max_requests: int
+    web_max_connections: int
+    web_listen_backlog: int
+    web_read_timeout: float
+    web_idle_timeout: float
     poll_interval: float
     discovery_interval: float
     stale_after: float

@@ -5,6 +5,20 @@ calls NVML. Basic auth and TLS come from an exporter-toolkit web config file; th
 endpoints and the ingest endpoint (which has its own bearer token) are exempt from basic auth
 so that orchestrator probes and training jobs need no scrape credentials.
 
+The node network is untrusted, so every resource a client can hold is bounded (``web.*`` keys):
+
+- connections (``max_connections``; each holds a thread): at the bound the longest-idle
+  connection is closed to make room; when none is idle the new connection is closed at once;
+- requests served at once (``max_requests``): excess ones get 503; health probes are exempt;
+- time: a request must arrive whole within ``read_timeout`` of its first byte, and a
+  kept-alive connection may wait ``idle_timeout`` for its next request;
+- framing: Content-Length must be plain ASCII digits, and a request with both
+  Transfer-Encoding and Content-Length gets 400, so no body can pass as a second request.
+
+Every refusal is counted in ``gpu_exporter_http_rejected_total{reason}`` and logged (at most
+once per 10 s per reason). Each response leaves in one write, so Nagle's algorithm never holds
+a body back behind its headers on a kept-alive connection.
+
 Example::
 
     server = MetricsServer(("127.0.0.1", 9445), sources, ready=lambda: (True, "ok"))
@@ -13,29 +27,34 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import math
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from gpu_exporter.collectors.base import render
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_exporter.config import DEFAULTS, Config
+from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Source, encode, exposition
 
 log = logging.getLogger(__name__)
 
 INGEST_PATH = "/api/v1/training"
-CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
-
-
-class Source(Protocol):
-    """Anything with ``collect()`` (a prometheus_client Collector); polling collectors also
-    carry a pre-rendered ``exposition``."""
-
-    def collect(self) -> Iterable[Any]: ...
+HEALTH_PATHS = ("/healthz", "/readyz")
+REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "open_files")
+"""Every value of the ``reason`` label of gpu_exporter_http_rejected_total."""
+LOG_EVERY_SECONDS = 10.0
+_MAX_LENGTH_DIGITS = 18  # 1 EB; more digits is an attack, not a body
+_DISCARD_LIMIT = 65536  # an unexpected body up to this size is read and dropped to keep the connection
 
 
 class Ingest(Protocol):
@@ -53,17 +72,45 @@ class AddressInUse(RuntimeError):
     """The listen address is taken or cannot be bound; the message says how to fix it."""
 
 
-def exposition(sources: Sequence[Source]) -> bytes:
-    """Text exposition of every source, using pre-rendered text where a source has it."""
-    parts = []
-    for source in sources:
-        cached = getattr(source, "exposition", None)
-        parts.append(cached if isinstance(cached, bytes) else render(source.collect()))
-    return b"".join(parts)
+@dataclass(frozen=True)
+class Limits:
+    """The server's bounds; defaults and help live in config.SETTINGS (keys ``web.<field>``).
+
+    >>> Limits.from_config(DEFAULTS).max_requests
+    40
+    """
+
+    max_requests: int
+    max_connections: int
+    listen_backlog: int
+    read_timeout: float
+    idle_timeout: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> Limits:
+        web = config.section("web")
+        return cls(**{f.name: web[f.name] for f in fields(cls)})
+
+
+@dataclass
+class _Connection:
+    """Bookkeeping of one open connection: a deadline, and whether it waits idle between requests."""
+
+    sock: socket.socket
+    idle: bool
+    since: float
+    deadline: float = math.inf
+    expired: bool = False
+
+
+def _shutdown(sock: socket.socket) -> None:
+    """Wake the connection's thread with end-of-file; the thread itself closes the socket."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, also for TLS: no TLS alert
 
 
 class MetricsServer(ThreadingHTTPServer):
-    """A threading HTTP(S) server for the exporter's endpoints."""
+    """A threading HTTP(S) server for the exporter's endpoints; also a collector of its own counters."""
 
     daemon_threads = True
     block_on_close = False
@@ -73,14 +120,23 @@ class MetricsServer(ThreadingHTTPServer):
                  ingest: Ingest | None = None, ssl_context: ssl.SSLContext | None = None,
                  check_auth: Callable[[str | None], bool] | None = None,
                  on_auth_failure: Callable[[], None] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        self.sources = sources
+                 headers: dict[str, str] | None = None, limits: Limits | None = None) -> None:
+        self.sources: list[Source] = [*sources, self]
         self.extra_headers = dict(headers or {})
         self.ready = ready
         self.telemetry_path = telemetry_path
+        self.get_paths = {telemetry_path, "/", *HEALTH_PATHS}
         self.ingest = ingest
         self.check_auth = check_auth
         self.on_auth_failure = on_auth_failure
+        self.limits = limits or Limits.from_config(DEFAULTS)
+        self.request_queue_size = self.limits.listen_backlog
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._slots = threading.BoundedSemaphore(self.limits.max_requests)
+        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._unlogged = dict.fromkeys(REJECT_REASONS, 0)
+        self._last_log = dict.fromkeys(REJECT_REASONS, -math.inf)
         host, port = address
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         if host == "":
@@ -111,25 +167,240 @@ class MetricsServer(ThreadingHTTPServer):
         thread.start()
         return thread
 
+    # -- bounds ---------------------------------------------------------------------------------
+
+    def reject(self, reason: str, message: str) -> None:
+        """Count a refusal and log it, at most once per LOG_EVERY_SECONDS per reason."""
+        now = time.monotonic()
+        with self._lock:
+            self._rejected[reason] += 1
+            if now - self._last_log[reason] < LOG_EVERY_SECONDS:
+                self._unlogged[reason] += 1
+                return
+            self._last_log[reason], more, self._unlogged[reason] = now, self._unlogged[reason], 0
+        log.warning("HTTP: %s%s", message, f" ({more} more since the last such message)" if more else "")
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as err:
+            if err.errno in (errno.EMFILE, errno.ENFILE):
+                self.reject("open_files", f"cannot accept a connection: {err.strerror}; raise the open-file "
+                                          "limit or lower web.max_connections")
+                with self._lock:
+                    victim = self._take_idle()
+                if victim is not None:
+                    _shutdown(victim.sock)  # frees its descriptor when its thread ends
+                time.sleep(0.1)  # the listening socket stays readable: do not spin
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            full = len(self._connections) >= self.limits.max_connections
+            victim = self._take_idle() if full else None
+            if not full or victim is not None:
+                self._connections[request] = _Connection(request, idle=True, since=time.monotonic())
+        if victim is not None:
+            log.debug("closed the longest-idle connection to make room for %s", client_address[0])
+            _shutdown(victim.sock)
+        elif full:
+            self.reject("max_connections", f"closed a new connection from {client_address[0]}: all "
+                                           f"{self.limits.max_connections} connections are busy (web.max_connections)")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def _take_idle(self) -> _Connection | None:
+        """Forget the longest-idle connection and return it (None when none is idle); hold the lock."""
+        idle = [c for c in self._connections.values() if c.idle]
+        if not idle:
+            return None
+        victim = min(idle, key=lambda c: c.since)
+        del self._connections[victim.sock]
+        return victim
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self._connections.pop(request, None)
+
+    def phase(self, sock: socket.socket, *, idle: bool, timeout: float = math.inf) -> bool:
+        """Mark a connection idle (between requests) or busy, with a deadline; False once it was closed."""
+        now = time.monotonic()
+        with self._lock:
+            conn = self._connections.get(sock)
+            if conn is None or conn.expired:
+                return False
+            conn.idle, conn.since, conn.deadline = idle, now, now + timeout
+            return True
+
+    def expired(self, sock: socket.socket) -> bool:
+        with self._lock:
+            conn = self._connections.get(sock)
+            return conn is None or conn.expired
+
+    def service_actions(self) -> None:
+        """Close connections past their read deadline (called by serve_forever every half second)."""
+        now = time.monotonic()
+        with self._lock:
+            late = [c for c in self._connections.values() if c.deadline < now and not c.expired]
+            for conn in late:
+                conn.expired = True
+        for conn in late:
+            self.reject("read_timeout", f"closed a connection: its request did not arrive within "
+                                        f"{self.limits.read_timeout:g}s (web.read_timeout)")
+            _shutdown(conn.sock)
+
+    def try_begin(self) -> bool:
+        """Take one of ``max_requests`` slots; False when all are taken."""
+        return self._slots.acquire(blocking=False)
+
+    def end(self) -> None:
+        self._slots.release()
+
+    # -- the server's own metrics ---------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """gpu_exporter_http_* families (the server is one of its own sources)."""
+        with self._lock:
+            rejected, open_now = dict(self._rejected), len(self._connections)
+        counter = CounterMetricFamily("gpu_exporter_http_rejected",
+                                      "HTTP requests and connections refused, by reason.", labels=["reason"])
+        for reason, count in rejected.items():
+            counter.add_metric([reason], count)
+        yield counter
+        yield GaugeMetricFamily("gpu_exporter_http_connections",
+                                "HTTP connections open now (each holds a thread).", value=open_now)
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     protocol_version = "HTTP/1.1"
     server_version = "gpu-exporter"
+    _served = False
+    _body_length: int | None = 0  # None: a Transfer-Encoding body of unknown length
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
+    # -- one request ----------------------------------------------------------------------------
+
+    def handle_one_request(self) -> None:
+        limits, sock = self.server.limits, self.request
+        self.close_connection = True
+        self.connection.settimeout(limits.idle_timeout if self._served else limits.read_timeout)
+        try:
+            if not self.rfile.peek(1):  # type: ignore[attr-defined]
+                return
+        except OSError:  # timeout, reset, TLS handshake failure, or closed to make room
+            return
+        if not self.server.phase(sock, idle=False, timeout=limits.read_timeout):
+            return
+        self.connection.settimeout(limits.read_timeout)
+        self._served = True
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if self.server.expired(sock) or not self.raw_requestline.endswith(b"\n"):
+                return
+            if len(self.raw_requestline) > 65536:
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if not self.parse_request() or self.server.expired(sock):
+                return
+            self._dispatch()
+        finally:
+            if not self.close_connection:
+                self.close_connection = not self.server.phase(sock, idle=True)
+
+    def _dispatch(self) -> None:
+        problem = self._framing()
+        if problem is not None:
+            self.send_error(HTTPStatus.BAD_REQUEST, problem)
+            return
+        if self.command != "POST":
+            self._drop_body()
+            self._received()
+        path = self.path.split("?", 1)[0]
+        allowed = ("POST",) if path == INGEST_PATH else ("GET", "HEAD")
+        if self.command not in allowed and (self.command not in ("GET", "HEAD", "POST") or path in self.server.get_paths
+                                            or path == INGEST_PATH):
+            self._drop_body()
+            self._send(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here\n".encode(),
+                       headers={"Allow": ", ".join(allowed)})
+            return
+        if path in HEALTH_PATHS:
+            self.do_GET()
+            return
+        if not self.server.try_begin():
+            self.server.reject("max_requests", f"answered 503 to {self.client_address[0]}: "
+                                               f"{self.server.limits.max_requests} requests in flight "
+                                               "(web.max_requests)")
+            self._drop_body()
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"too many requests in flight; retry later\n",
+                       headers={"Retry-After": "1"})
+            return
+        try:
+            if self.command == "POST":
+                self.do_POST()
+            else:
+                self.do_GET()
+        finally:
+            self.server.end()
+
+    def _framing(self) -> str | None:
+        """Check how the body is delimited; a message for a 400, or None (``_body_length`` is set)."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if self.headers.get_all("Transfer-Encoding"):
+            if lengths:
+                return "a request must not carry both Transfer-Encoding and Content-Length"
+            self._body_length = None
+            return None
+        if len(lengths) > 1:
+            return "a request must carry at most one Content-Length header"
+        text = lengths[0].strip() if lengths else "0"
+        if not (text.isascii() and text.isdigit()) or len(text) > _MAX_LENGTH_DIGITS:
+            return f"Content-Length must be at most {_MAX_LENGTH_DIGITS} ASCII digits"
+        self._body_length = int(text)
+        return None
+
+    def _drop_body(self) -> None:
+        """Read and drop a body the route does not use; close the connection when that is unsafe."""
+        length = self._body_length
+        if length is None or length > _DISCARD_LIMIT:
+            self.close_connection = True
+        elif length:
+            self.rfile.read(length)
+        self._body_length = 0
+
+    def _received(self) -> None:
+        """The whole request is in: its read deadline no longer applies."""
+        self.server.phase(self.request, idle=False)
+
+    # -- responses ------------------------------------------------------------------------------
+
     def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
               headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in {**self.server.extra_headers, **(headers or {})}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        """Write status line, headers and body with one write."""
+        code = HTTPStatus(status)
+        lines = [f"HTTP/1.1 {code.value} {code.phrase}", f"Server: {self.server_version}",
+                 f"Date: {self.date_time_string()}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+        lines += [f"{name}: {value}" for name, value in {**self.server.extra_headers, **(headers or {})}.items()]
+        if self.close_connection:
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.wfile.write(head if self.command == "HEAD" else head + body)
+        self.log_request(code.value, len(body))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A one-line text error, counted as ``bad_request``; the connection closes after it."""
+        self.close_connection = True
+        status = HTTPStatus(code)
+        text = message or status.phrase
+        if 400 <= status < 500:
+            self.server.reject("bad_request", f"answered {status.value} to {self.client_address[0]}: {text}")
+        self._send(status, text.encode("utf-8", "replace") + b"\n")
 
     def _authorized(self) -> bool:
         check = self.server.check_auth
@@ -141,6 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
                    headers={"WWW-Authenticate": 'Basic realm="gpu-exporter"'})
         return False
 
+    # -- routes ---------------------------------------------------------------------------------
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
@@ -151,7 +424,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif not self._authorized():
             return
         elif path == self.server.telemetry_path:
-            self._send(HTTPStatus.OK, exposition(self.server.sources), CONTENT_TYPE_LATEST)
+            body, encoding = encode(exposition(self.server.sources), self.headers.get("Accept-Encoding"))
+            headers = {"Vary": "Accept-Encoding"}
+            if encoding is not None:
+                headers["Content-Encoding"] = encoding
+            self._send(HTTPStatus.OK, body, CONTENT_TYPE_LATEST, headers)
         elif path == "/":
             page = (f"<html><head><title>GPU utilization exporter</title></head><body>"
                     f"<h1>GPU utilization exporter</h1><p><a href=\"{self.server.telemetry_path}\">Metrics</a> "
@@ -167,24 +444,26 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         ingest = self.server.ingest
         if path != INGEST_PATH or ingest is None:
+            self._drop_body()
             self._send(HTTPStatus.NOT_FOUND, b"Not found (training ingest is at POST /api/v1/training "
                                              b"and may be disabled by ingest.enabled)\n")
             return
-        length_header = self.headers.get("Content-Length")
-        if length_header is None or not length_header.isdigit():
+        length = self._body_length
+        if length is None or "Content-Length" not in self.headers:
             ingest.count_rejection("length_required")
-            self._send(HTTPStatus.LENGTH_REQUIRED, b"a Content-Length header is required\n",
-                       headers={"Connection": "close"})
             self.close_connection = True
+            self._send(HTTPStatus.LENGTH_REQUIRED, b"a Content-Length header is required\n")
             return
-        length = int(length_header)
         if length > ingest.max_body_bytes:
             ingest.count_rejection("too_large")
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                       f"snapshot of {length} bytes exceeds the limit of {ingest.max_body_bytes}\n".encode(),
-                       headers={"Connection": "close"})
             self.close_connection = True
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                       f"snapshot of {length} bytes exceeds the limit of {ingest.max_body_bytes}\n".encode())
             return
         body = self.rfile.read(length)
+        if len(body) < length:  # the client went away or the read deadline passed
+            self.close_connection = True
+            return
+        self._received()
         status, reason = ingest.handle_push(body, self.headers.get("Content-Type"), self.headers.get("Authorization"))
         self._send(status, reason.encode() + b"\n")

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
 
+from gpu_exporter.exposition import render
 from gpu_exporter.nvml import CallFailed, Gpu, GpuLost, Nvml
 
 log = logging.getLogger(__name__)
@@ -66,21 +66,6 @@ class Families:
     def collect(self) -> list[Metric]:
         """The families that received at least one sample."""
         return [f for f in self._families.values() if f.samples]
-
-
-class _FamilyList:
-    """Adapter so prometheus_client's ``generate_latest`` can render a plain list of families."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
-def render(families: Iterable[Metric]) -> bytes:
-    """Prometheus text exposition (format 0.0.4) of ``families``."""
-    return generate_latest(_FamilyList(families))
 
 
 class PollingCollector:
