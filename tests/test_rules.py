@@ -28,15 +28,17 @@ CONTRACT_RECORDS = {
     "gpu:gpu_utilization:avg5m", "gpu:gpu_utilization:avg1h", "gpu:gpu_memory_used:ratio",
     "run:gpu_training_phase:share5m", "node:gpu_utilization:avg5m", "model:gpu_utilization:avg5m",
     "namespace:gpu_utilization:avg5m", "gpu:gpu_underutilized:bool5m", "node:gpu_idle_hours:increase1h",
+    "gpu:gpu_has_work:bool", "run:gpu_training_cause:share", "run:gpu_training_cause:projected_utilization",
 }
 EXPECTED_ALERTS = {
     "GpuUtilizationLow", "GpuIdleButAllocated", "GpuTrainingInputBound", "GpuTrainingMetricsBound",
     "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing", "GpuMemoryNearlyFull", "GpuExporterDown",
+    "GpuTrainingCheckpointBound", "GpuTrainingBelowTarget",
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
     "GpuMissing",
 }
 CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
-                  "GpuMemoryAllocatorThrashing": "M4", "GpuMemoryNearlyFull": "M4"}
+                  "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK"}
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
@@ -138,7 +140,9 @@ def test_alert_set_and_conventions() -> None:
         assert "{{" in ann["description"], f"{name}: description must be templated"
         assert ann["runbook_url"] == RUNBOOK_BASE + name.lower(), name
         if name in CAUSE_REMEDIES:
-            assert rule["labels"]["remedy"] == CAUSE_REMEDIES[name]
+            # Cause alerts read only the generated cause series, which carry the code and remedy labels.
+            assert rule["expr"].startswith(f'run:gpu_training_cause:share{{cause="'), name
+            assert 'level="low"' in rule["expr"] and rule["labels"]["severity"] == "warning", name
             assert f"{CAUSE_REMEDIES[name]}:" in ann["description"], f"{name}: description must name the remedy"
 
 
@@ -172,6 +176,26 @@ def test_every_alert_has_silent_and_firing_promtool_tests() -> None:
     names = set(alerts())
     assert not names - silent, f"alerts without a not-firing promtool test: {sorted(names - silent)}"
     assert not names - firing, f"alerts without a firing promtool test: {sorted(names - firing)}"
+
+
+def test_info_alert_carries_every_cause_below_target() -> None:
+    below = [rule for rule in rules("alert") if rule["alert"] == "GpuTrainingBelowTarget"]
+    from gpu_exporter.causes import CAUSES
+    assert sorted(rule["labels"]["cause"] for rule in below) == sorted(c.cause for c in CAUSES)
+    for rule in below:
+        assert rule["labels"]["severity"] == "info"
+        assert 'level="target"' in rule["expr"] and rule["expr"].startswith("run:gpu_training_cause:share{")
+
+
+def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:
+    gen = load_generator()
+    values = dict(gen.load_thresholds(), cluster_label="region",
+                  runbook_url_pattern="https://wiki.example.com/gpu/{anchor}")
+    text = "".join(gen.generate(values).values())
+    assert "runbook_url: https://wiki.example.com/gpu/gpuutilizationlow" in text
+    assert "github.com" not in text
+    assert "on (region, uuid)" in text and "by (region, uuid)" in text
+    assert "on (uuid)" not in text and "by (uuid)" not in text and "by (node)" not in text
 
 
 def test_anchor_helper_matches_github_style() -> None:
