@@ -1,16 +1,23 @@
-"""The README's promises: its training script runs against a real exporter and its numbers arrive."""
+"""The README's promises: its training script runs against a real exporter and its numbers arrive,
+and its CPU demo block, run as written, shows the input-bound verdict (M1) and then the fix."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from gpu_exporter.thresholds import load_thresholds
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, http_get, run_exporter, wait_until
+from servers import exporter_env, free_port, http_get, run_exporter, wait_until
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+DEMO_HEADING = "### The demo, on a machine without a GPU"
 
 
 def test_readme_opens_with_the_two_commands() -> None:
@@ -46,3 +53,94 @@ def test_readme_training_script_reports_phases(tmp_path: Path) -> None:
     assert {"data", "compute", "metrics", "other"} <= shares.keys()
     assert shares["compute"] > 0 and shares["metrics"] > 0 and shares["data"] > 0
     assert steps == [3 * 4096 // 64]  # 3 epochs of 64 batches, all delivered by the final push
+
+
+def readme_block(heading: str, language: str = "sh") -> str:
+    """The first ``language`` code block after ``heading`` in the README, verbatim."""
+    text = README.read_text()
+    start = text.index(heading)
+    block = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
+    assert block is not None, f"no {language} block after {heading!r}"
+    return block.group(1)
+
+
+def _isolated_loopback() -> list[str] | None:
+    """argv prefix running a command in its own network namespace with only loopback up, so the
+    README's fixed port 9445 is free whatever else runs on this machine; None where not allowed."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if unshare is None or ip is None:
+        return None
+    probe = subprocess.run([unshare, "--net", "--map-root-user", ip, "link", "set", "lo", "up"],
+                           capture_output=True, check=False)
+    if probe.returncode != 0:
+        return None
+    return [unshare, "--net", "--map-root-user", "bash", "-c", f'{ip} link set lo up && exec bash "$0"']
+
+
+def _phase_shares(line: str) -> dict[str, float]:
+    return {m.group(1): int(m.group(2)) / 100 for m in re.finditer(r"(\w+) (\d+)%", line)}
+
+
+@pytest.mark.slow
+def test_readme_cpu_demo_runs_as_written_and_shows_input_bound(tmp_path: Path) -> None:
+    """Runs the README's demo block verbatim with bash in the repository root (in a private network
+    namespace when the machine allows one, else with 9445 replaced by a free port: the only change)."""
+    block = readme_block(DEMO_HEADING)
+    repo = README.parent
+    assert (repo / ".venv" / "bin" / "activate").exists(), "the demo runs in .venv (bash tests/run.sh makes it)"
+    prefix = _isolated_loopback()
+    if prefix is None:
+        block = block.replace("9445", str(free_port()))
+        prefix = ["bash"]
+    script = tmp_path / "demo.sh"
+    script.write_text(block)
+    env = exporter_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.Popen([*prefix, str(script)], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail("the README demo did not finish within 300 s:\n" + out)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    limit = load_thresholds().input_bound_share
+    shares = [_phase_shares(line) for line in out.splitlines() if line.startswith("time per phase:")]
+    assert len(shares) == 2, out
+    slow, fixed = shares
+    assert slow["data"] > limit + 0.2, out     # well above the M1 limit, not at its edge
+    assert fixed["data"] < limit / 2, out
+    # diagnose prints one block per GPU ("GPU 0 ..."): the first run is judged input-bound, the fixed one not
+    verdicts = re.split(r"^GPU 0 ", out, flags=re.M)[1:]
+    assert len(verdicts) == 2, out
+    assert "M1" in verdicts[0] and "input-bound" in verdicts[0], out
+    assert "M1" not in verdicts[1].split("time per phase")[0], out
+    assert "cannot tell which GPU" not in out, out  # the UUID wiring worked: no warning from the library
+    assert "+cpu" in subprocess.run([str(repo / ".venv" / "bin" / "python"), "-c",
+                                     "import torch; print(torch.__version__)"],
+                                    capture_output=True, text=True, check=True).stdout
+
+
+def test_training_library_warns_once_without_a_gpu_uuid(tmp_path: Path) -> None:
+    """A job that cannot find its GPU (here: a CPU) says so once on stderr, and still trains."""
+    script = tmp_path / "nouuid.py"
+    script.write_text(
+        "from gpu_exporter import training\n"
+        "run = training.start('no-uuid', push_interval=0.2)\n"
+        "for _ in range(3):\n"
+        "    with run.phase('compute'):\n"
+        "        pass\n"
+        "    run.step()\n"
+        "    run.snapshot()\n"
+        "run.close()\n")
+    with run_exporter(["--simulate", "--poll-interval", "0.5"]) as url:
+        env = exporter_env({"GPU_EXPORTER_URL": url})
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("cannot tell which GPU this process uses") == 1, proc.stderr
+    assert "CUDA_VISIBLE_DEVICES=GPU-" in proc.stderr

@@ -11,12 +11,23 @@ pynvml only as the last resort for the GPU UUID. Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 _UUID_PREFIXES = ("GPU-", "MIG-")
+log = logging.getLogger("gpu_exporter.training")
+_warned = threading.Event()
+
+NO_UUID_WARNING = (
+    "gpu_exporter.training: cannot tell which GPU this process uses (CUDA_VISIBLE_DEVICES names no GPU UUID, "
+    "torch has no CUDA device, NVML has no driver); the run's phases are pushed without a uuid and join no GPU: "
+    "pass training.start(..., uuid=\"GPU-...\") or set CUDA_VISIBLE_DEVICES=GPU-... "
+    "(gpu-exporter query --query-gpu=index,uuid lists them)")
+"""Logged once per process when :func:`resolve_uuid` finds nothing."""
 
 
 def _torch() -> Any:
@@ -79,6 +90,8 @@ def resolve_uuid(explicit: str | None, device: int) -> str:
     properties when torch with CUDA is loaded; NVML (pynvml) for the physical index that
     ``CUDA_VISIBLE_DEVICES`` maps ``device`` to. NVML numbers GPUs in PCI bus order; CUDA does
     too only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so on mixed-model nodes pass the UUID.
+    When all of them fail it logs :data:`NO_UUID_WARNING` once per process (a job on a CPU, or
+    one that cannot see its GPU, would otherwise push phases that silently join nothing).
 
     >>> import os; os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-aa,GPU-bb"
     >>> resolve_uuid(None, 1)
@@ -86,6 +99,14 @@ def resolve_uuid(explicit: str | None, device: int) -> str:
     """
     if explicit is not None:
         return explicit
+    uuid = _find_uuid(device)
+    if not uuid and not _warned.is_set():
+        _warned.set()
+        log.warning(NO_UUID_WARNING)
+    return uuid
+
+
+def _find_uuid(device: int) -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible is not None else None
     if entries is not None:
