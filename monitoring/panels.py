@@ -307,8 +307,13 @@ def dashboard(cfg: Config, uid: str, title: str, description: str, time_from: st
 
 def render(board: dash.Dashboard) -> str:
     """The dashboard as committed JSON: panels numbered in order (ids 1..n, rows included, so Grafana
-    alerts can name a panel), and no table ``options.footer`` (absent from Grafana 13's schema)."""
+    alerts can name a panel); no table ``options.footer`` (absent from Grafana 13's schema) and no
+    interval-variable fields on other variables (absent from Grafana 12's and 13's)."""
     model: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    for var in model["templating"]["list"]:
+        if var["type"] != "interval":  # the SDK writes interval-variable fields on every variable
+            for key in ("auto", "auto_min", "auto_count"):
+                var.pop(key, None)
     for number, panel in enumerate(model["panels"], start=1):
         panel["id"] = number
         if panel["type"] == "table":

@@ -15,6 +15,19 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# @grafana/schema 12.x and 13.x plus typescript for the dashboard schema check
+# (tests/test_grafana_dashboards.py), into tests/schema/node_modules; again only when the lock changes.
+if ! command -v npm >/dev/null; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  echo "installing Debian package: npm"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
+if ! cmp -s tests/schema/package-lock.json tests/schema/node_modules/.installed-lock.json; then
+  (cd tests/schema && npm ci --no-audit --no-fund --loglevel=error >/dev/null \
+    && cp package-lock.json node_modules/.installed-lock.json)
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # (pip's notes about optional local package indexes are noise on most machines)
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | { grep -v "is ignored: it is neither" || true; }
