@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +150,11 @@ def test_decreasing_counters_are_rejected_within_one_incarnation() -> None:
 
 
 def test_a_restarted_job_is_a_new_incarnation_and_old_pushes_are_refused() -> None:
-    store = TrainingStore(IngestSettings())
+    clock = Clock()
+    store = TrainingStore(IngestSettings(), clock=clock)
     assert push(store, snapshot(steps=100))[0] == 202
-    restarted = snapshot(started_at=1_700_000_500.0, steps=1, phases={"other": 0.1}, current_phase="other")
+    clock.now += 500
+    restarted = snapshot(started_at=1_700_000_490.0, steps=1, phases={"other": 0.1}, current_phase="other")
     assert push(store, restarted)[0] == 202
     assert scrape(store)[("gpu_training_steps_total", (("rank", "0"), ("run", "resnet50"), ("uuid", "GPU-1111")))] == 1
     status, reason = push(store, snapshot(steps=101))
@@ -161,8 +164,8 @@ def test_a_restarted_job_is_a_new_incarnation_and_old_pushes_are_refused() -> No
 def test_stale_runs_expire_and_free_their_slot() -> None:
     clock = Clock()
     store = TrainingStore(IngestSettings(max_runs=2, stale_after_seconds=60), clock=clock)
-    assert push(store, snapshot(run="a"))[0] == 202
-    assert push(store, snapshot(run="b"))[0] == 202
+    for run in ("a", "b", "a", "b"):  # each pushes twice: confirmed live runs are never evicted
+        assert push(store, snapshot(run=run))[0] == 202
     status, reason = push(store, snapshot(run="c"))
     assert status == 429 and "ingest.max_runs" in reason
     assert push(store, snapshot(run="a", steps=11))[0] == 202  # known runs still update
@@ -218,3 +221,85 @@ def test_disabled_store_and_server_side_rejections() -> None:
     assert outcome_count(store, "too_large") == 1 and outcome_count(store, "length_required") == 1
     with pytest.raises(ValueError, match="unknown ingest rejection"):
         store.count_rejection("made_up")
+
+
+def steps_of(store: TrainingStore, run: str = "resnet50") -> float:
+    return scrape(store)[("gpu_training_steps_total", (("rank", "0"), ("run", run), ("uuid", "GPU-1111")))]
+
+
+def test_a_push_from_the_future_cannot_take_over_a_live_run() -> None:
+    clock = Clock()
+    store = TrainingStore(IngestSettings(), clock=clock)
+    assert push(store, snapshot(steps=10))[0] == 202
+    status, reason = push(store, snapshot(started_at=4_102_444_800.0, steps=0))  # 2100-01-01
+    assert status == 409 and reason.startswith("rejected (implausible_started_at)") and "ahead" in reason
+    clock.now += 5
+    assert push(store, snapshot(steps=20))[0] == 202  # the real job goes on
+    assert steps_of(store) == 20
+    # a brand-new key from the future is refused too, so it cannot reserve the name either
+    assert push(store, snapshot(run="squatter", started_at=clock.now + 3600))[0] == 409
+    assert outcome_count(store, "implausible_started_at") == 2
+
+
+def test_a_new_incarnation_must_start_after_the_live_one_last_pushed() -> None:
+    clock = Clock()
+    store = TrainingStore(IngestSettings(), clock=clock)
+    assert push(store, snapshot(steps=10))[0] == 202
+    clock.now += 600
+    assert push(store, snapshot(steps=20))[0] == 202
+    # claims to have restarted 300 s ago, but the live process pushed just now: refused
+    status, reason = push(store, snapshot(started_at=clock.now - 300, steps=0))
+    assert status == 409 and "must have started after that push" in reason
+    assert steps_of(store) == 20
+    clock.now += 10  # the job really restarts: its process started after the last push
+    assert push(store, snapshot(started_at=clock.now - 2, steps=1))[0] == 202
+    assert steps_of(store) == 1
+    # once the run is finished, any later start may replace it
+    assert push(store, snapshot(started_at=clock.now - 2, steps=2, finished=True, current_phase=""))[0] == 202
+    clock.now += 1
+    assert push(store, snapshot(started_at=clock.now, steps=0))[0] == 202
+
+
+def test_a_flood_of_junk_runs_cannot_lock_out_a_real_job() -> None:
+    clock = Clock()
+    settings = IngestSettings()
+    store = TrainingStore(settings, clock=clock)
+    for step in (1, 2):  # a real job, confirmed by its second push
+        assert push(store, snapshot(steps=step))[0] == 202
+    for i in range(3 * settings.max_runs):  # junk: each run pushes once, and fills every slot
+        clock.now += 0.01
+        assert push(store, snapshot(run=f"junk-{i}"))[0] == 202
+    assert scrape(store)[("gpu_exporter_training_runs", ())] == settings.max_runs
+    clock.now += 1
+    assert push(store, snapshot(run="second-real-job"))[0] == 202  # a new real job still gets in
+    assert push(store, snapshot(steps=3))[0] == 202 and steps_of(store) == 3  # the first kept its slot
+    evicted = 3 * settings.max_runs + 1 + 1 - settings.max_runs
+    assert scrape(store)[("gpu_exporter_ingest_evictions_total", ())] == evicted
+    assert outcome_count(store, "too_many_runs") == 0
+
+
+def test_eviction_takes_finished_runs_first_and_an_evicted_run_that_returns_is_confirmed() -> None:
+    clock = Clock()
+    store = TrainingStore(IngestSettings(max_runs=2), clock=clock)
+    assert push(store, snapshot(run="once"))[0] == 202
+    clock.now += 1
+    assert push(store, snapshot(run="done", finished=True, current_phase=""))[0] == 202
+    clock.now += 1
+    assert push(store, snapshot(run="new"))[0] == 202  # evicts "done" although "once" is older
+    runs = {k[1][1][1] for k in scrape(store) if k[0] == "gpu_training_steps_total"}
+    assert runs == {"once", "new"}
+    clock.now += 1
+    assert push(store, snapshot(run="done", steps=11))[0] == 202  # back: evicts "once", is confirmed
+    clock.now += 1
+    assert push(store, snapshot(run="new", steps=11))[0] == 202  # "new" confirmed by its 2nd push
+    status, reason = push(store, snapshot(run="latecomer"))
+    assert status == 429 and "confirmed live runs" in reason
+    assert scrape(store)[("gpu_exporter_ingest_evictions_total", ())] == 2
+
+
+def test_docs_list_every_outcome_with_its_status() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (\d{3}) \|", doc, re.MULTILINE))
+    from gpu_exporter.ingest import _STATUS
+    assert {o: str(s) for o, s in _STATUS.items()} == {o: s for o, s in rows.items() if o in OUTCOMES}
+    assert set(OUTCOMES) - {"accepted"} <= set(rows)

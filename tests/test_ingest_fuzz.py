@@ -94,7 +94,8 @@ def test_well_formed_snapshots_are_accepted_or_refused_for_state_reasons(docs: l
     for calls, doc in enumerate(docs, 1):
         status, reason = store.handle_push(json.dumps(doc).encode(), "application/json", None)
         check_invariants(store, status, reason, calls)
-        state_reasons = ("decreasing_counter", "old_incarnation", "too_many_runs", "too_many_phases")
+        state_reasons = ("decreasing_counter", "old_incarnation", "implausible_started_at", "too_many_runs",
+                         "too_many_phases")
         assert status == 202 or reason.split(")")[0].removeprefix("rejected (") in state_reasons, reason
         if status == 202:
             steps = [s.value for m in store.collect() if m.name == "gpu_training_steps" for s in m.samples

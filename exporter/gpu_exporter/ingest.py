@@ -9,7 +9,18 @@ a 4xx with a one-line reason, counted in ``gpu_exporter_ingest_requests_total{ou
 A job restarted under the same run name sends a new ``started_at``: that is a new
 incarnation, whose counters may start again from zero (Prometheus sees a counter reset).
 Within one incarnation counters must not decrease; pushes from an older incarnation are
-refused. Example::
+refused. Without a token anyone on the node can push, so two rules keep a bogus push from
+taking over a live job (``implausible_started_at``): a ``started_at`` later than the
+exporter's clock (plus MAX_CLOCK_SKEW_SECONDS) is refused, and a new incarnation replaces a
+live (unfinished) one only if it started after the live one's last push, as a real restart
+does.
+
+At ``ingest.max_runs`` a new run evicts, in order, the oldest finished run, then the oldest
+unconfirmed one (pushed once and never again): a flood of one-shot junk cannot lock out a
+real job, which pushes again and again. Only when every slot holds a confirmed live run is
+the new one refused (``too_many_runs``). Evictions are counted in
+gpu_exporter_ingest_evictions_total; a key that comes back after eviction counts as
+confirmed at once. Example::
 
     store = TrainingStore(IngestSettings())
     status, reason = store.handle_push(body, "application/json", None)
@@ -24,7 +35,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +47,15 @@ from .training.protocol import SCHEMA_VERSION, check_label
 OUTCOMES = (
     "accepted", "disabled", "unauthorized", "length_required", "too_large", "unsupported_media_type", "malformed_json",
     "invalid_schema", "invalid_label", "non_finite", "negative_value", "decreasing_counter",
-    "old_incarnation", "too_many_phases", "too_many_runs",
+    "old_incarnation", "implausible_started_at", "too_many_phases", "too_many_runs",
 )
 """Every value of the ``outcome`` label of gpu_exporter_ingest_requests_total."""
 
 _STATUS = {
     "disabled": 404, "unauthorized": 401, "length_required": 411, "too_large": 413, "unsupported_media_type": 415,
     "malformed_json": 400, "invalid_schema": 400, "invalid_label": 400, "non_finite": 400,
-    "negative_value": 400, "decreasing_counter": 409, "old_incarnation": 409, "too_many_phases": 422,
+    "negative_value": 400, "decreasing_counter": 409, "old_incarnation": 409, "implausible_started_at": 409,
+    "too_many_phases": 422,
     "too_many_runs": 429,
 }
 
@@ -60,7 +72,12 @@ _HELP = {
     "ooms": "Out-of-memory errors raised by torch's CUDA caching allocator.",
     "requests": "Training snapshot pushes, by outcome (accepted or the rejection reason).",
     "runs": "Training runs (distinct run, rank, uuid) currently reporting.",
+    "evictions": "Training runs dropped at ingest.max_runs to make room for a new one (finished or unconfirmed runs).",
 }
+
+MAX_CLOCK_SKEW_SECONDS = 30.0
+"""How far a pushed ``started_at`` may lie ahead of the exporter's clock, and a new
+incarnation's start before the live one's last push (push latency; jobs share the node's clock)."""
 
 _ALLOCATOR_FIELDS = ("allocated_bytes", "reserved_bytes", "retries", "ooms")
 _ALLOCATOR_COUNTERS = ("retries", "ooms")
@@ -87,6 +104,8 @@ class _Entry:
     finished: bool
     allocator: dict[str, float] | None
     received_at: float
+    confirmed: bool = False
+    """True once the key pushed more than once (or came back after an eviction)."""
 
 
 _Key = tuple[str, str, str]
@@ -113,6 +132,8 @@ class TrainingStore:
         self._token = _read_token(settings.token_file) if settings.token_file else None
         self._lock = threading.Lock()
         self._entries: dict[_Key, _Entry] = {}
+        self._evicted: dict[_Key, None] = {}  # recently evicted keys, oldest first (bounded)
+        self._evictions = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
 
     @property
@@ -175,6 +196,7 @@ class TrainingStore:
             self._expire()
             entries = sorted(self._entries.items())
             outcomes = dict(self._outcomes)
+            evictions = self._evictions
         labels = ["run", "rank", "uuid"]
         phase_seconds = CounterMetricFamily("gpu_training_phase_seconds", _HELP["phase_seconds"],
                                             labels=[*labels, "phase"])
@@ -207,6 +229,7 @@ class TrainingStore:
             requests.add_metric([outcome], count)
         yield requests
         yield GaugeMetricFamily("gpu_exporter_training_runs", _HELP["runs"], value=len(entries))
+        yield CounterMetricFamily("gpu_exporter_ingest_evictions", _HELP["evictions"], value=evictions)
 
     # -- validation -------------------------------------------------------------------------
 
@@ -238,6 +261,10 @@ class TrainingStore:
         started_at = _number(doc, "started_at")
         if started_at <= 0:
             raise Rejected("invalid_schema", "started_at must be a Unix time > 0")
+        received_at = self._clock()
+        if started_at > received_at + MAX_CLOCK_SKEW_SECONDS:
+            raise Rejected("implausible_started_at", f"started_at lies {started_at - received_at:.0f} s ahead of "
+                                                     "the exporter's clock")
         phases_doc = doc.get("phases")
         if not isinstance(phases_doc, dict) or not phases_doc:
             raise Rejected("invalid_schema", "phases must be a non-empty object of phase name -> seconds")
@@ -265,7 +292,7 @@ class TrainingStore:
         entry = _Entry(started_at=started_at, phases=phases, current_phase="" if finished else current,
                        steps=_integer(doc, "steps"), samples=_integer(doc, "samples"),
                        batch_size=_integer(doc, "batch_size"), finished=finished, allocator=allocator,
-                       received_at=self._clock())
+                       received_at=received_at)
         return (run, rank, uuid), entry
 
     def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
@@ -286,14 +313,40 @@ class TrainingStore:
         old = self._entries.get(key)
         if old is None:
             if len(self._entries) >= self._settings.max_runs:
-                raise Rejected("too_many_runs", f"already {len(self._entries)} runs (ingest.max_runs); "
-                                                "retry after stale runs expire")
+                self._evict_one()
+            came_back = key in self._evicted
+            self._evicted.pop(key, None)
+            entry = replace(entry, confirmed=came_back)
         elif entry.started_at < old.started_at:
             raise Rejected("old_incarnation", f"run {key[0]} rank {key[1]} restarted at {old.started_at}; "
                                               "this push is from an older process")
         elif entry.started_at == old.started_at:
             _check_monotonic(old, entry)
+            entry = replace(entry, confirmed=True)
+        else:
+            if not old.finished and entry.started_at < old.received_at - MAX_CLOCK_SKEW_SECONDS:
+                ago = entry.received_at - old.received_at
+                raise Rejected("implausible_started_at",
+                               f"run {key[0]} rank {key[1]} is live (last push {ago:.0f} s ago); a restarted "
+                               f"process must have started after that push, this one claims "
+                               f"{old.received_at - entry.started_at:.0f} s before it")
+            entry = replace(entry, confirmed=old.confirmed)
         self._entries[key] = entry
+
+    def _evict_one(self) -> None:
+        """Make room for a new run: drop the oldest finished run, else the oldest unconfirmed one."""
+        for wanted in (lambda e: e.finished, lambda e: not e.confirmed):
+            candidates = [(e.received_at, k) for k, e in self._entries.items() if wanted(e)]
+            if candidates:
+                victim = min(candidates)[1]
+                del self._entries[victim]
+                self._evicted[victim] = None
+                while len(self._evicted) > 4 * self._settings.max_runs:
+                    del self._evicted[next(iter(self._evicted))]
+                self._evictions += 1
+                return
+        raise Rejected("too_many_runs", f"already {len(self._entries)} confirmed live runs (ingest.max_runs); "
+                                        "retry after stale runs expire")
 
     def _expire(self) -> None:
         cutoff = self._clock() - self._settings.stale_after_seconds
