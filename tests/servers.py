@@ -163,14 +163,19 @@ def _run_server(binary_names: Sequence[str], package: str, config_name: str, con
 
 
 def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
-                   ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
+                   ready_timeout: float = 30.0, extra_args: Sequence[str] = (),
+                   agent: bool = False) -> contextlib.AbstractContextManager[str]:
     """Run a real Prometheus with ``config_yaml`` (other ``files`` are written beside it); yield its URL.
 
     Relative paths in the config (rule_files, ...) resolve against the temporary directory.
+    ``extra_args``: more flags, e.g. ``--web.enable-remote-write-receiver``. ``agent``: agent mode
+    (``--enable-feature=agent``: scrape and remote-write only, no queries, rules or local TSDB).
     """
+    storage = (["--enable-feature=agent", "--storage.agent.path={d}/wal"] if agent
+               else ["--storage.tsdb.path={d}/data"])
     return _run_server(["prometheus"], "prometheus", "prometheus.yml", config_yaml, lambda d, port: [
-        f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"], files, ready_timeout)
+        f"--config.file={d / 'prometheus.yml'}", *(s.format(d=d) for s in storage),
+        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args], files, ready_timeout)
 
 
 def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:

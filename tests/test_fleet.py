@@ -1,0 +1,148 @@
+"""Fleets past one Prometheus: agent-mode Prometheus per cluster -> remote write -> central store.
+
+Problem: past one Prometheus, the data reaches the rules and dashboards by remote write, with a
+`cluster` label from each agent's external_labels. The shipped prometheus/prometheus-agent.yml,
+the rules and the dashboards must work there, and two clusters with the same node names must
+not merge.
+
+The slow test runs two tiers for real (bench/fleet.py holds the machinery): two agent-mode
+Prometheus servers (clusters "east" and "west", each scraping one simulated 8-GPU node named
+gpu-node-1; east also a dead target) remote-write into a Prometheus started with
+--web.enable-remote-write-receiver, which evaluates the shipped rules with durations shrunk 60-fold
+(the transform of tests/test_alerting_e2e.py). Then alerts fire there with their cluster, and the
+dashboards' queries return data carrying it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servers import free_port, http_get, promql, wait_until
+
+from bench import fleet
+
+REPO = Path(__file__).resolve().parents[1]
+AGENT = REPO / "prometheus" / "prometheus-agent.yml"
+CLUSTERS = ("east", "west")
+NODE = "gpu-node-1"  # the same node name in both clusters
+
+
+def test_agent_config_is_valid_for_agent_mode() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    proc = subprocess.run([promtool, "check", "config", "--agent", str(AGENT)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_agent_config_labels_the_cluster_and_scrapes_exporter_jobs() -> None:
+    cfg = yaml.safe_load(AGENT.read_text())
+    thresholds = yaml.safe_load((REPO / "prometheus" / "thresholds.yml").read_text())
+    assert set(cfg["global"]["external_labels"]) == {thresholds["cluster_label"]}
+    for job in cfg["scrape_configs"]:
+        assert re.fullmatch(thresholds["exporter_job_regex"], job["job_name"])
+        for static in job["static_configs"]:
+            assert "node" in static["labels"]
+    (remote,) = cfg["remote_write"]
+    assert remote["url"].endswith(fleet.REMOTE_WRITE_PATH)
+    # Agent mode refuses rules and alerting: they run on the central store.
+    assert "rule_files" not in cfg and "alerting" not in cfg
+
+
+def test_agent_config_transform_keeps_the_shipped_settings() -> None:
+    text = fleet.agent_config("east", {"a": "127.0.0.1:1"}, "http://127.0.0.1:2/api/v1/write",
+                              scrape_interval="1s", batch_send_deadline="1s")
+    cfg = yaml.safe_load(text)
+    shipped = yaml.safe_load(AGENT.read_text())
+    assert cfg["global"]["external_labels"] == {fleet.CLUSTER_LABEL: "east"}
+    assert cfg["scrape_configs"][0]["job_name"] == shipped["scrape_configs"][0]["job_name"]
+    assert cfg["scrape_configs"][0]["static_configs"] == [{"targets": ["127.0.0.1:1"], "labels": {"node": "a"}}]
+    assert cfg["remote_write"][0]["queue_config"]["batch_send_deadline"] == "1s"
+
+
+def test_dashboard_queries_have_every_variable_resolved() -> None:
+    queries = fleet.dashboard_queries(fleet.grafana_variables())
+    assert len(queries) > 20
+    assert all("$" not in expr for _, _, expr in queries)
+    with pytest.raises(ValueError, match="no value for"):
+        fleet.dashboard_queries({})
+
+
+def firing(prom: str, alertname: str) -> list[dict[str, Any]]:
+    alerts: list[dict[str, Any]] = json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]
+    return [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+
+
+@pytest.mark.slow
+def test_two_tiers_rules_alerts_and_dashboards_keep_the_cluster(tmp_path: Path) -> None:
+    from test_alerting_e2e import SCALE, fast_rules
+
+    rules = {path.name: fast_rules(path) for path in sorted(fleet.RULES.glob("*.yml"))}
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: the agent sends up == 0 for it
+    with fleet.simulated_nodes(tmp_path, 1, first=1) as east_nodes, \
+            fleet.simulated_nodes(tmp_path, 1, first=2) as west_nodes, \
+            fleet.run_receiver(rules, evaluation_interval="1s") as central:
+        nodes = {"east": {NODE: next(iter(east_nodes.values())), "gpu-node-dead": f"http://{dead}"},
+                 "west": {NODE: next(iter(west_nodes.values()))}}
+        with fleet.run_agent("east", nodes["east"], central, scrape_interval="1s", batch_send_deadline="1s"), \
+                fleet.run_agent("west", nodes["west"], central, scrape_interval="1s", batch_send_deadline="1s"):
+            # Raw series arrive with the cluster label, the two clusters' gpu-node-1 apart.
+            per_cluster = wait_until(
+                lambda: {r["metric"]["cluster"]: float(r["value"][1])
+                         for r in promql(central, f'count by (cluster) (gpu_info{{node="{NODE}"}})')
+                         } if len(promql(central, "count by (cluster) (gpu_info)")) == 2 else None,
+                60, interval=1, what="both clusters' series on the central Prometheus")
+            assert per_cluster == {"east": 8.0, "west": 8.0}
+
+            # Recording rules run centrally and keep the clusters apart.
+            def node_means() -> list[dict[str, Any]] | None:
+                result = promql(central, "node:gpu_utilization:avg5m")
+                return result if len(result) == 2 else None
+            means = wait_until(node_means, 60, interval=1, what="node:gpu_utilization:avg5m per cluster")
+            assert sorted((m["metric"]["cluster"], m["metric"]["node"]) for m in means) == [
+                ("east", NODE), ("west", NODE)]
+            counts = promql(central, "count by (cluster) (gpu:gpu_utilization:avg5m)")
+            assert {c["metric"]["cluster"]: c["value"][1] for c in counts} == {"east": "8", "west": "8"}
+
+            # Alerts fire on the central Prometheus, each naming its cluster: the dead target of
+            # east (GpuExporterDown), and the 20%-busy GPU 0 with processes in both (GpuUtilizationLow).
+            down = wait_until(lambda: firing(central, "GpuExporterDown"), 60, interval=1,
+                              what="GpuExporterDown to fire")
+            assert [(a["labels"]["cluster"], a["labels"]["node"]) for a in down] == [("east", "gpu-node-dead")]
+            def low_in_both() -> list[dict[str, Any]] | None:
+                alerts = firing(central, "GpuUtilizationLow")
+                return alerts if {a["labels"]["cluster"] for a in alerts} == set(CLUSTERS) else None
+            low = wait_until(low_in_both, 90, interval=1, what="GpuUtilizationLow in both clusters")
+            assert {(a["labels"]["cluster"], a["labels"]["node"], a["labels"]["gpu"]) for a in low} >= {
+                ("east", NODE, "0"), ("west", NODE, "0")}
+
+            # The dashboards' queries, for cluster east: data, and the cluster on every labelled series.
+            rate_window = f"{max(2, 300 // SCALE)}s"
+            queries = fleet.dashboard_queries(fleet.grafana_variables("east", rate_interval=rate_window))
+            answered = 0
+            for dashboard, title, expr in queries:
+                result = promql(central, expr)
+                for series in result:
+                    labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
+                    if labels:
+                        assert labels.get(fleet.CLUSTER_LABEL) == "east", (dashboard, title, expr, labels)
+                answered += bool(result)
+            must = [q for q in queries if re.search(r"gpu:gpu_utilization:avg5m|node:gpu_utilization:avg5m|"
+                                                    r"gpu_busy_seconds_total|gpu_memory_used_bytes", q[2])]
+            assert len(must) >= 4
+            empty = [(d, t, e) for d, t, e in must if not promql(central, e)
+                     and "< 0.3" not in e and "run" not in e]
+            assert not empty, empty
+            assert answered >= len(queries) // 2, f"only {answered} of {len(queries)} dashboard queries had data"
+            # The same panel across clusters: one series per cluster for the shared node name.
+            (by_node,) = [e for d, t, e in fleet.dashboard_queries(fleet.grafana_variables(".*"))
+                          if e.startswith("node:gpu_utilization:avg5m")]
+            assert sorted(r["metric"]["cluster"] for r in promql(central, by_node)) == sorted(CLUSTERS)
