@@ -2,20 +2,27 @@
 #   docker build -t gpu-utilization-exporter .
 # Run beside training jobs on a GPU host (NVIDIA Container Toolkit):
 #   docker run --gpus all --pid host -p 9445:9445 gpu-utilization-exporter
-# tests/test_docker.py lints this file with hadolint and runs the build stage's
-# COPY and RUN steps in a fresh virtual environment.
+# Without a registry, CI builds it with podman on a Debian base made by scripts/container-base.sh
+# (docs/deployment.md). tests/test_docker.py lints this file with hadolint and replays the build
+# stage's steps in a fresh virtual environment; tests/test_container.py builds the image and runs it.
 
 ARG PYTHON_IMAGE=python:3.12-slim
 
 FROM ${PYTHON_IMAGE} AS build
 ARG VENV=/opt/gpu-exporter
+# Optional: a package index mirror for pip, for builds where the public index is out of reach.
+ARG PIP_INDEX_URL
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
+# pip and setuptools leave the environment once it is installed: the runtime image carries neither.
 RUN python -m venv "${VENV}" \
-    && "${VENV}/bin/pip" install --no-cache-dir ".[kubernetes,tls]"
+    && "${VENV}/bin/pip" install --no-cache-dir ".[kubernetes,tls]" \
+    && "${VENV}/bin/pip" uninstall --yes --quiet pip setuptools
 
 FROM ${PYTHON_IMAGE}
+# An ARG declared before the first FROM is unset inside a stage until the stage declares it again.
+ARG PYTHON_IMAGE
 ARG VERSION=0.1.0
 ARG VENV=/opt/gpu-exporter
 LABEL org.opencontainers.image.title="gpu-utilization-exporter" \

@@ -1,0 +1,179 @@
+"""Build the release artifacts: the image as a tar and the Helm chart as a .tgz, with one version.
+
+    python scripts/release.py [--out dist] [--base-image IMAGE] [--chart DIR]
+
+The version is pyproject.toml's ``[project].version``. The chart's ``appVersion`` must equal it (the
+chart's default image tag is its appVersion), or the script stops with a one-line error before
+building anything. Then it
+
+1. builds the image from the Dockerfile with podman (``--format docker`` keeps the HEALTHCHECK) as
+   ``gpu-utilization-exporter:<version>``, with ``--build-arg VERSION=<version>``, and saves it
+   with ``podman save`` as ``<out>/gpu-utilization-exporter-<version>-image.tar`` (docker-archive:
+   ``docker load -i`` and ``podman load -i`` both read it);
+2. packages the chart with Helm's Go SDK (helm-python-sdk's ``package``, the same code as
+   ``helm package``) into ``<out>/gpu-utilization-exporter-<chart version>.tgz``.
+
+``--base-image`` is passed as the Dockerfile's ``PYTHON_IMAGE`` (default: the Dockerfile's own,
+``python:3.12-slim``; where no registry is reachable, ``bash scripts/container-base.sh`` makes a
+Debian one). This module is also the one definition of the podman build command: the container
+tests import ``build_command`` and ``podman_command`` from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "helm" / "gpu-utilization-exporter"
+IMAGE_NAME = "gpu-utilization-exporter"
+# Where Debian's pip (python3-pip-whl, which the debootstrap base uses) reads its CA bundle.
+IMAGE_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+class ReleaseError(Exception):
+    """A problem that stops the release, said in one line."""
+
+
+def package_version(pyproject: Path = REPO / "pyproject.toml") -> str:
+    """``[project].version`` of pyproject.toml."""
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    return str(version)
+
+
+def chart_versions(chart: Path = CHART) -> tuple[str, str]:
+    """(version, appVersion) of the chart's Chart.yaml."""
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    return str(meta["version"]), str(meta.get("appVersion", ""))
+
+
+def check_versions(version: str, chart: Path = CHART) -> str:
+    """Return the chart version; raise ReleaseError unless the chart's appVersion is ``version``."""
+    chart_version, app_version = chart_versions(chart)
+    if app_version != version:
+        raise ReleaseError(f"{chart / 'Chart.yaml'}: appVersion is {app_version!r} but pyproject.toml's "
+                           f"version is {version!r}; set appVersion: \"{version}\" before releasing")
+    return chart_version
+
+
+def podman_command(*args: str) -> list[str]:
+    """podman with the global options machines without systemd need: cgroupfs, and runc when installed."""
+    podman = shutil.which("podman")
+    if podman is None:
+        raise ReleaseError("podman is not installed (apt-get install podman)")
+    runtime = ["--runtime", "runc"] if shutil.which("runc") else []
+    return [podman, "--cgroup-manager=cgroupfs", *runtime, *args]
+
+
+def run_limits() -> list[str]:
+    """``--ulimit`` options at this process's own limits: podman's default open-file and process limits
+    exceed what an unprivileged sandbox may set, and runc then fails with 'error setting rlimits'."""
+    options = []
+    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        soft, hard = resource.getrlimit(limit)
+        if hard != resource.RLIM_INFINITY:
+            soft = hard if soft == resource.RLIM_INFINITY else soft
+            options += ["--ulimit", f"{name}={soft}:{hard}"]
+    return options
+
+
+def host_ca_bundle() -> Path | None:
+    """The CA bundle this machine's pip trusts (PIP_CERT, else pip's ``cert`` setting), when it has one.
+
+    Behind a TLS-intercepting proxy pip needs that bundle inside the build too; the build mounts it
+    read-only for its RUN steps only, so it is not in the image.
+    """
+    cert = os.environ.get("PIP_CERT")
+    if not cert:
+        try:
+            found = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.cert"],
+                                   capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        cert = found.stdout.strip() if found.returncode == 0 else ""
+    return Path(cert) if cert and Path(cert).is_file() else None
+
+
+def build_command(tag: str, version: str, base_image: str | None = None, context: Path = REPO) -> list[str]:
+    """The podman build command for the image (chroot isolation: no container runtime needed to build).
+
+    pip inside the build reaches the index the way pip here does: the same CA bundle (mounted) and,
+    when set, the same ``PIP_INDEX_URL`` (a build argument the build stage declares).
+    """
+    options = ["build", "--isolation=chroot", "--network=host", "--format", "docker",
+               "--build-arg", f"VERSION={version}", "--tag", tag]
+    if base_image:
+        options += ["--build-arg", f"PYTHON_IMAGE={base_image}"]
+    ca = host_ca_bundle()
+    if ca is not None:
+        options += ["--volume", f"{ca}:{IMAGE_CA_BUNDLE}:ro"]
+    if os.environ.get("PIP_INDEX_URL", "").startswith(("http://", "https://")):
+        options += ["--build-arg", f"PIP_INDEX_URL={os.environ['PIP_INDEX_URL']}"]
+    return podman_command(*options, "--file", str(context / "Dockerfile"), str(context))
+
+
+def run(command: Sequence[str], what: str, timeout: float = 1800) -> None:
+    """Run ``command``; on failure raise ReleaseError with its last output lines."""
+    result = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
+        raise ReleaseError(f"{what} failed (exit {result.returncode}): " + " | ".join(tail))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def release(out: Path, base_image: str | None, chart: Path = CHART) -> list[Path]:
+    """Check the versions, build and save the image, package the chart; return the artifacts."""
+    version = package_version()
+    chart_version = check_versions(version, chart)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{IMAGE_NAME}:{version}"
+    run(build_command(tag, version, base_image), f"podman build of {tag}")
+    image_tar = out / f"{IMAGE_NAME}-{version}-image.tar"
+    image_tar.unlink(missing_ok=True)
+    run(podman_command("save", "--format", "docker-archive", "--output", str(image_tar), tag), f"podman save {tag}")
+
+    import helm_python as helm  # the Helm Go SDK; imported here so that --help works without it
+
+    helm.disable_logging()
+    archive = Path(helm.package(chart, destination=out))
+    expected = out / f"{chart.name}-{chart_version}.tgz"
+    if archive.resolve() != expected.resolve():
+        raise ReleaseError(f"helm package wrote {archive}, expected {expected}")
+    return [image_tar, archive]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the image tar and the chart package with one version.")
+    parser.add_argument("--out", type=Path, default=REPO / "dist", help="folder for the artifacts (default dist/)")
+    parser.add_argument("--base-image", help="the Dockerfile's PYTHON_IMAGE (default: the Dockerfile's own)")
+    parser.add_argument("--chart", type=Path, default=CHART, help="chart folder (default the repository's)")
+    args = parser.parse_args(argv)
+    try:
+        artifacts = release(args.out, args.base_image, args.chart)
+    except ReleaseError as err:
+        print(f"release: {err}", file=sys.stderr)
+        return 1
+    for path in artifacts:
+        print(f"{path}  {path.stat().st_size / 1e6:.1f} MB  sha256:{sha256(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
