@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from gpu_exporter.causes import CAUSES
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import common as cm
@@ -28,6 +29,7 @@ from monitoring.panels import (
     override,
     query,
     render,
+    runbook_links,
     stat_panel,
     state_timeline,
     steps,
@@ -147,8 +149,13 @@ def fleet(cfg: Config) -> dash.Dashboard:
                                      thresholds=cfg.utilization_steps().build(), color={"mode": "thresholds"}),
                             override("gpu", links=[gpu_table_link()]),
                             override("run", links=[run_table_link()])],
-                 sort_by="Utilization (5m)")))
+                 sort_by="Utilization (5m)", panel_links=cause_runbooks(cfg, "GpuUtilizationLow"))))
     return board
+
+
+def cause_runbooks(cfg: Config, first: str) -> list[dash.DashboardLink]:
+    """Runbook links of ``first`` and of every cause in the cause table (gpu_exporter.causes.CAUSES)."""
+    return runbook_links(cfg, [(first, first), *((c.label, c.alert) for c in CAUSES)])
 
 
 def gpu_table_link() -> dict[str, str]:
@@ -324,7 +331,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  unit="percentunit", w=16,
                  order=("code", "remedy", "Value #A", "Value #B", "level", "cause", "uuid"),
                  rename={"code": "Cause", "remedy": "Likely remedy", "Value #A": "Share of time",
-                         "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level"}))
+                         "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level"},
+                 panel_links=cause_runbooks(cfg, "GpuTrainingBelowTarget")))
              .with_row(dash.Row("Throughput"))
              .with_panel(timeseries(
                  "Step time", "Mean wall time per training step, per rank.",

@@ -145,6 +145,12 @@ def link(title: str, uid: str, **variables: str) -> dash.DashboardLink:
     return dash.DashboardLink(title).url(link_url(uid, **variables))
 
 
+def runbook_links(cfg: Config, alerts: Sequence[tuple[str, str]]) -> list[dash.DashboardLink]:
+    """Panel links ``(title, alert)`` to the alerts' runbook sections (config ``runbook_url_pattern``)."""
+    return [dash.DashboardLink(f"Runbook: {title}").type(dm.DashboardLinkType.LINK).url(cfg.runbook(alert))
+            .target_blank(True) for title, alert in alerts]
+
+
 def override(field_name: str, **props: Any) -> tuple[str, list[dm.DynamicConfigValue]]:
     """Properties for one field (``custom_fillOpacity=0`` sets ``custom.fillOpacity``)."""
     return field_name, [dm.DynamicConfigValue(id_val=key.replace("_", "."), value=value)
@@ -246,7 +252,7 @@ def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataq
                 w: int = 12, h: int = 8, merge: bool = True, hide: Sequence[str] = (),
                 order: Sequence[str] = (), rename: dict[str, str] | None = None,
                 overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
-                sort_by: str | None = None) -> table.Panel:
+                sort_by: str | None = None, panel_links: Sequence[dash.DashboardLink] = ()) -> table.Panel:
     """Instant queries in table format, merged on their common labels into one row per series;
     ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value)."""
     panel = _common(table.Panel(), title, description, targets, unit, w, h)
@@ -263,7 +269,7 @@ def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataq
     panel = panel.transformations(transformations)
     for name, props in overrides:
         panel = panel.override_by_name(name, props)
-    return panel
+    return panel.links(list(panel_links)) if panel_links else panel
 
 
 # ------------------------------------------------------------------------------------------ dashboard

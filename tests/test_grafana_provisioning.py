@@ -207,10 +207,3 @@ def test_grafana_cause_alert_runs_the_prometheus_query(title: str) -> None:
         assert grafana["annotations"]["runbook_url"] == prom["annotations"]["runbook_url"]
     assert len(squash(query)) <= sum(len(squash(p["expr"])) + 8 for p in proms), "only the Prometheus queries"
 
-
-def test_grafana_alerts_are_generated() -> None:
-    """The committed file is what python -m monitoring writes from the config and the cause table."""
-    from monitoring import grafana_alerts
-
-    for path, text in grafana_alerts.generate().items():
-        assert path.read_text() == text, f"{path.name} is out of date: run python -m monitoring"
