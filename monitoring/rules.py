@@ -20,7 +20,6 @@ import re
 from pathlib import Path
 
 import yaml
-
 from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, LOW, PHASE, TARGET, Cause
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,7 +207,8 @@ def cause_alert_group() -> str:
     rules = []
     for cause in CAUSES:
         rules.append(_alert(cause.alert, cause, LOW, "warning",
-                            f"A training job's GPU is below ${{utilization_low_threshold|percent}}, cause {cause.label}.",
+                            "A training job's GPU is below ${utilization_low_threshold|percent}, cause "
+                            f"{cause.label}.",
                             "below the ${utilization_low_threshold|percent} alert threshold", cause.anchor))
     for cause in CAUSES:
         rules.append(_alert("GpuTrainingBelowTarget", cause, TARGET, "info",

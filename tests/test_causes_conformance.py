@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from gpu_exporter.causes import CAUSES, LOW, TARGET, Finding, RunSignals, find_causes
 from gpu_exporter.thresholds import load_thresholds
 
@@ -165,7 +164,8 @@ def test_judge_names_the_biggest_cause_first_with_its_projection() -> None:
     (mixed,) = [c for c in CASES if c.name == "mixed_low"]
     found = judged(mixed)
     assert [f.cause.code for f in found] == ["M1", "M2"]
-    assert found[0].summary(mixed.utilization) == "input-bound (M1): 25% now, at most ~40% if loading overlapped compute"
+    assert found[0].summary(mixed.utilization) == (
+        "input-bound (M1): 25% now, at most ~40% if loading overlapped compute")
     (batch,) = [c for c in CASES if c.name == "batch_low"]
     (m3,) = judged(batch)
     assert (round(m3.value, 6), m3.projected) == (0.68, 0.9)

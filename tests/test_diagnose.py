@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_exporter.causes import RunSignals, find_causes
 from gpu_exporter.commands.diagnose import (
     INSTRUMENT_SNIPPET,
-    RUNBOOKS,
     GpuView,
+    Process,
     RunView,
     build_views,
     from_snapshots,
@@ -31,6 +32,7 @@ from servers import REPO, free_port, http_get, run_exporter, wait_until
 from test_query import run_cli
 
 SCENARIOS = Path(__file__).parent / "scenarios"
+RUNBOOKS = load_thresholds().runbook_url("").rstrip("#")
 STANDARD = ("data", "compute", "metrics", "checkpoint", "other")
 
 
@@ -47,14 +49,14 @@ RUNS: dict[str, tuple[str, dict[str, float], dict[str, float], float]] = {
     "GPU-diag-metrics": ("evaluator", _shares(0.1, 0.4, 0.45, 0.0), {}, 0.0),
     "GPU-diag-batch": ("tiny", _shares(0.1, 0.8, 0.05, 0.0), {}, 0.0),
     "GPU-diag-allocator": ("fragmented", _shares(0.1, 0.8, 0.05, 0.0), {}, 10.0),
-    "GPU-diag-unclear": ("checkpointer", _shares(0.1, 0.25, 0.05, 0.55), {}, 0.0),
+    "GPU-diag-unclear": ("balanced", _shares(0.25, 0.5, 0.15, 0.1), {}, 0.0),
 }
 EXPECTED = {
     "GPU-diag-healthy": "healthy",
     "GPU-diag-input": "input_bound",
     "GPU-diag-metrics": "metrics_bound",
     "GPU-diag-batch": "batch_too_small",
-    "GPU-diag-allocator": "allocator_trouble",
+    "GPU-diag-allocator": "allocator",
     "GPU-diag-idle": "idle_but_allocated",
     "GPU-diag-blind": "not_instrumented",
     "GPU-diag-free": "unused",
@@ -108,7 +110,7 @@ def test_one_gpu_per_verdict_json(node: str) -> None:
     doc = json.loads(result.stdout)
     verdicts = {g["uuid"]: g["verdict"]["verdict"] for g in doc["gpus"]}
     assert verdicts == EXPECTED
-    assert doc["utilization_target"] == 0.3 and doc["window_seconds"] == 2.0
+    assert doc["utilization_target"] == 0.85 and doc["window_seconds"] == 2.0
     # unused and unknown GPUs do not count as below target; healthy does not either.
     assert doc["gpus_below_target"] == 7
     gpus = {g["uuid"]: g for g in doc["gpus"]}
@@ -138,7 +140,11 @@ def test_text_report_names_remedy_and_runbook(node: str) -> None:
     assert "expandable_segments:True" in text
     for line in INSTRUMENT_SNIPPET.splitlines():  # the not-instrumented GPU gets the snippet
         assert line in text
-    assert text.rstrip().endswith("7 of 10 GPU(s) below the 30% utilization target.")
+    assert text.rstrip().endswith("7 of 10 GPU(s) below the 85% utilization target.")
+    # Every cause verdict states its projection; the idle one names the process holding the GPU.
+    assert "  verdict      input-bound (M1): 15% now, at most ~" in text
+    assert "if loading overlapped compute." in text
+    assert "idle but allocated: 0% utilization while pid 71005 jupyter-kernel (30.0 GiB) holds the GPU." in text
 
 
 def test_every_runbook_link_has_its_section() -> None:
@@ -149,7 +155,7 @@ def test_every_runbook_link_has_its_section() -> None:
              _view(0.1, 0.3, runs=(_run({"metrics": 0.9, "compute": 0.1}),)),
              _view(0.1, 0.1, runs=(_run({"compute": 1.0}),)), _view(0.1, 0.3, runs=(_run({"compute": 1}, ooms=1),)),
              _view(0.0, 0.3), _view(0.1, 0.3), _view(0.1, 0.9, runs=(_run({"compute": 1.0}),))]
-    links = [judge(v, t, 60).runbook for v in views]
+    links = [judge(v, t).runbook for v in views]
     assert all(link.startswith(RUNBOOKS + "#") for link in links)
     assert {link.rpartition("#")[2] for link in links} <= anchors
 
@@ -160,7 +166,7 @@ def test_filters_and_exit_0_when_every_gpu_is_at_target(node: str) -> None:
     assert [g["uuid"] for g in json.loads(result.stdout)["gpus"]] == ["GPU-diag-input"]
     result = run_cli("diagnose", "--url", node, "--window", "1", "--id", "GPU-diag-healthy,7")
     assert result.returncode == 0, result.stdout
-    assert "No GPU with work is below the 30% utilization target (2 GPU(s) checked)." in result.stdout
+    assert "No GPU with work is below the 85% utilization target (2 GPU(s) checked)." in result.stdout
     result = run_cli("diagnose", "--url", node, "--window", "1", "--run", "nope")
     assert result.returncode == 2
     assert result.stderr == f"gpu-exporter: error: no GPU matches --run nope at {node}/metrics\n"
@@ -191,36 +197,65 @@ def test_errors_are_one_sentence_and_exit_2(args: list[str], message: str) -> No
     assert result.stdout == ""
 
 
-def _run(shares: dict[str, float], retries: float = 0.0, ooms: float = 0.0) -> RunView:
-    return RunView("r", "0", shares, 60.0, False, 8.0, retries, ooms)
+def _run(shares: dict[str, float], retries: float = 0.0, ooms: float = 0.0, live: bool = True) -> RunView:
+    return RunView("r", "0", shares, 60.0, False, 8.0, retries, ooms, live)
 
 
-def _view(util: float | None, memory: float, processes: int = 1, runs: tuple[RunView, ...] = ()) -> GpuView:
-    return GpuView("GPU-x", "0", "T", "", util, memory, processes, (), runs)
+def _view(util: float | None, memory: float, processes: int = 1, runs: tuple[RunView, ...] = (),
+          window: float = 60.0) -> GpuView:
+    """A GPU view whose live runs carry the causes build_views would find for them."""
+    t = load_thresholds()
+    limit = t.allocator_retries_threshold * max(1.0, window / t.allocator_window)
+    judged = tuple(RunView(**{**r.__dict__, "findings": tuple(find_causes(
+        util, memory, RunSignals(r.shares, r.allocator_retries, r.allocator_ooms, r.batch_size), t, limit))})
+        if r.live and util is not None else r for r in runs)
+    procs = tuple(Process(str(70000 + i), "python train.py", 2**31) for i in range(processes))
+    return GpuView("GPU-x", "0", "T", "", util, memory, processes, (), judged, procs)
 
 
 def test_judge_thresholds_come_from_the_rules_file() -> None:
     t = load_thresholds()
-    assert judge(_view(0.30, 0.5), t, 60).verdict == "healthy"  # at target counts as at target
-    assert judge(_view(0.29, 0.5), t, 60).verdict == "not_instrumented"
-    assert judge(_view(0.01, 0.5), t, 60).verdict == "idle_but_allocated"
-    assert judge(_view(0.01, 0.01, processes=0), t, 60).verdict == "unused"
-    # a run on the GPU is work even without a process or memory
-    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}),)), t, 60).verdict == "batch_too_small"
-    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.30, "compute": 0.7}),)), t, 60).verdict == "underutilized"
-    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.31, "compute": 0.69}),)), t, 60).verdict == "input_bound"
-    assert judge(_view(0.2, 0.5, runs=(_run({"metrics": 0.21, "compute": 0.79}),)), t, 60).verdict == (
-        "metrics_bound")
-    # M3 needs memory below batch_memory_used_ratio (0.5)
-    assert judge(_view(0.2, 0.49, runs=(_run({"compute": 0.9}),)), t, 60).verdict == "batch_too_small"
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 0.9}),)), t, 60).verdict == "underutilized"
-    # M4: more than 3 retries per 10m; a longer window scales the limit, any OOM counts, even at target
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=3),)), t, 60).verdict == "underutilized"
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t, 60).verdict == "allocator_trouble"
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t, 3600).verdict == "underutilized"
-    oom = judge(_view(0.9, 0.5, runs=(_run({"compute": 1}, ooms=1),)), t, 60)
-    assert (oom.verdict, oom.below_target) == ("allocator_trouble", False)
-    assert judge(_view(None, 0.5), t, 60).verdict == "unknown"
+    assert judge(_view(0.85, 0.5), t).verdict == "healthy"  # at target counts as at target
+    assert judge(_view(0.84, 0.5), t).title == "below target: not instrumented"
+    assert judge(_view(0.29, 0.5), t).title == "not instrumented"
+    idle = judge(_view(0.01, 0.5), t)
+    assert (idle.verdict, idle.reason) == (
+        "idle_but_allocated", "1% utilization while pid 70000 python train.py (2.0 GiB) holds the GPU.")
+    assert judge(_view(0.01, 0.01, processes=0), t).verdict == "unused"
+    # a live run on the GPU is work even without a process or memory; a finished one is not
+    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}),)), t).verdict == "batch_too_small"
+    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}, live=False),)), t).verdict == "unused"
+    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.30, "compute": 0.7}),)), t).verdict == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.31, "compute": 0.69}),)), t).verdict == "input_bound"
+    assert judge(_view(0.2, 0.5, runs=(_run({"metrics": 0.21, "compute": 0.79}),)), t).verdict == "metrics_bound"
+    assert judge(_view(0.2, 0.5, runs=(_run({"checkpoint": 0.72, "compute": 0.28}),)), t).verdict == "checkpoint"
+    # M3: busy for less than half the compute phase, memory below batch_memory_used_ratio (0.5)
+    m3 = judge(_view(0.2, 0.49, runs=(_run({"compute": 0.9}),)), t)
+    assert (m3.verdict, m3.projected, m3.code, m3.level) == ("batch_too_small", 0.9, "M3", "low")
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 0.9}),)), t).verdict == "underutilized"
+    assert judge(_view(0.5, 0.3, runs=(_run({"compute": 0.9}),)), t).title == "below target: no single cause"
+    # M4: more than 3 retries per 10m; a longer window scales the limit; any OOM counts below target
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=3),)), t).verdict == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t).verdict == "allocator"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),), window=3600), t).verdict == "underutilized"
+    oom = judge(_view(0.5, 0.5, runs=(_run({"compute": 1}, ooms=1),)), t)
+    assert oom.title == "below target: allocator trouble (M4)"
+    assert judge(_view(None, 0.5), t).verdict == "unknown"
+
+
+def test_below_target_names_the_cause_with_its_projection() -> None:
+    t = load_thresholds()
+    verdict = judge(_view(0.4, 0.5, runs=(_run({"data": 0.05, "compute": 0.4, "metrics": 0.55}),)), t)
+    assert verdict.title == "below target: metrics-bound (M2)"
+    assert verdict.reason.startswith("40% now, at most ~89% if metrics ran off the training path. ")
+    assert verdict.below_target and verdict.level == "target"
+    mixed = judge(_view(0.25, 0.5, runs=(_run({"data": 0.38, "compute": 0.28, "metrics": 0.34}),)), t)
+    assert mixed.title == "input-bound (M1)"
+    assert mixed.reason.endswith("Also metrics-bound (M2): 34% (at most ~38% without it).")
+    # a finished run next to a live one: only the live run is judged
+    finished = _run({"data": 0.9, "compute": 0.1}, live=False)
+    live = RunView("live", "0", {"metrics": 0.6, "compute": 0.4}, 60.0, False, 8.0, 0.0, 0.0)
+    assert judge(_view(0.2, 0.5, runs=(finished, live)), t).verdict == "metrics_bound"
 
 
 def _snap(phases: dict[str, float], at: float) -> Snapshot:

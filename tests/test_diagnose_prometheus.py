@@ -1,14 +1,20 @@
-"""``gpu-exporter diagnose --prometheus-url``: the same verdicts from a real Prometheus, filters, errors."""
+"""``gpu-exporter diagnose --prometheus-url``: the same verdicts from a real Prometheus, filters, errors.
+
+Prometheus runs the shipped rules, shrunk 60-fold at test time as in test_alerting_e2e (``[5m]`` ->
+``[5s]``): diagnose reads only their recording-rule series for utilization, phases and causes.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
 from servers import promql, run_exporter, run_prometheus, wait_until
+from test_alerting_e2e import PROM, fast_rules
 from test_diagnose import EXPECTED, RUNS, SCENARIOS, push_runs
 from test_query import run_cli
 
@@ -16,6 +22,7 @@ from test_query import run_cli
 def _scrape_config(exporter_url: str) -> str:
     return f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [rules/gpu-recording.rules.yml, rules/gpu-alerts.rules.yml]
 scrape_configs:
   - job_name: gpu-exporter
     static_configs:
@@ -32,10 +39,12 @@ def prometheus() -> Iterator[str]:
         thread = threading.Thread(target=push_runs, args=(exporter, stop), daemon=True)
         thread.start()
         try:
-            with run_prometheus(_scrape_config(exporter)) as prom:
+            files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+            with run_prometheus(_scrape_config(exporter), files) as prom:
                 wait_until(lambda: len(promql(prom, "increase(gpu_training_phase_seconds_total[10s]) > 0"))
-                           >= 4 * len(RUNS) and promql(prom, "count_over_time(gpu_info[10s]) > 7"), 30,
-                           what="eight scrapes with training runs")
+                           >= 4 * len(RUNS) and promql(prom, "count_over_time(gpu_info[10s]) > 7")
+                           and len(promql(prom, "run:gpu_training_cause:share")) >= 4, 40,
+                           what="eight scrapes with training runs and their causes recorded")
                 yield prom
         finally:
             stop.set()
@@ -43,25 +52,25 @@ def prometheus() -> Iterator[str]:
 
 
 def test_same_verdicts_as_from_the_exporter(prometheus: str) -> None:
-    result = run_cli("diagnose", "--prometheus-url", prometheus, "--window", "5s", "--output", "json")
+    result = run_cli("diagnose", "--prometheus-url", prometheus, "--output", "json")
     assert result.returncode == 1, result.stderr
     doc = json.loads(result.stdout)
     assert {g["uuid"]: g["verdict"]["verdict"] for g in doc["gpus"]} == EXPECTED
     assert {g["node"] for g in doc["gpus"]} == {"node-a"}
-    assert doc["window_seconds"] == 5.0 and doc["gpus_below_target"] == 7
+    assert doc["window_seconds"] == 300.0 and doc["gpus_below_target"] == 7
     loader = next(g for g in doc["gpus"] if g["uuid"] == "GPU-diag-input")
     assert loader["utilization"] == pytest.approx(0.15, abs=0.02)
     assert loader["runs"][0]["shares"]["data"] == pytest.approx(0.6, abs=0.05)
 
 
 def test_node_and_run_filters(prometheus: str) -> None:
-    result = run_cli("diagnose", "--prometheus-url", prometheus, "--window", "5s", "--node", "node-a",
-                     "--run", "loader")
+    result = run_cli("diagnose", "--prometheus-url", prometheus, "--node", "node-a", "--run", "loader")
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("GPU 1  NVIDIA H100 80GB HBM3  GPU-diag-input  on node-a\n")
-    assert "  verdict      input-bound (M1): run loader rank 0 spends 6" in result.stdout
-    assert result.stdout.endswith("1 of 1 GPU(s) below the 30% utilization target.\n")
-    result = run_cli("diagnose", "--prometheus-url", prometheus, "--window", "4500ms", "--namespace", "ml-team")
+    assert re.search(r"  verdict      input-bound \(M1\): 1\d% now, at most ~\d+% if loading overlapped compute\. "
+                     r"run loader rank 0 spends 6", result.stdout), result.stdout
+    assert result.stdout.endswith("1 of 1 GPU(s) below the 85% utilization target.\n")
+    result = run_cli("diagnose", "--prometheus-url", prometheus, "--namespace", "ml-team")
     assert result.returncode == 2
     assert result.stderr == f"gpu-exporter: error: no GPU matches --namespace ml-team at {prometheus}\n"
 
@@ -77,6 +86,21 @@ def test_prometheus_without_gpu_metrics_is_one_sentence_and_exit_2() -> None:
         assert result.returncode == 2
         assert result.stderr == (f"gpu-exporter: error: {prom}/metrics serves no gpu-exporter metrics "
                                  "(gpu_exporter_build_info is missing): point --url at a gpu-exporter\n")
-        result = run_cli("diagnose", "--prometheus-url", prom, "--window", "5x")
+        result = run_cli("diagnose", "--prometheus-url", prom, "--window", "5m")
         assert result.returncode == 2
-        assert result.stderr == "gpu-exporter: error: --window: '5x' is not a duration like 30s, 15m, 1h or 1d\n"
+        assert result.stderr == ("gpu-exporter: error: --window applies to --url only: from Prometheus diagnose "
+                                 "reads the recording rules, which average over 5m\n")
+
+
+def test_prometheus_without_the_rules_is_one_sentence_and_exit_2() -> None:
+    scenario = str(SCENARIOS / "diagnose-healthy.yaml")
+    with run_exporter(["--simulate", scenario, "--poll-interval", "0.2"]) as exporter:
+        config = _scrape_config(exporter).replace(
+            "rule_files: [rules/gpu-recording.rules.yml, rules/gpu-alerts.rules.yml]\n", "")
+        with run_prometheus(config) as prom:
+            wait_until(lambda: promql(prom, "gpu_info"), 20, what="a scrape")
+            result = run_cli("diagnose", "--prometheus-url", prom)
+    assert result.returncode == 2
+    assert result.stderr == (f"gpu-exporter: error: Prometheus at {prom} has no gpu:gpu_utilization:avg5m series: "
+                             "load the rules of prometheus/rules/*.rules.yml (rule_files) so diagnose can read the "
+                             "cause series\n")

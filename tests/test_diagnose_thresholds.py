@@ -44,3 +44,22 @@ def test_bad_thresholds_file_is_one_sentence(tmp_path: Path, change: tuple[str, 
     with pytest.raises(ThresholdsError, match="^" + str(path)) as err:
         load_thresholds(path)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_diagnose_judges_with_the_thresholds_file_it_is_given(tmp_path: Path) -> None:
+    """``--thresholds FILE`` changes diagnose's verdicts (the packaged copy is only the default)."""
+    from servers import run_exporter
+    from test_query import run_cli
+
+    t = load_thresholds()
+    assert (t.utilization_target, t.checkpoint_share, t.batch_busy_ratio) == (0.85, 0.2, 0.5)
+    stricter = tmp_path / "thresholds.yml"
+    stricter.write_text(RULES_SOURCE.read_text().replace("utilization_target: 0.85", "utilization_target: 0.99"))
+    scenario = REPO / "tests" / "scenarios" / "diagnose-healthy.yaml"
+    with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"]) as url:
+        default = run_cli("diagnose", "--url", url, "--window", "1s")
+        custom = run_cli("diagnose", "--url", url, "--window", "1s", "--thresholds", str(stricter))
+    assert default.returncode == 0, default.stdout + default.stderr
+    assert custom.returncode == 1, custom.stdout + custom.stderr
+    assert "  verdict      below target: not instrumented: " in custom.stdout
+    assert custom.stdout.endswith("2 of 3 GPU(s) below the 99% utilization target.\n")

@@ -141,7 +141,7 @@ def test_alert_set_and_conventions() -> None:
         assert ann["runbook_url"] == RUNBOOK_BASE + name.lower(), name
         if name in CAUSE_REMEDIES:
             # Cause alerts read only the generated cause series, which carry the code and remedy labels.
-            assert rule["expr"].startswith(f'run:gpu_training_cause:share{{cause="'), name
+            assert rule["expr"].startswith('run:gpu_training_cause:share{cause="'), name
             assert 'level="low"' in rule["expr"] and rule["labels"]["severity"] == "warning", name
             assert f"{CAUSE_REMEDIES[name]}:" in ann["description"], f"{name}: description must name the remedy"
 

@@ -143,10 +143,14 @@ class Finding:
 
     def summary(self, utilization: float) -> str:
         """``"input-bound (M1): 8% now, at most ~90% if loading overlapped compute"``."""
+        return f"{self.cause.label}: {self.projection(utilization)}"
+
+    def projection(self, utilization: float) -> str:
+        """``"8% now, at most ~90% if loading overlapped compute"``."""
         if self.projected is None:
-            return (f"{self.cause.label}: {pct(utilization)} now, {self.value:.0f} allocator event(s); "
-                    "no projection (allocator stalls are not timed)")
-        return f"{self.cause.label}: {pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
+            return (f"{pct(utilization)} now, {self.value:.0f} allocator retries/OOMs; no projection "
+                    "(allocator stalls are counted, not timed)")
+        return f"{pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
 
     def reason(self, run: str, rank: str) -> str:
         """One sentence on what the run does, for diagnose."""

@@ -1,28 +1,33 @@
 """``gpu-exporter diagnose``: one verdict per GPU on why it is below the utilization target.
 
-Reads a node's exporter (two scrapes ``--window`` apart) or Prometheus (``rate()`` and
-``increase()`` over ``--window``, for a fleet, a node, a namespace or a training run), joins
-the ``gpu_training_*`` series of the runs on each GPU by ``uuid``, and judges every GPU with the
-thresholds the alert rules are generated from (:mod:`gpu_exporter.thresholds`):
+Reads a node's exporter (two scrapes ``--window`` apart, judged with the cause table of
+:mod:`gpu_exporter.causes`) or Prometheus (only the recording rules generated from that same
+table: ``gpu:gpu_utilization:avg5m``, ``gpu:gpu_has_work:bool``, ``run:gpu_training_phase:share5m``,
+``run:gpu_training_cause:share`` and ``run:gpu_training_cause:projected_utilization``), joins the
+live training runs on each GPU by ``uuid``, and gives each GPU one verdict:
 
-========================  ====================================================================
-verdict                   when
-========================  ====================================================================
-healthy                   utilization at or above ``utilization_low_threshold``
-allocator trouble (M4)    a run's allocator hit an OOM, or retried more than
-                          ``allocator_retries_threshold`` times per ``allocator_window``
-input-bound (M1)          below target; a run spends more than ``input_bound_share`` in ``data``
-metrics-bound (M2)        below target; a run spends more than ``metrics_bound_share`` in ``metrics``
-batch too small (M3)      below target; ``compute`` above ``batch_compute_share`` while memory
-                          used is below ``batch_memory_used_ratio``
-idle but allocated        below ``idle_utilization_threshold`` while work holds the GPU
-not instrumented          below target, work on the GPU, but no training run reports
-underutilized             below target, instrumented, but no single cause passes its threshold
-unused                    no memory, process or run on the GPU (not counted as below target)
-unknown                   NVML reports no utilization (GPUs in MIG mode)
-========================  ====================================================================
+=================================  ==============================================================
+verdict                            when
+=================================  ==============================================================
+healthy                            utilization at or above ``utilization_target`` (85%)
+<cause> (M1, M2, CK, M3, M4)       a cause of the table applies to a live run on the GPU: below
+                                   ``utilization_low_threshold`` the title is the cause
+                                   ("input-bound (M1)"), up to the target it reads
+                                   "below target: input-bound (M1)"; with its projection
+idle but allocated                 below ``idle_utilization_threshold`` while work holds the GPU;
+                                   names the processes (pid, name, memory)
+not instrumented                   below target, work on the GPU, but no live training run reports
+underutilized / below target       a live run reports, but no cause passes its threshold
+unused                             no memory, process or live run on the GPU
+unknown                            NVML reports no utilization (GPUs in MIG mode)
+=================================  ==============================================================
 
-Exit status: 0 when no GPU with work is below target, 1 when one is, 2 on bad input or an
+Only live runs count: a run that finished (it reports no current phase) or has not pushed for
+``max(30 s, 2 x window)`` is listed as finished and ignored when judging. ``--run`` judges only
+that run. Runs whose snapshots carry no GPU UUID cannot be joined to a GPU: they are listed
+separately with the fix.
+
+Exit status: 0 when no GPU with work is below the target, 1 when one is, 2 on bad input or an
 unreachable source. Example::
 
     $ gpu-exporter diagnose --url http://127.0.0.1:9445 --window 30s
@@ -37,9 +42,10 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
+from gpu_exporter.causes import BY_ID, LOW, TARGET, Finding, RunSignals, find_causes, level, pct
 from gpu_exporter.commands.metrics_client import (
     ExporterSource,
     Labels,
@@ -54,9 +60,10 @@ from gpu_exporter.training.protocol import OTHER, STANDARD_PHASES
 
 DEFAULT_URL = "http://127.0.0.1:9445"
 DEFAULT_WINDOW_EXPORTER = "15s"
-DEFAULT_WINDOW_PROMETHEUS = "15m"
-RUNBOOKS = "https://github.com/gpu-utilization-exporter/gpu-utilization-exporter/blob/main/docs/runbooks.md"
-"""Where the runbooks live (the same base the alert rules' ``runbook_url`` uses)."""
+PROMETHEUS_WINDOW = "5m"
+"""The window of the recording rules diagnose reads from Prometheus."""
+STALE_SECONDS = 30.0
+"""A run that has not pushed for this long (or two windows, if longer) is not live."""
 
 INSTRUMENT_SNIPPET = """\
 from gpu_exporter import training
@@ -66,12 +73,16 @@ for batch in run.data(loader):                # time spent waiting for the batch
     run.step(samples=len(batch))"""
 """The five lines that instrument a training loop (docs/training.md has the rest)."""
 
+NO_UUID_FIX = ("its snapshots carry no GPU UUID, so it cannot be joined to a GPU: start the job with "
+               "CUDA_VISIBLE_DEVICES=GPU-<uuid> (nvidia-smi -L lists the UUIDs) or pass "
+               "training.start(..., uuid=\"GPU-<uuid>\")")
+
 RunKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
 class RunView:
-    """A training run on a GPU, over the window."""
+    """A training run (rank) on a GPU, over the window, with the causes that apply to it."""
 
     run: str
     rank: str
@@ -81,6 +92,17 @@ class RunView:
     batch_size: float | None
     allocator_retries: float
     allocator_ooms: float
+    live: bool = True
+    findings: tuple[Finding, ...] = ()
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process holding memory on a GPU."""
+
+    pid: str
+    name: str
+    memory_bytes: float
 
 
 @dataclass(frozen=True)
@@ -96,11 +118,12 @@ class GpuView:
     processes: int
     pods: tuple[str, ...]
     runs: tuple[RunView, ...]
+    process_list: tuple[Process, ...] = ()
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The diagnosis of one GPU."""
+    """The diagnosis of one GPU. ``projected`` is the utilization reachable without the cause."""
 
     verdict: str
     title: str
@@ -108,6 +131,9 @@ class Verdict:
     remedy: str = ""
     runbook: str = ""
     below_target: bool = False
+    code: str = ""
+    level: str = ""
+    projected: float | None = None
 
 
 @dataclass
@@ -118,13 +144,17 @@ class Readings:
     utilization: dict[str, float] = field(default_factory=dict)
     memory_used: dict[str, float] = field(default_factory=dict)
     memory_total: dict[str, float] = field(default_factory=dict)
-    processes: dict[str, int] = field(default_factory=dict)
+    memory_ratio: dict[str, float] = field(default_factory=dict)
+    processes: dict[str, list[Process]] = field(default_factory=dict)
     pods: dict[str, set[str]] = field(default_factory=dict)
     phase_window: dict[RunKey, dict[str, float]] = field(default_factory=dict)
     phase_total: dict[RunKey, dict[str, float]] = field(default_factory=dict)
     retries: dict[RunKey, float] = field(default_factory=dict)
     ooms: dict[RunKey, float] = field(default_factory=dict)
     batch_size: dict[RunKey, float] = field(default_factory=dict)
+    live: set[RunKey] = field(default_factory=set)
+    findings: dict[RunKey, list[Finding]] | None = None
+    """Causes read from Prometheus' recording rules; None: judge here with the cause table."""
 
 
 def _run_key(labels: Labels) -> RunKey:
@@ -156,9 +186,9 @@ def _common(readings: Readings, cur: Iterable[tuple[str, list[tuple[Labels, floa
         elif name == "gpu_memory_total_bytes":
             readings.memory_total = _per_gpu(pairs)
         elif name == "gpu_process_memory_used_bytes":
-            for labels, _ in pairs:
-                uuid = labels.get("uuid", "")
-                readings.processes[uuid] = readings.processes.get(uuid, 0) + 1
+            for labels, value in pairs:
+                readings.processes.setdefault(labels.get("uuid", ""), []).append(
+                    Process(labels.get("pid", ""), labels.get("process_name", ""), value))
         elif name == "gpu_pod_info":
             for labels, _ in pairs:
                 readings.pods.setdefault(labels.get("uuid", ""), set()).add(
@@ -175,7 +205,11 @@ _INSTANT = ("gpu_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_
 
 
 def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
-    """Readings from two scrapes of one exporter: utilization and run activity are the deltas between them."""
+    """Readings from two scrapes of one exporter: utilization and run activity are the deltas between them.
+
+    A run is live when it reports a current phase (it has not finished) and pushed within
+    ``max(STALE_SECONDS, 2 x window)`` of the second scrape.
+    """
     readings = _common(Readings(), ((name, cur.series(name)) for name in _INSTANT))
     elapsed = cur.at - prev.at
     before = _per_gpu(prev.series("gpu_busy_seconds_total"))
@@ -193,24 +227,55 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
         for key, value in _per_run(cur.series(counter)).items():
             base = old_counts.get(key, 0.0)
             target[key] = value - base if value >= base else value
+    current = {key for key, value in _per_run(
+        (labels, value) for labels, value in cur.series("gpu_training_current_phase") if value == 1.0).items()}
+    stale = max(STALE_SECONDS, 2 * elapsed)
+    pushed = _per_run(cur.series("gpu_training_last_push_timestamp_seconds"))
+    readings.live = {key for key in current if cur.wall - pushed.get(key, cur.wall) <= stale}
     return readings
 
 
-def from_prometheus(prom: Prometheus, window: str) -> Readings:
-    """Readings from Prometheus: ``rate()`` / ``increase()`` over ``window``, the rest instant."""
-    prom.require("gpu_info", window)
-    readings = _common(Readings(), ((name, prom.query(name)) for name in _INSTANT))
-    readings.utilization = {u: min(v, 1.0) for u, v in _per_gpu(
-        prom.query(f"rate(gpu_busy_seconds_total[{window}])")).items() if math.isfinite(v)}
-    readings.phase_window = _phases(prom.query(f"increase(gpu_training_phase_seconds_total[{window}])"))
-    readings.retries = _per_run(prom.query(f"increase(gpu_training_allocator_retries_total[{window}])"))
-    readings.ooms = _per_run(prom.query(f"increase(gpu_training_allocator_ooms_total[{window}])"))
+def from_prometheus(prom: Prometheus) -> Readings:
+    """Readings from Prometheus: the recording rules generated from the cause table, instant values.
+
+    Utilization, memory, phase shares and causes come only from the recording rules (5m windows);
+    names, processes, pods and batch sizes from the exporter's instant series.
+    """
+    prom.require("gpu_info", "15m")
+    if not prom.query("count(gpu:gpu_utilization:avg5m)"):
+        raise MetricsError(f"Prometheus at {prom.base} has no gpu:gpu_utilization:avg5m series: load the rules "
+                           "of prometheus/rules/*.rules.yml (rule_files) so diagnose can read the cause series")
+    readings = _common(Readings(), ((name, prom.query(name)) for name in _INSTANT if
+                                    name != "gpu_training_phase_seconds_total"))
+    readings.utilization = {u: min(v, 1.0) for u, v in _per_gpu(prom.query("gpu:gpu_utilization:avg5m")).items()
+                            if math.isfinite(v)}
+    readings.memory_ratio = _per_gpu(prom.query("gpu:gpu_memory_used:ratio"))
+    readings.phase_window = readings.phase_total = _phases(prom.query("run:gpu_training_phase:share5m"))
+    readings.live = {key for key, value in _per_run(
+        prom.query("max without (phase) (gpu_training_current_phase)")).items() if value == 1.0}
+    projected = {(*_run_key(labels), labels.get("cause", "")): value for labels, value in
+                 prom.query("run:gpu_training_cause:projected_utilization")}
+    readings.findings = {}
+    for labels, value in prom.query("run:gpu_training_cause:share"):
+        cause = BY_ID.get(labels.get("cause", ""))
+        if cause is None or labels.get("level") not in (LOW, TARGET):
+            continue
+        key = _run_key(labels)
+        readings.findings.setdefault(key, []).append(Finding(
+            cause, labels["level"], value, projected.get((*key, cause.cause)), readings.batch_size.get(key)))
     return readings
 
 
-def build_views(readings: Readings) -> list[GpuView]:
-    """One GpuView per GPU of ``gpu_info``, with its runs joined by uuid, in (node, index) order."""
+def build_views(readings: Readings, t: Thresholds | None = None, window_seconds: float = 0.0) -> list[GpuView]:
+    """One GpuView per GPU of ``gpu_info``, with its runs joined by uuid, in (node, index) order.
+
+    With thresholds ``t`` the causes of each live run are found here (exporter readings) or
+    taken from the recording rules (Prometheus readings).
+    """
     runs: dict[str, list[RunView]] = {}
+    memory = {uuid: used / readings.memory_total[uuid] for uuid, used in readings.memory_used.items()
+              if readings.memory_total.get(uuid)}
+    memory.update(readings.memory_ratio)
     for key, totals in readings.phase_total.items():
         window = readings.phase_window.get(key, {})
         seconds = sum(v for v in window.values() if v > 0)
@@ -218,127 +283,128 @@ def build_views(readings: Readings) -> list[GpuView]:
         basis = totals if since_start else window
         total = sum(v for v in basis.values() if v > 0)
         shares = {p: round(max(v, 0.0) / total, 4) for p, v in basis.items()} if total > 0 else {}
-        runs.setdefault(key[2], []).append(RunView(
-            run=key[0], rank=key[1], shares=shares, seconds=total, since_start=since_start,
-            batch_size=readings.batch_size.get(key), allocator_retries=readings.retries.get(key, 0.0),
-            allocator_ooms=readings.ooms.get(key, 0.0)))
+        view = RunView(run=key[0], rank=key[1], shares=shares, seconds=total, since_start=since_start,
+                       batch_size=readings.batch_size.get(key), allocator_retries=readings.retries.get(key, 0.0),
+                       allocator_ooms=readings.ooms.get(key, 0.0), live=key in readings.live)
+        if t is not None and view.live:
+            view = replace(view, findings=tuple(_findings(readings, key, view, memory.get(key[2]), t,
+                                                          window_seconds)))
+        runs.setdefault(key[2], []).append(view)
     views = []
     for labels in readings.info:
         uuid = labels.get("uuid", "")
-        used, capacity = readings.memory_used.get(uuid), readings.memory_total.get(uuid)
+        procs = tuple(sorted(readings.processes.get(uuid, []), key=lambda p: -p.memory_bytes))
         views.append(GpuView(
             uuid=uuid, gpu=labels.get("gpu", ""), name=labels.get("name", ""),
             node=labels.get("node") or labels.get("instance", ""),
-            utilization=readings.utilization.get(uuid),
-            memory_used_ratio=used / capacity if used is not None and capacity else None,
-            processes=readings.processes.get(uuid, 0), pods=tuple(sorted(readings.pods.get(uuid, ()))),
-            runs=tuple(sorted(runs.get(uuid, []), key=lambda r: (r.run, r.rank)))))
+            utilization=readings.utilization.get(uuid), memory_used_ratio=memory.get(uuid),
+            processes=len(procs), pods=tuple(sorted(readings.pods.get(uuid, ()))),
+            runs=tuple(sorted(runs.get(uuid, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs))
     return sorted(views, key=lambda v: (v.node, int(v.gpu) if v.gpu.isdigit() else 1 << 30, v.uuid))
 
 
-def _pct(ratio: float) -> str:
-    return f"{ratio * 100:.0f}%"
+def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | None, t: Thresholds,
+              window_seconds: float) -> list[Finding]:
+    if readings.findings is not None:
+        return sorted(readings.findings.get(key, []), key=lambda f: (f.cause.kind != "allocator", -f.value))
+    util = readings.utilization.get(key[2])
+    if util is None or not run.shares:
+        return []
+    retry_limit = t.allocator_retries_threshold * max(1.0, window_seconds / t.allocator_window)
+    signals = RunSignals(run.shares, run.allocator_retries, run.allocator_ooms, run.batch_size)
+    return find_causes(util, memory, signals, t, retry_limit)
 
 
-_REMEDIES = {
-    "input_bound": ("M1: feed the GPU faster: DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
-                    "persistent_workers=True), preload or cache the data set, move augmentation to the GPU.",
-                    "gputraininginputbound"),
-    "metrics_bound": ("M2: compute metrics every N steps or at epoch end, drop the ones nobody reads, keep them "
-                      "on the GPU without a .item()/.cpu() per step, log asynchronously.",
-                      "gputrainingmetricsbound"),
-    "batch_too_small": ("M3: raise the batch size while memory allows (scale the learning rate with it); fewer, "
-                        "larger kernels with torch.compile, CUDA graphs or mixed precision.", "gpubatchtoosmall"),
-    "allocator_trouble": ("M4: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, stable tensor shapes, no "
-                          "torch.cuda.empty_cache() in the loop; lower the batch size a little if memory is "
-                          "really too small.", "gpumemoryallocatorthrashing"),
+def unjoined_runs(readings: Readings) -> list[tuple[str, str]]:
+    """(run, rank) of the runs whose snapshots carry no GPU UUID."""
+    return sorted({(run, rank) for run, rank, uuid in readings.phase_total if not uuid})
+
+
+_GENERIC = {
     "idle_but_allocated": ("Release the GPU (stop the idle notebook kernel or the finished job), or find what the "
                            "job waits for: its input (M1) or a collective with a dead rank.", "gpuidlebutallocated"),
     "not_instrumented": ("Instrument the job with gpu_exporter.training so the phases show the cause "
-                         "(M1 input, M2 metrics, M3 batch size, M4 allocator):\n" + INSTRUMENT_SNIPPET,
-                         "gpuutilizationlow"),
-    "underutilized": ("Work through the causes in order: input pipeline (M1), metric computations (M2), batch "
-                      "size (M3), allocator (M4); inference servers: batch requests or share the GPU (MIG).",
-                      "gpuutilizationlow"),
+                         "(M1 input, M2 metrics, CK checkpoints, M3 batch size, M4 allocator):\n"
+                         + INSTRUMENT_SNIPPET, "gpuutilizationlow"),
+    "underutilized": ("No phase passes its threshold: look at the largest phase besides compute, then the batch "
+                      "size (M3); inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow"),
 }
 
 
-def _verdict(kind: str, title: str, reason: str, below: bool) -> Verdict:
-    remedy, anchor = _REMEDIES.get(kind, ("", ""))
-    return Verdict(kind, title, reason, remedy, f"{RUNBOOKS}#{anchor}" if anchor else "", below)
+def _generic(kind: str, title: str, reason: str, t: Thresholds, lvl: str) -> Verdict:
+    remedy, anchor = _GENERIC[kind]
+    return Verdict(kind, title, reason, remedy, t.runbook_url(anchor), True, level=lvl)
 
 
-def judge(view: GpuView, t: Thresholds, window_seconds: float) -> Verdict:
+def judge(view: GpuView, t: Thresholds) -> Verdict:
     """The one verdict for ``view`` under thresholds ``t`` (see the module docstring for the order).
 
-    ``window_seconds`` scales the allocator retry limit: ``allocator_retries_threshold`` per
-    ``allocator_window``, never less than the threshold itself.
+    The causes of its live runs (``RunView.findings``) were found by :func:`build_views`; the
+    biggest one names the verdict, the others are listed with it.
     """
-    retry_limit = t.allocator_retries_threshold * max(1.0, window_seconds / t.allocator_window)
-    for run in view.runs:
-        if run.allocator_ooms > 0 or run.allocator_retries > retry_limit:
-            below = view.utilization is not None and view.utilization < t.utilization_low_threshold
-            what = (f"{run.allocator_ooms:.0f} out-of-memory error(s)" if run.allocator_ooms > 0 else
-                    f"{run.allocator_retries:.0f} allocation retries (limit {retry_limit:.0f})")
-            return _verdict("allocator_trouble", "allocator trouble (M4)",
-                            f"run {run.run} rank {run.rank}: the CUDA caching allocator had {what} in the window.",
-                            below)
     util = view.utilization
-    target = _pct(t.utilization_low_threshold)
     if util is None:
         return Verdict("unknown", "unknown", "NVML reports no utilization for this GPU (MIG mode); "
                        "look at gpu_sm_active_ratio (GPM) instead.")
-    if util >= t.utilization_low_threshold:
-        return Verdict("healthy", "healthy", f"{_pct(util)} utilization, at or above the {target} target.")
+    lvl = level(util, t)
+    if lvl is None:
+        return Verdict("healthy", "healthy", f"{pct(util)} utilization, at or above the "
+                                             f"{pct(t.utilization_target)} target.")
+    live = [r for r in view.runs if r.live]
     memory = view.memory_used_ratio
-    if not view.processes and not view.runs and (memory is None or memory <= t.work_memory_used_ratio):
-        return Verdict("unused", "unused", "no process, training run or memory on the GPU: free capacity.")
-    active = [r for r in view.runs if r.shares]
-    for phase, limit, code, label, doing in (
-            ("data", t.input_bound_share, "input_bound", "input-bound (M1)", "waiting for the next batch"),
-            ("metrics", t.metrics_bound_share, "metrics_bound", "metrics-bound (M2)", "computing metrics")):
-        for run in active:
-            share = run.shares.get(phase, 0.0)
-            if share > limit:
-                return _verdict(code, label, f"run {run.run} rank {run.rank} spends {_pct(share)} of its time "
-                                             f"{doing} (limit {_pct(limit)}).", True)
-    for run in active:
-        share = run.shares.get("compute", 0.0)
-        if share > t.batch_compute_share and memory is not None and memory < t.batch_memory_used_ratio:
-            return _verdict("batch_too_small", "batch too small (M3)",
-                            f"run {run.run} rank {run.rank} spends {_pct(share)} of its time in compute, yet the "
-                            f"GPU is at {_pct(util)} with only {_pct(memory)} of its memory used.", True)
+    if not view.processes and not live and (memory is None or memory <= t.work_memory_used_ratio):
+        return Verdict("unused", "unused", "no process, live training run or memory on the GPU: free capacity.")
+    found = sorted(((f, r) for r in live for f in r.findings),
+                   key=lambda fr: (fr[0].cause.kind != "allocator", -fr[0].value))
+    if found:
+        (first, run), others = found[0], found[1:]
+        cause = first.cause
+        title = cause.label if lvl == LOW else f"below target: {cause.label}"
+        also = "".join(f" Also {f.cause.label}: {pct(f.value) if f.projected is not None else f'{f.value:.0f}'}"
+                       + (f" (at most ~{pct(f.projected)} without it)" if f.projected is not None else "") + "."
+                       for f, _ in others)
+        return Verdict(cause.cause, title, f"{first.projection(util)}. {first.reason(run.run, run.rank)}{also}",
+                       cause.advice, t.runbook_url(cause.anchor), True, cause.code, lvl, first.projected)
     if util < t.idle_utilization_threshold:
-        return _verdict("idle_but_allocated", "idle but allocated",
-                        f"{_pct(util)} utilization while {_holder(view)} holds the GPU.", True)
-    if not view.runs:
-        return _verdict("not_instrumented", "not instrumented",
-                        f"{_pct(util)} utilization (target {target}) and no training run reports its phases.", True)
-    run = active[0] if active else view.runs[0]
+        return _generic("idle_but_allocated", "idle but allocated",
+                        f"{pct(util)} utilization while {_holder(view, live)} holds the GPU.", t, lvl)
+    finished = [r.run for r in view.runs if not r.live]
+    gone = f" (run {', '.join(sorted(set(finished)))} finished or stopped pushing)" if finished else ""
+    if not live:
+        return _generic("not_instrumented", "not instrumented" if lvl == LOW else "below target: not instrumented",
+                        f"{pct(util)} utilization (target {pct(t.utilization_target)}) and no live training run "
+                        f"reports its phases{gone}.", t, lvl)
+    run = live[0]
     biggest = max(((p, s) for p, s in run.shares.items() if p != "compute"), key=lambda x: x[1], default=None)
-    detail = f"; its largest non-compute phase is {biggest[0]} at {_pct(biggest[1])}" if biggest else ""
-    return _verdict("underutilized", "underutilized",
-                    f"{_pct(util)} utilization (target {target}); no single cause passes its threshold{detail}.",
-                    True)
+    detail = f"; its largest phase besides compute is {biggest[0]} at {pct(biggest[1])}" if biggest else ""
+    return _generic("underutilized", "underutilized" if lvl == LOW else "below target: no single cause",
+                    f"{pct(util)} utilization (target {pct(t.utilization_target)}); no cause passes its threshold "
+                    f"for run {run.run}{detail}.", t, lvl)
 
 
-def _holder(view: GpuView) -> str:
-    if view.runs:
-        return f"training run {view.runs[0].run}"
-    if view.processes:
-        return f"{view.processes} process{'es' if view.processes > 1 else ''}"
-    return f"{_pct(view.memory_used_ratio or 0.0)} of its memory"
+def _holder(view: GpuView, live: Sequence[RunView]) -> str:
+    parts = [f"training run {live[0].run}"] if live else []
+    parts += [f"pid {p.pid} {p.name} ({p.memory_bytes / 2**30:.1f} GiB)" for p in view.process_list]
+    if not parts:
+        return f"{pct(view.memory_used_ratio or 0.0)} of its memory"
+    return ", ".join(parts)
 
 
 def select(views: Sequence[GpuView], node: str | None, namespace: str | None, run: str | None,
            ids: str | None) -> list[GpuView]:
-    """The GPUs matching every filter given (node, pod namespace, training run, index or uuid)."""
+    """The GPUs matching every filter given (node, pod namespace, training run, index or uuid).
+
+    With ``run``, each GPU keeps only that run, so the verdict is the run's.
+    """
     wanted = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
-    return [v for v in views
-            if (node is None or node in (v.node, v.node.rpartition(":")[0]))
-            and (namespace is None or any(p.split("/", 1)[0] == namespace for p in v.pods))
-            and (run is None or any(r.run == run for r in v.runs))
-            and (wanted is None or v.gpu in wanted or v.uuid in wanted)]
+    out = [v for v in views
+           if (node is None or node in (v.node, v.node.rpartition(":")[0]))
+           and (namespace is None or any(p.split("/", 1)[0] == namespace for p in v.pods))
+           and (run is None or any(r.run == run for r in v.runs))
+           and (wanted is None or v.gpu in wanted or v.uuid in wanted)]
+    if run is not None:
+        out = [replace(v, runs=tuple(r for r in v.runs if r.run == run)) for v in out]
+    return out
 
 
 def _phase_order(shares: dict[str, float]) -> list[str]:
@@ -346,23 +412,29 @@ def _phase_order(shares: dict[str, float]) -> list[str]:
     return standard + sorted(p for p in shares if p not in standard)
 
 
-def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thresholds, out: TextIO) -> None:
-    """Readable report: one block per GPU, then a summary line."""
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thresholds, out: TextIO,
+                unjoined: Sequence[tuple[str, str]] = ()) -> None:
+    """Readable report: one block per GPU, the runs without a GPU UUID, then a summary line."""
     for view, verdict in results:
         where = f"  on {view.node}" if view.node else ""
         out.write(f"GPU {view.gpu}  {view.name}  {view.uuid}{where}\n")
         util = "n/a" if view.utilization is None else f"{view.utilization * 100:.1f}%"
-        memory = "n/a" if view.memory_used_ratio is None else _pct(view.memory_used_ratio)
+        memory = "n/a" if view.memory_used_ratio is None else pct(view.memory_used_ratio)
         procs = f"{view.processes} process{'' if view.processes == 1 else 'es'}"
-        out.write(f"  utilization  {util} over {window} (target {_pct(t.utilization_low_threshold)}), "
-                  f"memory {memory} used, {procs}\n")
+        out.write(f"  utilization  {util} over {window} (target {pct(t.utilization_target)}, alert below "
+                  f"{pct(t.utilization_low_threshold)}), memory {memory} used, {procs}\n")
         for pod in view.pods:
             out.write(f"  pod          {pod}\n")
         for r in view.runs:
-            phases = ", ".join(f"{p} {_pct(r.shares[p])}" for p in _phase_order(r.shares)) or "no phase time yet"
+            phases = ", ".join(f"{p} {pct(r.shares[p])}" for p in _phase_order(r.shares)) or "no phase time yet"
             basis = "since the run started" if r.since_start else "in the window"
             batch = f", batch {r.batch_size:.0f}" if r.batch_size is not None else ""
-            out.write(f"  run          {r.run} (rank {r.rank}): {phases} ({basis}){batch}\n")
+            state = "" if r.live else "  [finished or not pushing: ignored]"
+            out.write(f"  run          {r.run} (rank {r.rank}): {phases} ({basis}){batch}{state}\n")
         out.write(f"  verdict      {verdict.title}: {verdict.reason}\n")
         if verdict.remedy:
             first, *rest = verdict.remedy.split("\n")
@@ -371,23 +443,35 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
         if verdict.runbook:
             out.write(f"  runbook      {verdict.runbook}\n")
         out.write("\n")
+    for run, rank in unjoined:
+        out.write(f"Run {run} (rank {rank}) is not on any GPU above: {NO_UUID_FIX}.\n\n")
     below = sum(v.below_target for _, v in results)
-    target = _pct(t.utilization_low_threshold)
+    target = pct(t.utilization_target)
     out.write(f"{below} of {len(results)} GPU(s) below the {target} utilization target.\n" if below else
               f"No GPU with work is below the {target} utilization target ({len(results)} GPU(s) checked).\n")
 
 
+def _finding_doc(f: Finding) -> dict[str, Any]:
+    return {"cause": f.cause.cause, "code": f.cause.code, "level": f.level, "value": round(f.value, 4),
+            "projected_utilization": None if f.projected is None else round(f.projected, 4)}
+
+
 def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_seconds: float, t: Thresholds,
-                out: TextIO) -> None:
+                out: TextIO, unjoined: Sequence[tuple[str, str]] = ()) -> None:
     """Machine-readable report: the source, the window, the thresholds and every GPU with its verdict."""
     doc = {
         "source": source,
         "window_seconds": window_seconds,
-        "utilization_target": t.utilization_low_threshold,
+        "utilization_target": t.utilization_target,
+        "utilization_low_threshold": t.utilization_low_threshold,
         "gpus_below_target": sum(v.below_target for _, v in results),
-        "gpus": [{**{k: v for k, v in asdict(view).items() if k != "runs"},
-                  "runs": [asdict(r) for r in view.runs], "verdict": asdict(verdict)}
+        "gpus": [{**{k: v for k, v in asdict(view).items() if k not in ("runs", "process_list")},
+                  "process_list": [asdict(p) for p in view.process_list],
+                  "runs": [{**{k: v for k, v in asdict(r).items() if k != "findings"},
+                            "causes": [_finding_doc(f) for f in r.findings]} for r in view.runs],
+                  "verdict": asdict(verdict)}
                  for view, verdict in results],
+        "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
     }
     out.write(json.dumps(doc, indent=2) + "\n")
 
@@ -397,16 +481,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, metavar="URL",
                         help=f"the node's exporter (default {DEFAULT_URL}); two scrapes --window apart")
     parser.add_argument("--prometheus-url", metavar="URL",
-                        help="diagnose from Prometheus instead (a fleet; narrow it with --node/--namespace/--run)")
+                        help="diagnose from Prometheus instead, reading the recording rules of "
+                             "prometheus/rules (a fleet; narrow it with --node/--namespace/--run)")
     parser.add_argument("--window", metavar="DURATION",
-                        help=f"time to average over (default {DEFAULT_WINDOW_EXPORTER} from an exporter, "
-                             f"{DEFAULT_WINDOW_PROMETHEUS} from Prometheus)")
+                        help=f"time to average over, with --url (default {DEFAULT_WINDOW_EXPORTER}); from "
+                             f"Prometheus the recording rules' {PROMETHEUS_WINDOW} window is used")
     parser.add_argument("--node", help="only GPUs of this node (its node or instance label; Prometheus only)")
     parser.add_argument("--namespace", help="only GPUs allocated to pods of this Kubernetes namespace")
-    parser.add_argument("--run", dest="run_name", metavar="RUN", help="only GPUs this training run reports from")
+    parser.add_argument("--run", dest="run_name", metavar="RUN",
+                        help="only the GPUs of this training run, judged by this run alone")
     parser.add_argument("-i", "--id", metavar="ID[,ID...]", help="only these GPUs (indexes or UUIDs)")
     parser.add_argument("--thresholds", metavar="FILE",
-                        help="thresholds YAML (default: the packaged copy of prometheus/thresholds.yml)")
+                        help="thresholds YAML to judge with (default: the copy packaged with gpu_exporter, "
+                             "which prometheus/thresholds.yml links to in a source checkout)")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="text for people, json for tools")
 
 
@@ -422,6 +509,22 @@ def _window(text: str) -> tuple[float, str]:
     return seconds, f"{seconds:g}s" if plain else text
 
 
+def _wait(seconds: float, url: str, err: TextIO) -> None:
+    """Sleep ``seconds``, with a progress line on stderr (rewritten every second on a terminal)."""
+    deadline = time.monotonic() + seconds
+    tty = err.isatty()
+    start, end = ("\r", "") if tty else ("", "\n")
+    while (left := deadline - time.monotonic()) > 0:
+        if tty or left >= seconds - 1e-9:
+            err.write(f"{start}diagnose: averaging over {seconds:g}s, second reading of {url} "
+                      f"in {math.ceil(left)}s ...{end}")
+            err.flush()
+        time.sleep(min(1.0, left))
+    if tty:
+        err.write("\r\033[K")
+        err.flush()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``gpu-exporter diagnose``; 0 all at target, 1 any GPU with work below target, 2 on errors."""
     try:
@@ -434,17 +537,19 @@ def run(args: argparse.Namespace) -> int:
         if args.node is not None and args.prometheus_url is None:
             raise MetricsError("--node needs --prometheus-url (an exporter only knows its own node)")
         if args.prometheus_url is not None:
-            seconds, window = _window(args.window or DEFAULT_WINDOW_PROMETHEUS)
+            if args.window is not None:
+                raise MetricsError(f"--window applies to --url only: from Prometheus diagnose reads the recording "
+                                   f"rules, which average over {PROMETHEUS_WINDOW}")
+            seconds, window = parse_duration(PROMETHEUS_WINDOW), f"{PROMETHEUS_WINDOW} (recording rules)"
             prom = Prometheus(args.prometheus_url)
-            promql_window = window if "." not in window else f"{round(seconds * 1000)}ms"
-            readings, source = from_prometheus(prom, promql_window), prom.base
+            readings, source = from_prometheus(prom), prom.base
         else:
             seconds, window = _window(args.window or DEFAULT_WINDOW_EXPORTER)
             exporter = ExporterSource(args.url or DEFAULT_URL)
             first = exporter.read()
-            time.sleep(max(0.0, seconds - (time.monotonic() - first.at)))
+            _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url
-        views = select(build_views(readings), args.node, args.namespace, args.run_name, args.id)
+        views = select(build_views(readings, thresholds, seconds), args.node, args.namespace, args.run_name, args.id)
         if not views:
             filters = [f"--{flag} {getattr(args, dest)}" for flag, dest in
                        (("node", "node"), ("namespace", "namespace"), ("run", "run_name"), ("id", "id"))
@@ -455,11 +560,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(err))
     except KeyboardInterrupt:
         return fail("interrupted", 130)
-    results = [(view, judge(view, thresholds, seconds)) for view in views]
+    unjoined = [(r, k) for r, k in unjoined_runs(readings) if args.run_name in (None, r)]
+    results = [(view, judge(view, thresholds)) for view in views]
     if args.output == "json":
-        render_json(results, source, seconds, thresholds, sys.stdout)
+        render_json(results, source, seconds, thresholds, sys.stdout, unjoined)
     else:
-        render_text(results, window, thresholds, sys.stdout)
+        render_text(results, window, thresholds, sys.stdout, unjoined)
     return 1 if any(verdict.below_target for _, verdict in results) else 0
 
 
