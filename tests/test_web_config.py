@@ -178,13 +178,41 @@ def test_headers_are_kept(tmp_path: Path) -> None:
      "client_allowed_sans is not"),
     ("basic_auth_users: {alice: plaintext}\n", "basic_auth_users.alice must be a bcrypt hash"),
     ("basic_auth_users: [alice]\n", "basic_auth_users must be a mapping"),
-    ("tls_server_config: [\n", "not valid YAML at line"),
+    ("tls_server_config: [\n", "web config:2: invalid YAML"),
     ("- 1\n", "the web config must be a mapping"),
 ])
 def test_bad_files_give_one_line_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(WebConfigError) as err:
         parse_web_config(text, tmp_path)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS10\n",
+     "web config:4: tls_server_config.min_version TLS10 is not honoured: gpu-exporter serves TLS 1.2 and 1.3 "
+     "only, so use TLS12 or TLS13"),
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  max_version: TLS11\n",
+     "web config:4: tls_server_config.max_version TLS11 is not honoured"),
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS13\n  max_version: TLS12\n",
+     "web config:5: tls_server_config.min_version TLS13 is above max_version TLS12, so no connection could "
+     "agree on a version"),
+    ("basic_auth_users:\n  alice: '" + HASH.replace("$04$", "$15$") + "'\n",
+     "web config:2: basic_auth_users.alice has bcrypt cost 15, outside 4-14"),
+    ("basic_auth_users:\n  alice: '" + HASH.replace("$04$", "$03$") + "'\n",
+     "web config:2: basic_auth_users.alice has bcrypt cost 03, outside 4-14"),
+    ("http_server_config:\n  headers:\n    X-Frame-Options: deny\n    X-Frame-Options: sameorigin\n",
+     "web config:4: key 'X-Frame-Options' is given twice (first on line 3)"),
+])
+def test_versions_and_costs_that_cannot_work_are_one_sentence_with_the_line(text: str, message: str) -> None:
+    with pytest.raises(WebConfigError) as err:
+        parse_web_config(text, Path("."))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert str(err.value).count(". ") == 0  # one sentence
+
+
+def test_bcrypt_cost_14_is_the_highest_accepted() -> None:
+    web = parse_web_config("basic_auth_users:\n  alice: '" + HASH.replace("$04$", "$14$") + "'\n", Path("."))
+    assert web.dummy_hash.startswith(b"$2b$14$")
 
 
 def test_missing_certificate_names_the_file(tmp_path: Path) -> None:

@@ -7,13 +7,20 @@ gpu_exporter_http_auth_failures_total; the health endpoints stay open for probes
 from __future__ import annotations
 
 import base64
+import errno
+import os
+import signal
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import bcrypt
-from servers import promql, run_exporter, run_prometheus, wait_until
+import pytest
+from servers import exporter_env, free_port, promql, run_exporter, run_prometheus, wait_until
+from test_http_server import exporter
 from test_web_config import self_signed
 
 
@@ -76,3 +83,48 @@ scrape_configs:
 
             # Two wrong requests above, plus one per scrape of the wrong-password job.
             assert wait_until(lambda: failures_counted() >= 3, 15, what="auth failures counted") is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("ingest_flags", "warned"), [
+    ([], True), (["--ingest.enabled", "false"], False), (["--ingest.token-file", "TOKEN"], False)])
+def test_basic_auth_with_an_open_ingest_is_warned_about(tmp_path: Path, ingest_flags: list[str],
+                                                        warned: bool) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{bcrypt.hashpw(b'pw', bcrypt.gensalt(4)).decode()}'\n")
+    (tmp_path / "token").write_text("s3cret\n")
+    flags = [str(tmp_path / "token") if flag == "TOKEN" else flag for flag in ingest_flags]
+    with exporter("--web.config.file", str(web), *flags, tmp_path=tmp_path) as running:
+        log = running.log.read_text()
+    assert ("training ingest (POST /api/v1/training) accepts pushes from anyone: set ingest.token_file"
+            in log) is warned, log
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_start_that_hangs(tmp_path: Path) -> None:
+    """A start stuck in a slow step (here: reading a web config FIFO nobody writes) still obeys SIGTERM."""
+    fifo = tmp_path / "web.yml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_exporter", "--simulate", "--web.config.file", str(fifo),
+                             "--web.listen-address", f"127.0.0.1:{free_port()}"], env=exporter_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    writer = -1
+    try:
+        def reader_waits() -> bool:
+            nonlocal writer
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # succeeds once the exporter opened it
+            except OSError as err:
+                if err.errno != errno.ENXIO:
+                    raise
+                return False
+            return True
+
+        wait_until(reader_waits, 30, interval=0.05, what="the exporter to open its web config")
+        proc.send_signal(signal.SIGTERM)  # it now blocks reading, since the writer stays open and silent
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if writer >= 0:
+            os.close(writer)
+        proc.kill()
+        proc.wait()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpu_exporter import yamlfile
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -269,38 +269,28 @@ DEFAULTS = Config(**{s.attr: s.default for s in SETTINGS})
 def _read_yaml(path: Path) -> dict[str, tuple[Any, str]]:
     """Flatten a YAML config file to {dotted key: (raw value, 'file:line')}."""
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            return {}
-        if not isinstance(root, yaml.MappingNode):
-            raise ConfigError(f"{path}:{root.start_mark.line + 1}: the config file must be a mapping of keys")
-        out: dict[str, tuple[Any, str]] = {}
-        sections = {s.key.split(".")[0] for s in SETTINGS if "." in s.key}
-        stack: list[tuple[str, yaml.MappingNode]] = [("", root)]
-        while stack:
-            prefix, node = stack.pop()
-            for key_node, value_node in node.value:
-                where = f"{path}:{key_node.start_mark.line + 1}"
-                key = prefix + str(key_node.value)
-                if isinstance(value_node, yaml.MappingNode) and key in sections:
-                    stack.append((key + ".", value_node))
-                elif key not in SETTINGS_BY_KEY:
-                    raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(SETTINGS_BY_KEY))}")
-                else:
-                    out[key] = (loader.construct_object(value_node, deep=True), where)
-        return out
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from None
-    finally:
-        loader.dispose()
+        root = yamlfile.load(path, what="config file")
+    except yamlfile.YamlError as err:
+        raise ConfigError(str(err)) from None
+    if root is None:
+        return {}
+    if not isinstance(root, yamlfile.YamlMap):
+        raise ConfigError(f"{path}:1: the config file must be a mapping of keys")
+    out: dict[str, tuple[Any, str]] = {}
+    sections = {s.key.split(".")[0] for s in SETTINGS if "." in s.key}
+    stack: list[tuple[str, yamlfile.YamlMap]] = [("", root)]
+    while stack:
+        prefix, mapping = stack.pop()
+        for name, value in mapping.items():
+            key = prefix + str(name)
+            if isinstance(value, yamlfile.YamlMap) and key in sections:
+                stack.append((key + ".", value))
+            elif key not in SETTINGS_BY_KEY:
+                raise ConfigError(f"{mapping.where(name)}: unknown key {key!r}; "
+                                  f"known keys: {', '.join(sorted(SETTINGS_BY_KEY))}")
+            else:
+                out[key] = (value, mapping.where(name))
+    return out
 
 
 def load_config(file_path: str | None, env: Mapping[str, str] | None = None,

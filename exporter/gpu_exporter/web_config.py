@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpu_exporter import yamlfile
+from gpu_exporter.yamlfile import YamlMap
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,13 @@ _TLS_UNSUPPORTED = {"client_allowed_sans": "restrict clients with client_ca_file
 _HTTP_KEYS = {"http2", "headers"}
 _HEADERS = {"Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options", "X-XSS-Protection",
             "Strict-Transport-Security"}
-_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
-             "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_VERSIONS_NOT_HONOURED = {"TLS10", "TLS11"}  # exporter-toolkit accepts them; OpenSSL here refuses them
 _CLIENT_AUTH = {"NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                 "RequireAndVerifyClientCert"}
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+BCRYPT_MIN_COST, BCRYPT_MAX_COST = 4, 14
+"""Accepted bcrypt costs: cost 14 takes about a second per check, cost 31 days."""
 _CACHE_SIZE = 256
 
 
@@ -173,135 +176,160 @@ def _reason(err: BaseException) -> str:
     return str(getattr(err, "strerror", None) or getattr(err, "reason", None) or err)
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
+def _where(section: dict[str, Any], key: str, source: str) -> str:
+    """``file:line`` of ``key`` in ``section`` (the file alone when the line is unknown)."""
+    return section.where(key) if isinstance(section, YamlMap) else source
+
+
+def _mapping(parent: dict[str, Any], key: str, name: str, source: str) -> dict[str, Any]:
+    value = parent.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebConfigError(f"{where} must be a mapping, got {type(value).__name__}")
+        raise WebConfigError(f"{_where(parent, key, source)}: {name} must be a mapping, got {type(value).__name__}")
     return value
 
 
-def _unknown(section: dict[str, Any], allowed: set[str], where: str) -> None:
+def _unknown(section: dict[str, Any], allowed: set[str], prefix: str, source: str) -> None:
     for key in section:
         if key not in allowed:
-            raise WebConfigError(f"unknown key {where}{key!s} (allowed: {', '.join(sorted(allowed))})")
+            raise WebConfigError(f"{_where(section, key, source)}: unknown key {prefix}{key!s} "
+                                 f"(allowed: {', '.join(sorted(allowed))})")
 
 
-def _path(value: Any, key: str, base: Path) -> Path:
+def _path(section: dict[str, Any], key: str, base: Path, source: str) -> Path:
+    value = section[key]
     if not isinstance(value, str) or not value:
-        raise WebConfigError(f"tls_server_config.{key} must be a non-empty file path")
+        raise WebConfigError(f"{_where(section, key, source)}: tls_server_config.{key} must be a non-empty file path")
     path = Path(value)
     return path if path.is_absolute() else base / path
 
 
-def _parse_tls(section: dict[str, Any], base: Path) -> TLSServerConfig:
-    _unknown(section, _TLS_KEYS, "tls_server_config.")
+def _parse_tls(section: dict[str, Any], base: Path, source: str) -> TLSServerConfig:
+    def fail(key: str, message: str) -> WebConfigError:
+        return WebConfigError(f"{_where(section, key, source)}: tls_server_config.{message}")
+
+    _unknown(section, _TLS_KEYS, "tls_server_config.", source)
     for key, hint in _TLS_UNSUPPORTED.items():
         if section.get(key):
-            raise WebConfigError(f"tls_server_config.{key} is not supported by gpu-exporter: {hint}")
+            raise fail(key, f"{key} is not supported by gpu-exporter: {hint}")
     for key in _TLS_IGNORED & section.keys():
         log.warning("web config: tls_server_config.%s is ignored; OpenSSL's defaults apply", key)
     if "cert_file" not in section or "key_file" not in section:
-        raise WebConfigError("tls_server_config needs both cert_file and key_file")
+        raise WebConfigError(f"{source}: tls_server_config needs both cert_file and key_file")
     client_auth = section.get("client_auth_type") or "NoClientCert"
     if client_auth not in _CLIENT_AUTH:
-        raise WebConfigError(f"tls_server_config.client_auth_type {client_auth!r} is invalid "
-                             f"(one of: {', '.join(sorted(_CLIENT_AUTH))})")
+        raise fail("client_auth_type", f"client_auth_type {client_auth!r} is invalid "
+                                       f"(one of: {', '.join(sorted(_CLIENT_AUTH))})")
     if client_auth == "RequireAnyClientCert":
-        raise WebConfigError("tls_server_config.client_auth_type RequireAnyClientCert is not supported by "
-                             "gpu-exporter: use RequireAndVerifyClientCert with client_ca_file")
+        raise fail("client_auth_type", "client_auth_type RequireAnyClientCert is not supported by "
+                                       "gpu-exporter: use RequireAndVerifyClientCert with client_ca_file")
     ca = section.get("client_ca_file")
     if client_auth != "NoClientCert" and not ca:
-        raise WebConfigError(f"tls_server_config.client_auth_type {client_auth} needs client_ca_file")
-    versions = {}
+        raise fail("client_auth_type", f"client_auth_type {client_auth} needs client_ca_file")
+    versions: dict[str, str | None] = {}
     for key, default in (("min_version", "TLS12"), ("max_version", None)):
         version = section.get(key) or default
+        if version in _VERSIONS_NOT_HONOURED:
+            raise fail(key, f"{key} {version} is not honoured: gpu-exporter serves TLS 1.2 and 1.3 only, "
+                            "so use TLS12 or TLS13")
         if version is not None and version not in _VERSIONS:
-            raise WebConfigError(f"tls_server_config.{key} {version!r} is invalid "
-                                 f"(one of: {', '.join(_VERSIONS)})")
+            raise fail(key, f"{key} {version!r} is invalid (one of: {', '.join(_VERSIONS)})")
         versions[key] = version
+    low, high = str(versions["min_version"]), versions["max_version"]
+    if high is not None and _VERSIONS[low] > _VERSIONS[high]:
+        raise fail("max_version", f"min_version {low} is above max_version {high}, so no connection could "
+                                  "agree on a version")
     prefer = section.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
-        raise WebConfigError("tls_server_config.prefer_server_cipher_suites must be true or false")
+        raise fail("prefer_server_cipher_suites", "prefer_server_cipher_suites must be true or false")
     return TLSServerConfig(
-        cert_file=_path(section["cert_file"], "cert_file", base),
-        key_file=_path(section["key_file"], "key_file", base),
+        cert_file=_path(section, "cert_file", base, source),
+        key_file=_path(section, "key_file", base, source),
         client_auth_type=client_auth,
-        client_ca_file=_path(ca, "client_ca_file", base) if ca else None,
-        min_version=str(versions["min_version"]),
-        max_version=versions["max_version"],
+        client_ca_file=_path(section, "client_ca_file", base, source) if ca else None,
+        min_version=low,
+        max_version=high,
         prefer_server_cipher_suites=prefer)
 
 
-def _parse_users(section: dict[str, Any]) -> tuple[dict[str, str], bytes]:
+def _parse_users(section: dict[str, Any], source: str) -> tuple[dict[str, str], bytes]:
     """(user -> bcrypt hash, a dummy hash of the same cost for unknown users)."""
     users: dict[str, str] = {}
     for user, hashed in section.items():
+        where = _where(section, user, source)
         if not isinstance(hashed, str) or not hashed.startswith(_BCRYPT_PREFIXES) or len(hashed) != 60:
-            raise WebConfigError(f"basic_auth_users.{user} must be a bcrypt hash ($2b$...), "
+            raise WebConfigError(f"{where}: basic_auth_users.{user} must be a bcrypt hash ($2b$...), "
                                  "e.g. from `htpasswd -nBC 12 USER`")
         if ":" in str(user):
-            raise WebConfigError(f"basic_auth_users: user name {user!r} must not contain ':'")
+            raise WebConfigError(f"{where}: basic_auth_users: user name {user!r} must not contain ':'")
+        cost = int(hashed[4:6]) if hashed[4:6].isdigit() else 0
+        if not BCRYPT_MIN_COST <= cost <= BCRYPT_MAX_COST:
+            raise WebConfigError(f"{where}: basic_auth_users.{user} has bcrypt cost {hashed[4:6]}, outside "
+                                 f"{BCRYPT_MIN_COST}-{BCRYPT_MAX_COST} (each step doubles the CPU time of "
+                                 "every login); hash it again with `htpasswd -nBC 12 USER`")
         users[str(user)] = hashed
     if not users:
         return users, b""
     try:
         import bcrypt
     except ImportError:
-        raise WebConfigError("basic_auth_users needs the bcrypt package: install "
+        raise WebConfigError(f"{source}: basic_auth_users needs the bcrypt package: install "
                              "'gpu-utilization-exporter[tls]'") from None
-    cost = max(int(h[4:6]) if h[4:6].isdigit() else 10 for h in users.values())
-    return users, bytes(bcrypt.hashpw(b"unknown user", bcrypt.gensalt(rounds=min(max(cost, 4), 31))))
+    cost = max(int(h[4:6]) for h in users.values())
+    return users, bytes(bcrypt.hashpw(b"unknown user", bcrypt.gensalt(rounds=cost)))
 
 
-def _parse_http(section: dict[str, Any]) -> dict[str, str]:
-    _unknown(section, _HTTP_KEYS, "http_server_config.")
+def _parse_http(section: dict[str, Any], source: str) -> dict[str, str]:
+    _unknown(section, _HTTP_KEYS, "http_server_config.", source)
     if "http2" in section:
         log.warning("web config: http_server_config.http2 is ignored; gpu-exporter serves HTTP/1.1")
-    headers = _mapping(section.get("headers"), "http_server_config.headers")
+    headers = _mapping(section, "headers", "http_server_config.headers", source)
     for name, value in headers.items():
         if name not in _HEADERS:
-            raise WebConfigError(f"unknown key http_server_config.headers.{name} "
+            raise WebConfigError(f"{_where(headers, name, source)}: unknown key http_server_config.headers.{name} "
                                  f"(allowed: {', '.join(sorted(_HEADERS))})")
         if not isinstance(value, str) or "\n" in value or "\r" in value:
-            raise WebConfigError(f"http_server_config.headers.{name} must be a one-line string")
+            raise WebConfigError(f"{_where(headers, name, source)}: http_server_config.headers.{name} "
+                                 "must be a one-line string")
     return {str(k): str(v) for k, v in headers.items()}
 
 
-def parse_web_config(text: str, base: Path) -> WebConfig:
-    """Parse web config YAML; relative file paths resolve against ``base``.
+def parse_web_config(text: str, base: Path, source: str = "web config") -> WebConfig:
+    """Parse web config YAML; relative file paths resolve against ``base``; errors start with ``source:line``.
 
     >>> parse_web_config("", Path(".")).tls is None
     True
     """
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise WebConfigError(f"web config is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
-    root = _mapping(data, "the web config")
-    _unknown(root, _TOP_KEYS, "")
-    tls_section = _mapping(root.get("tls_server_config"), "tls_server_config")
-    users, dummy = _parse_users(_mapping(root.get("basic_auth_users"), "basic_auth_users"))
+        data = yamlfile.parse(text, source)
+    except yamlfile.YamlError as err:
+        raise WebConfigError(str(err)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise WebConfigError(f"{source}: the web config must be a mapping, got {type(data).__name__}")
+    _unknown(data, _TOP_KEYS, "", source)
+    tls_section = _mapping(data, "tls_server_config", "tls_server_config", source)
+    users, dummy = _parse_users(_mapping(data, "basic_auth_users", "basic_auth_users", source), source)
     return WebConfig(
-        tls=_parse_tls(tls_section, base) if tls_section else None,
+        tls=_parse_tls(tls_section, base, source) if tls_section else None,
         basic_auth_users=users, dummy_hash=dummy,
-        headers=_parse_http(_mapping(root.get("http_server_config"), "http_server_config")))
+        headers=_parse_http(_mapping(data, "http_server_config", "http_server_config", source), source))
 
 
 def load_web_config(path: str | Path) -> WebConfig:
     """Read and check a web config file, including that its certificate and key load.
 
-    Raises WebConfigError with one line that names the file and the problem.
+    Raises WebConfigError with one line that names the file (and line) and the problem.
     """
     file = Path(path)
     try:
         text = file.read_text()
     except OSError as err:
         raise WebConfigError(f"cannot read web config file {file}: {_reason(err)}") from None
+    config = parse_web_config(text, file.resolve().parent, str(file))
     try:
-        config = parse_web_config(text, file.resolve().parent)
         config.ssl_context()
     except WebConfigError as err:
         raise WebConfigError(f"{file}: {err}") from None
