@@ -146,6 +146,16 @@ def test_config_reaches_every_query_and_colour() -> None:
         assert "https://runbooks.example/gpu#gputraininginputbound" in generated and "github.com" not in generated
 
 
+def test_bad_config_is_one_clear_error() -> None:
+    """A missing or non-numeric key stops the generator with a sentence naming the key; the CLI prints it
+    as one line and exits 2, writing nothing."""
+    values = Config.load().values
+    with pytest.raises(KeyError, match="lacks the key dashboard_memory_warn_ratio"):
+        dashboards.generate(Config.load({k: v for k, v in values.items() if k != "dashboard_memory_warn_ratio"}))
+    with pytest.raises(ValueError, match="utilization_target must be a number, got 'high'"):
+        dashboards.generate(Config.load(dict(values, utilization_target="high")))
+
+
 def kept(original: Any, decoded: Any, path: str = "") -> list[str]:
     """Paths of ``original`` that ``decoded`` lost or changed (the SDK may add its defaults)."""
     if isinstance(original, dict) and isinstance(decoded, dict):
