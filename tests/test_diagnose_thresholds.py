@@ -34,7 +34,7 @@ def test_durations(text: str, seconds: float) -> None:
     (("allocator_retries_threshold: 3", "allocator_retries_threshold: 2.5"),
      "allocator_retries_threshold must be a whole number >= 0"),
     (("metrics_bound_share: 0.2\n", ""), "lacks the key metrics_bound_share"),
-    (("utilization_low_threshold: 0.3", "utilization_low_threshold: [0.3"), "is not valid YAML"),
+    (("utilization_low_threshold: 0.3", "utilization_low_threshold: [0.3"), "invalid YAML"),
 ])
 def test_bad_thresholds_file_is_one_sentence(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     text = RULES_SOURCE.read_text()

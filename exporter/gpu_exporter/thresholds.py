@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpu_exporter import yamlfile
 
 _DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
 _UNIT_SECONDS = (86400, 3600, 60, 1, 0.001)
@@ -119,9 +119,9 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
         except OSError as err:
             raise ThresholdsError(f"{source} cannot be read: {err.strerror}") from None
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ThresholdsError(f"{source} is not valid YAML ({str(err).splitlines()[0]})") from None
+        doc = yamlfile.parse(text, source)
+    except yamlfile.YamlError as err:
+        raise ThresholdsError(str(err)) from None
     if not isinstance(doc, dict):
         raise ThresholdsError(f"{source} must be a mapping of threshold name -> value")
     values: dict[str, float | int | str] = {}
