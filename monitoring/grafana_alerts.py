@@ -87,20 +87,23 @@ def mirrors(cfg: Config) -> list[Mirror]:
 
 def prometheus_alerts(rule_files: dict[Path, str]) -> dict[str, dict[str, Any]]:
     """Every generated Prometheus alert by name; alerts that repeat a name (one per cause) are merged
-    into one rule whose query ORs theirs, which is how Grafana (unique titles) must hold them."""
-    found: dict[str, dict[str, Any]] = {}
+    into one rule whose query ORs theirs and keeps the labels they share, which is how Grafana (unique
+    titles) must hold them."""
+    found: dict[str, list[dict[str, Any]]] = {}
     for text in rule_files.values():
         for group in yaml.safe_load(text)["groups"]:
             for rule in group["rules"]:
-                if "alert" not in rule:
-                    continue
-                if rule["alert"] in found:
-                    first = found[rule["alert"]]
-                    first["expr"] = f"(\n{first['expr'].rstrip()}\n)\nor\n(\n{rule['expr'].rstrip()}\n)\n"
-                    first["labels"] = {k: v for k, v in first["labels"].items() if rule["labels"].get(k) == v}
-                else:
-                    found[rule["alert"]] = dict(rule)
-    return found
+                if "alert" in rule:
+                    found.setdefault(rule["alert"], []).append(rule)
+    merged: dict[str, dict[str, Any]] = {}
+    for name, same in found.items():
+        rule = dict(same[0])
+        if len(same) > 1:
+            rule["expr"] = "\nor\n".join("(\n" + "".join(f"  {line}\n" for line in r["expr"].strip().splitlines()) + ")"
+                                         for r in same) + "\n"
+            rule["labels"] = {k: v for k, v in rule["labels"].items() if all(r["labels"].get(k) == v for r in same)}
+        merged[name] = rule
+    return merged
 
 
 def grafana_rule(cfg: Config, mirror: Mirror, prom: dict[str, Any], boards: dict[Path, str]) -> dict[str, Any]:
