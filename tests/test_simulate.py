@@ -416,10 +416,52 @@ def test_follow_training(sim: SimulatedNode, clock: FakeClock) -> None:
     phase["value"] = "metrics"
     sim.refresh_training()
     clock.advance(1.0)
-    assert sim.true_busy_seconds(0, 0.0, 5.0) == pytest.approx(0.02 * 2 + 0.95 * 3)
+    assert sim.true_busy_seconds(0, 0.0, 5.0) == pytest.approx(0.01 * 2 + 0.95 * 3)
     _, samples = pynvml.nvmlDeviceGetSamples(pynvml.nvmlDeviceGetHandleByIndex(0),
                                             pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
-    assert [s.sampleValue.uiVal for s in samples] == [2] * 6 + [95] * 18 + [2] * 6
+    assert [s.sampleValue.uiVal for s in samples] == [1] * 6 + [95] * 18 + [1] * 6
+
+
+@scenario("demo-training.yaml")
+def test_follow_training_uses_the_compute_share_of_each_snapshot_interval(sim: SimulatedNode,
+                                                                          clock: FakeClock) -> None:
+    """The GPU follows what the job did between two snapshots, not the phase it was in when it pushed."""
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    pushed: dict[str, dict[str, float] | None] = {"phases": None}
+    sim.set_training_source(lambda u: pushed["phases"] if u == uuid else None)
+    clock.advance(2.0)  # no run yet: idle
+    pushed["phases"] = {"data": 0.0, "compute": 0.0, "metrics": 0.0}
+    sim.refresh_training()  # first snapshot: nothing done yet, the level stays
+    clock.advance(4.0)
+    pushed["phases"] = {"data": 1.0, "compute": 1.0, "metrics": 2.0}  # 25% compute
+    sim.refresh_training()
+    clock.advance(4.0)
+    sim.refresh_training()  # no new snapshot: the level holds
+    pushed["phases"] = {"data": 1.0, "compute": 4.0, "metrics": 3.0}  # 3 of 4 s compute
+    sim.refresh_training()
+    clock.advance(2.0)
+    pushed["phases"] = None  # the run finished
+    sim.refresh_training()
+    clock.advance(2.0)
+    level_25 = 0.95 * 0.25 + 0.01 * 0.75
+    level_75 = 0.95 * 0.75 + 0.01 * 0.25
+    assert sim.true_busy_seconds(0, 0.0, 14.0) == pytest.approx(0.01 * 6 + level_25 * 4 + level_75 * 2 + 0.01 * 2)
+
+
+@scenario("launch-bound.yaml")
+def test_busy_utilization_sets_how_busy_the_gpu_is_while_the_job_computes(sim: SimulatedNode,
+                                                                          clock: FakeClock) -> None:
+    uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(2)]
+    state = {"t": 0.0}
+    sim.set_training_source(lambda u: {"compute": 0.9 * state["t"], "data": 0.1 * state["t"]}
+                            if u in uuids else None)
+    for _ in range(10):
+        clock.advance(1.0)
+        state["t"] += 1.0
+        sim.refresh_training()
+    healthy, launch_bound = (sim.true_busy_seconds(i, 1.0, 10.0) / 9.0 for i in range(2))
+    assert healthy == pytest.approx(0.97 * 0.9 + 0.01 * 0.1)
+    assert launch_bound == pytest.approx(0.25 * 0.9 + 0.01 * 0.1)
 
 
 # --- patterns --------------------------------------------------------------------------------
@@ -447,7 +489,7 @@ def test_pattern_integrals() -> None:
 def test_packaged_scenarios_load() -> None:
     counts = {p.name: len(load_scenario(p).gpus) for p in SCENARIOS.glob("*.yaml")}
     assert counts == {"default.yaml": 4, "bursty.yaml": 1, "eight_gpus.yaml": 8,
-                      "demo-training.yaml": 2, "faults.yaml": 2}
+                      "demo-training.yaml": 2, "faults.yaml": 2, "launch-bound.yaml": 2}
     assert load_scenario(None).gpus[3].mig_instances is not None
 
 

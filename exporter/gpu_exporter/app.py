@@ -60,7 +60,7 @@ class Exporter:
             self.training = TrainingStore(IngestSettings(**{k: v for k, v in config.section("ingest").items()
                                                              if k in wanted}))
             if self.simulated is not None:
-                self.simulated.set_training_source(self.training.current_phase)
+                self.simulated.set_training_source(self.training.latest_phases)
         self.pods: Any = None
         if config.kubernetes_enabled:
             from gpu_exporter.kubernetes import PodAttribution

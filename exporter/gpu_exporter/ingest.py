@@ -186,6 +186,19 @@ class TrainingStore:
             return None
         return max(live, key=lambda e: e.received_at).current_phase or None
 
+    def latest_phases(self, uuid: str) -> dict[str, float] | None:
+        """Cumulative phase seconds of the most recently pushed live run on GPU ``uuid``, or None.
+
+        The simulator drives ``follow_training`` GPUs from the compute share between two of these.
+
+        >>> TrainingStore(IngestSettings()).latest_phases("GPU-1") is None
+        True
+        """
+        with self._lock:
+            self._expire()
+            live = [e for (_, _, u), e in self._entries.items() if u == uuid and not e.finished]
+        return dict(max(live, key=lambda e: e.received_at).phases) if live else None
+
     def describe(self) -> list[Metric]:
         """No fixed description: the families depend on what was pushed."""
         return []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from gpu_exporter.simulate.patterns import SLOT_SECONDS, Pattern, Timeline, integral, mean
@@ -24,6 +24,9 @@ RING_SLOTS = 120
 TIMESTAMP_BASE_US = 1_700_000_000_000_000
 """Sample timestamp (microseconds) of simulated time 0; consumers must treat it as opaque."""
 TRAINING_REFRESH_SECONDS = 0.02
+
+TrainingSource = Callable[[str], "Mapping[str, float] | str | None"]
+"""``fn(uuid)``: the cumulative phase seconds of the newest live run on the GPU (or its current phase)."""
 
 
 class SimulatedNode:
@@ -42,8 +45,9 @@ class SimulatedNode:
         self._lost: set[int] = set()
         self._not_supported: set[tuple[int, str]] = set()
         self.driver_loaded = True
-        self._training_source: Callable[[str], str | None] | None = None
+        self._training_source: TrainingSource | None = None
         self._timelines = {g.index: Timeline(g.idle_utilization) for g in scenario.gpus if g.follow_training}
+        self._last_phases: dict[int, dict[str, float]] = {}
         self._refresher: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -109,11 +113,17 @@ class SimulatedNode:
 
     # --- training-driven utilization ---------------------------------------------------------
 
-    def set_training_source(self, fn: Callable[[str], str | None]) -> None:
-        """Drive ``follow_training`` GPUs: ``fn(uuid)`` returns the job's current phase or None.
+    def set_training_source(self, fn: TrainingSource) -> None:
+        """Drive ``follow_training`` GPUs from the training runs pushed to the exporter.
 
-        While the phase is "compute" the GPU runs at ``busy_utilization``, otherwise at
-        ``idle_utilization``. The phase is polled every 20 ms and on every NVML call.
+        ``fn(uuid)`` returns the cumulative phase seconds of the newest live run on the GPU (the
+        exporter passes ``TrainingStore.latest_phases``), or None when no run is live. Each time
+        they change (a new snapshot), the GPU runs from then on at the mean level of the snapshot
+        interval: ``busy_utilization`` for its compute share, ``idle_utilization`` for the rest.
+        So the simulated utilization follows the time the job really spent computing, not the
+        phase seen at push time (which is biased toward phases that release the GIL).
+        A source returning a phase name (``"compute"``) drives the GPU by phase instead (tests).
+        Polled every 20 ms and on every NVML call.
         """
         with self.lock:
             self._training_source = fn
@@ -132,10 +142,29 @@ class SimulatedNode:
         for index, timeline in self._timelines.items():
             gpu = self.scenario.gpus[index]
             try:
-                phase = source(gpu.uuid)
+                reported = source(gpu.uuid)
             except Exception:  # a broken source must not break NVML calls; it reads as "no job"
-                phase = None
-            timeline.record(t, gpu.busy_utilization if phase == "compute" else gpu.idle_utilization)
+                reported = None
+            if reported is None or isinstance(reported, str):
+                self._last_phases.pop(index, None)
+                timeline.record(t, gpu.busy_utilization if reported == "compute" else gpu.idle_utilization)
+                continue
+            share = self._interval_compute_share(index, reported)
+            if share is not None:
+                timeline.record(t, gpu.busy_utilization * share + gpu.idle_utilization * (1.0 - share))
+
+    def _interval_compute_share(self, index: int, phases: Mapping[str, float]) -> float | None:
+        """The compute share between the previous and this snapshot; None when nothing new was pushed."""
+        previous = self._last_phases.get(index)
+        current = dict(phases)
+        if previous == current:
+            return None
+        self._last_phases[index] = current
+        if previous is None or any(current.get(p, 0.0) < v for p, v in previous.items()):
+            previous = {}  # the first snapshot seen, or a new run: its whole time so far
+        deltas = {p: v - previous.get(p, 0.0) for p, v in current.items()}
+        total = sum(v for v in deltas.values() if v > 0)
+        return max(0.0, deltas.get("compute", 0.0)) / total if total > 0 else None
 
     def _refresh_loop(self) -> None:
         while not self._closed.wait(TRAINING_REFRESH_SECONDS):
