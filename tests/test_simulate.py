@@ -519,7 +519,7 @@ def test_packaged_scenarios_load() -> None:
     ("gpus: [{name: X, architecture: hopper, memory_gib: 80}]\ncuda_version: twelve",
      "cuda_version: must look like 12.4"),
     ("gpus: [1]", "gpus[0]: must be a mapping, got 1"),
-    ("gpus: [{name: X, architecture: hopper, memory_gib: 80}\n", "line 2: invalid YAML"),
+    ("gpus: [{name: X, architecture: hopper, memory_gib: 80}\n", ":2: invalid YAML"),
     ("gpu: []", "gpu: unknown key"),
 ])
 def test_scenario_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -527,7 +527,7 @@ def test_scenario_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, 
     with pytest.raises(ScenarioError) as error:
         load_scenario(path)
     message = str(error.value)
-    assert "\n" not in message and message.startswith(f"{path}: ")
+    assert "\n" not in message and message.startswith(f"{path}:")
     assert expected in message
     assert isinstance(error.value, ValueError)
 

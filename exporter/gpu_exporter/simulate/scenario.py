@@ -54,8 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gpu_exporter import yamlfile
 from gpu_exporter.simulate.patterns import Bursts, Constant, Noisy, Pattern, Steps
 
 ARCHITECTURES = {
@@ -532,10 +531,7 @@ def load_scenario(path: str | Path | None) -> Scenario:
     except OSError as exc:
         raise ScenarioError(f"{file}: cannot read the scenario file: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "<document>"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ScenarioError(f"{file}: {where}: invalid YAML: {problem}") from None
+        data = yamlfile.parse(text, str(file))
+    except yamlfile.YamlError as exc:
+        raise ScenarioError(str(exc)) from None
     return parse_scenario(data, str(file))
