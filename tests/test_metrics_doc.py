@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servers import http_get, http_status, run_exporter, wait_until
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
-ROW = re.compile(r"^\| (gpu_[a-z0-9_]+) \| (gauge|counter) \|[^|]*\|([^|]*)\|")
+ROW = re.compile(r"^\| ((?:gpu|process)_[a-z0-9_]+) \| (gauge|counter) \|[^|]*\|([^|]*)\|")
 
 # Families that need something this test cannot provide, each with the reason.
 CONDITIONAL = {
