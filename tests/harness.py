@@ -15,10 +15,10 @@ from typing import Any
 
 from gpu_exporter import simulate
 from gpu_exporter.app import POLLING_COLLECTORS
-from gpu_exporter.collectors.health import HealthCollector
 from gpu_exporter.exposition import exposition
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
+from gpu_exporter.selfmetrics import SelfMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 SCENARIOS = Path(simulate.__file__).parent / "scenarios"
@@ -53,7 +53,7 @@ class Harness:
         self.nvml = Nvml()
         self.collectors = [cls() for cls in POLLING_COLLECTORS]
         self.sampler = Sampler(self.nvml, self.collectors, poll_interval=poll_interval, clock=self.clock)
-        self.health = HealthCollector(self.sampler)
+        self.health = SelfMetrics(self.sampler)
         self.poll_interval = poll_interval
 
     def __enter__(self) -> Harness:

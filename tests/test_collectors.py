@@ -128,3 +128,36 @@ def test_xid_events_counted_from_event_thread() -> None:
         nvml.shutdown()
         simulate.uninstall()
 
+
+
+def test_the_registry_is_the_one_list_of_collectors() -> None:
+    from gpu_exporter import collectors
+    from gpu_exporter.app import POLLING_COLLECTORS
+    from gpu_exporter.config import COLLECTOR_NAMES
+
+    assert COLLECTOR_NAMES == collectors.NAMES
+    for name, registration in collectors.REGISTRY.items():
+        assert registration.load().name == name  # the class's collector label is its registered name
+    assert [cls.name for cls in POLLING_COLLECTORS] == [n for n, r in collectors.REGISTRY.items() if r.polling]
+    with pytest.raises(ValueError, match="registered twice"):
+        collectors.register("xid", "xid:XidCollector")
+
+
+def test_collectors_never_import_upward() -> None:
+    """collectors/ may import only collectors, nvml and exposition (plus third parties), never the sampler."""
+    import ast
+    from pathlib import Path
+
+    from gpu_exporter import collectors
+
+    allowed = ("gpu_exporter.collectors", "gpu_exporter.nvml", "gpu_exporter.exposition")
+    for path in Path(collectors.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                module = node.module if node.level == 0 else "gpu_exporter.collectors." + node.module
+            elif isinstance(node, ast.Import):
+                module = node.names[0].name
+            else:
+                continue
+            if module.startswith("gpu_exporter"):
+                assert module.startswith(allowed), f"{path.name} imports {module}"

@@ -16,26 +16,21 @@ from typing import Any
 
 import prometheus_client
 
+from gpu_exporter import collectors
 from gpu_exporter.collectors.base import PollingCollector
-from gpu_exporter.collectors.device import DeviceCollector
-from gpu_exporter.collectors.gpm import GpmCollector
-from gpu_exporter.collectors.health import HealthCollector
-from gpu_exporter.collectors.mig import MigCollector
-from gpu_exporter.collectors.pcie import PcieCollector
-from gpu_exporter.collectors.processes import ProcessCollector
-from gpu_exporter.collectors.utilization import UtilizationCollector
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import Source
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
+from gpu_exporter.selfmetrics import SelfMetrics
 from gpu_exporter.server import Limits, MetricsServer
 
 log = logging.getLogger(__name__)
 
-POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = (
-    UtilizationCollector, DeviceCollector, PcieCollector, ProcessCollector, MigCollector, GpmCollector)
+POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = tuple(collectors.polling_classes())
+"""The sampler's collectors, from the registry (gpu_exporter.collectors)."""
 
 
 class Exporter:
@@ -67,7 +62,7 @@ class Exporter:
 
             self.pods = PodAttribution(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds,
                                        devices=self._inventory)
-        self.health = HealthCollector(self.sampler, self._extra_status)
+        self.health = SelfMetrics(self.sampler, self._extra_status)
         sources: list[Source] = [*polling]
         sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
         sources.append(self.health)

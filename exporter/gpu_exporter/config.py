@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_exporter import yamlfile
+from gpu_exporter import collectors, yamlfile
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -159,7 +159,7 @@ class IngestSettings:
 
 _INGEST = IngestSettings()
 
-COLLECTOR_NAMES = ("utilization", "device", "pcie", "processes", "mig", "gpm", "xid")
+COLLECTOR_NAMES = collectors.NAMES  # one line per collector in gpu_exporter/collectors/__init__.py
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("web.listen_address", _listen_address, f":{DEFAULT_PORT}",

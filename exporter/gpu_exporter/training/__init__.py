@@ -53,10 +53,14 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     phase boundaries on every N-th step so queued GPU work is counted in the phase that issued it
     (0 = never, the default). Raises ValueError on a bad name or setting.
 
-    >>> run = training.start("bert-base", push_interval=10)
+    >>> from gpu_exporter import training
+    >>> run = training.start("bert-base", url="http://127.0.0.1:1", uuid="GPU-0c8b1f1e")  # nothing listens
     >>> with run.phase("compute"):
     ...     pass
-    >>> run.close()
+    >>> run.step(samples=32)
+    >>> run.close()  # the final push fails at once: logged, never raised
+    >>> run.closed, run.steps
+    (True, 1)
     """
     run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every,
               max_custom_phases=max_custom_phases)

@@ -1,5 +1,12 @@
-"""The exporter's own health: build info, collector outcomes, NVML errors, sample age, GPU count,
-and HTTP authentication failures."""
+"""The exporter's own metrics (``gpu_exporter_*``): build info, collector outcomes, NVML errors,
+sample age, GPU count, and HTTP authentication failures.
+
+They are computed at scrape time from the sampler's bookkeeping, so this module sits beside
+the sampler and imports it; the collectors never import upward. Example::
+
+    metrics = SelfMetrics(sampler)
+    server = MetricsServer(..., sources=[*collectors, metrics])
+"""
 
 from __future__ import annotations
 
@@ -21,14 +28,14 @@ def _pynvml_version() -> str:
         return "unknown"
 
 
-class HealthCollector:
+class SelfMetrics:
     """``gpu_exporter_*`` families, computed at scrape time from the sampler's bookkeeping.
 
     ``extra_status`` returns the success flag of collectors that do not poll through the
     sampler (XID thread, Kubernetes attribution), keyed by collector name.
     """
 
-    name = "health"
+    name = "self"
 
     def __init__(self, sampler: Sampler, extra_status: Callable[[], dict[str, bool]] = dict) -> None:
         self._sampler = sampler
