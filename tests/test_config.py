@@ -92,3 +92,28 @@ def test_cli_unknown_key_in_file_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"gpu-exporter: error: {path}:2: unknown key 'bogus'; known keys: " + ", ".join(
         sorted(s.key for s in SETTINGS))
+
+
+@pytest.mark.parametrize("args", [["serve", "--simul"], ["serve", "--poll", "1"], ["serve", "--web.listen", ":1"],
+                                  ["--vers"]])
+def test_abbreviated_flags_are_refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A prefix of a flag is an error, never silently that flag (a later flag could change its meaning)."""
+    from gpu_exporter.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(args)
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value", "attr", "expected"), [
+    ("--web.max-requests", "7", "web_max_requests", 7), ("--web.max-connections", "9", "web_max_connections", 9),
+    ("--web.listen-backlog", "256", "web_listen_backlog", 256), ("--web.read-timeout", "2.5", "web_read_timeout", 2.5),
+    ("--web.idle-timeout", "30", "web_idle_timeout", 30.0)])
+def test_http_limits_are_settings(flag: str, value: str, attr: str, expected: float) -> None:
+    from gpu_exporter.config import SETTINGS_BY_KEY
+
+    setting = next(s for s in SETTINGS_BY_KEY.values() if s.flag == flag)
+    assert getattr(load_config(None, env={setting.env: value}, flags={}), attr) == expected
+    with pytest.raises(ConfigError, match=f"{setting.key}: expected a positive"):
+        load_config(None, env={}, flags={setting.key: "0"})
