@@ -6,6 +6,9 @@ and against a running exporter (``--url``).
 
 from __future__ import annotations
 
+import argparse
+import csv
+import io
 import re
 import subprocess
 import sys
@@ -15,7 +18,21 @@ from pathlib import Path
 import pytest
 from gpu_exporter import cli
 from gpu_exporter.commands.metrics_client import Snapshot
-from gpu_exporter.commands.query import FIELDS, UsageError, format_rows, parse_fields, parse_format, select_gpus
+from gpu_exporter.commands.query import (
+    APP_FIELDS,
+    DEFAULT_LOOP_SECONDS,
+    FIELDS,
+    GPU_LOST,
+    Field,
+    UsageError,
+    add_arguments,
+    bus_key,
+    format_rows,
+    parse_fields,
+    parse_format,
+    run_query,
+    select_gpus,
+)
 from servers import exporter_env, free_port, run_exporter
 
 # cli.py registers query and diagnose through their register() functions; until it does, the
@@ -100,18 +117,19 @@ def test_noheader_nounits_ids_and_loop_count() -> None:
     uuid2 = run_cli("query", "--simulate", "--query-gpu=uuid", "--format=csv,noheader", "-i", "2").stdout.strip()
     assert uuid2.startswith("GPU-")
     result = run_cli("query", "--simulate", "--query-gpu=index,memory.used,power.limit",
-                     "--format=csv,noheader,nounits", "--id", f"0,{uuid2}", "-l", "0.3", "-c", "3")
+                     "--format=csv,noheader,nounits", "--id", f"0,{uuid2}", "-l", "0.3", "--count", "3")
     assert result.returncode == 0, result.stderr
     assert _rows(result.stdout) == [["0", "73216", "700.00"], ["2", "9728", "400.00"]] * 3
 
 
 def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
     # bursty: 3 s at 95% then 7 s at 0% every 10 s. Any instant sample reads 95 or 0; the mean over
-    # a 10 s loop interval is 28.5% whatever the phase.
+    # a 10 s loop interval is 28.5% whatever the phase. (The first row, printed at once, is the
+    # mean over what NVML still holds; the second is the 10 s mean.)
     result = run_cli("query", "--simulate", "bursty", "--query-gpu=utilization.gpu,utilization.memory",
-                     "--format=csv,noheader,nounits", "-l", "10", "-c", "1", timeout=40)
+                     "--format=csv,noheader,nounits", "-l", "10", "--count", "2", timeout=40)
     assert result.returncode == 0, result.stderr
-    gpu, memory = (int(v) for v in result.stdout.split(", "))
+    gpu, memory = (int(v) for v in result.stdout.splitlines()[1].split(", "))
     assert 26 <= gpu <= 31  # 28.5% give or take sampling at the window edges
     assert 13 <= memory <= 17  # 3 s at 50%
 
@@ -119,12 +137,12 @@ def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
 def test_reads_a_running_exporter_like_nvml() -> None:
     with run_exporter(["--simulate", "bursty", "--poll-interval", "0.2"]) as url:
         result = run_cli("query", "--url", url, "--query-gpu=index,name,utilization.gpu,memory.used",
-                         "--format=csv", "-l", "5", "-c", "2")
+                         "--format=csv", "-l", "5", "--count", "3")
     assert result.returncode == 0, result.stderr
     header, *rows = _rows(result.stdout)
     assert header == ["index", "name", "utilization.gpu [%]", "memory.used [MiB]"]
-    assert len(rows) == 2
-    for row in rows:
+    assert len(rows) == 3
+    for row in rows[1:]:  # the first row is the exporter's last poll interval
         assert row[:2] == ["0", "NVIDIA A100-SXM4-80GB"] and row[3] == "24576 MiB"
         # 5 s windows of a 10 s cycle: between 0% (5 s idle) and 57% (3 s at 95%), never a raw 95.
         assert 0 <= int(row[2].split()[0]) <= 60
@@ -204,3 +222,195 @@ def test_no_driver_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
     assert result.stderr.startswith("gpu-exporter: error: NVML could not be initialised (library_not_found): "
                                     "the NVIDIA driver was not found")
     assert result.stderr.count("\n") == 1
+
+
+# --- nvidia-smi parity -------------------------------------------------------------------------
+
+NVIDIA_SMI = Path(__file__).resolve().parent / "data" / "nvidia-smi"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+
+
+def _nvidia_smi_fields(name: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """field -> (CSV header, aliases), from nvidia-smi's documented field list kept as data."""
+    with (NVIDIA_SMI / name).open(newline="") as fh:
+        return {row["field"]: (row["header"], tuple(a for a in row["aliases"].split(";") if a))
+                for row in csv.DictReader(fh)}
+
+
+@pytest.mark.parametrize(("data", "ours"), [("query-gpu.csv", FIELDS), ("query-compute-apps.csv", APP_FIELDS)])
+def test_field_names_aliases_and_headers_match_nvidia_smi(data: str, ours: tuple[Field, ...]) -> None:
+    documented = _nvidia_smi_fields(data)
+    for f in ours:
+        assert f.name in documented, f"{f.name} is not an nvidia-smi field"
+        header, aliases = documented[f.name]
+        assert f.header == header, (f.name, f.header, header)
+        assert set(f.aliases) <= set(aliases), (f.name, f.aliases, aliases)
+        for alias in f.aliases:  # an alias prints the canonical header, as nvidia-smi does
+            assert [g.header for g in parse_fields(alias, ours, "--x")] == [header]
+
+
+def test_docs_parity_table_matches_the_fields() -> None:
+    """docs/cli.md's table lists every documented nvidia-smi field, with its header and whether query has it."""
+    text = DOC.read_text()
+    table = text[text.index("<!-- parity-table -->"):text.index("<!-- /parity-table -->")]
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in
+            re.finditer(r"^\| `([^`]+)` \| `([^`]+)` \| (yes|no)[^|]*\|$", table, re.M)}
+    expected = {}
+    for data, ours in (("query-gpu.csv", FIELDS), ("query-compute-apps.csv", APP_FIELDS)):
+        names = {n for f in ours for n in (f.name, *f.aliases)}
+        for field, (header, _) in _nvidia_smi_fields(data).items():
+            key = field if data == "query-gpu.csv" else f"{field} (apps)"
+            expected[key] = (header, "yes" if field in names else "no")
+    assert rows == expected
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu-exporter query", exit_on_error=False)
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_loop_flags_follow_nvidia_smi() -> None:
+    assert _parse("-l").loop == DEFAULT_LOOP_SECONDS == 5.0  # bare -l: nvidia-smi's 5 s
+    assert _parse("-l", "2").loop == 2.0
+    assert _parse("-lms", "250").loop_ms == 250.0
+    assert _parse("--loop-ms=250").loop_ms == 250.0
+    with pytest.raises(SystemExit):
+        _parse("-c", "3")  # nvidia-smi's -c is --compute-mode: no short form here
+    assert _parse("--count", "3").count == 3
+    with pytest.raises(SystemExit):
+        _parse("--simulat")  # no abbreviations (allow_abbrev=False)
+
+
+def test_lms_prints_rows_every_interval_in_milliseconds() -> None:
+    result = run_cli("query", "--simulate", "--query-gpu=index", "--format=csv,noheader", "-i", "0",
+                     "-lms", "200", "--count", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["0", "0", "0"]
+
+
+def test_first_row_comes_at_once_not_after_the_interval() -> None:
+    # -l 60 --count 1: nvidia-smi prints its first row at once; waiting for the interval would time out here
+    result = run_cli("query", "--simulate", "--query-gpu=index,utilization.gpu", "--format=csv,noheader",
+                     "-i", "0", "-l", "60", "--count", "1", timeout=50)
+    assert result.returncode == 0, result.stderr
+    index, utilization = result.stdout.strip().split(", ")
+    assert index == "0" and 70 <= int(utilization.split()[0]) <= 100  # GPU 0 runs at 85% +-5%
+
+
+def test_query_compute_apps_like_nvidia_smi() -> None:
+    result = run_cli("query", "--simulate", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid,gpu_serial",
+                     "--format=csv")
+    assert result.returncode == 0, result.stderr
+    header, *rows = _rows(result.stdout)
+    assert header == ["pid", "process_name", "used_gpu_memory [MiB]", "gpu_uuid", "gpu_serial"]
+    assert rows[0][:3] == ["41001", "python train.py --model llama-7b", "73216 MiB"]
+    assert all(re.fullmatch(r"GPU-[0-9a-f-]{36}", row[3]) and row[4] == "[N/A]" for row in rows)
+    assert len(rows) == 5
+    only = run_cli("query", "--simulate", "--query-compute-apps=pid", "--format=csv,noheader", "-i", "3")
+    assert only.stdout.split() == ["41304", "41305"]
+    bad = run_cli("query", "--simulate", "--query-compute-apps=pid,utilization.gpu")
+    assert bad.returncode == 2 and 'Field "utilization.gpu" is not a valid field to query' in bad.stderr
+
+
+def _energy(joules: float, watts: float, at: float) -> Snapshot:
+    base = _snapshot(0.0, at)
+    samples = dict(base.samples)
+    samples["gpu_energy_joules_total"] = [({"gpu": "0", "uuid": "GPU-a"}, joules)]
+    samples["gpu_power_watts"] = [({"gpu": "0", "uuid": "GPU-a"}, watts)]
+    samples["gpu_power_limit_watts"] = [({"gpu": "0", "uuid": "GPU-a"}, 700.0)]
+    return Snapshot(samples, at=at, wall=0.0)
+
+
+def test_power_draw_average_is_the_energy_delta_over_the_interval() -> None:
+    fields = parse_fields("power.draw.average,power.draw.instant,power.draw,enforced.power.limit")
+    assert [f.header for f in fields] == ["power.draw.average [W]", "power.draw.instant [W]", "power.draw [W]",
+                                          "enforced.power.limit [W]"]
+    rows = format_rows(fields, _energy(1000.0, 250.0, 10.0), _energy(1600.0, 420.0, 12.0), [("0", "GPU-a")], True)
+    assert rows == ["300.00 W, 420.00 W, 420.00 W, 700.00 W"]
+    # the first row has no interval yet: [N/A] rather than an instant reading passed off as a mean
+    assert format_rows(fields, None, _energy(1600.0, 420.0, 12.0), [("0", "GPU-a")], True)[0].startswith("[N/A], ")
+
+
+def test_short_pci_bus_ids_select_gpus() -> None:
+    snap = _snapshot(0, 0)
+    for wanted in ("00000000:01:00.0", "0000:01:00.0", "01:00.0", "1:0.0"):
+        assert select_gpus(snap, wanted) == [("0", "GPU-a")], wanted
+    assert bus_key("zz:00.0") is None
+    with pytest.raises(UsageError, match=r"no GPU matches --id 02:00\.0"):
+        select_gpus(snap, "02:00.0")
+
+
+def test_a_lost_gpu_keeps_its_row_like_nvidia_smi() -> None:
+    fields = parse_fields("index,uuid,utilization.gpu,memory.used")
+    first = _snapshot(1.0, 0.0)
+    gone = Snapshot({"gpu_info": []}, at=1.0, wall=0.0)
+    assert format_rows(fields, first, gone, [("0", "GPU-a")], True, first=first) == [
+        f"0, GPU-a, {GPU_LOST}, {GPU_LOST}"]
+
+
+def test_a_gpu_lost_while_looping_is_shown_lost_not_dropped() -> None:
+    # faults: GPU 1 falls off the bus at t=5 s of the simulation
+    result = run_cli("query", "--simulate", "faults", "--query-gpu=index,utilization.gpu,memory.used",
+                     "--format=csv,noheader", "-l", "3", "--count", "4", timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = _rows(result.stdout)
+    gpus = len(rows) // 4
+    assert len(rows) == 4 * gpus and gpus >= 2
+    last = {row[0]: row for row in rows[-gpus:]}
+    assert last["1"] == ["1", GPU_LOST, GPU_LOST]
+    assert last["0"][2].endswith("MiB")
+
+
+class _RepeatingExporter:
+    """An exporter whose scrapes show the same poll, with scrape-time jitter in ``at``."""
+
+    poll_interval = 1.0
+
+    def __init__(self, readings: list[Snapshot]) -> None:
+        self.readings = readings
+
+    def read(self) -> Snapshot:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def test_url_accepts_a_reading_only_from_a_new_poll() -> None:
+    """Issue 13 item 5: a GPU steady at 100% busy behind an exporter polling every 1 s. One scrape
+    repeats the previous poll, its time moved 0.3 s by scrape jitter: counting it would print 0 %
+    (no busy seconds in 0.3 s). It prints [N/A], and the next new poll gives the true mean again."""
+    fields = parse_fields("utilization.gpu")
+    first = _snapshot(97.0, 9.0)
+    first.samples["gpu_utilization_ratio"] = [({"gpu": "0", "uuid": "GPU-a"}, 1.0)]
+    poll = _snapshot(98.0, 10.0)
+    repeat = Snapshot(poll.samples, at=10.3, wall=0.0)
+    source = _RepeatingExporter([first, poll, repeat, repeat, _snapshot(99.0, 11.0)])
+    out = io.StringIO()
+    run_query(source, fields, None, header=False, units=True, interval=0.01, count=4, out=out)
+    assert out.getvalue().splitlines() == [
+        "100 %",  # at once: the exporter's mean over its last poll interval
+        "100 %",  # 9.0 -> 10.0: 1 busy second in 1 s
+        "[N/A]",  # 10.3 repeats the poll of 10.0: no reading, never 0 %
+        "100 %",  # 10.0 -> 11.0, measured from the last accepted poll
+    ]
+
+
+def test_https_exporter_needs_its_ca_or_insecure(tmp_path: Path) -> None:
+    from test_web_config import self_signed
+
+    cert, key = self_signed(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert.name}\n  key_file: {key.name}\n")
+    args = ("--query-gpu=index,memory.used", "--format=csv,noheader", "-i", "0")
+    with run_exporter(["--simulate", "--web.config.file", str(web)], scheme="https") as url:
+        untrusted = run_cli("query", "--url", url, *args)
+        trusted = run_cli("query", "--url", url, "--ca-file", str(cert), *args)
+        insecure = run_cli("query", "--url", url, "--insecure", *args)
+    assert untrusted.returncode == 2 and untrusted.stderr.count("\n") == 1
+    assert "certificate this machine does not trust" in untrusted.stderr
+    assert "pass --ca-file with its CA, or --insecure" in untrusted.stderr
+    assert trusted.returncode == 0 and trusted.stdout == "0, 73216 MiB\n", trusted.stderr
+    assert insecure.returncode == 0 and insecure.stdout == "0, 73216 MiB\n", insecure.stderr
+    missing = run_cli("query", "--url", "https://127.0.0.1:1", "--ca-file", str(tmp_path / "nope.pem"))
+    assert missing.returncode == 2 and "cannot read the CA file" in missing.stderr
+    plain = run_cli("query", "--url", "http://127.0.0.1:1", "--insecure")
+    assert plain.returncode == 2 and "apply to an https:// --url only" in plain.stderr

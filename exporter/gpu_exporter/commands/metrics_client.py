@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -98,7 +99,29 @@ def normalize_url(text: str, default_path: str, what: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def _fetch(url: str, what: str, timeout: float) -> bytes:
+def tls_context(ca_file: str | None, insecure: bool) -> ssl.SSLContext | None:
+    """The TLS context for https URLs: the system CAs, ``ca_file``'s, or no verification (``insecure``).
+
+    >>> tls_context(None, False) is None
+    True
+    """
+    if ca_file is None and not insecure:
+        return None
+    if ca_file is not None and insecure:
+        raise MetricsError("--ca-file and --insecure exclude each other: verify with a CA, or do not verify")
+    if insecure:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise MetricsError(f"cannot read the CA file {ca_file!r}: {reason}") from None
+
+
+def _fetch(url: str, what: str, timeout: float, context: ssl.SSLContext | None = None) -> bytes:
     parts = urllib.parse.urlsplit(url)
     headers = {"Accept": "text/plain, application/json"}
     if parts.username is not None:
@@ -107,7 +130,8 @@ def _fetch(url: str, what: str, timeout: float) -> bytes:
         url = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
     shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout,
+                                    context=context) as resp:
             body: bytes = resp.read()
             return body
     except urllib.error.HTTPError as err:
@@ -124,6 +148,9 @@ def _fetch(url: str, what: str, timeout: float) -> bytes:
             raise MetricsError(f"cannot resolve the host {parts.hostname!r} of the {what} URL {shown}") from None
         if isinstance(reason, TimeoutError):
             raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise MetricsError(f"the {what} at {shown} has a certificate this machine does not trust "
+                               f"({reason.verify_message}): pass --ca-file with its CA, or --insecure") from None
         raise MetricsError(f"cannot reach the {what} at {shown}: {reason}") from None
     except TimeoutError:
         raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
@@ -137,17 +164,30 @@ class Source(Protocol):
     def read(self) -> Snapshot: ...
 
 
-def read_after(source: Source, after: float, patience: float) -> Snapshot:
-    """The first reading whose NVML poll is newer than ``after`` (an exporter polls on its own schedule).
+def new_poll_gap(source: Source) -> float:
+    """How much newer a reading's NVML poll must be to count as a new poll: half the poll interval.
 
-    Gives up after ``patience`` seconds and returns the latest reading.
+    Two scrapes of the same poll differ in ``at`` by the scrape-time jitter (up to a scrape's
+    duration); two polls differ by at least the poll interval. An in-process source polls on
+    every read, so any newer reading is new.
     """
+    return float(getattr(source, "poll_interval", 0.0)) / 2
+
+
+def read_after(source: Source, after: float, patience: float, min_gap: float | None = None) -> Snapshot:
+    """The first reading whose NVML poll is at least ``min_gap`` newer than ``after`` (default
+    :func:`new_poll_gap`; an exporter polls on its own schedule).
+
+    Gives up after ``patience`` seconds and returns the latest reading; the caller checks
+    ``snapshot.at`` to tell a repeated poll from a new one.
+    """
+    gap = max(new_poll_gap(source) if min_gap is None else min_gap, 1e-6)
     deadline = time.monotonic() + patience
     while True:
         snapshot = source.read()
-        if snapshot.at > after + 1e-6 or time.monotonic() >= deadline:
+        if snapshot.at >= after + gap or time.monotonic() >= deadline:
             return snapshot
-        time.sleep(0.1)
+        time.sleep(min(0.1, max(gap / 4, 0.01)))
 
 
 class ExporterSource:
@@ -157,14 +197,18 @@ class ExporterSource:
     'http://127.0.0.1:9445/metrics'
     """
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, ca_file: str | None = None, insecure: bool = False) -> None:
         self.url = normalize_url(url, "/metrics", "exporter")
         self.timeout = timeout
+        self.context = tls_context(ca_file, insecure)
+        self.poll_interval = _default_poll_interval()
+        """The exporter's poll interval: ``gpu_exporter_poll_interval_seconds`` once a scrape shows
+        it, else the exporter's default."""
 
     def read(self) -> Snapshot:
         """Scrape once; raises MetricsError when the page is unreachable or not a gpu-exporter's."""
         started = time.monotonic()
-        body = _fetch(self.url, "exporter", self.timeout)
+        body = _fetch(self.url, "exporter", self.timeout, self.context)
         at, wall = (started + time.monotonic()) / 2, time.time()
         try:
             snapshot = snapshot_of(text_string_to_metric_families(body.decode("utf-8", "replace")), at, wall)
@@ -174,12 +218,21 @@ class ExporterSource:
             raise MetricsError(f"{self.url} serves no gpu-exporter metrics (gpu_exporter_build_info is missing): "
                                "point --url at a gpu-exporter")
         age = snapshot.value("gpu_exporter_last_sample_age_seconds")
+        interval = snapshot.value("gpu_exporter_poll_interval_seconds")
+        if interval is not None and interval > 0:
+            self.poll_interval = interval
         return Snapshot(snapshot.samples, at=at - (age or 0.0), wall=wall)
+
+
+def _default_poll_interval() -> float:
+    from gpu_exporter.config import DEFAULTS
+
+    return float(DEFAULTS.poll_interval)
 
 
 @dataclass
 class NvmlSource:
-    """Reads NVML in this process with the exporter's utilization and device collectors.
+    """Reads NVML in this process with the exporter's utilization, device and process collectors.
 
     ``simulate``: None for the real driver, "" for the packaged simulated node, or a scenario
     name or file. Call :meth:`close` when done.
@@ -190,6 +243,7 @@ class NvmlSource:
 
     def _open(self) -> None:
         from gpu_exporter.collectors.device import DeviceCollector
+        from gpu_exporter.collectors.processes import ProcessCollector
         from gpu_exporter.collectors.utilization import UtilizationCollector
         from gpu_exporter.nvml import DriverNotFound, Nvml
 
@@ -206,7 +260,7 @@ class NvmlSource:
         except DriverNotFound as err:
             raise MetricsError(str(err)) from None
         self._state.update(nvml=nvml, gpus=nvml.discover(),
-                           collectors=(UtilizationCollector(), DeviceCollector()))
+                           collectors=(UtilizationCollector(), DeviceCollector(), ProcessCollector()))
 
     def read(self) -> Snapshot:
         """Poll every GPU once; the first call initialises NVML (MetricsError without a driver)."""

@@ -1,11 +1,16 @@
-"""``gpu-exporter query``: nvidia-smi's ``--query-gpu`` CSV, with utilization that does not alias.
+"""``gpu-exporter query``: nvidia-smi's ``--query-gpu`` and ``--query-compute-apps`` CSV, with
+utilization that does not alias.
 
-Field names, header, units and value formats follow ``nvidia-smi --query-gpu=... --format=csv``,
-so scripts written for nvidia-smi keep working. The difference: ``utilization.gpu`` and
+Field names, headers, units and value formats follow ``nvidia-smi --query-gpu=... --format=csv``
+for the fields listed by ``--help-query-gpu`` (docs/cli.md compares them with nvidia-smi's; other
+nvidia-smi fields are refused with nvidia-smi's message). The difference: ``utilization.gpu`` and
 ``utilization.memory`` are the mean over the whole interval between two readings (the delta of
-``gpu_busy_seconds_total`` over the time NVML covered), not NVML's newest 1/6-1 s sample. It
-reads NVML in-process (default; ``--simulate`` for simulated GPUs) or a running exporter
-(``--url``). Example::
+``gpu_busy_seconds_total`` over the time NVML covered), not NVML's newest 1/6-1 s sample. The
+first row comes at once, with the mean over the exporter's last poll interval (in-process: over
+the samples NVML still holds). With ``--url`` a reading counts only when it comes from a new poll
+of the exporter (its poll time at least half a poll interval newer); a repeated poll prints
+``[N/A]``, never a 0 % or 100 % made of scrape jitter. It reads NVML in-process (default;
+``--simulate`` for simulated GPUs) or a running exporter (``--url``). Example::
 
     $ gpu-exporter query --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv -l 1
     timestamp, name, utilization.gpu [%], memory.used [MiB]
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,23 +37,36 @@ from gpu_exporter.commands.metrics_client import (
     Snapshot,
     Source,
     fail,
+    new_poll_gap,
     read_after,
 )
 
 DEFAULT_QUERY = "timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free"
+DEFAULT_LOOP_SECONDS = 5.0
+"""``-l`` without a value: nvidia-smi's default."""
 NOT_AVAILABLE = "[N/A]"
+GPU_LOST = "[GPU is lost]"
+"""What nvidia-smi prints for a value of a GPU that NVML reports lost (NVML_ERROR_GPU_IS_LOST)."""
 _MIB = 1024 * 1024
+_RATIO_GAUGE = {"gpu_busy_seconds_total": "gpu_utilization_ratio",
+                "gpu_memory_busy_seconds_total": "gpu_memory_utilization_ratio"}
 
 
 @dataclass(frozen=True)
 class GpuRow:
-    """What one output row is made of: one GPU between two readings."""
+    """What one output row is made of: one GPU between two readings.
+
+    ``prev`` is None for the first row (then utilization is the exporter's mean over its last
+    poll interval); ``fresh`` is False when ``cur`` repeats the poll of ``prev``, and then
+    nothing that needs an interval is printed.
+    """
 
     index: str
     uuid: str
-    prev: Snapshot
+    prev: Snapshot | None
     cur: Snapshot
     count: int
+    fresh: bool = True
 
     def info(self, label: str) -> str | None:
         """A label of the GPU's ``gpu_info`` series."""
@@ -58,13 +77,21 @@ class GpuRow:
         """The GPU's value of gauge ``name`` in the newer reading."""
         return self.cur.value(name, uuid=self.uuid)
 
-    def mean_ratio(self, counter: str) -> float | None:
-        """Mean of a busy-seconds counter's rate between the two readings (0-1), or None."""
+    def rate(self, counter: str) -> float | None:
+        """The counter's mean rate per second between the two readings, or None."""
+        if self.prev is None or not self.fresh:
+            return None
         before, after = self.prev.value(counter, uuid=self.uuid), self.cur.value(counter, uuid=self.uuid)
         elapsed = self.cur.at - self.prev.at
         if before is None or after is None or elapsed <= 0 or after < before:
             return None
-        return min(max((after - before) / elapsed, 0.0), 1.0)
+        return (after - before) / elapsed
+
+    def mean_ratio(self, counter: str) -> float | None:
+        """Mean of a busy-seconds counter's rate between the two readings (0-1), or None."""
+        first_row = self.prev is None and self.fresh
+        ratio = self.gauge(_RATIO_GAUGE[counter]) if first_row else self.rate(counter)
+        return None if ratio is None or math.isnan(ratio) else min(max(ratio, 0.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -73,9 +100,11 @@ class Field:
 
     name: str
     unit: str
-    get: Callable[[GpuRow], Any]
+    get: Callable[[Any], Any]
     aliases: tuple[str, ...] = ()
     help: str = ""
+    identity: bool = False
+    """Known for a lost GPU too (from the reading before it was lost)."""
 
     @property
     def header(self) -> str:
@@ -83,7 +112,7 @@ class Field:
         return f"{self.name} [{self.unit}]" if self.unit else self.name
 
 
-def _timestamp(row: GpuRow) -> str:
+def _timestamp(row: GpuRow | AppRow) -> str:
     return datetime.fromtimestamp(row.cur.wall).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
 
 
@@ -108,14 +137,19 @@ def _percent(counter: str) -> Callable[[GpuRow], str | None]:
     return get
 
 
+def _average_power(row: GpuRow) -> str | None:
+    watts = row.rate("gpu_energy_joules_total")
+    return None if watts is None else f"{watts:.2f}"
+
+
 FIELDS: tuple[Field, ...] = (
-    Field("timestamp", "", _timestamp, help="time of the reading, YYYY/MM/DD HH:MM:SS.msec"),
-    Field("count", "", lambda r: str(r.count), help="number of GPUs read"),
-    Field("index", "", lambda r: r.index, help="NVML index of the GPU"),
-    Field("name", "", lambda r: r.info("name"), ("gpu_name",), "product name"),
-    Field("uuid", "", lambda r: r.uuid, ("gpu_uuid",), "GPU UUID"),
-    Field("pci.bus_id", "", lambda r: r.info("pci_bus_id"), ("gpu_bus_id",), "PCI bus id"),
+    Field("timestamp", "", _timestamp, help="time of the reading, YYYY/MM/DD HH:MM:SS.msec", identity=True),
     Field("driver_version", "", lambda r: r.info("driver_version"), help="NVIDIA driver version"),
+    Field("count", "", lambda r: str(r.count), help="number of GPUs read", identity=True),
+    Field("name", "", lambda r: r.info("name"), ("gpu_name",), "product name", identity=True),
+    Field("uuid", "", lambda r: r.uuid, ("gpu_uuid",), "GPU UUID", identity=True),
+    Field("pci.bus_id", "", lambda r: r.info("pci_bus_id"), ("gpu_bus_id",), "PCI bus id", identity=True),
+    Field("index", "", lambda r: r.index, help="NVML index of the GPU", identity=True),
     Field("utilization.gpu", "%", _percent("gpu_busy_seconds_total"),
           help="share of the interval in which a kernel ran (mean, not a sample)"),
     Field("utilization.memory", "%", _percent("gpu_memory_busy_seconds_total"),
@@ -124,36 +158,74 @@ FIELDS: tuple[Field, ...] = (
     Field("memory.reserved", "MiB", _mib("gpu_memory_reserved_bytes"), help="memory reserved by the driver"),
     Field("memory.used", "MiB", _mib("gpu_memory_used_bytes"), help="memory in use"),
     Field("memory.free", "MiB", _mib("gpu_memory_free_bytes"), help="memory free"),
-    Field("power.draw", "W", _scaled("gpu_power_watts", 1.0, "%.2f"), help="power draw"),
-    Field("power.limit", "W", _scaled("gpu_power_limit_watts", 1.0, "%.2f"), ("enforced.power.limit",),
-          "enforced power limit"),
     Field("temperature.gpu", "", _scaled("gpu_temperature_celsius", 1.0, "%.0f"), help="die temperature, °C"),
+    Field("power.draw", "W", _scaled("gpu_power_watts", 1.0, "%.2f"), help="power draw (NVML's power usage)"),
+    Field("power.draw.average", "W", _average_power,
+          help="mean power over the interval, from the energy counter ([N/A] on the first row)"),
+    Field("power.draw.instant", "W", _scaled("gpu_power_watts", 1.0, "%.2f"),
+          help="NVML's power usage reading, as power.draw"),
+    Field("power.limit", "W", _scaled("gpu_power_limit_watts", 1.0, "%.2f"),
+          help="the enforced power limit (the exporter reads no separate software limit)"),
+    Field("enforced.power.limit", "W", _scaled("gpu_power_limit_watts", 1.0, "%.2f"),
+          help="the power limit the driver enforces"),
     Field("clocks.current.sm", "MHz", _scaled("gpu_sm_clock_hertz", 1e-6, "%.0f"), ("clocks.sm",), "SM clock"),
     Field("clocks.current.memory", "MHz", _scaled("gpu_memory_clock_hertz", 1e-6, "%.0f"), ("clocks.mem",),
           "memory clock"),
     Field("fan.speed", "%", _scaled("gpu_fan_speed_ratio", 100.0, "%.0f"), help="fan speed"),
 )
-_BY_NAME = {name: f for f in FIELDS for name in (f.name, *f.aliases)}
+
+
+@dataclass(frozen=True)
+class AppRow:
+    """One process on one GPU, for ``--query-compute-apps``."""
+
+    labels: dict[str, str]
+    memory_bytes: float
+    cur: Snapshot
+
+    def info(self, label: str) -> str | None:
+        found = self.cur.series("gpu_info", uuid=self.labels.get("uuid", ""))
+        return found[0][0].get(label) if found else None
+
+
+APP_FIELDS: tuple[Field, ...] = (
+    Field("timestamp", "", _timestamp, help="time of the reading"),
+    Field("gpu_name", "", lambda r: r.info("name"), help="product name of the process's GPU"),
+    Field("gpu_bus_id", "", lambda r: r.info("pci_bus_id"), help="PCI bus id of the process's GPU"),
+    Field("gpu_serial", "", lambda r: None, help="serial number of the GPU (not exported: [N/A])"),
+    Field("gpu_uuid", "", lambda r: r.labels.get("uuid"), help="UUID of the process's GPU"),
+    Field("pid", "", lambda r: r.labels.get("pid"), help="process id (host PID)"),
+    Field("process_name", "", lambda r: r.labels.get("process_name"), help="process name"),
+    Field("used_gpu_memory", "MiB", lambda r: str(int(r.memory_bytes // _MIB)), ("used_memory",),
+          help="GPU memory used by the process"),
+)
+
+
+def _by_name(fields: Sequence[Field]) -> dict[str, Field]:
+    return {name: f for f in fields for name in (f.name, *f.aliases)}
 
 
 class UsageError(ValueError):
     """Bad command-line input; the message is one sentence."""
 
 
-def parse_fields(text: str) -> list[Field]:
-    """The fields of a ``--query-gpu`` list, in order.
+def parse_fields(text: str, fields: Sequence[Field] = FIELDS, flag: str = "--query-gpu") -> list[Field]:
+    """The fields of a ``--query-gpu`` (or ``--query-compute-apps``) list, in order.
 
     >>> [f.header for f in parse_fields("name,memory.used")]
     ['name', 'memory.used [MiB]']
+    >>> [f.header for f in parse_fields("pid,used_memory", APP_FIELDS, "--query-compute-apps")]
+    ['pid', 'used_gpu_memory [MiB]']
     """
+    by_name = _by_name(fields)
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise UsageError("--query-gpu needs at least one field, e.g. --query-gpu=name,utilization.gpu")
+        raise UsageError(f"{flag} needs at least one field, e.g. {flag}={fields[0].name},{fields[-1].name}")
     for name in names:
-        if name not in _BY_NAME:
+        if name not in by_name:
             raise UsageError(f'Field "{name}" is not a valid field to query; '
-                             "see gpu-exporter query --help-query-gpu")
-    return [_BY_NAME[n] for n in names]
+                             f"see gpu-exporter query --help-{flag.removeprefix('--')}")
+    return [by_name[n] for n in names]
 
 
 def parse_format(text: str) -> tuple[bool, bool]:
@@ -168,8 +240,25 @@ def parse_format(text: str) -> tuple[bool, bool]:
     return "noheader" not in options, "nounits" not in options
 
 
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def bus_key(text: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of a PCI bus id, long or short; None if it is not one.
+
+    >>> bus_key("00000000:3B:00.0") == bus_key("3b:00.0") == bus_key("0000:3B:0.0")
+    True
+    """
+    match = _BUS_ID.match(text.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return int(domain or "0", 16), int(bus, 16), int(device, 16), int(function)
+
+
 def select_gpus(snapshot: Snapshot, ids: str | None) -> list[tuple[str, str]]:
-    """(index, uuid) of the GPUs to print, in index order; ``ids`` is ``--id`` (indexes, UUIDs, bus ids)."""
+    """(index, uuid) of the GPUs to print, in index order; ``ids`` is ``--id`` (indexes, UUIDs, PCI bus
+    ids in nvidia-smi's long form or short ``3b:00.0``)."""
     gpus = sorted(((labels.get("gpu", ""), labels.get("uuid", ""), labels.get("pci_bus_id", ""))
                    for labels, _ in snapshot.series("gpu_info")),
                   key=lambda g: (int(g[0]) if g[0].isdigit() else 1 << 30, g[0]))
@@ -177,8 +266,9 @@ def select_gpus(snapshot: Snapshot, ids: str | None) -> list[tuple[str, str]]:
         return [(index, uuid) for index, uuid, _ in gpus]
     chosen = []
     for wanted in (w.strip() for w in ids.split(",") if w.strip()):
+        wanted_bus = bus_key(wanted)
         match = [(index, uuid) for index, uuid, bus in gpus if wanted in (index, uuid) or
-                 wanted.lower() == bus.lower()]
+                 (wanted_bus is not None and wanted_bus == bus_key(bus))]
         if not match:
             known = ", ".join(index for index, _, _ in gpus) or "none"
             raise UsageError(f"no GPU matches --id {wanted} (GPU indexes here: {known})")
@@ -186,91 +276,164 @@ def select_gpus(snapshot: Snapshot, ids: str | None) -> list[tuple[str, str]]:
     return chosen
 
 
-def format_rows(fields: Sequence[Field], prev: Snapshot, cur: Snapshot, gpus: Sequence[tuple[str, str]],
-                units: bool) -> list[str]:
-    """One CSV line per GPU; GPUs gone from the newer reading are skipped."""
+def _cells(fields: Sequence[Field], row: Any, units: bool, lost: bool = False) -> str:
+    cells = []
+    for f in fields:
+        value = f.get(row) if f.identity or not lost else GPU_LOST
+        if value is None:
+            cells.append(NOT_AVAILABLE)
+        elif value == GPU_LOST:
+            cells.append(GPU_LOST)
+        else:
+            cells.append(f"{value} {f.unit}" if units and f.unit else str(value))
+    return ", ".join(cells)
+
+
+def format_rows(fields: Sequence[Field], prev: Snapshot | None, cur: Snapshot, gpus: Sequence[tuple[str, str]],
+                units: bool, fresh: bool = True, first: Snapshot | None = None) -> list[str]:
+    """One CSV line per GPU. A GPU gone from ``cur`` since ``first`` (the reading the GPUs were
+    chosen from) prints its identity fields from ``first`` and ``[GPU is lost]`` elsewhere."""
     present = {labels.get("uuid") for labels, _ in cur.series("gpu_info")}
-    rows = [GpuRow(index, uuid, prev, cur, count=len(present)) for index, uuid in gpus if uuid in present]
+    count = len(present)
     lines = []
-    for row in rows:
-        cells = []
-        for f in fields:
-            value = f.get(row)
-            if value is None:
-                cells.append(NOT_AVAILABLE)
-            else:
-                cells.append(f"{value} {f.unit}" if units and f.unit else str(value))
-        lines.append(", ".join(cells))
+    for index, uuid in gpus:
+        if uuid in present:
+            lines.append(_cells(fields, GpuRow(index, uuid, prev, cur, count, fresh), units))
+        else:
+            known = first if first is not None else (prev or cur)
+            lost = GpuRow(index, uuid, None, Snapshot(known.samples, at=cur.at, wall=cur.wall), count, False)
+            lines.append(_cells(fields, lost, units, lost=True))
     return lines
 
 
+def format_apps(fields: Sequence[Field], cur: Snapshot, gpus: Sequence[tuple[str, str]], units: bool) -> list[str]:
+    """One CSV line per process on the chosen GPUs (whole-GPU processes, by GPU index then pid)."""
+    order = {uuid: i for i, (_, uuid) in enumerate(gpus)}
+    apps = [AppRow(labels, value, cur) for labels, value in cur.series("gpu_process_memory_used_bytes")
+            if labels.get("uuid") in order]
+    apps.sort(key=lambda a: (order[a.labels.get("uuid", "")], int(a.labels.get("pid", "0") or 0)))
+    return [_cells(fields, app, units) for app in apps]
+
+
+def _write(out: TextIO, lines: Sequence[str]) -> None:
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
+
+
 def run_query(source: Source, fields: Sequence[Field], ids: str | None, header: bool, units: bool,
-              interval: float, count: int | None, out: TextIO) -> None:
-    """Print ``count`` sets of rows (forever when None), each the mean over ``interval`` seconds."""
-    prev = source.read()
-    gpus = select_gpus(prev, ids)
+              interval: float, count: int | None, out: TextIO, apps: bool = False) -> None:
+    """Print ``count`` sets of rows (forever when None): the first at once, then one every ``interval``
+    seconds, each the mean over the time since the previous accepted reading.
+
+    A reading that repeats the previous poll (an exporter's poll time less than half a poll
+    interval newer) prints ``[N/A]`` for the interval fields, and the next row is measured from
+    the last accepted reading.
+    """
+    first = source.read()
+    gpus = select_gpus(first, ids)
     if header:
-        out.write(", ".join(f.header for f in fields) + "\n")
-        out.flush()
-    printed = 0
-    while count is None or printed < count:
-        time.sleep(max(0.0, interval - (time.monotonic() - prev.at)))
-        cur = read_after(source, prev.at, patience=max(5.0, interval))
-        out.write("".join(line + "\n" for line in format_rows(fields, prev, cur, gpus, units)))
-        out.flush()
-        prev, printed = cur, printed + 1
+        _write(out, [", ".join(f.header for f in fields)])
+    base, cur, fresh = None, first, True
+    started, printed = time.monotonic(), 0
+    while True:
+        _write(out, format_apps(fields, cur, gpus, units) if apps else
+               format_rows(fields, base, cur, gpus, units, fresh, first))
+        printed += 1
+        if fresh:
+            base = cur
+        if count is not None and printed >= count:
+            return
+        time.sleep(max(0.0, started + printed * interval - time.monotonic()))
+        # an exporter's reading counts only from a new poll; in-process reads always poll anew
+        gap = max(interval / 2, new_poll_gap(source)) if new_poll_gap(source) else 0.0
+        cur = read_after(source, base.at if base is not None else cur.at, patience=min(interval, 5.0), min_gap=gap)
+        fresh = base is None or cur.at - base.at >= max(gap, 1e-6)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``gpu-exporter query`` (nvidia-smi's names where nvidia-smi has one)."""
-    parser.add_argument("--query-gpu", "-q", default=DEFAULT_QUERY, metavar="FIELDS",
-                        help=f"comma-separated fields (default {DEFAULT_QUERY}); see --help-query-gpu")
+    """Flags of ``gpu-exporter query`` (nvidia-smi's names where nvidia-smi has one; no short form that
+    means something else in nvidia-smi)."""
+    parser.allow_abbrev = False
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--query-gpu", metavar="FIELDS",
+                      help=f"comma-separated GPU fields (default {DEFAULT_QUERY}); see --help-query-gpu")
+    what.add_argument("--query-compute-apps", metavar="FIELDS",
+                      help="comma-separated process fields, one row per process (pid,process_name,used_memory,...)"
+                      "; see --help-query-compute-apps")
     parser.add_argument("--format", default="csv", metavar="csv[,noheader][,nounits]",
                         help="output format, as nvidia-smi's (default csv)")
-    parser.add_argument("--help-query-gpu", action="store_true", help="list the fields and exit")
-    parser.add_argument("-l", "--loop", type=float, metavar="SECONDS",
-                        help="print a row per GPU every SECONDS (each the mean over those seconds) until Ctrl-C")
-    parser.add_argument("-c", "--count", type=int, metavar="N", help="stop after N rows per GPU (default: 1 "
-                        "without -l, unlimited with -l)")
-    parser.add_argument("-i", "--id", metavar="ID[,ID...]", help="GPUs to show: indexes, UUIDs or PCI bus ids")
-    parser.add_argument("--url", metavar="URL", help="read a running exporter (http://HOST:PORT) instead of NVML")
+    parser.add_argument("--help-query-gpu", action="store_true", help="list the GPU fields and exit")
+    parser.add_argument("--help-query-compute-apps", action="store_true", help="list the process fields and exit")
+    loop = parser.add_mutually_exclusive_group()
+    loop.add_argument("-l", "--loop", type=float, nargs="?", const=DEFAULT_LOOP_SECONDS, metavar="SECONDS",
+                      help="print rows every SECONDS (default 5 without a value; each row the mean over those "
+                      "seconds) until Ctrl-C")
+    loop.add_argument("-lms", "--loop-ms", type=float, metavar="MILLISECONDS",
+                      help="as -l, in milliseconds")
+    parser.add_argument("--count", type=int, metavar="N", help="stop after N sets of rows (default: 1 without a "
+                        "loop, unlimited with one); no short form: nvidia-smi's -c is --compute-mode")
+    parser.add_argument("-i", "--id", metavar="ID[,ID...]",
+                        help="GPUs to show: indexes, UUIDs or PCI bus ids (00000000:3B:00.0 or 3b:00.0)")
+    parser.add_argument("--url", metavar="URL", help="read a running exporter (http(s)://HOST:PORT) instead of NVML")
+    parser.add_argument("--ca-file", metavar="FILE", help="with an https --url: trust the CA certificates in FILE")
+    parser.add_argument("--insecure", action="store_true",
+                        help="with an https --url: do not verify the exporter's certificate")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
                         help="read simulated GPUs (packaged default, a packaged scenario name or a YAML file)")
 
 
-def _help_query_gpu() -> str:
-    lines = ["Fields for --query-gpu (nvidia-smi names; values as nvidia-smi prints them):"]
-    for f in FIELDS:
+def _help(title: str, fields: Sequence[Field]) -> str:
+    lines = [title]
+    for f in fields:
         names = ", ".join((f.name, *f.aliases))
         lines.append(f"  {names:44} {f.help}{f' [{f.unit}]' if f.unit else ''}")
-    lines.append(f"Values that the GPU or driver does not report are printed as {NOT_AVAILABLE}.")
+    lines.append(f"Values that the GPU or driver does not report are printed as {NOT_AVAILABLE}; "
+                 f"values of a GPU lost since the first reading as {GPU_LOST}.")
     return "\n".join(lines) + "\n"
+
+
+def _interval(args: argparse.Namespace) -> float | None:
+    """The loop interval in seconds from ``-l`` / ``-lms``, or None without a loop."""
+    if args.loop_ms is not None:
+        if not (args.loop_ms > 0 and math.isfinite(args.loop_ms)):
+            raise UsageError(f"-lms must be a number of milliseconds > 0, not {args.loop_ms:g}")
+        return float(args.loop_ms) / 1000
+    if args.loop is not None and not (args.loop > 0 and math.isfinite(args.loop)):
+        raise UsageError(f"-l must be a number of seconds > 0, not {args.loop:g}")
+    return None if args.loop is None else float(args.loop)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``gpu-exporter query``; 0 on success (or Ctrl-C), 2 on bad input or an unreadable source."""
     if args.help_query_gpu:
-        sys.stdout.write(_help_query_gpu())
+        sys.stdout.write(_help("Fields for --query-gpu (nvidia-smi names; values as nvidia-smi prints them):", FIELDS))
         return 0
+    if args.help_query_compute_apps:
+        sys.stdout.write(_help("Fields for --query-compute-apps (nvidia-smi names):", APP_FIELDS))
+        return 0
+    apps = args.query_compute_apps is not None
     try:
-        fields = parse_fields(args.query_gpu)
+        fields = (parse_fields(args.query_compute_apps, APP_FIELDS, "--query-compute-apps") if apps
+                  else parse_fields(args.query_gpu or DEFAULT_QUERY))
         header, units = parse_format(args.format)
-        if args.loop is not None and not (args.loop > 0 and math.isfinite(args.loop)):
-            raise UsageError(f"-l must be a number of seconds > 0, not {args.loop:g}")
+        interval = _interval(args)
         if args.count is not None and args.count < 1:
-            raise UsageError(f"-c must be at least 1, not {args.count}")
+            raise UsageError(f"--count must be at least 1, not {args.count}")
         if args.url is not None and args.simulate is not None:
             raise UsageError("--url and --simulate exclude each other: read an exporter or simulated GPUs")
+        if (args.ca_file is not None or args.insecure) and not (args.url or "").startswith("https://"):
+            raise UsageError("--ca-file and --insecure apply to an https:// --url only")
     except UsageError as err:
         return fail(str(err))
-    count = args.count if args.count is not None else (None if args.loop is not None else 1)
+    count = args.count if args.count is not None else (None if interval is not None else 1)
     source: ExporterSource | NvmlSource
     try:
-        source = ExporterSource(args.url) if args.url is not None else NvmlSource(args.simulate)
+        source = (ExporterSource(args.url, ca_file=args.ca_file, insecure=args.insecure) if args.url is not None
+                  else NvmlSource(args.simulate))
     except MetricsError as err:
         return fail(str(err))
     try:
-        run_query(source, fields, args.id, header, units, args.loop or 1.0, count, sys.stdout)
+        run_query(source, fields, args.id, header, units, interval or 1.0, count, sys.stdout, apps=apps)
     except (MetricsError, UsageError) as err:
         return fail(str(err))
     except (KeyboardInterrupt, BrokenPipeError):
