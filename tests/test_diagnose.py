@@ -118,7 +118,10 @@ def test_one_gpu_per_verdict_json(node: str) -> None:
     assert loader["run"] == "loader" and not loader["since_start"]
     assert loader["shares"]["data"] == pytest.approx(0.6, abs=0.05)  # the window, not the 1000 s before
     assert gpus["GPU-diag-input"]["utilization"] == pytest.approx(0.15, abs=0.02)
-    assert gpus["GPU-diag-healthy"]["utilization"] == pytest.approx(0.9, abs=0.05)
+    # The 2 s window's ends are timed by this client (scrape midpoint minus sample age), so on a
+    # busy machine one 0.2 s poll more or less lands in it: +-10% of the value. Assert what the
+    # verdict rests on: at or above the 0.85 target, at most 1.
+    assert 0.85 <= gpus["GPU-diag-healthy"]["utilization"] <= 1.0
     assert gpus["GPU-diag-batch"]["memory_used_ratio"] == pytest.approx(0.1)
     assert gpus["GPU-diag-mig"]["utilization"] is None
     for uuid, verdict in EXPECTED.items():

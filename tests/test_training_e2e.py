@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from servers import free_port, http_get, run_exporter, wait_until
 from torch.utils.data import DataLoader, Dataset
 
+pytestmark = pytest.mark.slow
+
 BATCH = 16
 
 
@@ -34,13 +36,34 @@ class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.randn(256), torch.tensor(index % 10)
 
 
-def train(run: training.Run, dataset: SlowDataset) -> None:
+class TimedNext:
+    """The loop's own stopwatch around ``next(loader)``: the time run.data() must count as "data"."""
+
+    def __init__(self, loader: DataLoader[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._it = iter(loader)
+        self.blocked = 0.0
+
+    def __iter__(self) -> TimedNext:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        t = perf_counter()
+        try:
+            batch: tuple[torch.Tensor, torch.Tensor] = next(self._it)
+        finally:
+            self.blocked += perf_counter() - t
+        return batch
+
+
+def train(run: training.Run, dataset: SlowDataset) -> float:
+    """Train on ``dataset``; return the seconds the loop was blocked in ``next(loader)``."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
                                 torch.nn.ReLU(), torch.nn.Linear(1024, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     compute, metrics = run.phase("compute"), run.phase("metrics")
-    for x, y in run.data(DataLoader(dataset, batch_size=BATCH, num_workers=0)):
+    loader = TimedNext(DataLoader(dataset, batch_size=BATCH, num_workers=0))
+    for x, y in run.data(loader):
         with compute:
             optimizer.zero_grad()
             out = model(x)
@@ -49,6 +72,7 @@ def train(run: training.Run, dataset: SlowDataset) -> None:
         with metrics:
             (out.argmax(1) == y).float().mean().item()
         run.step(samples=len(x))
+    return loader.blocked
 
 
 def scraped(url: str, run_name: str) -> dict[str, dict[str, float]]:
@@ -69,7 +93,8 @@ def test_reported_data_share_matches_injected_loader_delay() -> None:
     with run_exporter(["--simulate"]) as url:
         slow = SlowDataset(batches=40, delay=0.025)
         run = training.start("e2e-slow", url=url, uuid="GPU-e2e", push_interval=0.5)
-        train(run, slow)
+        blocked = train(run, slow)
+        before_close = perf_counter() - run._start
         run.close()
         wall = perf_counter() - run._start
         slow_metrics = scraped(url, "e2e-slow")
@@ -81,10 +106,15 @@ def test_reported_data_share_matches_injected_loader_delay() -> None:
         fast_metrics = scraped(url, "e2e-fixed")
 
     phases = slow_metrics["gpu_training_phase_seconds_total"]
-    assert sum(phases.values()) == pytest.approx(wall, abs=0.02)
-    expected = slow.slept / wall
+    # the final snapshot is taken inside close(): its phases cover the run up to then
+    assert before_close <= sum(phases.values()) <= wall
+    # Phase "data" is the time blocked in next(loader): the injected sleep plus collate and
+    # scheduling, which grow on a busy machine. Compare with the loop's own stopwatch around
+    # next(); the only difference is the phase switches themselves (microseconds per step).
+    assert slow.slept <= blocked <= phases["data"]
+    assert phases["data"] == pytest.approx(blocked, abs=0.01), (phases["data"], blocked)
     reported = data_share(phases)
-    assert abs(reported - expected) < 0.03, f"data share reported {reported:.3f}, injected {expected:.3f}"
+    assert reported >= slow.slept / wall
     assert slow_metrics["gpu_training_steps_total"][""] == 40
     assert slow_metrics["gpu_training_samples_total"][""] == 40 * BATCH
     assert slow_metrics["gpu_training_batch_size"][""] == BATCH
@@ -104,10 +134,11 @@ def test_exporter_restart_mid_run_loses_nothing() -> None:
     train(run, SlowDataset(batches=20, delay=0.0))  # exporter down: pushes fail, training goes on
     with run_exporter(["--simulate"], port=port) as url:
         train(run, SlowDataset(batches=20, delay=0.0))
+        before_close = perf_counter() - run._start
         run.close()
         wall = perf_counter() - run._start
         after = scraped(url, "e2e-restart")
     assert after["gpu_training_steps_total"][""] == 60
     assert after["gpu_training_samples_total"][""] == 60 * BATCH
-    assert sum(after["gpu_training_phase_seconds_total"].values()) == pytest.approx(wall, abs=0.02)
+    assert before_close <= sum(after["gpu_training_phase_seconds_total"].values()) <= wall
     assert set(after["gpu_training_current_phase"].values()) == {0.0}  # finished: no current phase
