@@ -28,10 +28,10 @@ import resource
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
+import tomllib
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,14 +76,18 @@ def podman_command(*args: str) -> list[str]:
 
 
 def run_limits() -> list[str]:
-    """``--ulimit`` options at this process's own limits: podman's default open-file and process limits
-    exceed what an unprivileged sandbox may set, and runc then fails with 'error setting rlimits'."""
+    """``--ulimit`` options a sandbox without systemd accepts: podman's defaults (1048576 open files, the
+    host's process limit) exceed what it may set, and runc then fails with 'error setting rlimits'.
+    Open files: this process's own limit. Processes: at most 32768, the most that podman 4.3 here could
+    set (found by bisection: 32769 fails with 'error setting rlimit type 6')."""
     options = []
-    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+    for name, limit, cap in (("nofile", resource.RLIMIT_NOFILE, None), ("nproc", resource.RLIMIT_NPROC, 32768)):
         soft, hard = resource.getrlimit(limit)
-        if hard != resource.RLIM_INFINITY:
-            soft = hard if soft == resource.RLIM_INFINITY else soft
-            options += ["--ulimit", f"{name}={soft}:{hard}"]
+        if hard == resource.RLIM_INFINITY and cap is None:
+            continue
+        hard = min(h for h in (hard, cap) if h is not None and h != resource.RLIM_INFINITY)
+        soft = hard if soft == resource.RLIM_INFINITY else min(soft, hard)
+        options += ["--ulimit", f"{name}={soft}:{hard}"]
     return options
 
 

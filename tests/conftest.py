@@ -1,4 +1,5 @@
-"""Shared pytest setup: import paths for the package, the test helpers (tests/servers.py) and monitoring/."""
+"""Shared pytest setup: import paths for the package, the test helpers (tests/servers.py), monitoring/ and
+scripts/ (release.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT / "exporter", ROOT / "tests", ROOT):
+for path in (ROOT / "exporter", ROOT / "tests", ROOT, ROOT / "scripts"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
