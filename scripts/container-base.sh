@@ -11,6 +11,7 @@
 # Set CONTAINER_BASE_REBUILD=1 to force a new one. Takes about 50 s on 2 cores (debootstrap).
 # Needs root, debootstrap and podman (tests/run.sh installs them).
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # debootstrap lives in /usr/sbin
 
 image=${CONTAINER_BASE_IMAGE:-localhost/gpu-exporter-base:bookworm}
 suite=bookworm

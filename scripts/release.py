@@ -71,7 +71,8 @@ def podman_command(*args: str) -> list[str]:
     podman = shutil.which("podman")
     if podman is None:
         raise ReleaseError("podman is not installed (apt-get install podman)")
-    runtime = ["--runtime", "runc"] if shutil.which("runc") else []
+    runc = shutil.which("runc") or shutil.which("runc", path="/usr/sbin:/sbin")
+    runtime = ["--runtime", runc] if runc else []
     return [podman, "--cgroup-manager=cgroupfs", *runtime, *args]
 
 

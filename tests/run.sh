@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+# The container tests (tests/test_container.py): podman builds and runs the image on a Debian base
+# that scripts/container-base.sh makes with debootstrap (about 1-2 min, once per machine: podman keeps it).
+command -v podman >/dev/null || missing+=(podman netavark)
+[ -x /usr/sbin/runc ] || command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null || missing+=(debootstrap)
 if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   echo "installing Debian packages: ${missing[*]}"
@@ -32,6 +37,6 @@ fi
 # (pip's notes about optional local package indexes are noise on most machines)
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
-.venv/bin/ruff check exporter tests bench examples prometheus monitoring
+.venv/bin/ruff check exporter tests bench examples prometheus monitoring scripts
 .venv/bin/mypy --strict
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
