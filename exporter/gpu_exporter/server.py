@@ -245,13 +245,20 @@ class MetricsServer(ThreadingHTTPServer):
         """Close connections past their read deadline (called by serve_forever every half second)."""
         now = time.monotonic()
         with self._lock:
-            late = [c for c in self._connections.values() if c.deadline < now and not c.expired]
-            for conn in late:
-                conn.expired = True
-        for conn in late:
-            self.reject("read_timeout", f"closed a connection: its request did not arrive within "
-                                        f"{self.limits.read_timeout:g}s (web.read_timeout)")
-            _shutdown(conn.sock)
+            late = [c.sock for c in self._connections.values() if c.deadline < now and not c.expired]
+        for sock in late:
+            self.timed_out(sock)
+
+    def timed_out(self, sock: socket.socket) -> None:
+        """A request did not arrive in time: count it once (the deadline or the socket timeout may see it first)."""
+        with self._lock:
+            conn = self._connections.get(sock)
+            if conn is None or conn.expired:
+                return
+            conn.expired = True
+        self.reject("read_timeout", f"closed a connection: its request did not arrive within "
+                                    f"{self.limits.read_timeout:g}s (web.read_timeout)")
+        _shutdown(sock)
 
     def try_begin(self) -> bool:
         """Take one of ``max_requests`` slots; False when all are taken."""
@@ -279,7 +286,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     protocol_version = "HTTP/1.1"
     server_version = "gpu-exporter"
-    _served = False
+    _served = False  # a request came before on this connection: the next may wait idle_timeout
+    _receiving = False  # the request is still being read: a timeout now is a read timeout
     _body_length: int | None = 0  # None: a Transfer-Encoding body of unknown length
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -299,17 +307,21 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.phase(sock, idle=False, timeout=limits.read_timeout):
             return
         self.connection.settimeout(limits.read_timeout)
-        self._served = True
+        self._served = self._receiving = True
         try:
             self.raw_requestline = self.rfile.readline(65537)
-            if self.server.expired(sock) or not self.raw_requestline.endswith(b"\n"):
-                return
             if len(self.raw_requestline) > 65536:
                 self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if self.server.expired(sock) or not self.raw_requestline.endswith(b"\n"):
                 return
             if not self.parse_request() or self.server.expired(sock):
                 return
             self._dispatch()
+        except TimeoutError:
+            if self._receiving:  # else the client stopped taking the response
+                self.server.timed_out(sock)
+            self.close_connection = True
         finally:
             if not self.close_connection:
                 self.close_connection = not self.server.phase(sock, idle=True)
@@ -321,7 +333,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.command != "POST":
             self._drop_body()
-            self._received()
         path = self.path.split("?", 1)[0]
         allowed = ("POST",) if path == INGEST_PATH else ("GET", "HEAD")
         if self.command not in allowed and (self.command not in ("GET", "HEAD", "POST") or path in self.server.get_paths
@@ -373,9 +384,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif length:
             self.rfile.read(length)
         self._body_length = 0
+        self._received()
 
     def _received(self) -> None:
         """The whole request is in: its read deadline no longer applies."""
+        self._receiving = False
         self.server.phase(self.request, idle=False)
 
     # -- responses ------------------------------------------------------------------------------
@@ -429,12 +442,12 @@ class _Handler(BaseHTTPRequestHandler):
             if encoding is not None:
                 headers["Content-Encoding"] = encoding
             self._send(HTTPStatus.OK, body, CONTENT_TYPE_LATEST, headers)
-        elif path == "/":
-            page = (f"<html><head><title>GPU utilization exporter</title></head><body>"
-                    f"<h1>GPU utilization exporter</h1><p><a href=\"{self.server.telemetry_path}\">Metrics</a> "
-                    f"&middot; <a href=\"/healthz\">healthz</a> &middot; <a href=\"/readyz\">readyz</a></p>"
-                    f"</body></html>\n")
-            self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
+        elif path in ("/", "/api/v1/status"):  # the live status page and its JSON (status_page.py)
+            from gpu_exporter import status_page
+
+            sources = self.server.sources
+            body, content_type = status_page.respond(self.server, path, lambda: exposition(sources))
+            self._send(HTTPStatus.OK, body, content_type, {"Cache-Control": "no-store"})
         else:
             self._send(HTTPStatus.NOT_FOUND, b"Not found\n")
 
