@@ -13,6 +13,8 @@ command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanag
 command -v podman >/dev/null || missing+=(podman netavark)
 [ -x /usr/sbin/runc ] || command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null || missing+=(debootstrap)
+# Debian's docker-compose 1.29 validates docker-compose.yml (`config` needs no engine)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
 if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   echo "installing Debian packages: ${missing[*]}"

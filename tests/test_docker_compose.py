@@ -1,19 +1,26 @@
 """docker-compose.yml: valid per the Compose specification, every mount exists, the parts fit together.
 
 The schema check uses the ``compose-spec`` package (bindings of the Rust ``compose_spec`` parser,
-which rejects unknown keys and wrong types). No Docker engine runs here, so the simulated
-exporter's command is run as a plain process instead.
+which rejects unknown keys and wrong types) and Debian's docker-compose 1.29 (``config``, which
+needs no engine). No Docker engine runs here, so the simulated exporter's command is run as a plain
+process; tests/test_container.py runs the services under podman.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from compose_spec import PyCompose
+from gpu_exporter.simulate.scenario import load_scenario
 from servers import http_get, run_exporter
+from test_docker import stages
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()
@@ -130,3 +137,71 @@ def test_simulated_exporter_command_serves_metrics() -> None:
     args[1] = str(scenario)
     with run_exporter(args) as url:
         assert "gpu_info{" in http_get(url + "/metrics")
+
+
+def test_docker_compose_1_29_accepts_the_file() -> None:
+    """Debian's docker-compose 1.29 validates without an engine (it rejected a top-level ``name:``)."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is not installed: bash tests/run.sh installs Debian's docker-compose")
+    for profile in ("gpu", "simulate"):
+        result = subprocess.run([binary, "--profile", profile, "config", "--quiet"], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    assert "name" not in COMPOSE
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_is_checked_and_waits_for_healthy_services(name: str) -> None:
+    service = SERVICES[name]
+    check = service["healthcheck"]
+    assert check["test"][0] == "CMD" and len(check["test"]) > 1
+    for key in ("interval", "timeout", "start_period", "retries"):
+        assert key in check, f"{name}: healthcheck has no {key}"
+    depends_on = service.get("depends_on", {})
+    assert isinstance(depends_on, dict), f"{name}: depends_on must use the long form with a condition"
+    for dependency, how in depends_on.items():
+        assert how == {"condition": "service_healthy"}, (name, dependency, how)
+        assert "healthcheck" in SERVICES[dependency]
+        # a service must not wait for one that only runs in another profile
+        assert set(SERVICES[dependency].get("profiles", [])) <= set(service.get("profiles", [])), (name, dependency)
+
+
+def test_exporter_healthchecks_are_the_images() -> None:
+    """The compose healthcheck repeats the Dockerfile's HEALTHCHECK: the same command and timings."""
+    runtime = dict(stages()[1])
+    options, _, command = runtime["HEALTHCHECK"].partition(" CMD ")
+    flags = dict(flag.removeprefix("--").split("=") for flag in options.split())
+    for name in ("exporter", "exporter-simulated"):
+        check = SERVICES[name]["healthcheck"]
+        assert check["test"] == ["CMD", *json.loads(command)]
+        assert (check["interval"], check["timeout"], check["start_period"], str(check["retries"])) == (
+            flags["interval"], flags["timeout"], flags["start-period"], flags["retries"])
+
+
+def test_training_demo_follows_the_simulated_gpu() -> None:
+    """training-demo names the simulated GPU that follows a training job, and its healthcheck its run."""
+    scenario_arg = SERVICES["exporter-simulated"]["command"][1]
+    scenario = host_path(SERVICES["exporter-simulated"], scenario_arg)
+    assert scenario is not None
+    followed = [gpu.uuid for gpu in load_scenario(scenario).gpus if gpu.follow_training]
+    demo = SERVICES["training-demo"]
+    assert demo["environment"]["CUDA_VISIBLE_DEVICES"] == followed[0]
+    command = demo["command"]
+    run = command[command.index("--run") + 1]
+    assert f"b'run=\"{run}\"' in" in demo["healthcheck"]["test"][-1]
+
+
+def debian_version(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        pytest.fail(f"{binary} is not installed: bash tests/run.sh installs it")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    match = re.search(r"version (\d+\.\d+\.\d+)", out.stdout + out.stderr)
+    assert match is not None, out
+    return match.group(1)
+
+
+def test_prometheus_and_alertmanager_are_the_versions_the_tests_run() -> None:
+    assert SERVICES["prometheus"]["image"] == f"prom/prometheus:v{debian_version('prometheus')}"
+    assert SERVICES["alertmanager"]["image"] == f"prom/alertmanager:v{debian_version('prometheus-alertmanager')}"
