@@ -1,0 +1,62 @@
+"""scripts/release.py: the image tar and the chart package carry one version, or nothing is built."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import helm_python as helm
+import pytest
+import release
+import yaml
+from containers import base_image, podman_problem
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "release.py"
+
+
+def test_a_chart_with_another_app_version_stops_the_release(tmp_path: Path) -> None:
+    chart = tmp_path / "chart"
+    shutil.copytree(release.CHART, chart, symlinks=True)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["appVersion"] = "9.9.9"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    out = tmp_path / "dist"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--chart", str(chart), "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "appVersion is '9.9.9'" in line and f"version is {release.package_version()!r}" in line
+    assert not out.exists()  # nothing built
+
+
+def test_the_repository_chart_matches_the_package_version() -> None:
+    assert release.chart_versions()[1] == release.package_version()
+
+
+@pytest.mark.slow
+@pytest.mark.container
+def test_release_builds_the_image_tar_and_the_chart_package(tmp_path: Path) -> None:
+    problem = podman_problem()
+    if problem:
+        pytest.skip(problem)
+    base = base_image()
+    out = tmp_path / "dist"
+    assert release.main(["--out", str(out), "--base-image", base]) == 0
+    version = release.package_version()
+    image_tar = out / f"gpu-utilization-exporter-{version}-image.tar"
+    with tarfile.open(image_tar) as tar:
+        (manifest,) = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile(manifest["Config"]))  # type: ignore[arg-type]
+    assert manifest["RepoTags"] == [f"localhost/gpu-utilization-exporter:{version}"]
+    labels = config["config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.base.name"] == base
+    assert config["config"]["Healthcheck"]["Test"][0] == "CMD"
+    chart_version = release.chart_versions()[0]
+    with helm.Chart.load(out / f"gpu-utilization-exporter-{chart_version}.tgz") as packaged:
+        assert packaged.metadata["appVersion"] == version
