@@ -1,9 +1,11 @@
-"""What every polling collector shares: per-poll metric families, cached exposition text.
+"""What every polling collector shares: per-poll metric rows, families and text built on demand.
 
 A polling collector reads NVML on the sampler thread (:meth:`PollingCollector.poll`) and
-publishes immutable metric families; the first scrape after a publication renders their text
-exposition once and later scrapes reuse it, so no NVML call ever happens on the scrape path and
-polls that no scrape reads cost no rendering.
+publishes the values it read as plain rows (label values, value). The first scrape after a
+publication builds the prometheus_client families from them and renders their text exposition
+once; later scrapes reuse the text. So no NVML call ever happens on the scrape path, and a poll
+that no scrape reads (most of them: the exporter polls every second, Prometheus scrapes every
+15 s or so) costs only its NVML calls, neither family objects nor rendering.
 
 Example::
 
@@ -39,33 +41,60 @@ class PollContext:
     lost: set[str] = field(default_factory=set)
 
 
+class Rows:
+    """The samples of one metric family in one poll, as (label values, value) rows.
+
+    It has the ``add_metric`` of prometheus_client's families, at the cost of a list append;
+    :meth:`family` builds the real family when a scrape needs it.
+
+    >>> rows = Rows(GaugeMetricFamily, "gpu_temperature_celsius", "Temperature.", ("gpu",))
+    >>> rows.add_metric(["0"], 41)
+    >>> rows.family().samples[0].value
+    41
+    """
+
+    __slots__ = ("documentation", "kind", "labels", "name", "rows")
+
+    def __init__(self, kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, documentation: str,
+                 labels: Sequence[str]) -> None:
+        self.kind, self.name, self.documentation, self.labels = kind, name, documentation, labels
+        self.rows: list[tuple[Sequence[str], float]] = []
+
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        """Record one sample (label values in the order of the family's labels)."""
+        self.rows.append((labels, value))
+
+    def family(self) -> Metric:
+        """The prometheus_client family with every recorded sample."""
+        family = self.kind(self.name, self.documentation, labels=self.labels)
+        for labels, value in self.rows:
+            family.add_metric(labels, value)
+        return family
+
+
 class Families:
-    """Metric families of one poll, created on first use and kept in creation order."""
+    """Metric rows of one poll, one :class:`Rows` per family, kept in creation order."""
 
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
+        self._families: dict[str, Rows] = {}
 
-    def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
-        """The gauge family ``name``, created on first use."""
-        family = self._family(GaugeMetricFamily, name, documentation, labels)
-        assert isinstance(family, GaugeMetricFamily)
-        return family
-
-    def counter(self, name: str, documentation: str, labels: Sequence[str]) -> CounterMetricFamily:
-        """The counter family ``name`` (give the name without ``_total``), created on first use."""
-        family = self._family(CounterMetricFamily, name, documentation, labels)
-        assert isinstance(family, CounterMetricFamily)
-        return family
-
-    def _family(self, kind: type[Metric], name: str, documentation: str, labels: Sequence[str]) -> Metric:
+    def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> Rows:
+        """The rows of gauge family ``name``, created on first use."""
         family = self._families.get(name)
         if family is None:
-            family = self._families[name] = kind(name, documentation, labels=labels)  # type: ignore[call-arg]
+            family = self._families[name] = Rows(GaugeMetricFamily, name, documentation, labels)
         return family
 
-    def collect(self) -> list[Metric]:
+    def counter(self, name: str, documentation: str, labels: Sequence[str]) -> Rows:
+        """The rows of counter family ``name`` (give the name without ``_total``), created on first use."""
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = Rows(CounterMetricFamily, name, documentation, labels)
+        return family
+
+    def collect(self) -> list[Rows]:
         """The families that received at least one sample."""
-        return [f for f in self._families.values() if f.samples]
+        return [f for f in self._families.values() if f.rows]
 
 
 class PollingCollector:
@@ -74,7 +103,8 @@ class PollingCollector:
     name = "base"
 
     def __init__(self) -> None:
-        self._families: list[Metric] = []
+        self._rows: list[Rows] = []
+        self._families: list[Metric] | None = []
         self._text: bytes | None = b""
         self._lock = threading.Lock()
 
@@ -99,17 +129,23 @@ class PollingCollector:
         self.publish(out.collect())
         return ok
 
-    def publish(self, families: list[Metric]) -> None:
-        """Make ``families`` what scrapes see; their text is rendered on the next scrape."""
+    def publish(self, rows: list[Rows]) -> None:
+        """Make ``rows`` what scrapes see; families and text are built on the next scrape."""
         with self._lock:
-            self._families, self._text = families, None
+            self._rows, self._families, self._text = rows, None, None
+
+    def _built(self) -> list[Metric]:
+        """The families of the latest publication (call with the lock held)."""
+        if self._families is None:
+            self._families = [rows.family() for rows in self._rows]
+        return self._families
 
     @property
     def exposition(self) -> bytes:
         """Text exposition of the latest publication, rendered at most once per publication."""
         with self._lock:
             if self._text is None:
-                self._text = render(self._families)
+                self._text = render(self._built())
             return self._text
 
     def reset(self) -> None:
@@ -125,4 +161,5 @@ class PollingCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The families of the latest poll (the prometheus_client Collector protocol)."""
-        return iter(self._families)
+        with self._lock:
+            return iter(self._built())
