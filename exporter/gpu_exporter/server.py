@@ -446,7 +446,8 @@ class _Handler(BaseHTTPRequestHandler):
             from gpu_exporter import status_page
 
             sources = self.server.sources
-            body, content_type = status_page.respond(self.server, path, lambda: exposition(sources))
+            body, content_type = status_page.respond(self.server, path, lambda: exposition(sources),
+                                                         self.server.telemetry_path)
             self._send(HTTPStatus.OK, body, content_type, {"Cache-Control": "no-store"})
         else:
             self._send(HTTPStatus.NOT_FOUND, b"Not found\n")

@@ -1,0 +1,74 @@
+// Polls the status JSON and redraws the GPU cards with the same markup status_page.py renders.
+(function () {
+  "use strict";
+  var main = document.getElementById("gpus");
+  var GIB = 1073741824;
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, function (c) {
+      return {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#x27;"}[c];
+    });
+  }
+  function pct(r) { return r === null || r === undefined ? "n/a" : Math.round(r * 100) + "%"; }
+  function level(u, t) {
+    if (u === null) return "unknown";
+    if (u < t.utilization_low_threshold) return "low";
+    return u < t.utilization_target ? "below" : "ok";
+  }
+  function run(r) {
+    var parts = "", legend = [];
+    r.phases.forEach(function (p) {
+      parts += '<span class="ph ' + esc(p[0]) + '" style="width:' + (p[1] * 100).toFixed(1) + '%" title="' +
+        esc(p[0]) + " " + pct(p[1]) + '"></span>';
+      legend.push(esc(p[0]) + " " + pct(p[1]));
+    });
+    var state = (r.live ? "" : " (finished or stopped)") + (r.since_start ? " since start" : "");
+    return '<div class="run"><span class="label">run <b>' + esc(r.run) + "</b> rank " + esc(r.rank) + state +
+      '</span><div class="bar phases">' + parts + '</div><span class="legend">' + legend.join(", ") + "</span></div>";
+  }
+  function gpuCard(g, t) {
+    var u = g.utilization;
+    var bar = '<div class="bar util ' + level(u, t) + '"><span style="width:' + ((u || 0) * 100).toFixed(1) +
+      '%"></span><i class="line low" style="left:' + (t.utilization_low_threshold * 100).toFixed(1) +
+      '%" title="low: ' + pct(t.utilization_low_threshold) + '"></i><i class="line target" style="left:' +
+      (t.utilization_target * 100).toFixed(1) + '%" title="target: ' + pct(t.utilization_target) + '"></i></div>';
+    var memory = g.memory_used_bytes !== null && g.memory_total_bytes ?
+      (g.memory_used_bytes / GIB).toFixed(1) + " of " + Math.round(g.memory_total_bytes / GIB) + " GiB (" +
+      pct(g.memory_used_ratio) + ")" : "n/a";
+    var procs = g.processes.map(function (p) {
+      return "<li>pid " + esc(p.pid) + " <b>" + esc(p.name) + "</b> " + (p.memory_bytes / GIB).toFixed(1) + " GiB</li>";
+    }).join("") || "<li class=none>no processes</li>";
+    var runs = g.runs.map(run).join("") || '<p class="none">no training run reports here</p>';
+    var v = g.verdict;
+    return '<section class="gpu" data-uuid="' + esc(g.uuid) + '"><h2>GPU ' + esc(g.index) + " <small>" +
+      esc(g.name) + " &middot; " + esc(g.uuid) + "</small></h2>" +
+      '<div class="row"><span class="label">utilization</span>' + bar + '<b class="num">' + pct(u) + "</b></div>" +
+      '<div class="row"><span class="label">memory</span>' + memory + "</div>" +
+      '<ul class="procs">' + procs + "</ul>" + runs +
+      '<div class="verdict ' + esc(v.verdict) + (v.below_target ? " bad" : "") + '"><p class="title">' +
+      esc(v.title) + (v.code ? ' <span class="code">' + esc(v.code) + "</span>" : "") + '</p><p class="reason">' +
+      esc(v.reason) + "</p>" + (v.remedy ? '<p class="remedy">' + esc(v.remedy) + "</p>" : "") +
+      (v.runbook ? '<a href="' + esc(v.runbook) + '">runbook</a>' : "") + "</div></section>";
+  }
+  function summary(doc) {
+    var t = doc.thresholds, m = doc.measured_seconds;
+    var basis = m > 0 ? "mean over the last " + Math.round(m) + " s" : "the exporter's last poll interval";
+    return "Utilization: " + basis + " (up to " + Math.round(doc.window_seconds) + " s). Below " +
+      pct(t.utilization_low_threshold) + " is low; the target is " + pct(t.utilization_target) + ".";
+  }
+  function poll() {
+    // location.origin carries no user:password (fetch refuses URLs with them); the browser still
+    // sends the basic-auth credentials it used for the page, same origin.
+    fetch(location.origin + main.dataset.status, {credentials: "same-origin", cache: "no-store"})
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(function (doc) {
+        main.innerHTML = doc.gpus.map(function (g) { return gpuCard(g, doc.thresholds); }).join("");
+        document.getElementById("summary").textContent = summary(doc);
+        document.getElementById("updated").textContent = "updated " + new Date(doc.generated_at * 1000)
+          .toLocaleTimeString() + " (every " + main.dataset.poll / 1000 + " s)";
+        document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
+      })
+      .catch(function (e) { document.getElementById("updated").textContent = "update failed: " + e.message; })
+      .finally(function () { setTimeout(poll, Number(main.dataset.poll)); });
+  }
+  setTimeout(poll, Number(main.dataset.poll));
+})();
