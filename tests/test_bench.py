@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end-to-end: real processes
+
 REPO = Path(__file__).resolve().parents[1]
 NUMBER = re.compile(r"^[+-]?\d+(\.\d+)?x?$")
 RANGE = re.compile(r"^\d+(\.\d+)?-\d+(\.\d+)?$")

@@ -104,6 +104,7 @@ def node() -> Iterator[str]:
             thread.join()
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_one_gpu_per_verdict_json(node: str) -> None:
     result = run_cli("diagnose", "--url", node, "--window", "2", "--output", "json")
     assert result.returncode == 1, result.stderr
@@ -131,6 +132,7 @@ def test_one_gpu_per_verdict_json(node: str) -> None:
             assert v["remedy"] and v["runbook"].startswith(RUNBOOKS + "#"), v
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_text_report_names_remedy_and_runbook(node: str) -> None:
     result = run_cli("diagnose", "--url", node, "--window", "1")
     assert result.returncode == 1, result.stderr
@@ -163,6 +165,7 @@ def test_every_runbook_link_has_its_section() -> None:
     assert {link.rpartition("#")[2] for link in links} <= anchors
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_filters_and_exit_0_when_every_gpu_is_at_target(node: str) -> None:
     result = run_cli("diagnose", "--url", node, "--window", "1", "--run", "loader", "--output", "json")
     assert result.returncode == 1
@@ -175,6 +178,7 @@ def test_filters_and_exit_0_when_every_gpu_is_at_target(node: str) -> None:
     assert result.stderr == f"gpu-exporter: error: no GPU matches --run nope at {node}/metrics\n"
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_healthy_node_exits_0() -> None:
     with run_exporter(["--simulate", str(SCENARIOS / "diagnose-healthy.yaml"), "--poll-interval", "0.2"]) as url:
         result = run_cli("diagnose", "--url", url, "--window", "1s", "--output", "json")
@@ -182,6 +186,7 @@ def test_healthy_node_exits_0() -> None:
     assert [g["verdict"]["verdict"] for g in json.loads(result.stdout)["gpus"]] == ["healthy", "healthy", "unused"]
 
 
+@pytest.mark.slow  # end-to-end: real processes
 @pytest.mark.parametrize(("args", "message"), [
     (["--url", "http://127.0.0.1:x"], "'http://127.0.0.1:x' is not a valid exporter URL: use http://HOST:PORT"),
     (["--url", "127.0.0.1:{port}"], "cannot connect to the exporter at http://127.0.0.1:{port}/metrics: connection "

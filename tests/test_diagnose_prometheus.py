@@ -18,6 +18,8 @@ from test_alerting_e2e import PROM, fast_rules
 from test_diagnose import EXPECTED, RUNS, SCENARIOS, push_runs
 from test_query import run_cli
 
+pytestmark = pytest.mark.slow  # end-to-end: real processes
+
 
 def _scrape_config(exporter_url: str) -> str:
     return f"""

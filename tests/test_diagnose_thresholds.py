@@ -46,6 +46,7 @@ def test_bad_thresholds_file_is_one_sentence(tmp_path: Path, change: tuple[str, 
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_diagnose_judges_with_the_thresholds_file_it_is_given(tmp_path: Path) -> None:
     """``--thresholds FILE`` changes diagnose's verdicts (the packaged copy is only the default)."""
     from servers import run_exporter

@@ -13,11 +13,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from gpu_exporter import training
 from servers import http_get, run_exporter, wait_until
 from test_query import run_cli
 from torch.utils.data import DataLoader, Dataset
+
+pytestmark = pytest.mark.slow  # end-to-end: real processes
 
 SCENARIO = Path(__file__).parent / "scenarios" / "diagnose-torch.yaml"
 FEATURES, CLASSES = 64, 4

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from gpu_exporter.config import SETTINGS
 
+pytestmark = pytest.mark.slow  # end-to-end: real processes
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpu-utilization-exporter"
 CI_FILES = sorted((CHART / "ci").glob("*.yaml"))

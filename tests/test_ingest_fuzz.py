@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from gpu_exporter.ingest import OUTCOMES, IngestSettings, TrainingStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,6 +57,7 @@ def test_random_bytes(bodies: list[bytes], content_type: str | None) -> None:
         check_invariants(store, status, reason, calls)
 
 
+@pytest.mark.slow  # hundreds of fuzzed cases
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(json_values, min_size=1, max_size=5))
 def test_random_json(docs: list[Any]) -> None:
@@ -66,6 +68,7 @@ def test_random_json(docs: list[Any]) -> None:
         check_invariants(store, status, reason, calls)
 
 
+@pytest.mark.slow  # hundreds of fuzzed cases
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(snapshots, min_size=1, max_size=8), st.sampled_from([None, "Bearer t0ken", "Bearer x", "", "Bearer"]))
 def test_schema_shaped_snapshots(docs: list[dict[str, Any]], authorization: str | None) -> None:
@@ -87,6 +90,7 @@ valid_snapshots = st.builds(
     st.sampled_from([1.0, 2.0]), st.integers(min_value=0, max_value=2**62))
 
 
+@pytest.mark.slow  # hundreds of fuzzed cases
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(valid_snapshots, min_size=1, max_size=10))
 def test_well_formed_snapshots_are_accepted_or_refused_for_state_reasons(docs: list[dict[str, Any]]) -> None:

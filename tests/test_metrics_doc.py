@@ -7,9 +7,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from harness import scenario_path
 from prometheus_client.parser import text_string_to_metric_families
 from servers import http_get, http_status, run_exporter, wait_until
+
+pytestmark = pytest.mark.slow  # end-to-end: real processes
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| ((?:gpu|process)_[a-z0-9_]+) \| (gauge|counter) \|[^|]*\|([^|]*)\|")

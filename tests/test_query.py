@@ -113,6 +113,7 @@ def test_every_field_in_nvidia_smi_shape_on_the_default_simulated_node() -> None
     assert abs((datetime.now() - stamp).total_seconds()) < 30
 
 
+@pytest.mark.slow  # end-to-end: real processes, seconds of loops
 def test_noheader_nounits_ids_and_loop_count() -> None:
     uuid2 = run_cli("query", "--simulate", "--query-gpu=uuid", "--format=csv,noheader", "-i", "2").stdout.strip()
     assert uuid2.startswith("GPU-")
@@ -122,6 +123,7 @@ def test_noheader_nounits_ids_and_loop_count() -> None:
     assert _rows(result.stdout) == [["0", "73216", "700.00"], ["2", "9728", "400.00"]] * 3
 
 
+@pytest.mark.slow  # end-to-end: real processes, seconds of loops
 def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
     # bursty: 3 s at 95% then 7 s at 0% every 10 s. Any instant sample reads 95 or 0; the mean over
     # a 10 s loop interval is 28.5% whatever the phase. (The first row, printed at once, is the
@@ -134,6 +136,7 @@ def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
     assert 13 <= memory <= 17  # 3 s at 50%
 
 
+@pytest.mark.slow  # end-to-end: real processes, seconds of loops
 def test_reads_a_running_exporter_like_nvml() -> None:
     with run_exporter(["--simulate", "bursty", "--poll-interval", "0.2"]) as url:
         result = run_cli("query", "--url", url, "--query-gpu=index,name,utilization.gpu,memory.used",
@@ -349,6 +352,7 @@ def test_a_lost_gpu_keeps_its_row_like_nvidia_smi() -> None:
         f"0, GPU-a, {GPU_LOST}, {GPU_LOST}"]
 
 
+@pytest.mark.slow  # end-to-end: real processes, seconds of loops
 def test_a_gpu_lost_while_looping_is_shown_lost_not_dropped() -> None:
     # faults: GPU 1 falls off the bus at t=5 s of the simulation
     result = run_cli("query", "--simulate", "faults", "--query-gpu=index,utilization.gpu,memory.used",
@@ -394,6 +398,7 @@ def test_url_accepts_a_reading_only_from_a_new_poll() -> None:
     ]
 
 
+@pytest.mark.slow  # end-to-end: real processes, seconds of loops
 def test_https_exporter_needs_its_ca_or_insecure(tmp_path: Path) -> None:
     from test_web_config import self_signed
 

@@ -30,6 +30,7 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert "bash tests/run.sh" in (README.parent / ".ci" / "run").read_text()
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_readme_training_script_reports_phases(tmp_path: Path) -> None:
     block = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
     assert block is not None

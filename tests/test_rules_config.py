@@ -70,6 +70,7 @@ def pod(name: str, app: str, port: str, phase: str = "Running") -> dict[str, str
             "__meta_kubernetes_pod_name": name}
 
 
+@pytest.mark.slow  # end-to-end: real processes
 def test_kubernetes_relabeling_keeps_exporter_pods_and_sets_node(tmp_path: Path) -> None:
     targets = [(f"127.0.0.1:{free_port()}", pod("exporter-a", "gpu-utilization-exporter", "9445")),
                (f"127.0.0.1:{free_port()}", pod("exporter-b", "gpu-utilization-exporter", "9445")),

@@ -67,6 +67,7 @@ def training_thread(run: Run) -> Iterator[None]:
         thread.join()
 
 
+@pytest.mark.slow  # CPU burners, seconds of wall time
 def test_snapshots_never_go_down_on_a_saturated_cpu() -> None:
     run = Run("race-load", uuid="")
     reads = decreases = 0
@@ -137,6 +138,7 @@ def _assert_never_down(bodies: list[dict[str, object]]) -> None:
         previous = phases
 
 
+@pytest.mark.slow  # CPU burners, seconds of wall time
 def test_pushes_never_go_down_on_a_saturated_cpu(recorder: _Recorder) -> None:
     run = training.start("push-load", url=recorder.url, uuid="", push_interval=0.005, timeout=5.0)
     with saturated_cpu(), training_thread(run):
@@ -198,6 +200,7 @@ def trickling_server(bytes_per_second: float) -> Iterator[str]:
         listener.close()
 
 
+@pytest.mark.slow  # seconds of wall time
 @pytest.mark.parametrize("in_flight", [False, True], ids=["idle", "push-in-flight"])
 def test_close_is_bounded_against_a_server_that_answers_one_byte_per_second(in_flight: bool) -> None:
     timeout = 2.0  # > 1 s: every read gets its byte in time, so only a total deadline ends the push
@@ -212,6 +215,7 @@ def test_close_is_bounded_against_a_server_that_answers_one_byte_per_second(in_f
     assert took <= 2 * timeout + 0.5, f"close() took {took:.2f} s with timeout={timeout} s"
 
 
+@pytest.mark.slow  # seconds of wall time
 def test_close_is_bounded_against_a_server_that_never_answers() -> None:
     listener = socket.create_server(("127.0.0.1", 0), backlog=1)  # accepts connections, never reads
     with listener:

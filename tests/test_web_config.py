@@ -210,6 +210,7 @@ def test_versions_and_costs_that_cannot_work_are_one_sentence_with_the_line(text
     assert str(err.value).count(". ") == 0  # one sentence
 
 
+@pytest.mark.slow  # a cost-14 bcrypt hash: seconds of CPU
 def test_bcrypt_cost_14_is_the_highest_accepted() -> None:
     web = parse_web_config("basic_auth_users:\n  alice: '" + HASH.replace("$04$", "$14$") + "'\n", Path("."))
     assert web.dummy_hash.startswith(b"$2b$14$")

@@ -23,6 +23,8 @@ from servers import exporter_env, free_port, promql, run_exporter, run_prometheu
 from test_http_server import exporter
 from test_web_config import self_signed
 
+pytestmark = pytest.mark.slow  # end-to-end: real processes
+
 
 def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
