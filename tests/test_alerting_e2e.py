@@ -30,6 +30,8 @@ import pytest
 import yaml
 from servers import free_port, http_status, promql, run_alertmanager, run_exporter, run_prometheus, wait_until
 
+pytestmark = pytest.mark.slow  # end-to-end: real processes
+
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"
 SCENARIO = Path(__file__).with_name("scenarios") / "alerting.yaml"
