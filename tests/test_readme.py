@@ -145,3 +145,18 @@ def test_training_library_warns_once_without_a_gpu_uuid(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("cannot tell which GPU this process uses") == 1, proc.stderr
     assert "CUDA_VISIBLE_DEVICES=GPU-" in proc.stderr
+
+
+def test_simulation_doc_python_snippet_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    doc = (README.parent / "docs" / "simulation.md").read_text()
+    start = doc.index("## Python API")
+    block = re.compile(r"```python\n(.*?)```", re.S).search(doc, start)
+    assert block is not None
+    claimed = re.search(r"It prints `([^`]+)`", doc[block.end():])
+    assert claimed is not None
+    script = tmp_path / "snippet.py"
+    script.write_text(block.group(1))
+    proc = subprocess.run([sys.executable, str(script)], env=exporter_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == claimed.group(1)
