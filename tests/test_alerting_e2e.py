@@ -226,8 +226,10 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
     for name, uuid in causes.items():
         remedy, run, gpu = remedies[name]
         labels = got[name][0]["labels"]
-        assert {k: labels[k] for k in ("uuid", "run", "rank", "gpu", "node", "remedy", "severity")} == {
-            "uuid": uuid, "run": run, "rank": "0", "gpu": gpu, "node": NODE, "remedy": remedy, "severity": "warning"}
+        assert {k: labels[k] for k in ("uuid", "run", "rank", "gpu", "node", "code", "level", "severity")} == {
+            "uuid": uuid, "run": run, "rank": "0", "gpu": gpu, "node": NODE, "code": remedy, "level": "low",
+            "severity": "warning"}
+        assert labels["remedy"]  # the short remedy text of the cause table
         assert f"{remedy}:" in got[name][0]["annotations"]["description"]
         assert got[name][0]["annotations"]["runbook_url"].endswith("#" + name.lower())
 

@@ -1,0 +1,105 @@
+"""Real CPU PyTorch training loops with controlled phase shares, for tests/test_causes_e2e.py.
+
+Each loop is instrumented with gpu_exporter.training and spends its step in wall-clock time boxes
+around real work: a data loader that waits like slow storage (once per batch), a training step, an
+F1 score computed in Python, a checkpoint written with torch.save. The shares are therefore what
+PLANS sets, even on a loaded machine. Run one loop per process (no shared GIL)::
+
+    python tests/cause_loops.py metrics40 http://127.0.0.1:9445 /tmp/ckpt.pt 60
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+FEATURES, CLASSES = 64, 4
+
+# loop -> (batch size, seconds per step in data, compute, metrics, checkpoint)
+PLANS: dict[str, tuple[int, float, float, float, float]] = {
+    "metrics40": (32, 0.01, 0.105, 0.135, 0.0),
+    "mixed": (32, 0.12, 0.045, 0.085, 0.0),
+    "checkpoint": (32, 0.01, 0.03, 0.0, 0.21),
+    "batch2": (2, 0.02, 0.23, 0.0, 0.0),
+    "healthy": (32, 0.005, 0.6, 0.0, 0.0),
+}
+
+
+def time_box(seconds: float, work: Callable[[], object]) -> None:
+    """Do ``work`` at least once and again until ``seconds`` have passed; sleep out the rest."""
+    deadline = time.perf_counter() + seconds
+    work()
+    while time.perf_counter() + 0.002 < deadline:
+        work()
+    time.sleep(max(0.0, deadline - time.perf_counter()))
+
+
+def f1_macro(predicted: list[int], actual: list[int]) -> float:
+    """Macro F1 in plain Python, the per-step metric that keeps a GPU waiting."""
+    scores = []
+    for c in range(CLASSES):
+        tp = sum(p == c and a == c for p, a in zip(predicted, actual, strict=True))
+        fp = sum(p == c and a != c for p, a in zip(predicted, actual, strict=True))
+        fn = sum(p != c and a == c for p, a in zip(predicted, actual, strict=True))
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return sum(scores) / CLASSES
+
+
+def train(url: str, name: str, checkpoint: Path, seconds: float) -> None:
+    """Loop ``name`` of PLANS for ``seconds``, reporting from simulated GPU ``GPU-e2e-<name>``."""
+    import torch
+    from gpu_exporter import training
+    from torch.utils.data import DataLoader, Dataset
+
+    class SlowBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+        """Random batches; reading one takes ``wait`` seconds (one wait per batch)."""
+
+        def __init__(self, size: int, wait: float) -> None:
+            self.size, self.wait = size, wait
+
+        def __len__(self) -> int:
+            return 10_000_000
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            time.sleep(self.wait)
+            return torch.randn(self.size, FEATURES), torch.arange(self.size) % CLASSES
+
+    torch.set_num_threads(1)
+    batch, data_s, compute_s, metrics_s, checkpoint_s = PLANS[name]
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, CLASSES))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    history: list[tuple[list[int], list[int]]] = []
+    run = training.start(name, url=url, uuid=f"GPU-e2e-{name}", push_interval=0.5)
+    end = time.monotonic() + seconds
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        out = model(x)
+        torch.nn.functional.cross_entropy(out, y).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        history.append((out.argmax(1).tolist(), y.tolist()))
+
+    try:
+        for x, y in run.data(DataLoader(SlowBatches(batch, data_s), batch_size=None)):
+            with run.phase("compute"):
+                time_box(compute_s, functools.partial(step, x, y))
+            if metrics_s:
+                with run.phase("metrics"):
+                    time_box(metrics_s, lambda: f1_macro([p for h in history[-50:] for p in h[0]],
+                                                         [a for h in history[-50:] for a in h[1]]))
+            if checkpoint_s:
+                with run.phase("checkpoint"):
+                    time_box(checkpoint_s, lambda: torch.save(model.state_dict(), checkpoint))
+            del history[:-50]
+            run.step(samples=len(y))
+            if time.monotonic() > end:
+                break
+    finally:
+        run.close()
+
+
+if __name__ == "__main__":
+    train(sys.argv[2], sys.argv[1], Path(sys.argv[3]), float(sys.argv[4]))
