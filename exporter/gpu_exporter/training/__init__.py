@@ -14,6 +14,10 @@ Standard library only; torch is used when the job has loaded it. Example::
     run.close()                                  # also happens at interpreter exit
 
 See docs/training.md for the phases, the snapshot schema and honest timing under CUDA.
+
+Importing the package loads only the wire contract (``protocol``); the timing code and the
+HTTP pusher load on first use, so the exporter, which imports ``protocol`` for its ingest,
+carries neither.
 """
 
 from __future__ import annotations
@@ -21,14 +25,25 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
+from typing import TYPE_CHECKING, Any
 
-from .protocol import DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES
-from .pusher import Pusher
-from .run import DEFAULT_MAX_CUSTOM_PHASES, Phase, Run
+from .protocol import DEFAULT_MAX_CUSTOM_PHASES, DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES
+
+if TYPE_CHECKING:
+    from .run import Phase, Run
 
 __all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start"]
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+
+
+def __getattr__(name: str) -> Any:
+    """``Run`` and ``Phase`` (and the submodules), imported on first use."""
+    if name in ("Run", "Phase"):
+        from . import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _after_fork_in_child() -> None:
@@ -62,6 +77,9 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     >>> run.closed, run.steps
     (True, 1)
     """
+    from .pusher import Pusher
+    from .run import Run
+
     run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every,
               max_custom_phases=max_custom_phases)
     base = (url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL).rstrip("/")

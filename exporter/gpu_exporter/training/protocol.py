@@ -33,6 +33,9 @@ LABEL_CHARS = "A-Za-z0-9_.:/@+-"
 LABEL_RE = re.compile(f"[{LABEL_CHARS}]+")
 """Characters allowed in run names, ranks, UUIDs and phase names (one or more)."""
 
+DEFAULT_MAX_CUSTOM_PHASES = 8
+"""Custom phases a run may add beside the standard ones (the exporter caps phases per run too)."""
+
 MAX_LABEL_LENGTH = 128
 """Longest run name, rank or phase name the library accepts (the exporter's default limit)."""
 

@@ -35,15 +35,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import device as _device
+from .protocol import (
+    DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
+)
 from .protocol import MAX_LABEL_LENGTH, OTHER, SCHEMA_VERSION, STANDARD_PHASES, check_label
 
 if TYPE_CHECKING:
     from .pusher import Pusher
 
 T = TypeVar("T")
-
-DEFAULT_MAX_CUSTOM_PHASES = 8
-"""Custom phases a run may add beside the standard ones (the exporter caps phases per run too)."""
 
 
 class Phase:
