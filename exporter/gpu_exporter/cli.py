@@ -16,10 +16,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from typing import Any
 
 from gpu_exporter import __version__
-from gpu_exporter.commands import diagnose, query
 from gpu_exporter.config import SETTINGS, ConfigError, load_config
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -83,12 +83,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS["serve"] = ("serve metrics (the default)", _add_serve_arguments, _serve)
-query.register(SUBCOMMANDS)
-diagnose.register(SUBCOMMANDS)
+COMMAND_MODULES = {"query": "gpu_exporter.commands.query", "diagnose": "gpu_exporter.commands.diagnose"}
+"""Sub-commands whose module registers itself on first use: serving never imports them."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every sub-command."""
+def _register(names: Sequence[str]) -> None:
+    for name in names:
+        if name not in SUBCOMMANDS:
+            import_module(COMMAND_MODULES[name]).register(SUBCOMMANDS)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every sub-command (only ``command``'s when given)."""
+    _register([command] if command in COMMAND_MODULES else [] if command else list(COMMAND_MODULES))
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.",
@@ -106,9 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpu-exporter`` console script; returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if not args_list or (args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version")):
+    if not args_list or (args_list[0] not in ("serve", *COMMAND_MODULES)
+                         and args_list[0] not in ("-h", "--help", "--version")):
         args_list.insert(0, "serve")
-    args = build_parser().parse_args(args_list)
+    command = args_list[0] if args_list[0] in ("serve", *COMMAND_MODULES) else None
+    args = build_parser(command).parse_args(args_list)
     code: int = args.run(args)
     return code
 
