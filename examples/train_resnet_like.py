@@ -79,7 +79,7 @@ def make_loader(kind: str, dataset: SyntheticImages, batch_size: int, cuda: bool
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--loader", choices=["slow", "fixed"], default="slow",
                         help="slow: input-bound single-process loader; fixed: parallel prefetching workers")
     parser.add_argument("--run", default=None, help="run name (default: resnet-like-<loader>)")
