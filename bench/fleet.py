@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import statistics
 import sys
@@ -130,10 +131,17 @@ def grafana_variables(cluster: str = ".*", rate_interval: str = "1m", range_: st
             "rank": ".*", "__rate_interval": rate_interval, "__range": range_, "__interval": "15s"}
 
 
-def query_seconds(prom: str, expr: str) -> tuple[float, int]:
-    """Prometheus' own evaluation time of an instant query (stats=all) and the result size."""
-    q = urllib.parse.urlencode({"query": expr, "stats": "all"})
-    body = json.loads(http_get(f"{prom}/api/v1/query?{q}", timeout=30))
+def query_seconds(prom: str, expr: str, range_seconds: float = 0, step: str = "15s") -> tuple[float, int]:
+    """Prometheus' own evaluation time (stats=all) and result size of an instant query, or of a
+    range query over the last ``range_seconds`` (as a Grafana panel asks) when that is not 0."""
+    params = {"query": expr, "stats": "all"}
+    endpoint = "query"
+    if range_seconds:
+        now = time.time()
+        params.update(start=f"{now - range_seconds:.3f}", end=f"{now:.3f}", step=step)
+        endpoint = "query_range"
+    q = urllib.parse.urlencode(params)
+    body = json.loads(http_get(f"{prom}/api/v1/{endpoint}?{q}", timeout=30))
     if body.get("status") != "success":
         raise RuntimeError(f"query {expr!r} failed: {body}")
     return float(body["data"]["stats"]["timings"]["evalTotalTime"]), len(body["data"]["result"])
@@ -146,6 +154,17 @@ def counter_total(url: str, name: str) -> float:
         if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def rule_group_seconds(url: str) -> dict[str, float]:
+    """{rule group: duration of its last evaluation} from a Prometheus' own /metrics."""
+    out = {}
+    for line in http_get(url + "/metrics").splitlines():
+        if line.startswith("prometheus_rule_group_last_duration_seconds{"):
+            match = re.search(r'rule_group="[^"]*;([^"]+)"', line)
+            if match:
+                out[match.group(1)] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def scalar(prom: str, expr: str) -> float:
@@ -171,27 +190,38 @@ def measure(nodes: int, seconds: float, scrape_interval: str) -> dict[str, Any]:
         sent = [counter_total(agent, "prometheus_remote_storage_samples_total"),
                 counter_total(agent, "prometheus_remote_storage_bytes_total")]
         start = time.monotonic()
-        time.sleep(seconds)
+        # One round of every rule group, as the receiver reports it on its own /metrics (it does
+        # not scrape itself), sampled once per evaluation interval.
+        rounds = []
+        interval = float(scrape_interval.rstrip("s"))
+        while time.monotonic() - start < seconds:
+            time.sleep(interval)
+            rounds.append(rule_group_seconds(receiver))
         elapsed = time.monotonic() - start
-        window = f"{int(elapsed)}s"
         samples_per_s = (counter_total(agent, "prometheus_remote_storage_samples_total") - sent[0]) / elapsed
         bytes_per_s = (counter_total(agent, "prometheus_remote_storage_bytes_total") - sent[1]) / elapsed
         stored = scalar(receiver, 'count({__name__=~".+"})')
         rule_series = scalar(receiver, 'count({__name__=~"[a-z]+:.+"})')
-        groups = promql(receiver, "prometheus_rule_group_last_duration_seconds")
-        rule_seconds = sum(float(g["value"][1]) for g in groups)
-        rule_max = scalar(receiver, f"max_over_time(sum(prometheus_rule_group_last_duration_seconds)[{window}:])")
-        timings = []
+        timings, range_timings = [], []
         for dashboard, title, expr in dashboard_queries(grafana_variables()):
             took, size = query_seconds(receiver, expr)
             timings.append((took, dashboard, title, size))
+            took, size = query_seconds(receiver, expr, range_seconds=elapsed, step=scrape_interval)
+            range_timings.append((took, dashboard, title, size))
         timings.sort(reverse=True)
+        range_timings.sort(reverse=True)
     return {"nodes": nodes, "gpus": gpus, "scrape_interval": scrape_interval, "seconds": round(elapsed),
             "series_per_node": node_series, "series_per_gpu": gpu0_series,
             "samples_per_s": samples_per_s, "bytes_per_s": bytes_per_s, "stored_series": stored,
-            "rule_series": rule_series, "rule_eval_seconds": rule_seconds, "rule_eval_max_seconds": rule_max,
+            "rule_series": rule_series, "rule_eval_seconds": statistics.median(sum(r.values()) for r in rounds),
+            "rule_eval_max_seconds": max(sum(r.values()) for r in rounds), "rule_rounds": len(rounds),
+            "rule_groups": sorted(((statistics.median(r.get(g, 0.0) for r in rounds), g) for g in rounds[-1]),
+                                  reverse=True),
+            "load_average": os.getloadavg()[0],
             "queries": len(timings), "query_median_seconds": statistics.median(t[0] for t in timings),
-            "query_slowest": timings[:3]}
+            "query_slowest": timings[:3],
+            "range_median_seconds": statistics.median(t[0] for t in range_timings),
+            "range_slowest": range_timings[:3]}
 
 
 def report(f: dict[str, Any]) -> str:
@@ -201,7 +231,8 @@ def report(f: dict[str, Any]) -> str:
     at15 = per_gpu_samples * interval / 15 * 1000
     lines = [
         f"nodes {f['nodes']} x 8 GPUs = {f['gpus']} GPUs, scrape and evaluation every {f['scrape_interval']}, "
-        f"measured over {f['seconds']} s",
+        f"measured over {f['seconds']} s (1-minute load average at the end: {f['load_average']:.1f} "
+        f"on {os.cpu_count()} CPUs)",
         f"series per node (exporter /metrics): {f['series_per_node']}; per GPU (gpu=\"0\"): {f['series_per_gpu']}",
         f"series stored on the receiver: {f['stored_series']:.0f} ({f['stored_series'] / f['gpus']:.1f} per GPU), "
         f"of which recording rules: {f['rule_series']:.0f}",
@@ -209,10 +240,14 @@ def report(f: dict[str, Any]) -> str:
         f"{bytes_per_sample:.2f} bytes/sample (snappy-compressed protobuf)",
         f"per 1,000 GPUs at 15 s: {at15:.0f} samples/s, {at15 * bytes_per_sample / 1024:.0f} KiB/s "
         f"({at15 * bytes_per_sample * 86400 / 1e9:.1f} GB/day on the wire)",
-        f"rule evaluation (all groups, one round): {f['rule_eval_seconds'] * 1000:.1f} ms now, "
-        f"{f['rule_eval_max_seconds'] * 1000:.1f} ms at most during the run",
-        f"dashboard queries: {f['queries']}, median {f['query_median_seconds'] * 1000:.1f} ms; slowest: "
+        f"rule evaluation (all groups, one round; {f['rule_rounds']} rounds sampled): median "
+        f"{f['rule_eval_seconds'] * 1000:.1f} ms, max {f['rule_eval_max_seconds'] * 1000:.1f} ms; by group (median): "
+        + ", ".join(f"{g} {s * 1000:.1f} ms" for s, g in f["rule_groups"]),
+        f"dashboard queries ({f['queries']}), instant: median {f['query_median_seconds'] * 1000:.1f} ms; slowest: "
         + "; ".join(f"{d}/{t} {s * 1000:.1f} ms" for s, d, t, _ in f["query_slowest"]),
+        f"dashboard queries over the {f['seconds']} s window (step {f['scrape_interval']}): median "
+        f"{f['range_median_seconds'] * 1000:.1f} ms; slowest: "
+        + "; ".join(f"{d}/{t} {s * 1000:.1f} ms" for s, d, t, _ in f["range_slowest"]),
     ]
     return "\n".join(lines)
 
