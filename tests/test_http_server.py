@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -54,13 +55,19 @@ class Exporter:
 
 
 @contextlib.contextmanager
-def exporter(*flags: str, tmp_path: Path) -> Iterator[Exporter]:
+def exporter(*flags: str, tmp_path: Path, open_files: int | None = None) -> Iterator[Exporter]:
     port = free_port()
     log = tmp_path / f"exporter-{port}.log"
+
+    def limit_open_files() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gpu_exporter", "--simulate", "--poll-interval", "0.5",
                                  "--web.listen-address", f"127.0.0.1:{port}", *flags],
-                                env=exporter_env(), stdout=out, stderr=subprocess.STDOUT)
+                                env=exporter_env(), stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=limit_open_files)
         try:
             running = Exporter(proc, port, log)
             wait_until(lambda: proc.poll() is None and http_get(running.url + "/healthz") == "ok\n", 30,
@@ -286,3 +293,22 @@ def test_refused_connections_are_counted_and_logged(tmp_path: Path) -> None:
         for sock in busy:
             sock.close()
         wait_until(lambda: running.rejected("max_connections") >= 1, 15, what="the count")
+
+
+def test_at_the_open_file_limit_the_server_frees_descriptors_logs_and_does_not_spin(tmp_path: Path) -> None:
+    """A max_connections above the process's open-file limit: accept fails with EMFILE."""
+    with exporter("--web.max-connections", "1000", tmp_path=tmp_path, open_files=96) as running:
+        idle = [connect(running.port) for _ in range(150)]
+        try:
+            # Each failed accept closes the longest-idle connection, so a scrape gets in.
+            text = wait_until(lambda: http_get(running.url + "/metrics", timeout=5), 30, what="a scrape")
+            assert "process_open_fds" in text
+            assert "open-file limit" in running.log.read_text()
+            cpu_before, wall_before = running.scrape()["process_cpu_seconds_total"], time.monotonic()
+            time.sleep(4)
+            cpu = running.scrape()["process_cpu_seconds_total"] - cpu_before
+            assert cpu < 0.25 * (time.monotonic() - wall_before), f"{cpu:.2f} s of CPU in 4 s: the accept loop spins"
+            assert running.rejected("open_files") >= 1
+        finally:
+            for sock in idle:
+                sock.close()
