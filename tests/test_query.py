@@ -419,3 +419,16 @@ def test_https_exporter_needs_its_ca_or_insecure(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "cannot read the CA file" in missing.stderr
     plain = run_cli("query", "--url", "http://127.0.0.1:1", "--insecure")
     assert plain.returncode == 2 and "apply to an https:// --url only" in plain.stderr
+
+
+def test_url_faster_than_the_exporter_polls_never_prints_a_repeated_poll() -> None:
+    """Rows every 0.3 s from an exporter polling every 1 s: most scrapes repeat a poll. Those rows
+    print [N/A]; the others are true means of GPU 0's 85% +-5%, never 0 % or 100 % from jitter."""
+    with run_exporter(["--simulate", "--poll-interval", "1"]) as url:
+        result = run_cli("query", "--url", url, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                         "-i", "0", "-lms", "300", "--count", "8")
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.split()
+    assert len(rows) == 8
+    numbers = [int(r) for r in rows if r != "[N/A]"]
+    assert numbers and all(60 <= n <= 99 for n in numbers), rows
