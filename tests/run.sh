@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
-command -v chromium >/dev/null || missing+=(chromium)            # tests/test_status_page.py: a real browser
+command -v chromium >/dev/null || missing+=(chromium fonts-liberation)  # tests/test_status_page.py: a real browser
 # The container tests (tests/test_container.py): podman builds and runs the image on a Debian base
 # that scripts/container-base.sh makes with debootstrap (about 1-2 min, once per machine: podman keeps it).
 command -v podman >/dev/null || missing+=(podman netavark)
