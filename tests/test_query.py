@@ -124,6 +124,7 @@ def test_noheader_nounits_ids_and_loop_count() -> None:
 
 
 @pytest.mark.slow  # end-to-end: real processes, seconds of loops
+@pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
     # bursty: 3 s at 95% then 7 s at 0% every 10 s. Any instant sample reads 95 or 0; the mean over
     # a 10 s loop interval is 28.5% whatever the phase. (The first row, printed at once, is the
@@ -137,6 +138,7 @@ def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
 
 
 @pytest.mark.slow  # end-to-end: real processes, seconds of loops
+@pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_reads_a_running_exporter_like_nvml() -> None:
     with run_exporter(["--simulate", "bursty", "--poll-interval", "0.2"]) as url:
         result = run_cli("query", "--url", url, "--query-gpu=index,name,utilization.gpu,memory.used",
@@ -175,6 +177,7 @@ def test_bad_or_down_exporter_is_one_sentence_and_exit_2(url: str, message: str)
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_a_page_that_is_not_an_exporter_is_refused() -> None:
     with run_exporter(["--simulate", "bursty"]) as url:
         result = run_cli("query", "--url", url + "/healthz")
@@ -353,6 +356,7 @@ def test_a_lost_gpu_keeps_its_row_like_nvidia_smi() -> None:
 
 
 @pytest.mark.slow  # end-to-end: real processes, seconds of loops
+@pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_a_gpu_lost_while_looping_is_shown_lost_not_dropped() -> None:
     # faults: GPU 1 falls off the bus at t=5 s of the simulation
     result = run_cli("query", "--simulate", "faults", "--query-gpu=index,utilization.gpu,memory.used",
@@ -399,6 +403,7 @@ def test_url_accepts_a_reading_only_from_a_new_poll() -> None:
 
 
 @pytest.mark.slow  # end-to-end: real processes, seconds of loops
+@pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_https_exporter_needs_its_ca_or_insecure(tmp_path: Path) -> None:
     from test_web_config import self_signed
 
@@ -421,6 +426,7 @@ def test_https_exporter_needs_its_ca_or_insecure(tmp_path: Path) -> None:
     assert plain.returncode == 2 and "apply to an https:// --url only" in plain.stderr
 
 
+@pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_url_faster_than_the_exporter_polls_never_prints_a_repeated_poll() -> None:
     """Rows every 0.3 s from an exporter polling every 1 s: most scrapes repeat a poll. Those rows
     print [N/A]; the others are true means of GPU 0's 85% +-5%, never 0 % or 100 % from jitter."""
