@@ -45,10 +45,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpu_exporter.config import DEFAULTS, Config
 from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Source, encode, exposition
+from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one definition, shared with the library
 
 log = logging.getLogger(__name__)
 
-INGEST_PATH = "/api/v1/training"
 HEALTH_PATHS = ("/healthz", "/readyz")
 REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "open_files")
 """Every value of the ``reason`` label of gpu_exporter_http_rejected_total."""
