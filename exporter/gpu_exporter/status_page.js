@@ -19,11 +19,11 @@
     r.phases.forEach(function (p) {
       parts += '<span class="ph ' + esc(p[0]) + '" style="width:' + (p[1] * 100).toFixed(1) + '%" title="' +
         esc(p[0]) + " " + pct(p[1]) + '"></span>';
-      legend.push(esc(p[0]) + " " + pct(p[1]));
+      legend.push('<i class="ph ' + esc(p[0]) + '"></i>' + esc(p[0]) + " " + pct(p[1]));
     });
     var state = (r.live ? "" : " (finished or stopped)") + (r.since_start ? " since start" : "");
     return '<div class="run"><span class="label">run <b>' + esc(r.run) + "</b> rank " + esc(r.rank) + state +
-      '</span><div class="bar phases">' + parts + '</div><span class="legend">' + legend.join(", ") + "</span></div>";
+      '</span><div class="bar phases">' + parts + '</div><span class="legend">' + legend.join(" ") + "</span></div>";
   }
   function gpuCard(g, t) {
     var u = g.utilization;

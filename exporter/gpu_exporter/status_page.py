@@ -222,7 +222,7 @@ def render_gpu(g: dict[str, Any], t: dict[str, float]) -> str:
 def _render_run(r: dict[str, Any]) -> str:
     parts = "".join(f'<span class="ph {_esc(p)}" style="width:{s * 100:.1f}%" title="{_esc(p)} {_pct(s)}"></span>'
                     for p, s in r["phases"])
-    legend = ", ".join(f"{_esc(p)} {_pct(s)}" for p, s in r["phases"])
+    legend = " ".join(f'<i class="ph {_esc(p)}"></i>{_esc(p)} {_pct(s)}' for p, s in r["phases"])
     state = ("" if r["live"] else " (finished or stopped)") + (" since start" if r["since_start"] else "")
     return (f'<div class="run"><span class="label">run <b>{_esc(r["run"])}</b> rank {_esc(r["rank"])}{state}</span>'
             f'<div class="bar phases">{parts}</div><span class="legend">{legend}</span></div>')
