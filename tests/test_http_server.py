@@ -312,3 +312,10 @@ def test_at_the_open_file_limit_the_server_frees_descriptors_logs_and_does_not_s
         finally:
             for sock in idle:
                 sock.close()
+
+
+def test_page_routes_are_the_status_pages() -> None:
+    """The server's list of page routes (for 405 answers) is the status page's own."""
+    from gpu_exporter import server, status_page
+
+    assert tuple(server.PAGE_PATHS) == tuple(status_page.paths())

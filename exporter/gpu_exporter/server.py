@@ -50,6 +50,8 @@ from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one def
 log = logging.getLogger(__name__)
 
 HEALTH_PATHS = ("/healthz", "/readyz")
+PAGE_PATHS = ("/", "/api/v1/status")
+"""The live status page and its JSON: status_page.paths(), named here so the page loads only when asked."""
 REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "open_files")
 """Every value of the ``reason`` label of gpu_exporter_http_rejected_total."""
 LOG_EVERY_SECONDS = 10.0
@@ -125,7 +127,7 @@ class MetricsServer(ThreadingHTTPServer):
         self.extra_headers = dict(headers or {})
         self.ready = ready
         self.telemetry_path = telemetry_path
-        self.get_paths = {telemetry_path, "/", *HEALTH_PATHS}
+        self.get_paths = {telemetry_path, *HEALTH_PATHS, *PAGE_PATHS}
         self.ingest = ingest
         self.check_auth = check_auth
         self.on_auth_failure = on_auth_failure
@@ -442,7 +444,7 @@ class _Handler(BaseHTTPRequestHandler):
             if encoding is not None:
                 headers["Content-Encoding"] = encoding
             self._send(HTTPStatus.OK, body, CONTENT_TYPE_LATEST, headers)
-        elif path in ("/", "/api/v1/status"):  # the live status page and its JSON (status_page.py)
+        elif path in PAGE_PATHS:
             from gpu_exporter import status_page
 
             sources = self.server.sources
