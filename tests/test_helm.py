@@ -198,6 +198,7 @@ def test_packaged_chart_carries_the_shared_files(tmp_path: Path) -> None:
         assert f"files/rules/{path.name}" in names
     for path in (REPO / "grafana" / "dashboards").glob("*.json"):
         assert f"files/dashboards/{path.name}" in names
+    assert "files/thresholds.yml" in names  # the cluster label's name
     assert not any(n.startswith("ci/") for n in names)
 
 
