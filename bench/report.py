@@ -21,13 +21,17 @@ from pathlib import Path
 import gpu_exporter
 import psutil
 
+from bench import scrape as bench_scrape
 from bench.accuracy import SCRAPE_INTERVALS, WINDOW, AccuracyRow
 from bench.hotspots import PollProfile
 from bench.instrumentation import MicroRow, TrainingAB
+from bench.load import LoadResult
 from bench.scrape import Durations, ScrapeResult
 
 OURS, PEER = "gpu-exporter", "nvitop-exporter"
 RSS_LIMIT_MB = 40.0
+POLL_CPU_SHARE = 0.5
+"""Polling CPU goal: at most this share of nvitop-exporter's on every node (net of the simulated NVML)."""
 PHASE_LIMIT_NS = 1000.0
 HISTOGRAM_FACTOR = 3.0
 PACKAGES = ("prometheus-client", "nvidia-ml-py", "nvitop", "nvitop-exporter", "torch", "psutil", "PyYAML")
@@ -54,6 +58,8 @@ class Results:
     micro_number: int
     micro_repeat: int
     training: TrainingAB
+    load: LoadResult
+    load_node: tuple[int, int]
 
 
 def num(x: float) -> str:
@@ -122,13 +128,18 @@ def _version(package: str) -> str:
 
 
 def net_poll(r: ScrapeResult) -> float:
-    """CPU s/min of polling alone, less the simulated event wait (absent on a real driver)."""
-    return max(0.0, r.poll_cpu_s_per_min - r.sim_wait_s_per_min)
+    """CPU s/min of polling alone, less the simulated NVML's (a real driver's cost instead)."""
+    return max(0.0, r.poll_cpu_s_per_min - r.sim_poll_s_per_min)
 
 
 def net_scraped(r: ScrapeResult) -> float:
-    """CPU s/min under the steady scraper, less the simulated event wait."""
-    return max(0.0, r.cpu_s_per_min - r.sim_wait_s_per_min)
+    """CPU s/min under the steady scraper, less the simulated NVML's."""
+    return max(0.0, r.cpu_s_per_min - r.sim_scraped_s_per_min)
+
+
+def net_rss(results: Results, r: ScrapeResult) -> float:
+    """RSS less what the simulated NVML adds to a process (see Method)."""
+    return max(0.0, r.rss_mb - results.simulation_rss_mb[r.gpus, r.processes])
 
 
 def _pairs(results: Results) -> list[tuple[ScrapeResult, ScrapeResult]]:
@@ -169,8 +180,9 @@ def _goals(results: Results) -> list[tuple[str, str, bool]]:
     p99 = _worst([div(o.p99_ms, p.p99_ms) for o, p in pairs])
     cpu = _worst([div(net_scraped(o), net_scraped(p)) for o, p in pairs])
     idle = _worst([div(net_poll(o), net_poll(p)) for o, p in pairs])
-    wait = max(o.sim_wait_s_per_min for o, _ in pairs)
-    rss = max(o.rss_mb for o, _ in pairs)
+    gross = _worst([div(o.poll_cpu_s_per_min, p.poll_cpu_s_per_min) for o, p in pairs])
+    rss = max(net_rss(results, o) for o, _ in pairs)
+    load = results.load
     micro = {m.code: m for m in results.micro}
     phase = max(micro["with compute: pass"].median_ns, micro["with run.phase('compute'): pass"].median_ns)
     hist = micro["with histogram.time(): pass"].median_ns
@@ -178,12 +190,16 @@ def _goals(results: Results) -> list[tuple[str, str, bool]]:
     return [
         ("scrape p99 below nvitop-exporter's on every node",
          f"worst ratio gpu-exporter / nvitop-exporter = {ratio(p99)}", p99 is not None and p99 < 1),
-        ("CPU below nvitop-exporter's on every node (polling alone and under the scraper)",
-         f"worst ratios gpu-exporter / nvitop-exporter = {ratio(idle)} polling, {ratio(cpu)} scraped, net of "
-         f"the simulated event wait (up to {num(wait)} s/min, see Method)",
-         all(net_scraped(o) < net_scraped(p) and net_poll(o) < net_poll(p) for o, p in pairs)),
-        (f"exporter RSS ≤ {RSS_LIMIT_MB:g} MB", f"largest {num(rss)} MB (simulated NVML included)",
+        (f"polling CPU at most {POLL_CPU_SHARE:g}x nvitop-exporter's on every node, net of the simulated NVML",
+         f"worst ratio gpu-exporter / nvitop-exporter = {ratio(idle)} (with the simulated NVML: {ratio(gross)})",
+         idle is not None and idle <= POLL_CPU_SHARE),
+        ("CPU under the scraper below nvitop-exporter's on every node, net of the simulated NVML",
+         f"worst ratio gpu-exporter / nvitop-exporter = {ratio(cpu)}", cpu is not None and cpu < 1),
+        (f"exporter RSS ≤ {RSS_LIMIT_MB:g} MB, net of the simulated NVML", f"largest {num(rss)} MB",
          rss <= RSS_LIMIT_MB),
+        (f"no error under load ({load.plan.scrapers} scrapers at {num(load.plan.scrape_rate)}/s, "
+         f"{load.plan.pushers} pushers every {num(load.plan.push_interval)} s, {num(load.plan.seconds)} s)",
+         f"{load.errors} errors in {load.scrapes + load.pushes} requests", load.errors == 0),
         ("phase enter+exit ≤ 1 µs", f"{num(phase)} ns (slower of the two forms)", phase <= PHASE_LIMIT_NS),
         (f"phase ≥ {HISTOGRAM_FACTOR:g}x cheaper than Histogram.time()",
          f"{ratio(hist / phase)} cheaper", hist / phase >= HISTOGRAM_FACTOR),
@@ -210,6 +226,7 @@ def render(results: Results) -> str:
     out += _profile(results)
     out += _accuracy(results)
     out += _instrumentation(results)
+    out += _load(results)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -227,8 +244,10 @@ def _headline(results: Results) -> list[str]:
              f"- CPU {num(net_scraped(o))} vs {num(net_scraped(p))} s per minute under "
              f"{num(results.durations.rate)} scrapes/s ({ratio(div(net_scraped(p), net_scraped(o)))} less), "
              f"{num(net_poll(o))} vs {num(net_poll(p))} s/min polling alone "
-             f"({ratio(div(net_poll(p), net_poll(o)))} less), net of the simulated event wait;",
-             f"- RSS {num(o.rss_mb)} MB vs {num(p.rss_mb)} MB ({ratio(div(p.rss_mb, o.rss_mb))});",
+             f"({ratio(div(net_poll(p), net_poll(o)))} less), net of the simulated NVML "
+             f"({num(o.poll_cpu_s_per_min)} vs {num(p.poll_cpu_s_per_min)} s/min with it);",
+             f"- RSS {num(net_rss(results, o))} MB vs {num(net_rss(results, p))} MB net of the simulated NVML "
+             f"({num(o.rss_mb)} vs {num(p.rss_mb)} MB with it);",
              f"- on a bursty GPU scraped every 15 s, the busy counter is off by "
              f"{num(acc[15, 'busy counter'].point_mean_pp)} percentage points on average, the instant gauge "
              f"peers export by {num(acc[15, 'instant NVML gauge'].point_mean_pp)};",
@@ -266,13 +285,13 @@ def _method(results: Results) -> list[str]:
         "GPM) with utilization from 20% to 90%, and P processes spread round-robin over the GPUs. Each simulated "
         "process carries the PID of a real sleeping host process, so a peer that looks GPU processes up on the "
         "host (nvitop reads user, command, CPU and memory through psutil) pays that cost as on a real node.",
-        f"- **Exporters.** `{sys.executable.rsplit('/', 1)[-1]} -m gpu_exporter --simulate SCENARIO "
-        "--poll-interval 1` and `python -m nvitop_exporter --interval 1`, one at a time (the order alternates "
-        "between node sizes), each in its own process. nvitop-exporter loads the simulated NVML through a "
-        "`sitecustomize.py` on its PYTHONPATH that calls `gpu_exporter.simulate.install(SCENARIO)` at "
-        "interpreter start, so both read the same simulated GPUs through the same pynvml. nvitop's NVLink "
-        "queries (`nvmlDeviceGetFieldValues`) are not simulated and come back N/A, which if anything saves "
-        "it work.",
+        f"- **Exporters.** `{sys.executable.rsplit('/', 1)[-1]} -m gpu_exporter --poll-interval 1` and "
+        "`python -m nvitop_exporter --interval 1`, one at a time (the order alternates between node sizes), "
+        "each in its own process. Both load the simulated NVML the same way, through a `sitecustomize.py` on "
+        "their PYTHONPATH that calls `gpu_exporter.simulate.install(SCENARIO)` at interpreter start, so both "
+        "read the same simulated GPUs through the same pynvml, and gpu-exporter runs as on a real driver "
+        "(no `--simulate`). nvitop's NVLink queries (`nvmlDeviceGetFieldValues`) are not simulated and come "
+        "back N/A, which if anything saves it work.",
         f"- **Scraper.** After the exporter serves GPU metrics: {num(d.warmup)} s warm-up at the steady rate, "
         f"then RSS (psutil), then {num(d.idle)} s without scrapes (CPU of polling alone), then {num(d.scrape)} s "
         f"of steady scraping at {num(d.rate)} scrapes/s, one at a time, each on a fresh connection with the "
@@ -282,17 +301,18 @@ def _method(results: Results) -> list[str]:
         "time from psutil (10 ms ticks, but it keeps the time of the finished per-request threads). CPU per "
         "scrape is the scraped stage's CPU minus the polling rate, per scrape. At Prometheus's usual 15 s "
         "interval, the CPU an exporter costs is about the polling figure.",
-        "- **The simulated event wait.** gpu-exporter keeps a thread blocked in `nvmlEventSetWait` for XID "
-        "errors. On a real driver that wait sleeps in the kernel; the simulation's version sleeps on a "
-        "condition until the next scheduled event or the wait's timeout (1 s), waking at most every 20 ms only "
-        "while an event is due, which costs a little CPU that a real node does not pay and that "
-        "nvitop-exporter (no event thread) never sees. The bench finds that thread with `py-spy dump` "
-        "(the thread whose stack is in the "
-        "simulated `event_set_wait`), measures its run time from schedstat, shows it in its own column and "
-        "compares CPU net of it. Without py-spy the column is 0 and nothing is subtracted.",
+        "- **CPU and the simulation.** The simulated NVML is Python running inside each exporter process, "
+        "where a real driver is a C library (and the kernel): on these nodes it takes a large share of either "
+        "exporter's polling CPU, in proportion to the NVML calls each makes (its event wait for XID errors "
+        "included, which only gpu-exporter has). The `sitecustomize.py` meters it: every simulated NVML "
+        "function is wrapped to add its thread CPU time (`time.thread_time_ns`) to a per-process total, which "
+        f"a thread writes with a timestamp every {bench_scrape.METER_INTERVAL:g} s (its own CPU counts as "
+        "simulation). The tables show that CPU in its own columns, and compare both exporters net of it: "
+        "their own work, which is what a real node pays on top of the driver.",
         "- **RSS and the simulation.** The simulated NVML lives inside each exporter process. The table gives "
         "its share, measured as the RSS of a Python process that loads pynvml and PyYAML and installs the "
-        "scenario minus one that only loads pynvml and PyYAML.",
+        "scenario minus one that only loads pynvml and PyYAML, and the RSS net of it, which is what a node "
+        "with a real driver pays.",
         f"- **Accuracy.** In-process and exact: the sampler and utilization collector poll the packaged "
         f"`bursty.yaml` GPU (3 s at 95%, 7 s idle, mean 28.5%) on a hand-driven clock, once per simulated "
         f"second for {results.accuracy_seconds} simulated seconds; the ground truth is "
@@ -312,20 +332,23 @@ def _scrape(results: Results) -> list[str]:
         sim = results.simulation_rss_mb[o.gpus, o.processes]
         for r in (o, p):
             rows.append([_node(r), r.exporter, str(r.series), str(r.wire_bytes), num(r.p50_ms), num(r.p99_ms),
-                         num(r.max_ms), str(r.scrapes), num(r.poll_cpu_s_per_min), num(r.cpu_s_per_min),
-                         num(r.sim_wait_s_per_min), num(r.cpu_ms_per_scrape), num(r.rss_mb), num(sim)])
+                         num(r.max_ms), str(r.scrapes), num(r.poll_cpu_s_per_min), num(r.sim_poll_s_per_min),
+                         num(r.cpu_s_per_min), num(r.sim_scraped_s_per_min), num(r.cpu_ms_per_scrape),
+                         num(r.rss_mb), num(sim), num(net_rss(results, r))])
     lines = ["## Scrape cost side by side", "",
              *_table(["node", "exporter", "series", "bytes on the wire", "p50 ms", "p99 ms", "max ms", "scrapes",
-                      "CPU s/min polling", "CPU s/min scraped", "of which simulated event wait s/min",
-                      "CPU ms per scrape", "RSS MB",
-                      "of which simulation MB"], rows),
+                      "CPU s/min polling", "of which simulated NVML", "CPU s/min scraped",
+                      "of which simulated NVML", "CPU ms per scrape", "RSS MB", "of which simulation MB",
+                      "RSS net of simulation MB"], rows),
              "### Ratios (nvitop-exporter ÷ gpu-exporter; above 1 means gpu-exporter is cheaper)", "",
-             "CPU ratios are net of the simulated event wait.", ""]
+             "Measured side by side on the same simulated node. CPU and RSS net of the simulated NVML, except "
+             "the column that says otherwise.", ""]
     ratio_rows = [[_node(o), ratio(div(p.p50_ms, o.p50_ms)), ratio(div(p.p99_ms, o.p99_ms)),
-                   ratio(div(net_poll(p), net_poll(o))), ratio(div(net_scraped(p), net_scraped(o))),
-                   ratio(div(p.rss_mb, o.rss_mb))]
+                   ratio(div(net_poll(p), net_poll(o))), ratio(div(p.poll_cpu_s_per_min, o.poll_cpu_s_per_min)),
+                   ratio(div(net_scraped(p), net_scraped(o))), ratio(div(net_rss(results, p), net_rss(results, o)))]
                   for o, p in _pairs(results)]
-    return lines + _table(["node", "p50", "p99", "CPU polling", "CPU scraped", "RSS"], ratio_rows)
+    return lines + _table(["node", "p50", "p99", "CPU polling", "CPU polling with the simulated NVML",
+                           "CPU scraped", "RSS"], ratio_rows)
 
 
 def _growth(results: Results) -> list[str]:
@@ -397,3 +420,24 @@ def _instrumentation(results: Results) -> list[str]:
             f"±{num(ab.noise_percent)}%. Three phase changes per step at the measured phase cost are "
             f"{num(3 * phase / 1e3)} µs against a step of "
             f"{num(1e6 / statistics.fmean(ab.a))} µs.", ""]
+
+
+def _load(results: Results) -> list[str]:
+    load, (g, p) = results.load, results.load_node
+    plan = load.plan
+    rows = [[str(plan.scrapers), num(plan.scrape_rate), str(plan.pushers), num(plan.push_interval),
+             num(plan.seconds), str(load.scrapes), str(load.pushes), str(load.errors), num(load.scrape_p50_ms),
+             num(load.scrape_p99_ms), num(load.scrape_max_ms), num(load.push_p99_ms), num(load.rss_start_mb),
+             num(load.rss_end_mb), num(load.cpu_s_per_min)]]
+    errors = "; ".join(load.first_errors) or "none"
+    return ["## Under load", "",
+            f"One gpu-exporter on the {g}-GPU, {p}-process node (simulated NVML as above), {plan.scrapers} "
+            f"scrapers each scraping `/metrics` {num(plan.scrape_rate)} times a second and {plan.pushers} training "
+            f"runs each pushing a snapshot every {num(plan.push_interval)} s, for {num(plan.seconds)} s. Clients "
+            "run as threads in 4 worker processes on the same 2 cores, each request on a fresh connection; an "
+            "answer other than 200 (scrape) or 202 (push), a connection error or a 10 s timeout counts as an "
+            f"error. RSS is the exporter's (simulated NVML included) before and after the load. Errors seen: "
+            f"{errors}.", "",
+            *_table(["scrapers", "scrapes/s each", "pushers", "push interval s", "seconds", "scrapes", "pushes",
+                     "errors", "scrape p50 ms", "scrape p99 ms", "scrape max ms", "push p99 ms",
+                     "RSS at start MB", "RSS at end MB", "CPU s/min"], rows)]

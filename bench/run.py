@@ -1,8 +1,10 @@
 """``python -m bench --quick|--full [--output FILE]``: run every benchmark and rewrite the document.
 
 Quick mode (a minute or two; CI runs it) measures three node sizes with short stages; full mode
-measures 1, 8 and 16 GPUs with 0, 64 and 256 processes. Both run the accuracy, instrumentation and
-training-loop benchmarks and write docs/benchmarks.md (or ``--output``). Example::
+measures 1, 8 and 16 GPUs with 0, 64 and 256 processes. Both run the accuracy, instrumentation,
+training-loop and load benchmarks and write docs/benchmarks.md (or ``--output``). The load bench
+(16 scrapers at 10/s and 32 pushers every 0.5 s) runs 20 s in quick mode and 300 s in full mode;
+``--load-seconds`` changes that. Example::
 
     PYTHONPATH=exporter python -m bench --full
 """
@@ -10,6 +12,7 @@ training-loop benchmarks and write docs/benchmarks.md (or ``--output``). Example
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import accuracy, hotspots, instrumentation, report, scrape
+from bench import accuracy, hotspots, instrumentation, load, report, scrape
 from bench.node import Sleepers, write_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,15 +43,17 @@ class Mode:
     training_pairs: int
     training_seconds: float
     profile_polls: int
+    load_seconds: float
+    load_node: tuple[int, int] = (8, 64)
 
 
 QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)), scrape.Durations(warmup=1.5, idle=3.0, scrape=5.0, rate=4.0),
              accuracy_seconds=3600, micro_number=50_000, micro_repeat=5, training_pairs=3, training_seconds=0.7,
-             profile_polls=5)
+             profile_polls=5, load_seconds=20.0)
 FULL = Mode("full", tuple((g, p) for g in (1, 8, 16) for p in (0, 64, 256)),
             scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0),
             accuracy_seconds=7200, micro_number=200_000, micro_repeat=9, training_pairs=8, training_seconds=2.5,
-            profile_polls=20)
+            profile_polls=20, load_seconds=300.0)
 
 
 def _say(message: str) -> None:
@@ -69,13 +74,19 @@ def run(mode: Mode, command: str) -> report.Results:
         scenarios = {}
         for i, (gpus, processes) in enumerate(mode.nodes):
             scenario = scenarios[gpus, processes] = write_scenario(folder, gpus, pids[:processes])
-            specs = [scrape.ours(scenario), scrape.nvitop(scenario, folder / f"site-{gpus}-{processes}")]
+            specs = [scrape.ours(scenario, folder / f"site-ours-{gpus}-{processes}"),
+                     scrape.nvitop(scenario, folder / f"site-nvitop-{gpus}-{processes}")]
             for spec in specs if i % 2 == 0 else specs[::-1]:
                 _say(f"{spec.name} on {gpus} GPU(s), {processes} processes")
                 results.append(scrape.measure(spec, mode.durations, gpus, processes))
             sim_rss[gpus, processes] = scrape.simulation_rss_mb(scenario)
         _say(f"profiling {mode.profile_polls} polls on the largest node")
         profile = hotspots.profile_polls(scenarios[largest], mode.profile_polls)
+        g, p = mode.load_node
+        _say(f"load: {mode.load_seconds:g} s on {g} GPUs, {p} processes")
+        load_scenario = scenarios.get(mode.load_node) or write_scenario(folder, g, pids[:p])
+        under_load = load.measure_load(scrape.ours(load_scenario, folder / "site-load"),
+                                       load.LoadPlan(seconds=mode.load_seconds))
     _say("accuracy on the bursty GPU")
     acc = accuracy.measure_accuracy(mode.accuracy_seconds)
     _say("phase enter/exit micro-benchmark")
@@ -87,7 +98,7 @@ def run(mode: Mode, command: str) -> report.Results:
         load_before=load_before, load_after=os.getloadavg(), durations=mode.durations, scrape=results,
         simulation_rss_mb=sim_rss, profile=profile, profile_node=largest, accuracy=acc,
         accuracy_seconds=mode.accuracy_seconds, micro=micro, micro_number=mode.micro_number,
-        micro_repeat=mode.micro_repeat, training=training)
+        micro_repeat=mode.micro_repeat, training=training, load=under_load, load_node=mode.load_node)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,12 +108,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     which.add_argument("--quick", action="store_true", help="three node sizes, short stages (CI)")
     which.add_argument("--full", action="store_true", help="nine node sizes (about 10 minutes on 2 cores)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"document to write ({DEFAULT_OUTPUT})")
+    parser.add_argument("--load-seconds", type=float, metavar="S",
+                        help=f"length of the load bench (default {QUICK.load_seconds:g} quick, "
+                             f"{FULL.load_seconds:g} full)")
     args = parser.parse_args(argv)
     if not args.output.parent.is_dir():
         print(f"bench: error: the folder of --output {args.output} does not exist", file=sys.stderr)
         return 2
     mode = FULL if args.full else QUICK
     command = "PYTHONPATH=exporter python -m bench " + ("--full" if args.full else "--quick")
+    if args.load_seconds is not None:
+        if not args.load_seconds > 0:
+            print(f"bench: error: --load-seconds must be > 0, not {args.load_seconds:g}", file=sys.stderr)
+            return 2
+        mode = dataclasses.replace(mode, load_seconds=args.load_seconds)
+        command += f" --load-seconds {args.load_seconds:g}"
     if args.output.resolve() != DEFAULT_OUTPUT:
         command += f" --output {args.output}"
     results = run(mode, command)

@@ -1,8 +1,11 @@
 """Scrape cost of a real exporter process: latency under a steady scraper, CPU and memory.
 
-Each exporter runs as its own process on a generated scenario; the peer (nvitop-exporter) gets
-the simulated NVML through a ``sitecustomize.py`` on its PYTHONPATH, so both read the same
-simulated GPUs through the real pynvml. Example::
+Each exporter runs as its own process on a generated scenario. Both get the simulated NVML the
+same way, through a ``sitecustomize.py`` on their PYTHONPATH (gpu-exporter then runs exactly as on
+a real driver, without ``--simulate``), so both read the same simulated GPUs through the real
+pynvml. That file also meters the simulation: every simulated NVML function is wrapped to add its
+thread CPU time to a per-process total, which a small thread writes to a file with a timestamp, so
+the bench can report each exporter's CPU net of the simulated driver. Example::
 
     spec = ours(scenario)                      # or nvitop(scenario, site_dir)
     result = measure(spec, Durations(warmup=2, idle=3, scrape=6, rate=4), gpus=8, processes=64)
@@ -14,8 +17,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import os
-import re
-import shutil
 import signal
 import socket
 import statistics
@@ -38,9 +39,49 @@ PROMETHEUS_HEADERS = {
 }
 EXPORTER_SRC = Path(gpu_exporter.__file__).resolve().parents[1]
 MB = 1e6
-SIM_WAIT = "event_set_wait (gpu_exporter/simulate/"
-"""py-spy's frame of the simulated nvmlEventSetWait: it wakes on the simulated clock (at least once per
-wait timeout), where a real driver blocks in the kernel, so its CPU is an artifact of the simulation."""
+METER_INTERVAL = 0.2
+"""Seconds between two writes of the simulation meter (see SITECUSTOMIZE)."""
+
+SITECUSTOMIZE = """\
+# Written by bench: put the simulated GPUs under pynvml before the exporter loads NVML, and meter
+# the CPU the simulated driver takes, so figures can be given net of it.
+import os, threading, time
+import pynvml
+from gpu_exporter.simulate import install
+
+install({scenario!r})
+_spent = {{}}  # thread id -> CPU ns inside simulated NVML functions (one writer per key: no lost updates)
+
+
+def _metered(function):
+    def call(*args):
+        started = time.thread_time_ns()
+        try:
+            return function(*args)
+        finally:
+            key = threading.get_ident()
+            _spent[key] = _spent.get(key, 0) + time.thread_time_ns() - started
+    return call
+
+
+_library = pynvml.nvmlLib
+_library._functions = {{name: _metered(f) for name, f in _library._functions.items()}}
+
+
+def _write():
+    path, tmp = {meter!r}, {meter!r} + ".tmp"
+    while True:
+        started = time.thread_time_ns()
+        with open(tmp, "w") as out:
+            out.write(f"{{time.monotonic()}} {{sum(_spent.values())}}")
+        os.replace(tmp, path)
+        key = threading.get_ident()  # the meter's own CPU is the bench's, not the exporter's
+        _spent[key] = _spent.get(key, 0) + time.thread_time_ns() - started
+        time.sleep({interval})
+
+
+threading.Thread(target=_write, name="bench-simulation-meter", daemon=True).start()
+"""
 
 
 @dataclass(frozen=True)
@@ -55,11 +96,12 @@ class Durations:
 
 @dataclass(frozen=True)
 class ExporterSpec:
-    """How to start one exporter: ``argv`` with ``{port}`` placeholders, environment additions."""
+    """How to start one exporter: ``argv`` with ``{port}`` placeholders, environment, simulation meter file."""
 
     name: str
     argv: tuple[str, ...]
     env: dict[str, str]
+    meter: Path
 
 
 @dataclass(frozen=True)
@@ -77,8 +119,10 @@ class ScrapeResult:
     """CPU while nobody scrapes: the polling loop alone."""
     cpu_s_per_min: float
     """CPU during the steady scraper (polling plus serving ``rate`` scrapes per second)."""
-    sim_wait_s_per_min: float
-    """Of both figures above: the thread blocked in the simulated ``nvmlEventSetWait`` (see SIM_WAIT)."""
+    sim_poll_s_per_min: float
+    """Of ``poll_cpu_s_per_min``: CPU inside the simulated NVML (a real driver's cost instead)."""
+    sim_scraped_s_per_min: float
+    """Of ``cpu_s_per_min``: CPU inside the simulated NVML."""
     cpu_ms_per_scrape: float
     rss_mb: float
     series: int
@@ -99,23 +143,46 @@ def _python_env(*paths: str) -> dict[str, str]:
     return env
 
 
-def ours(scenario: Path) -> ExporterSpec:
-    """gpu-exporter on ``scenario``, polling every second (its default)."""
-    argv = (sys.executable, "-m", "gpu_exporter", "--simulate", str(scenario),
-            "--web.listen-address", "127.0.0.1:{port}", "--poll-interval", "1")
-    return ExporterSpec("gpu-exporter", argv, _python_env(str(EXPORTER_SRC)))
+def _site(scenario: Path, site_dir: Path) -> Path:
+    """Write ``site_dir/sitecustomize.py`` (simulated NVML on ``scenario``, metered); returns the meter file."""
+    site_dir.mkdir(parents=True, exist_ok=True)
+    meter = site_dir / "simulation-meter"
+    (site_dir / "sitecustomize.py").write_text(
+        SITECUSTOMIZE.format(scenario=str(scenario), meter=str(meter), interval=METER_INTERVAL))
+    return meter
+
+
+def ours(scenario: Path, site_dir: Path) -> ExporterSpec:
+    """gpu-exporter on ``scenario`` (simulated NVML through ``site_dir/sitecustomize.py``), polling every second."""
+    meter = _site(scenario, site_dir)
+    argv = (sys.executable, "-m", "gpu_exporter", "--web.listen-address", "127.0.0.1:{port}", "--poll-interval", "1")
+    return ExporterSpec("gpu-exporter", argv, _python_env(str(site_dir), str(EXPORTER_SRC)), meter)
 
 
 def nvitop(scenario: Path, site_dir: Path) -> ExporterSpec:
     """nvitop-exporter on ``scenario`` (simulated NVML through ``site_dir/sitecustomize.py``), --interval 1."""
-    site_dir.mkdir(parents=True, exist_ok=True)
-    (site_dir / "sitecustomize.py").write_text(
-        "# Written by bench: put the simulated GPUs under pynvml before nvitop loads NVML.\n"
-        "from gpu_exporter.simulate import install\n"
-        f"install({str(scenario)!r})\n")
+    meter = _site(scenario, site_dir)
     argv = (sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", "{port}",
             "--interval", "1")
-    return ExporterSpec("nvitop-exporter", argv, _python_env(str(site_dir), str(EXPORTER_SRC)))
+    return ExporterSpec("nvitop-exporter", argv, _python_env(str(site_dir), str(EXPORTER_SRC)), meter)
+
+
+def read_meter(meter: Path) -> tuple[float, float]:
+    """(monotonic time, CPU seconds spent in the simulated NVML so far) from the exporter's meter file."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            at, ns = meter.read_text().split()
+            return float(at), int(ns) / 1e9
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bench: the simulation meter {meter} is not being written") from None
+            time.sleep(0.05)
+
+
+def _meter_rate(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """CPU seconds per second in the simulated NVML between two meter readings."""
+    return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0
 
 
 def scrape_once(port: int) -> tuple[float, int, bytes, str]:
@@ -172,28 +239,9 @@ def thread_cpu_ns(pid: int) -> dict[int, int]:
     return out
 
 
-def simulated_wait_threads(pid: int) -> set[int]:
-    """Threads of ``pid`` waiting in the simulated nvmlEventSetWait, found with ``py-spy dump``; {} without py-spy."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    try:
-        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30,
-                              check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    found, tid = set(), None
-    for line in dump.splitlines():
-        header = re.match(r"Thread (\d+) ", line)
-        if header:
-            tid = int(header.group(1))
-        elif tid is not None and SIM_WAIT in line:
-            found.add(tid)
-    return found
-
-
-def _delta(before: dict[int, int], after: dict[int, int], tids: set[int] | None = None) -> float:
-    """Seconds of CPU between two thread_cpu_ns snapshots (of ``tids`` only, when given)."""
-    keys = after.keys() if tids is None else after.keys() & tids
-    return sum(after[k] - before.get(k, 0) for k in keys) / 1e9
+def _delta(before: dict[int, int], after: dict[int, int]) -> float:
+    """Seconds of CPU between two thread_cpu_ns snapshots."""
+    return sum(after[k] - before.get(k, 0) for k in after) / 1e9
 
 
 def percentile(values: list[float], q: int) -> float:
@@ -224,12 +272,14 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
             ps = psutil.Process(proc.pid)
             _steady(port, durations.warmup, durations.rate)
             rss = ps.memory_info().rss / MB
-            waiting = simulated_wait_threads(proc.pid)
+            m0 = read_meter(spec.meter)
             s0, c0, t0 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
             time.sleep(durations.idle)
             s1, c1, t1 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+            m1 = read_meter(spec.meter)
             latencies = _steady(port, durations.scrape, durations.rate)
-            s2, c2, t2 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+            c2, t2 = _cpu_seconds(ps), time.perf_counter()
+            m2 = read_meter(spec.meter)
             _, _, body, encoding = scrape_once(port)
             if proc.poll() is not None:
                 raise RuntimeError(f"bench: {spec.name} exited during the measurement: {output()}")
@@ -238,14 +288,14 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
     # Polling alone: per-thread schedstat (ns) where available, since no thread ends while idle.
     idle_rate = (_delta(s0, s1) if s1 else c1 - c0) / (t1 - t0)
     busy_rate = (c2 - c1) / (t2 - t1)
-    wait_rate = _delta(s0, s2, waiting) / (t2 - t0) if s2 else 0.0
     text = gzip.decompress(body) if encoding == "gzip" else body
     series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
     ms = [x * 1000 for x in latencies]
     return ScrapeResult(
         exporter=spec.name, gpus=gpus, processes=processes, scrapes=len(ms),
         p50_ms=statistics.median(ms), p99_ms=percentile(ms, 99), max_ms=max(ms),
-        poll_cpu_s_per_min=idle_rate * 60, cpu_s_per_min=busy_rate * 60, sim_wait_s_per_min=wait_rate * 60,
+        poll_cpu_s_per_min=idle_rate * 60, cpu_s_per_min=busy_rate * 60,
+        sim_poll_s_per_min=_meter_rate(m0, m1) * 60, sim_scraped_s_per_min=_meter_rate(m1, m2) * 60,
         cpu_ms_per_scrape=max(0.0, (c2 - c1) - idle_rate * (t2 - t1)) * 1000 / len(ms),
         rss_mb=rss, series=series, wire_bytes=len(body))
 

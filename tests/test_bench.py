@@ -22,15 +22,16 @@ RANGE = re.compile(r"^\d+(\.\d+)?-\d+(\.\d+)?$")
 
 # heading -> (data rows, indexes of the columns that must hold a number)
 EXPECTED: dict[str, tuple[int, tuple[int, ...]]] = {
-    "### Goals": (6, ()),
+    "### Goals": (8, ()),
     "## Machine": (13, ()),
-    "## Scrape cost side by side": (6, tuple(range(2, 14))),
-    "### Ratios (nvitop-exporter ÷ gpu-exporter; above 1 means gpu-exporter is cheaper)": (3, (1, 2, 3, 4, 5)),
+    "## Scrape cost side by side": (6, tuple(range(2, 16))),
+    "### Ratios (nvitop-exporter ÷ gpu-exporter; above 1 means gpu-exporter is cheaper)": (3, (1, 2, 3, 4, 5, 6)),
     "## How cost grows with GPUs and processes": (6, (2, 3, 4)),
     "## Where gpu-exporter's polling time goes": (10, (1, 2)),
     "## Accuracy on a bursty GPU": (6, (2, 3, 4, 5, 6, 7)),
     "## Instrumentation overhead": (6, (2, 4)),
     "### A real training loop": (2, (1, 2, 3, 4, 5)),
+    "## Under load": (1, tuple(range(15))),
 }
 
 
