@@ -337,8 +337,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._drop_body()
         path = self.path.split("?", 1)[0]
         allowed = ("POST",) if path == INGEST_PATH else ("GET", "HEAD")
-        if self.command not in allowed and (self.command not in ("GET", "HEAD", "POST") or path in self.server.get_paths
-                                            or path == INGEST_PATH):
+        known = path == INGEST_PATH or path in self.server.get_paths  # other paths answer 404 to GET and POST
+        if self.command not in allowed and (known or self.command not in ("GET", "HEAD", "POST")):
             self._drop_body()
             self._send(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here\n".encode(),
                        headers={"Allow": ", ".join(allowed)})
