@@ -9,6 +9,7 @@ missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v chromium >/dev/null || missing+=(chromium fonts-liberation)  # tests/test_status_page.py: a real browser
+command -v ss >/dev/null || missing+=(iproute2)  # tests/test_http_server.py reads the listen backlog
 # The container tests (tests/test_container.py): podman builds and runs the image on a Debian base
 # that scripts/container-base.sh makes with debootstrap (about 1-2 min, once per machine: podman keeps it).
 command -v podman >/dev/null || missing+=(podman netavark)
