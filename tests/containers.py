@@ -104,11 +104,100 @@ class Container:
 
 @contextlib.contextmanager
 def container(image: str, args: Sequence[str] = (), options: Sequence[str] = (),
-              prefix: str = "gpu-exporter-test") -> Iterator[Container]:
-    """``podman run -d --network host <options> <image> <args>``; the container is removed afterwards."""
+              prefix: str = "gpu-exporter-test", network: str = "host") -> Iterator[Container]:
+    """``podman run -d --network <network> <options> <image> <args>``; the container is removed afterwards."""
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    podman("run", "--detach", "--name", name, "--network", "host", *release.run_limits(), *options, image, *args)
+    podman("run", "--detach", "--name", name, "--network", network, *release.run_limits(), *options, image, *args)
     try:
         yield Container(name)
     finally:
         podman("rm", "--force", "--time", "2", name, check=False)
+
+
+# Images of docker-compose.yml that no registry here can give, stood in for by the Debian base with
+# Debian's build of the same program mounted where the image keeps it (the versions compose pins are
+# Debian's: tests/test_docker_compose.py checks that), plus the data files Debian's build reads from
+# /usr/share (upstream embeds them). Their healthchecks call wget, which the official images have
+# from busybox: Debian's static busybox is mounted as wget.
+STAND_INS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "prom/prometheus": ("/usr/bin/prometheus", "/bin/prometheus", ()),
+    "prom/alertmanager": ("/usr/bin/prometheus-alertmanager", "/bin/alertmanager",
+                          ("/usr/share/prometheus/alertmanager",)),
+}
+
+
+def stand_in_options(repository: str) -> list[str]:
+    """Mounts and entrypoint that make the Debian base stand in for ``repository``'s image."""
+    binary, entrypoint, data = STAND_INS[repository]
+    options = ["--volume", f"{binary}:{entrypoint}:ro", "--volume", "/bin/busybox:/usr/local/bin/wget:ro",
+               "--entrypoint", entrypoint]
+    for path in data:
+        options += ["--volume", f"{path}:{path}:ro"]
+    return options
+
+
+def compose_order(services: dict[str, Any]) -> list[str]:
+    """Service names with every service after the ones it depends on."""
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise ValueError(f"depends_on cycle: {' -> '.join((*path, name))}")
+        if name not in order:
+            for dependency in services[name].get("depends_on", {}):
+                visit(dependency, (*path, name))
+            order.append(name)
+
+    for name in services:
+        visit(name, ())
+    return order
+
+
+def compose_run_options(service: dict[str, Any], repo: Path) -> list[str]:
+    """``podman run`` options for a compose service's environment, mounts, hardening and healthcheck.
+
+    Bind mounts resolve against ``repo``; named volumes become tmpfs (nothing outlives the test).
+    Healthchecks are registered without a timer (no systemd here): the caller runs them.
+    """
+    options: list[str] = []
+    for key, value in service.get("environment", {}).items():
+        options += ["--env", f"{key}={value}"]
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        if source.startswith((".", "/")):
+            options += ["--volume", ":".join([str((repo / source).resolve()), target, *mode])]
+        else:
+            options += ["--tmpfs", target]
+    for path in service.get("tmpfs", []):
+        options += ["--tmpfs", path]
+    if service.get("read_only"):
+        options.append("--read-only")
+    for capability in service.get("cap_drop", []):
+        options += ["--cap-drop", capability]
+    for option in service.get("security_opt", []):
+        options += ["--security-opt", option.removesuffix(":true")]
+    check = service.get("healthcheck")
+    if check:
+        kind, *command = check["test"]
+        # podman 4.3 reads a JSON array without the CMD keyword as CMD (with it, it splits on blanks)
+        health_cmd = json.dumps(command) if kind == "CMD" else command[0]
+        options += ["--health-cmd", health_cmd, "--health-interval", "disable",
+                    "--health-timeout", check["timeout"], "--health-retries", str(check["retries"]),
+                    "--health-start-period", check["start_period"]]
+    return options
+
+
+def wait_healthy(box: Container, timeout: float) -> None:
+    """Run the container's healthcheck every second until it passes (what ``condition: service_healthy``
+    waits for); fail with the container's log after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if not box.running():
+            raise AssertionError(f"{box.name} exited: {box.logs()}")
+        result = podman("healthcheck", "run", box.name, check=False, timeout=60)
+        if result.returncode == 0:
+            return
+        last = (result.stdout + result.stderr).strip()
+        time.sleep(1)
+    raise AssertionError(f"{box.name} not healthy after {timeout:.0f} s ({last}): {box.logs()}")

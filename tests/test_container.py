@@ -10,6 +10,7 @@ privileges. GPUs are simulated (``--simulate``). The tests skip only where podma
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -19,7 +20,20 @@ import pytest
 import release
 import torch
 import yaml
-from containers import Container, Image, base_image, build_image, container, podman, podman_problem
+from containers import (
+    STAND_INS,
+    Container,
+    Image,
+    base_image,
+    build_image,
+    compose_order,
+    compose_run_options,
+    container,
+    podman,
+    podman_problem,
+    stand_in_options,
+    wait_healthy,
+)
 from gpu_exporter.simulate.scenario import load_scenario
 from servers import free_port, http_get, http_status, promql, run_prometheus, wait_until
 
@@ -198,3 +212,75 @@ def test_prometheus_scrapes_the_container_and_the_rules_evaluate(image: Image) -
     assert len(evaluated_rules) == sum(len(g["rules"]) for text in rules.values()
                                        for g in yaml.safe_load(text)["groups"])
 
+
+
+def test_compose_stack_runs_under_podman(image: Image, tmp_path: Path) -> None:
+    """docker-compose.yml's simulate profile (less Grafana, which cannot be fetched here) under podman.
+
+    Each service runs with its compose command, environment, mounts, hardening and healthcheck, in
+    depends_on order, each started once the services it depends on pass their healthchecks. They
+    share one network namespace that has only a loopback interface, where the compose service names
+    resolve to 127.0.0.1: prometheus/prometheus.yml's targets (exporter:9445, alertmanager:9093) are
+    used unchanged. Prometheus and Alertmanager are Debian's builds on the Debian base (STAND_INS).
+    """
+    compose: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = {name: s for name, s in compose["services"].items()
+                if "simulate" in s.get("profiles", ["simulate"]) and name != "grafana"}
+    assert set(services) == {"exporter-simulated", "training-demo", "prometheus", "alertmanager"}
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost " + " ".join(sorted({*services, "exporter"})) + "\n")
+    site_packages = Path(torch.__file__).resolve().parents[1]
+    with contextlib.ExitStack() as stack:
+        holder = stack.enter_context(container(image.base, ["sleep", "infinity"], ["--read-only"],
+                                               prefix="gpu-exporter-test-net", network="none"))
+        running: dict[str, Container] = {}
+        for name in compose_order(services):
+            service = services[name]
+            for dependency in service.get("depends_on", {}):
+                wait_healthy(running[dependency], 180)
+            options = [*compose_run_options(service, REPO), "--volume", f"{hosts}:/etc/hosts:ro"]
+            repository = service["image"].split(":")[0]
+            if "build" in service:
+                assert service["image"] == f"{release.IMAGE_NAME}:{release.package_version()}"
+                box_image = image.tag
+            elif repository in STAND_INS:
+                options += stand_in_options(repository)
+                box_image = image.base
+            else:  # training-demo: the base's Python with the test environment's CPU torch
+                assert repository == "pytorch/pytorch", repository
+                options += ["--volume", f"{site_packages}:/opt/torch-site:ro",
+                            "--env", f"PYTHONPATH={service['environment']['PYTHONPATH']}:/opt/torch-site"]
+                box_image = image.base
+            running[name] = stack.enter_context(container(
+                box_image, [str(a) for a in service.get("command", [])], options,
+                prefix=f"gpu-exporter-test-{name}", network=f"container:{holder.name}"))
+        for box in running.values():
+            wait_healthy(box, 180)
+        exporter_box = running["exporter-simulated"]
+
+        def ask(url: str) -> Any:
+            result = exporter_box.exec("python", "-c", "import sys, urllib.request; "
+                                       "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())", url)
+            assert result.returncode == 0, result.stderr
+            return json.loads(result.stdout)
+
+        def diagnosed() -> dict[str, Any] | None:
+            """diagnose from Prometheus, once the cause recording rules have judged the demo run."""
+            series = ask("http://prometheus:9090/api/v1/query?query=run%3Agpu_training_cause%3Ashare")
+            if not series["data"]["result"]:
+                return None
+            result = exporter_box.exec("gpu-exporter", "diagnose", "--prometheus-url", "http://prometheus:9090",
+                                       "--output", "json")
+            assert result.returncode in (0, 1), result.stderr
+            gpus: dict[str, Any] = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
+            return gpus
+        # scrape and rule evaluation every 15 s (prometheus.yml as shipped): a few rounds
+        gpus = wait_until(diagnosed, 240, interval=5, what="a cause from Prometheus' recording rules")
+        up = ask("http://prometheus:9090/api/v1/query?query=up")["data"]["result"]
+        managers = ask("http://prometheus:9090/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+        rules = ask("http://prometheus:9090/api/v1/rules")["data"]["groups"]
+    assert [(s["metric"]["instance"], s["value"][1]) for s in up] == [("exporter:9445", "1")]
+    assert [m["url"] for m in managers] == ["http://alertmanager:9093/api/v2/alerts"]
+    assert all(rule["health"] == "ok" for group in rules for rule in group["rules"]), rules
+    uuid = services["training-demo"]["environment"]["CUDA_VISIBLE_DEVICES"]
+    assert gpus[uuid]["verdict"]["verdict"] == "input_bound", gpus[uuid]
