@@ -375,9 +375,10 @@ def _profile(results: Results) -> list[str]:
             f"{num(prof.simulation_percent)}% of the profiled time (on a real node the driver takes its place); "
             "the rest, by own time:", "",
             *_table(["function", "calls", "% of profiled time"], rows),
-            "Polling only builds metric families; the first scrape after a poll renders each collector's text "
-            "once (prometheus_client's exposition code) and later scrapes of the same poll reuse it, so polls "
-            "that no scrape reads cost no rendering.", ""]
+            "A poll only records its values as plain rows; the first scrape after a poll builds each "
+            "collector's metric families from them and renders their text once (prometheus_client's "
+            "exposition code), and later scrapes of the same poll reuse it, so polls that no scrape reads "
+            "cost neither family objects nor rendering.", ""]
 
 
 def _accuracy(results: Results) -> list[str]:
