@@ -17,6 +17,8 @@ command -v podman >/dev/null || missing+=(podman netavark)
 [ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null || missing+=(debootstrap)
 # Debian's docker-compose 1.29 validates docker-compose.yml (`config` needs no engine)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+# busybox's wget runs compose's Prometheus/Alertmanager healthchecks in the podman compose test
+[ -x /bin/busybox ] || missing+=(busybox-static)
 if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   echo "installing Debian packages: ${missing[*]}"
