@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v vmalert >/dev/null || missing+=(victoria-metrics)  # tests/test_fleet.py: VictoriaMetrics + vmalert tier
 command -v chromium >/dev/null || missing+=(chromium fonts-liberation)  # tests/test_status_page.py: a real browser
 command -v ss >/dev/null || missing+=(iproute2)  # tests/test_http_server.py reads the listen backlog
 # The container tests (tests/test_container.py): podman builds and runs the image on a Debian base

@@ -178,6 +178,30 @@ def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args], files, ready_timeout)
 
 
+def run_victoriametrics(ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
+    """Run VictoriaMetrics' single-node server (Debian ``victoria-metrics``); yield its URL.
+
+    It accepts Prometheus remote write at ``/api/v1/write`` and answers the Prometheus query API.
+    Queries see samples up to 1 s old (its default hides the last 30 s).
+    """
+    return _run_server(["victoria-metrics"], "victoria-metrics", "README", "VictoriaMetrics test data\n",
+                       lambda d, port: [f"-storageDataPath={d / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+                                        "-search.latencyOffset=1s", "-search.disableCache"], None, ready_timeout)
+
+
+def run_vmalert(rule_files: dict[str, str], datasource_url: str, remote_write_url: str, notifier_url: str,
+                evaluation_interval: str = "15s",
+                ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
+    """Run vmalert (Debian ``victoria-metrics``) on ``rule_files`` ({name: Prometheus rule file text}):
+    it queries ``datasource_url``, writes recording results and alert states to
+    ``remote_write_url`` and sends alerts to ``notifier_url`` (an Alertmanager); yield its URL."""
+    return _run_server(["vmalert"], "victoria-metrics", "README", "vmalert test rules\n", lambda d, port: [
+        *(f"-rule={d / name}" for name in sorted(rule_files)), f"-datasource.url={datasource_url}",
+        f"-remoteWrite.url={remote_write_url}", f"-notifier.url={notifier_url}",
+        f"-evaluationInterval={evaluation_interval}", f"-httpListenAddr=127.0.0.1:{port}"],
+        dict(rule_files), ready_timeout)
+
+
 def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
     """Run a real Alertmanager (Debian ``prometheus-alertmanager``) with ``config_yaml``; yield its URL."""
     cluster_port = free_port()

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-from servers import free_port, http_get, promql, wait_until
+from servers import free_port, http_get, promql, run_alertmanager, run_victoriametrics, run_vmalert, wait_until
+from test_alerting_e2e import SCALE, fast_rules
 
 from bench import fleet
 
@@ -76,15 +77,36 @@ def test_dashboard_queries_have_every_variable_resolved() -> None:
         fleet.dashboard_queries({})
 
 
-def firing(prom: str, alertname: str) -> list[dict[str, Any]]:
-    alerts: list[dict[str, Any]] = json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]
-    return [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+def firing(url: str, alertname: str) -> list[dict[str, Any]]:
+    """Firing alerts named ``alertname`` of a Prometheus or a vmalert (same API path)."""
+    alerts: list[dict[str, Any]] = json.loads(http_get(url + "/api/v1/alerts"))["data"]["alerts"] or []
+    return [a for a in alerts
+            if (a["labels"].get("alertname") or a.get("name")) == alertname and a["state"] == "firing"]
+
+
+def check_dashboards(store: str, cluster: str) -> None:
+    """Every dashboard query for ``cluster`` runs on ``store``; each labelled series carries the
+    cluster, the utilization, busy-time and memory panels have data, and most queries answer."""
+    rate_window = f"{max(2, 300 // SCALE)}s"
+    queries = fleet.dashboard_queries(fleet.grafana_variables(cluster, rate_interval=rate_window))
+    answered = 0
+    for dashboard, title, expr in queries:
+        result = promql(store, expr)
+        for series in result:
+            labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
+            if labels:
+                assert labels.get(fleet.CLUSTER_LABEL) == cluster, (dashboard, title, expr, labels)
+        answered += bool(result)
+    must = [q for q in queries if re.search(r"gpu:gpu_utilization:avg5m|node:gpu_utilization:avg5m|"
+                                            r"gpu_busy_seconds_total|gpu_memory_used_bytes", q[2])]
+    assert len(must) >= 4
+    empty = [(d, t, e) for d, t, e in must if not promql(store, e) and "< 0.3" not in e and "run" not in e]
+    assert not empty, empty
+    assert answered >= len(queries) // 2, f"only {answered} of {len(queries)} dashboard queries had data"
 
 
 @pytest.mark.slow
 def test_two_tiers_rules_alerts_and_dashboards_keep_the_cluster(tmp_path: Path) -> None:
-    from test_alerting_e2e import SCALE, fast_rules
-
     rules = {path.name: fast_rules(path) for path in sorted(fleet.RULES.glob("*.yml"))}
     dead = f"127.0.0.1:{free_port()}"  # nothing listens: the agent sends up == 0 for it
     with fleet.simulated_nodes(tmp_path, 1, first=1) as east_nodes, \
@@ -124,25 +146,44 @@ def test_two_tiers_rules_alerts_and_dashboards_keep_the_cluster(tmp_path: Path) 
             assert {(a["labels"]["cluster"], a["labels"]["node"], a["labels"]["gpu"]) for a in low} >= {
                 ("east", NODE, "0"), ("west", NODE, "0")}
 
-            # The dashboards' queries, for cluster east: data, and the cluster on every labelled series.
-            rate_window = f"{max(2, 300 // SCALE)}s"
-            queries = fleet.dashboard_queries(fleet.grafana_variables("east", rate_interval=rate_window))
-            answered = 0
-            for dashboard, title, expr in queries:
-                result = promql(central, expr)
-                for series in result:
-                    labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
-                    if labels:
-                        assert labels.get(fleet.CLUSTER_LABEL) == "east", (dashboard, title, expr, labels)
-                answered += bool(result)
-            must = [q for q in queries if re.search(r"gpu:gpu_utilization:avg5m|node:gpu_utilization:avg5m|"
-                                                    r"gpu_busy_seconds_total|gpu_memory_used_bytes", q[2])]
-            assert len(must) >= 4
-            empty = [(d, t, e) for d, t, e in must if not promql(central, e)
-                     and "< 0.3" not in e and "run" not in e]
-            assert not empty, empty
-            assert answered >= len(queries) // 2, f"only {answered} of {len(queries)} dashboard queries had data"
+            check_dashboards(central, "east")
             # The same panel across clusters: one series per cluster for the shared node name.
             (by_node,) = [e for d, t, e in fleet.dashboard_queries(fleet.grafana_variables(".*"))
                           if e.startswith("node:gpu_utilization:avg5m")]
             assert sorted(r["metric"]["cluster"] for r in promql(central, by_node)) == sorted(CLUSTERS)
+
+
+@pytest.mark.slow
+def test_two_tiers_on_victoriametrics_with_vmalert(tmp_path: Path) -> None:
+    """The same agent, remote-writing into VictoriaMetrics' single-node server (Debian 1.79), with
+    the shipped rules (shrunk) run by vmalert, which writes recording results back and notifies a
+    real Alertmanager: series, rule results, alerts and dashboard queries keep the cluster."""
+    rules = {path.name: fast_rules(path) for path in sorted(fleet.RULES.glob("*.yml"))}
+    dead = f"127.0.0.1:{free_port()}"
+    with fleet.simulated_nodes(tmp_path, 1, first=1) as east_nodes, run_victoriametrics() as store, \
+            run_alertmanager("route: {receiver: none}\nreceivers: [{name: none}]\n") as alertmanager, \
+            run_vmalert(rules, store, store, alertmanager, evaluation_interval="1s") as vmalert:
+        nodes = {NODE: next(iter(east_nodes.values())), "gpu-node-dead": f"http://{dead}"}
+        with fleet.run_agent("east", nodes, store, scrape_interval="1s", batch_send_deadline="1s"):
+            def gpus() -> list[dict[str, Any]] | None:
+                result = promql(store, "count by (cluster, node) (gpu_info)")
+                return result or None
+            (count,) = wait_until(gpus, 60, interval=1, what="the agent's series in VictoriaMetrics")
+            assert count["metric"] == {"cluster": "east", "node": NODE} and count["value"][1] == "8"
+
+            def rule_results() -> list[dict[str, Any]] | None:
+                result = promql(store, "count by (cluster) (gpu:gpu_utilization:avg5m)")
+                return result if result and result[0]["value"][1] == "8" else None
+            (rules_count,) = wait_until(rule_results, 60, interval=1, what="vmalert's recording results")
+            assert rules_count["metric"] == {"cluster": "east"}
+
+            def dead_down() -> list[dict[str, Any]] | None:
+                alerts = [a for a in firing(vmalert, "GpuExporterDown") if a["labels"].get("node") == "gpu-node-dead"]
+                return alerts or None
+            (down,) = wait_until(dead_down, 60, interval=1, what="GpuExporterDown for the dead target")
+            assert down["labels"]["cluster"] == "east"
+            low = wait_until(lambda: firing(vmalert, "GpuUtilizationLow"), 90, interval=1,
+                             what="GpuUtilizationLow in vmalert")
+            assert ("east", NODE, "0") in {(a["labels"]["cluster"], a["labels"]["node"], a["labels"]["gpu"])
+                                           for a in low}
+            check_dashboards(store, "east")
