@@ -148,8 +148,7 @@ class Finding:
     def projection(self, utilization: float) -> str:
         """``"8% now, at most ~90% if loading overlapped compute"``."""
         if self.projected is None:
-            return (f"{pct(utilization)} now, {self.value:.0f} allocator retries/OOMs; no projection "
-                    "(allocator stalls are counted, not timed)")
+            return f"{pct(utilization)} now; no projection (allocator stalls are counted, not timed)"
         return f"{pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
 
     def reason(self, run: str, rank: str) -> str:

@@ -514,11 +514,12 @@ def _wait(seconds: float, url: str, err: TextIO) -> None:
     deadline = time.monotonic() + seconds
     tty = err.isatty()
     start, end = ("\r", "") if tty else ("", "\n")
+    first = True
     while (left := deadline - time.monotonic()) > 0:
-        if tty or left >= seconds - 1e-9:
-            err.write(f"{start}diagnose: averaging over {seconds:g}s, second reading of {url} "
-                      f"in {math.ceil(left)}s ...{end}")
+        if tty or first:
+            err.write(f"{start}diagnose: second reading of {url} in {math.ceil(left)}s ...{end}")
             err.flush()
+            first = False
         time.sleep(min(1.0, left))
     if tty:
         err.write("\r\033[K")
