@@ -148,7 +148,7 @@ def test_exporter_beside_a_training_job(image: Image, training_options: list[str
         # as docs/deployment.md tells users: the exporter's URL and the GPU's UUID in the job's environment
         job_env = ["--env", f"GPU_EXPORTER_URL={url}", "--env", f"CUDA_VISIBLE_DEVICES={uuid}"]
         job = ["python", "/examples/train_resnet_like.py", "--loader", "slow", "--seconds", "120",
-               "--decode-ms", "20", "--width", "16", "--push-interval", "0.5"]
+               "--decode-ms", "40", "--width", "16", "--push-interval", "0.5"]
         with container(image.base, job, [*training_options, *job_env], prefix="gpu-exporter-test-job") as trainer:
             window = 8
 
