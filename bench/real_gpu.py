@@ -46,7 +46,7 @@ FEATURES, CLASSES = 1024, 16
 
 # variant -> (batch size, hidden width, seconds a batch waits on storage, CPU time box of compute (--simulate))
 PLANS: dict[str, tuple[int, int, float, float]] = {
-    "input-bound": (256, 4096, 0.08, 0.02),
+    "input-bound": (256, 4096, 0.1, 0.02),
     "batch-of-2": (2, 256, 0.0, 0.2),
     "healthy": (1024, 8192, 0.0, 0.3),
 }
