@@ -1,11 +1,12 @@
 """The image, built for real with podman from the Dockerfile, and run: alone, beside a training job,
-and scraped by a real Prometheus.
+scraped by a real Prometheus, and as docker-compose.yml's stack.
 
-The image is built once per test session on a Debian bookworm base made with debootstrap
-(``scripts/container-base.sh``; no registry is reachable here) with the build command of
-``scripts/release.py``. Every container runs with host networking on a free 127.0.0.1 port, with
-the hardening the docs recommend: read-only root filesystem, all capabilities dropped, no new
-privileges. GPUs are simulated (``--simulate``). The tests skip only where podman cannot run at all.
+The image is built once per run of this module (podman caches the layers) on a Debian bookworm
+base made with debootstrap (``scripts/container-base.sh``; no registry is reachable here) with the
+build command of ``scripts/release.py``. The containers run with host networking on a free
+127.0.0.1 port (the compose stack: in a network namespace of its own), with the hardening the docs
+recommend: read-only root filesystem, all capabilities dropped, no new privileges. GPUs are
+simulated (``--simulate``). The tests skip only where podman cannot run at all.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def image() -> Image:
     return build_image(base_image())
 
 
-def exporter(image: Image, *args: str) -> tuple[str, Any]:
+def exporter(image: Image, *args: str) -> tuple[str, contextlib.AbstractContextManager[Container]]:
     """(URL, context manager) for the exporter image serving on a free loopback port."""
     port = free_port()
     options = [*HARDENING, "--env", f"HEALTHCHECK_URL=http://127.0.0.1:{port}/readyz",
