@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import re
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -157,19 +158,23 @@ def test_idle_connections_cannot_starve_scrapes_or_pile_up_threads(tmp_path: Pat
 
 
 def test_excess_requests_get_503_counted_and_logged(tmp_path: Path) -> None:
-    with exporter("--web.max-requests", "1", tmp_path=tmp_path) as running:
-        slow = connect(running.port)
-        # A push whose body never finishes holds the only request slot until the read timeout.
-        slow.sendall(b"POST /api/v1/training HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{")
+    with exporter("--web.max-requests", "1", "--web.read-timeout", "60", tmp_path=tmp_path) as running:
+        slow: list[socket.socket] = []
 
         def refused() -> bool:
-            status, _ = _status(running.url + "/metrics")
-            return status == 503
+            # A push whose body never finishes holds the only request slot until the read timeout
+            # (unless a scrape held the slot when it came: then it got the 503, and we try again).
+            for sock in slow:
+                sock.close()
+            slow[:] = [connect(running.port)]
+            slow[0].sendall(b"POST /api/v1/training HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 100\r\n\r\n{")
+            time.sleep(0.5)
+            return _status(running.url + "/metrics")[0] == 503
 
-        wait_until(refused, 10, what="a 503 while the slot is held")
+        wait_until(refused, 60, what="a 503 while the slot is held")
         assert _status(running.url + "/healthz") == (200, "ok\n")  # probes are exempt
-        slow.close()
+        slow[0].close()
         wait_until(lambda: running.rejected("max_requests") >= 1, 15, what="the slot to come free")
         assert "web.max_requests" in running.log.read_text()
 
@@ -277,19 +282,23 @@ def test_listen_backlog_is_configurable(tmp_path: Path) -> None:
 
 def test_refused_connections_are_counted_and_logged(tmp_path: Path) -> None:
     """When every connection is busy mid-request, a new one is closed at once: counted and logged."""
-    with exporter("--web.max-connections", "2", tmp_path=tmp_path) as running:
-        busy = [connect(running.port) for _ in range(2)]
-        for sock in busy:
-            sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # busy: a request has begun
+    with exporter("--web.max-connections", "2", "--web.read-timeout", "60", tmp_path=tmp_path) as running:
+        busy: list[socket.socket] = []
 
         def refused() -> bool:
+            for sock in list(busy):  # one the server closed to make room before it got busy
+                if select.select([sock], [], [], 0)[0]:
+                    busy.remove(sock)
+                    sock.close()
+            while len(busy) < 2:
+                busy.append(connect(running.port))
+                busy[-1].sendall(b"GET /metrics HTTP/1.1\r\n")  # busy: a request has begun
+            time.sleep(0.5)
             with connect(running.port) as extra:
                 return closed_by_server(extra, within=2)
 
-        time.sleep(0.5)
-        wait_until(refused, 20, what="a refused connection")
-        log = running.log.read_text()
-        assert "web.max_connections" in log
+        wait_until(refused, 60, what="a refused connection")
+        assert "web.max_connections" in running.log.read_text()
         for sock in busy:
             sock.close()
         wait_until(lambda: running.rejected("max_connections") >= 1, 15, what="the count")
