@@ -200,6 +200,9 @@ def measure(nodes: int, seconds: float, scrape_interval: str) -> dict[str, Any]:
         elapsed = time.monotonic() - start
         samples_per_s = (counter_total(agent, "prometheus_remote_storage_samples_total") - sent[0]) / elapsed
         bytes_per_s = (counter_total(agent, "prometheus_remote_storage_bytes_total") - sent[1]) / elapsed
+        slow_rules = sorted(((float(rule["evaluationTime"]), rule["name"])
+                             for group in json.loads(http_get(receiver + "/api/v1/rules"))["data"]["groups"]
+                             for rule in group["rules"]), reverse=True)[:3]
         stored = scalar(receiver, 'count({__name__=~".+"})')
         rule_series = scalar(receiver, 'count({__name__=~"[a-z]+:.+"})')
         timings, range_timings = [], []
@@ -217,7 +220,7 @@ def measure(nodes: int, seconds: float, scrape_interval: str) -> dict[str, Any]:
             "rule_eval_max_seconds": max(sum(r.values()) for r in rounds), "rule_rounds": len(rounds),
             "rule_groups": sorted(((statistics.median(r.get(g, 0.0) for r in rounds), g) for g in rounds[-1]),
                                   reverse=True),
-            "load_average": os.getloadavg()[0],
+            "load_average": os.getloadavg()[0], "slowest_rules": slow_rules,
             "queries": len(timings), "query_median_seconds": statistics.median(t[0] for t in timings),
             "query_slowest": timings[:3],
             "range_median_seconds": statistics.median(t[0] for t in range_timings),
@@ -243,6 +246,7 @@ def report(f: dict[str, Any]) -> str:
         f"rule evaluation (all groups, one round; {f['rule_rounds']} rounds sampled): median "
         f"{f['rule_eval_seconds'] * 1000:.1f} ms, max {f['rule_eval_max_seconds'] * 1000:.1f} ms; by group (median): "
         + ", ".join(f"{g} {s * 1000:.1f} ms" for s, g in f["rule_groups"]),
+        "slowest rules (last round): " + ", ".join(f"{n} {s * 1000:.1f} ms" for s, n in f["slowest_rules"]),
         f"dashboard queries ({f['queries']}), instant: median {f['query_median_seconds'] * 1000:.1f} ms; slowest: "
         + "; ".join(f"{d}/{t} {s * 1000:.1f} ms" for s, d, t, _ in f["query_slowest"]),
         f"dashboard queries over the {f['seconds']} s window (step {f['scrape_interval']}): median "
