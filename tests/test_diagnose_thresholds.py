@@ -58,8 +58,8 @@ def test_diagnose_judges_with_the_thresholds_file_it_is_given(tmp_path: Path) ->
     stricter.write_text(RULES_SOURCE.read_text().replace("utilization_target: 0.85", "utilization_target: 0.99"))
     scenario = REPO / "tests" / "scenarios" / "diagnose-healthy.yaml"
     with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"]) as url:
-        default = run_cli("diagnose", "--url", url, "--window", "1s")
-        custom = run_cli("diagnose", "--url", url, "--window", "1s", "--thresholds", str(stricter))
+        default = run_cli("diagnose", "--url", url, "--window", "3s")
+        custom = run_cli("diagnose", "--url", url, "--window", "3s", "--thresholds", str(stricter))
     assert default.returncode == 0, default.stdout + default.stderr
     assert custom.returncode == 1, custom.stdout + custom.stderr
     assert "  verdict      below target: not instrumented: " in custom.stdout

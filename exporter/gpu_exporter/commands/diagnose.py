@@ -322,9 +322,9 @@ def unjoined_runs(readings: Readings) -> list[tuple[str, str]]:
 
 _GENERIC = {
     "idle_but_allocated": ("Release the GPU (stop the idle notebook kernel or the finished job), or find what the "
-                           "job waits for: its input (M1) or a collective with a dead rank.", "gpuidlebutallocated"),
+                           "job waits for: its input pipeline or a collective with a dead rank.", "gpuidlebutallocated"),
     "not_instrumented": ("Instrument the job with gpu_exporter.training so the phases show the cause "
-                         "(M1 input, M2 metrics, CK checkpoints, M3 batch size, M4 allocator):\n"
+                         "(input pipeline, metrics, checkpoints, batch size, allocator):\n"
                          + INSTRUMENT_SNIPPET, "gpuutilizationlow"),
     "underutilized": ("No phase passes its threshold: look at the largest phase besides compute, then the batch "
                       "size (M3); inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow"),
