@@ -283,3 +283,33 @@ def test_window_shares_fall_back_to_the_run_totals_without_a_push_in_the_window(
     # a restarted run (counters went down) counts from zero
     restarted = build_views(from_snapshots(_snap({"data": 50, "compute": 50}, 0), _snap({"data": 1, "compute": 3}, 5)))
     assert restarted[0].runs[0].shares == {"data": 0.25, "compute": 0.75}
+
+
+def test_only_live_runs_are_judged_and_runs_without_a_uuid_are_listed() -> None:
+    """A finished run (no current phase) and a run that stopped pushing do not count; a UUID-less run is listed."""
+    from gpu_exporter.commands.diagnose import unjoined_runs
+
+    def snap(at: float, wall: float, total: float) -> Snapshot:
+        runs = {"live": ("GPU-x", 1.0, wall), "finished": ("GPU-x", 0.0, wall), "stale": ("GPU-x", 1.0, wall - 120),
+                "nouuid": ("", 1.0, wall)}
+        phases, current, pushed = [], [], []
+        for run, (uuid, phase_on, last) in runs.items():
+            labels = {"run": run, "rank": "0", "uuid": uuid}
+            share = {"live": {"data": 0.1, "compute": 0.9}}.get(run, {"data": 0.9, "compute": 0.1})
+            phases += [({**labels, "phase": p}, s * total) for p, s in share.items()]
+            current += [({**labels, "phase": "compute"}, phase_on), ({**labels, "phase": "data"}, 0.0)]
+            pushed.append((labels, last))
+        return Snapshot({"gpu_info": [({"gpu": "0", "uuid": "GPU-x", "name": "T"}, 1.0)],
+                         "gpu_busy_seconds_total": [({"uuid": "GPU-x"}, 0.2 * at)],
+                         "gpu_memory_used_bytes": [({"uuid": "GPU-x"}, 10.0)],
+                         "gpu_memory_total_bytes": [({"uuid": "GPU-x"}, 100.0)],
+                         "gpu_training_phase_seconds_total": phases, "gpu_training_current_phase": current,
+                         "gpu_training_last_push_timestamp_seconds": pushed}, at=at, wall=wall)
+    t = load_thresholds()
+    readings = from_snapshots(snap(0.0, 1000.0, 100.0), snap(10.0, 1010.0, 110.0))
+    (view,) = build_views(readings, t, 10.0)
+    assert {r.run: r.live for r in view.runs} == {"live": True, "finished": False, "stale": False}
+    # the finished and stale runs wait on data 90% of the time, yet only the live one is judged
+    verdict = judge(view, t)
+    assert verdict.verdict == "batch_too_small" and "run live rank 0" in verdict.reason, verdict
+    assert unjoined_runs(readings) == [("nouuid", "0")]
