@@ -187,3 +187,19 @@ def test_two_tiers_on_victoriametrics_with_vmalert(tmp_path: Path) -> None:
             assert ("east", NODE, "0") in {(a["labels"]["cluster"], a["labels"]["node"], a["labels"]["gpu"])
                                            for a in low}
             check_dashboards(store, "east")
+
+
+@pytest.mark.slow
+def test_fleet_bench_measures_what_docs_fleet_reports() -> None:
+    """bench/fleet.py on one node with 1 s intervals: every figure of docs/fleet.md is measured."""
+    figures = fleet.measure(nodes=1, seconds=4, scrape_interval="1s")
+    assert figures["gpus"] == 8 and figures["series_per_gpu"] >= 30
+    assert figures["series_per_node"] > 8 * 30  # 30 device series per GPU, plus processes and health
+    # Everything scraped is sent: about one sample per stored raw series per second.
+    raw = figures["stored_series"] - figures["rule_series"]
+    assert 0.5 * raw <= figures["samples_per_s"] <= 1.5 * raw, figures
+    assert 1 < figures["bytes_per_s"] / figures["samples_per_s"] < 200
+    assert figures["rule_series"] >= 6 * 8 and figures["rule_rounds"] >= 3 and figures["rule_eval_seconds"] > 0
+    assert figures["queries"] == len(fleet.dashboard_queries(fleet.grafana_variables()))
+    text = fleet.report(figures)
+    assert "per 1,000 GPUs at 15 s" in text and "slowest rules" in text
