@@ -108,6 +108,7 @@ def test_alertmanager_config_is_valid() -> None:
     (["severity=critical", "alertname=GpuMissing"], "oncall-webhook,slack"),
     (["severity=warning", "alertname=GpuUtilizationLow"], "slack"),
     (["severity=info", "alertname=GpuMemoryNearlyFull"], "email"),
+    (["severity=info", "alertname=GpuTrainingBelowTarget", "cause=metrics_bound"], "email"),  # the low-noise one
     (["alertname=SomethingElse"], "default-webhook"),
 ])
 def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> None:
@@ -119,7 +120,8 @@ def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> N
 def test_alertmanager_groups_inhibits_and_reads_secrets_from_files() -> None:
     cfg = yaml.safe_load(AM_CONFIG.read_text())
     assert cfg["route"]["group_by"] == ["alertname", "node", "namespace"]
-    causes = {"GpuTrainingInputBound", "GpuTrainingMetricsBound", "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing"}
+    causes = {"GpuTrainingInputBound", "GpuTrainingMetricsBound", "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing",
+              "GpuTrainingCheckpointBound"}
     rule = next(r for r in cfg["inhibit_rules"] if r["target_matchers"] == ['alertname="GpuUtilizationLow"'])
     assert rule["equal"] == ["uuid"]
     source = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0])
