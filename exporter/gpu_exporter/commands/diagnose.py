@@ -321,8 +321,9 @@ def unjoined_runs(readings: Readings) -> list[tuple[str, str]]:
 
 
 _GENERIC = {
-    "idle_but_allocated": ("Release the GPU (stop the idle notebook kernel or the finished job), or find what the "
-                           "job waits for: its input pipeline or a collective with a dead rank.", "gpuidlebutallocated"),
+    "idle_but_allocated": ("Release the GPU (stop the idle notebook kernel or the finished job), or find what "
+                           "the job waits for: its input pipeline or a collective with a dead rank.",
+                           "gpuidlebutallocated"),
     "not_instrumented": ("Instrument the job with gpu_exporter.training so the phases show the cause "
                          "(input pipeline, metrics, checkpoints, batch size, allocator):\n"
                          + INSTRUMENT_SNIPPET, "gpuutilizationlow"),
