@@ -107,10 +107,11 @@ def container(image: str, args: Sequence[str] = (), options: Sequence[str] = (),
               prefix: str = "gpu-exporter-test", network: str = "host") -> Iterator[Container]:
     """``podman run -d --network <network> <options> <image> <args>``; the container is removed afterwards."""
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    podman("run", "--detach", "--name", name, "--network", network, *release.run_limits(), *options, image, *args)
     try:
+        podman("run", "--detach", "--name", name, "--network", network, *release.run_limits(), *options, image,
+               *args)
         yield Container(name)
-    finally:
+    finally:  # also when the runtime refused to start it: podman has created it by then
         podman("rm", "--force", "--time", "2", name, check=False)
 
 

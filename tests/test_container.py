@@ -36,6 +36,7 @@ from containers import (
     wait_healthy,
 )
 from gpu_exporter.simulate.scenario import load_scenario
+from gpu_exporter.thresholds import load_thresholds
 from servers import free_port, http_get, http_status, promql, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,10 +125,10 @@ def test_exporter_container_simulated_hardened_and_healthy(image: Image) -> None
         assert health["Status"] == "healthy" and health["Log"][-1]["ExitCode"] == 0, health
 
 
-def followed_gpu(scenario: str) -> str:
-    """UUID of the scenario's GPU that follows a training job's phases."""
-    (uuid,) = [gpu.uuid for gpu in load_scenario(scenario).gpus if gpu.follow_training]
-    return uuid
+def followed_gpu(scenario: str) -> tuple[str, float]:
+    """UUID and idle utilization of the scenario's GPU that follows a training job's phases."""
+    (gpu,) = [gpu for gpu in load_scenario(scenario).gpus if gpu.follow_training]
+    return gpu.uuid, gpu.idle_utilization
 
 
 @pytest.fixture
@@ -141,7 +142,7 @@ def training_options() -> list[str]:
 
 
 def test_exporter_beside_a_training_job(image: Image, training_options: list[str]) -> None:
-    uuid = followed_gpu("demo-training")
+    uuid, idle = followed_gpu("demo-training")
     url, running = exporter(image, "--simulate", "demo-training", "--poll-interval", "0.5")
     with running as box:
         wait_ready(url, box)
@@ -172,8 +173,8 @@ def test_exporter_beside_a_training_job(image: Image, training_options: list[str
     assert run["run"] == "resnet-like-slow" and run["shares"]["data"] > 0.5, run
     for phase in ("data", "compute"):
         assert re.search(rf'gpu_training_phase_seconds_total{{phase="{phase}",[^}}]*run="resnet-like-slow"', metrics)
-    # the simulated GPU follows the job: above its idle 2% while the job computes, below the 30% target
-    assert 0.02 < gpu["utilization"] < 0.3, gpu
+    # the simulated GPU follows the job: above its idle level while the job computes, below the low threshold
+    assert idle < gpu["utilization"] < load_thresholds().utilization_low_threshold, gpu
 
 
 def prometheus_config(target: str) -> str:
