@@ -32,7 +32,9 @@ class ProcessCollector(PollingCollector):
             for proc in ctx.nvml.call(gpu.uuid, function, gpu.handle) or ():
                 used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
                 memory[int(proc.pid)] = max(memory.get(int(proc.pid), 0), used)
-        sm = self._sm_utilization(ctx, gpu)
+        # No process listed, nothing to label: skip the per-process samples (one NVML call per GPU
+        # per poll on an idle node). Buffered samples are read on the next poll that lists one.
+        sm = self._sm_utilization(ctx, gpu) if memory else {}
         mem_family = out.gauge("gpu_process_memory_used_bytes", "GPU memory used by the process.", LABELS)
         sm_family = out.gauge("gpu_process_sm_utilization_ratio",
                               "Share of the last sampling window in which the process ran a kernel (0-1).",
