@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "exporter"
@@ -160,6 +161,18 @@ def _run_server(binary_names: Sequence[str], package: str, config_name: str, con
             yield url
         finally:
             p.stop()
+
+
+RULE_FILES = ("rules/gpu-recording.rules.yml", "rules/gpu-alerts.rules.yml")
+
+
+def scrape_config(exporter_url: str, node: str, rule_files: Sequence[str] = RULE_FILES) -> str:
+    """A Prometheus config scraping one exporter every second as job gpu-exporter (label ``node``),
+    evaluating ``rule_files`` (paths relative to the config, as ``run_prometheus(files=...)`` writes them)."""
+    rules = f"rule_files: [{', '.join(rule_files)}]\n" if rule_files else ""
+    return (f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n{rules}"
+            "scrape_configs:\n  - job_name: gpu-exporter\n    static_configs:\n"
+            f"      - targets: [\"{urlsplit(exporter_url).netloc}\"]\n        labels: {{node: {node}}}\n")
 
 
 def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,

@@ -35,11 +35,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from cause_loops import PLANS
-from servers import exporter_env, http_get, promql, run_exporter, run_prometheus, wait_until
+from servers import exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
 
@@ -57,25 +56,13 @@ EXPECTED = {  # loop -> (diagnose verdict, its title, the alerts that fire for i
 }
 
 
-def _prometheus_config(exporter: str) -> str:
-    return f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: [rules/gpu-recording.rules.yml, rules/gpu-alerts.rules.yml]
-scrape_configs:
-  - job_name: gpu-exporter
-    static_configs:
-      - targets: ["{urlsplit(exporter).netloc}"]
-        labels: {{node: e2e-node}}
-"""
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
     """The exporter, Prometheus with the shipped rules, and the five loops running; yields (exporter, prom)."""
     files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
     with tempfile.TemporaryDirectory() as tmp, \
             run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-            run_prometheus(_prometheus_config(exporter), files) as prom:
+            run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom:
         loops = [subprocess.Popen([sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"],
                                   env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for name in PLANS]

@@ -10,27 +10,14 @@ import json
 import re
 import threading
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
-from servers import promql, run_exporter, run_prometheus, wait_until
+from servers import promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_alerting_e2e import PROM, fast_rules
 from test_diagnose import EXPECTED, RUNS, SCENARIOS, push_runs
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
-
-
-def _scrape_config(exporter_url: str) -> str:
-    return f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: [rules/gpu-recording.rules.yml, rules/gpu-alerts.rules.yml]
-scrape_configs:
-  - job_name: gpu-exporter
-    static_configs:
-      - targets: ["{urlsplit(exporter_url).netloc}"]
-        labels: {{node: node-a}}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +29,7 @@ def prometheus() -> Iterator[str]:
         thread.start()
         try:
             files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
-            with run_prometheus(_scrape_config(exporter), files) as prom:
+            with run_prometheus(scrape_config(exporter, "node-a"), files) as prom:
                 wait_until(lambda: len(promql(prom, "increase(gpu_training_phase_seconds_total[10s]) > 0"))
                            >= 4 * len(RUNS) and promql(prom, "count_over_time(gpu_info[10s]) > 7")
                            and len(promql(prom, "run:gpu_training_cause:share")) >= 4, 40,
@@ -96,12 +83,10 @@ def test_prometheus_without_gpu_metrics_is_one_sentence_and_exit_2() -> None:
 
 def test_prometheus_without_the_rules_is_one_sentence_and_exit_2() -> None:
     scenario = str(SCENARIOS / "diagnose-healthy.yaml")
-    with run_exporter(["--simulate", scenario, "--poll-interval", "0.2"]) as exporter:
-        config = _scrape_config(exporter).replace(
-            "rule_files: [rules/gpu-recording.rules.yml, rules/gpu-alerts.rules.yml]\n", "")
-        with run_prometheus(config) as prom:
-            wait_until(lambda: promql(prom, "gpu_info"), 20, what="a scrape")
-            result = run_cli("diagnose", "--prometheus-url", prom)
+    with run_exporter(["--simulate", scenario, "--poll-interval", "0.2"]) as exporter, \
+            run_prometheus(scrape_config(exporter, "node-a", rule_files=())) as prom:
+        wait_until(lambda: promql(prom, "gpu_info"), 20, what="a scrape")
+        result = run_cli("diagnose", "--prometheus-url", prom)
     assert result.returncode == 2
     assert result.stderr == (f"gpu-exporter: error: Prometheus at {prom} has no gpu:gpu_utilization:avg5m series: "
                              "load the rules of prometheus/rules/*.rules.yml (rule_files) so diagnose can read the "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cause_loops import f1_macro
 from gpu_exporter import training
 from servers import http_get, run_exporter, wait_until
 from test_query import run_cli
@@ -39,17 +40,6 @@ class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         if self.delay:
             time.sleep(self.delay)
         return torch.randn(FEATURES), torch.tensor(index % CLASSES)
-
-
-def f1_macro(predicted: list[int], actual: list[int]) -> float:
-    """Macro F1 in plain Python: the kind of per-step metric that keeps a GPU waiting."""
-    scores = []
-    for c in range(CLASSES):
-        tp = sum(p == c and a == c for p, a in zip(predicted, actual, strict=True))
-        fp = sum(p == c and a != c for p, a in zip(predicted, actual, strict=True))
-        fn = sum(p != c and a == c for p, a in zip(predicted, actual, strict=True))
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    return sum(scores) / CLASSES
 
 
 def train(url: str, name: str, uuid: str, loader_delay: float, metric_repeats: int, stop: threading.Event) -> None:
