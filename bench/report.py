@@ -437,8 +437,11 @@ def _load(results: Results) -> list[str]:
             f"runs each pushing a snapshot every {num(plan.push_interval)} s, for {num(plan.seconds)} s. Clients "
             "run as threads in 4 worker processes on the same 2 cores, each request on a fresh connection; an "
             "answer other than 200 (scrape) or 202 (push), a connection error or a 10 s timeout counts as an "
-            f"error. RSS is the exporter's (simulated NVML included) before and after the load. Errors seen: "
-            f"{errors}.", "",
+            f"error. Each client waits for its answer before its next request, so on a saturated machine the "
+            f"achieved rate drops instead of requests piling up: {num(load.scrapes / plan.seconds)} scrapes/s "
+            f"achieved of {num(plan.scrapers * plan.scrape_rate)} planned, {num(load.pushes / plan.seconds)} "
+            f"pushes/s of {num(plan.pushers / plan.push_interval)}. RSS is the exporter's (simulated NVML "
+            f"included) before and after the load. Errors seen: {errors}.", "",
             *_table(["scrapers", "scrapes/s each", "pushers", "push interval s", "seconds", "scrapes", "pushes",
                      "errors", "scrape p50 ms", "scrape p99 ms", "scrape max ms", "push p99 ms",
                      "RSS at start MB", "RSS at end MB", "CPU s/min"], rows)]
