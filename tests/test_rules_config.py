@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_exporter.causes import CAUSES
 from servers import free_port, http_get, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,8 +121,7 @@ def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> N
 def test_alertmanager_groups_inhibits_and_reads_secrets_from_files() -> None:
     cfg = yaml.safe_load(AM_CONFIG.read_text())
     assert cfg["route"]["group_by"] == ["alertname", "node", "namespace"]
-    causes = {"GpuTrainingInputBound", "GpuTrainingMetricsBound", "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing",
-              "GpuTrainingCheckpointBound"}
+    causes = {cause.alert for cause in CAUSES}  # every cause alert of the one cause table
     rule = next(r for r in cfg["inhibit_rules"] if r["target_matchers"] == ['alertname="GpuUtilizationLow"'])
     assert rule["equal"] == ["uuid"]
     source = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0])
