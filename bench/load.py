@@ -17,8 +17,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import subprocess
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from threading import Thread
 
 import psutil
 
-from bench.scrape import MB, PROMETHEUS_HEADERS, ExporterSpec, _stop, _wait_ready, free_port, percentile
+from bench.scrape import MB, PROMETHEUS_HEADERS, ExporterSpec, percentile, started
 
 WORKERS = 4
 """Client processes; scrapers and pushers are spread over them as threads."""
@@ -119,33 +117,19 @@ def _worker(port: int, jobs: list[tuple[str, int]], plan: LoadPlan, start_at: fl
 
 def measure_load(spec: ExporterSpec, plan: LoadPlan) -> LoadResult:
     """Start ``spec``, apply ``plan``'s load, and report errors, latency, memory and CPU."""
-    port = free_port()
-    argv = [a.replace("{port}", str(port)) for a in spec.argv]
     jobs = [("scrape", i) for i in range(plan.scrapers)] + [("push", i) for i in range(plan.pushers)]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, env=spec.env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-        def output() -> str:
-            log.seek(0)
-            return log.read().decode(errors="replace")[-2000:]
-
-        try:
-            _wait_ready(proc, port, output)
-            ps = psutil.Process(proc.pid)
-            rss_start = ps.memory_info().rss / MB
-            cpu0 = sum(ps.cpu_times()[:2])
-            start_at = time.monotonic() + 1.0
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
-                futures = [pool.submit(_worker, port, jobs[w::WORKERS], plan, start_at) for w in range(WORKERS)]
-                samples = [s for f in futures for s in f.result()]
-            cpu1 = sum(ps.cpu_times()[:2])
-            rss_end = ps.memory_info().rss / MB
-            if proc.poll() is not None:
-                raise RuntimeError(f"bench: {spec.name} exited under load: {output()}")
-        finally:
-            _stop(proc)
+    with started(spec) as running:
+        ps = psutil.Process(running.proc.pid)
+        rss_start = ps.memory_info().rss / MB
+        cpu0 = sum(ps.cpu_times()[:2])
+        start_at = time.monotonic() + 1.0
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
+            futures = [pool.submit(_worker, running.port, jobs[w::WORKERS], plan, start_at) for w in range(WORKERS)]
+            samples = [s for f in futures for s in f.result()]
+        cpu1 = sum(ps.cpu_times()[:2])
+        rss_end = ps.memory_info().rss / MB
+        running.check_alive("under load")
     errors = [e for _, _, e in samples if e]
     scrapes = sorted(t * 1000 for k, t, e in samples if k == "scrape" and not e)
     pushes = sorted(t * 1000 for k, t, e in samples if k == "push" and not e)

@@ -14,6 +14,7 @@ the bench can report each exporter's CPU net of the simulated driver. Example::
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import os
@@ -24,8 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import gpu_exporter
 import psutil
@@ -255,36 +258,56 @@ def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int) -> ScrapeResult:
-    """Start ``spec``, warm it up, then measure idle CPU, and latency and CPU under a steady scraper."""
+@dataclass
+class Running:
+    """An exporter started by :func:`started`: its process, port, and the tail of its output."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: IO[bytes]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-2000:]
+
+    def check_alive(self, stage: str) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"bench: {self.proc.args!r} exited {stage}: {self.output()}")
+
+
+@contextlib.contextmanager
+def started(spec: ExporterSpec) -> Iterator[Running]:
+    """Start ``spec`` on a free port, wait until it serves GPU metrics, and stop it on exit."""
     port = free_port()
     argv = [a.replace("{port}", str(port)) for a in spec.argv]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(argv, env=spec.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-
-        def output() -> str:
-            log.seek(0)
-            return log.read().decode(errors="replace")[-2000:]
-
+        running = Running(proc, port, log)
         try:
-            _wait_ready(proc, port, output)
-            ps = psutil.Process(proc.pid)
-            _steady(port, durations.warmup, durations.rate)
-            rss = ps.memory_info().rss / MB
-            m0 = read_meter(spec.meter)
-            s0, c0, t0 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
-            time.sleep(durations.idle)
-            s1, c1, t1 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
-            m1 = read_meter(spec.meter)
-            latencies = _steady(port, durations.scrape, durations.rate)
-            c2, t2 = _cpu_seconds(ps), time.perf_counter()
-            m2 = read_meter(spec.meter)
-            _, _, body, encoding = scrape_once(port)
-            if proc.poll() is not None:
-                raise RuntimeError(f"bench: {spec.name} exited during the measurement: {output()}")
+            _wait_ready(proc, port, running.output)
+            yield running
         finally:
             _stop(proc)
+
+
+def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int) -> ScrapeResult:
+    """Start ``spec``, warm it up, then measure idle CPU, and latency and CPU under a steady scraper."""
+    with started(spec) as running:
+        proc, port = running.proc, running.port
+        ps = psutil.Process(proc.pid)
+        _steady(port, durations.warmup, durations.rate)
+        rss = ps.memory_info().rss / MB
+        m0 = read_meter(spec.meter)
+        s0, c0, t0 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+        time.sleep(durations.idle)
+        s1, c1, t1 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
+        m1 = read_meter(spec.meter)
+        latencies = _steady(port, durations.scrape, durations.rate)
+        c2, t2 = _cpu_seconds(ps), time.perf_counter()
+        m2 = read_meter(spec.meter)
+        _, _, body, encoding = scrape_once(port)
+        running.check_alive("during the measurement")
     # Polling alone: per-thread schedstat (ns) where available, since no thread ends while idle.
     idle_rate = (_delta(s0, s1) if s1 else c1 - c0) / (t1 - t0)
     busy_rate = (c2 - c1) / (t2 - t1)
