@@ -106,6 +106,30 @@ def test_abbreviated_flags_are_refused(args: list[str], capsys: pytest.CaptureFi
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_short_and_long_version_flags(flag: str) -> None:
+    from gpu_exporter import __version__
+
+    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", flag], capture_output=True, text=True,
+                          env=exporter_env(), timeout=30)
+    assert (proc.returncode, proc.stdout) == (0, f"gpu-exporter {__version__}\n"), proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["qeury", "-l", "1"], "unknown sub-command 'qeury'; did you mean 'query'?"),
+    (["frobnicate"], "unknown sub-command 'frobnicate' (choose from serve, query, diagnose"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_mistyped_sub_command_or_flag_lists_every_sub_command(args: list[str], message: str) -> None:
+    from gpu_exporter.cli import command_names
+
+    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", *args], capture_output=True, text=True,
+                          env=exporter_env(), timeout=30)
+    usage, error = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and message in error, proc.stderr
+    assert "{" + ",".join(command_names()) + "}" in usage and {"query", "diagnose"} <= set(command_names())
+
+
 @pytest.mark.parametrize(("flag", "value", "attr", "expected"), [
     ("--web.max-requests", "7", "web_max_requests", 7), ("--web.max-connections", "9", "web_max_connections", 9),
     ("--web.listen-backlog", "256", "web_listen_backlog", 256), ("--web.read-timeout", "2.5", "web_read_timeout", 2.5),

@@ -313,3 +313,11 @@ def test_only_live_runs_are_judged_and_runs_without_a_uuid_are_listed() -> None:
     verdict = judge(view, t)
     assert verdict.verdict == "batch_too_small" and "run live rank 0" in verdict.reason, verdict
     assert unjoined_runs(readings) == [("nouuid", "0")]
+
+
+def test_help_states_the_exit_statuses() -> None:
+    result = run_cli("diagnose", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # argparse wraps the epilog
+    assert re.search(r"exit status: 0 no GPU below the target .*, 1 a GPU with work below the target, 2 an error",
+                     text), result.stdout

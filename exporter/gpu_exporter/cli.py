@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import signal
 import sys
@@ -93,16 +94,24 @@ def _register(names: Sequence[str]) -> None:
             import_module(COMMAND_MODULES[name]).register(SUBCOMMANDS)
 
 
+def command_names() -> list[str]:
+    """Every sub-command, serve first, without importing the lazily registered ones."""
+    return ["serve", *COMMAND_MODULES]
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser with every sub-command (only ``command``'s when given)."""
+    """The argument parser with every sub-command (only ``command``'s when given).
+
+    The usage line names every sub-command either way, so an error never hides one.
+    """
     _register([command] if command in COMMAND_MODULES else [] if command else list(COMMAND_MODULES))
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.",
         epilog="Without a sub-command it serves metrics: see 'gpu-exporter serve --help' for every flag.",
         allow_abbrev=False)
-    parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("-V", "--version", action="version", version=f"gpu-exporter {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(command_names()) + "}")
     for name, (help_text, add_arguments, run) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         add_arguments(sp)
@@ -110,13 +119,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_command(word: str) -> int:
+    """A first word that is no sub-command (serve takes no positional argument): name every sub-command."""
+    names = command_names()
+    close = difflib.get_close_matches(word, names, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    build_parser("serve").error(f"unknown sub-command '{word}'{hint} (choose from {', '.join(names)})")
+    return 2  # not reached: error() exits with status 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpu-exporter`` console script; returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if not args_list or (args_list[0] not in ("serve", *COMMAND_MODULES)
-                         and args_list[0] not in ("-h", "--help", "--version")):
+    if args_list and not args_list[0].startswith("-") and args_list[0] not in command_names():
+        return _unknown_command(args_list[0])
+    if not args_list or (args_list[0] not in command_names()
+                         and args_list[0] not in ("-h", "--help", "-V", "--version")):
         args_list.insert(0, "serve")
-    command = args_list[0] if args_list[0] in ("serve", *COMMAND_MODULES) else None
+    command = args_list[0] if args_list[0] in command_names() else None
     args = build_parser(command).parse_args(args_list)
     code: int = args.run(args)
     return code

@@ -479,6 +479,8 @@ def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``gpu-exporter diagnose``."""
+    parser.epilog = ("exit status: 0 no GPU below the target (unused and MIG GPUs do not count), 1 a GPU with work "
+                     "below the target, 2 an error (bad flag, unreachable exporter or Prometheus), 130 interrupted")
     parser.add_argument("--url", default=None, metavar="URL",
                         help=f"the node's exporter (default {DEFAULT_URL}); two scrapes --window apart")
     parser.add_argument("--prometheus-url", metavar="URL",
