@@ -258,6 +258,32 @@ def test_transfer_encoding_with_content_length_cannot_smuggle_a_request(shared: 
     assert shared.rejected("bad_request") == before + 1
 
 
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),  # a 70 KB request line
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),  # a 70 KB header
+    (b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", 431),
+])
+def test_an_oversized_request_is_answered_counted_and_logged(shared: Exporter, request_bytes: bytes,
+                                                               status: int) -> None:
+    """Too long a request line gets 414, too large headers 431: an answer the client can read, not a reset."""
+    before = shared.rejected("too_large")
+    with connect(shared.port) as sock:
+        sock.sendall(request_bytes)
+        answer, headers, _ = read_response(sock)
+        assert closed_by_server(sock, within=10)
+    assert answer == status and headers["connection"] == "close"
+    assert shared.rejected("too_large") == before + 1
+
+
+def test_an_oversized_request_line_is_logged(tmp_path: Path) -> None:
+    """Its own exporter: each reason is logged at most once per 10 s, so the shared one may stay silent."""
+    with exporter(tmp_path=tmp_path) as running, connect(running.port) as sock:
+        sock.sendall(b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock)[0] == 414
+        assert running.rejected("too_large") == 1
+        assert "answered 414 to 127.0.0.1: the request line is longer than 65536 bytes" in running.log.read_text()
+
+
 def test_metrics_are_gzipped_when_the_scraper_accepts_it(shared: Exporter) -> None:
     with connect(shared.port) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")

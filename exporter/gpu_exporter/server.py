@@ -13,7 +13,8 @@ The node network is untrusted, so every resource a client can hold is bounded (`
 - time: a request must arrive whole within ``read_timeout`` of its first byte, and a
   kept-alive connection may wait ``idle_timeout`` for its next request;
 - framing: Content-Length must be plain ASCII digits, and a request with both
-  Transfer-Encoding and Content-Length gets 400, so no body can pass as a second request.
+  Transfer-Encoding and Content-Length gets 400, so no body can pass as a second request;
+- size: a request line over 64 KiB gets 414, a header line over 64 KiB or over 100 headers 431.
 
 Every refusal is counted in ``gpu_exporter_http_rejected_total{reason}`` and logged (at most
 once per 10 s per reason). Each response leaves in one write, so Nagle's algorithm never holds
@@ -44,7 +45,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpu_exporter.config import DEFAULTS, Config
-from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Source, encode, exposition
+from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Body, ScrapeForecast, Source, exposition
 from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one definition, shared with the library
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,13 @@ log = logging.getLogger(__name__)
 HEALTH_PATHS = ("/healthz", "/readyz")
 PAGE_PATHS = ("/", "/api/v1/status")
 """The live status page and its JSON: status_page.paths(), named here so the page loads only when asked."""
-REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "open_files")
+REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "too_large", "open_files")
 """Every value of the ``reason`` label of gpu_exporter_http_rejected_total."""
 LOG_EVERY_SECONDS = 10.0
 _MAX_LENGTH_DIGITS = 18  # 1 EB; more digits is an attack, not a body
 _DISCARD_LIMIT = 65536  # an unexpected body up to this size is read and dropped to keep the connection
+_MAX_LINE = 65536  # request line and each header line, as http.client's parse_headers limits header lines
+_LINGER_BYTES, _LINGER_SECONDS = 1 << 20, 2.0  # what is read and dropped after refusing an oversized request
 
 
 class Ingest(Protocol):
@@ -124,6 +127,10 @@ class MetricsServer(ThreadingHTTPServer):
                  on_auth_failure: Callable[[], None] | None = None,
                  headers: dict[str, str] | None = None, limits: Limits | None = None) -> None:
         self.sources: list[Source] = [*sources, self]
+        self.body = Body(self.sources)
+        """The /metrics body; ``body.prepare()`` renders ahead of an expected scrape."""
+        self.scrapes = ScrapeForecast()
+        """When the next scrape is due (the sampler prepares the body ahead of it)."""
         self.extra_headers = dict(headers or {})
         self.ready = ready
         self.telemetry_path = telemetry_path
@@ -310,10 +317,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.connection.settimeout(limits.read_timeout)
         self._served = self._receiving = True
+        self.command = self.requestline = self.request_version = ""  # what an error before parse_request reads
         try:
-            self.raw_requestline = self.rfile.readline(65537)
-            if len(self.raw_requestline) > 65536:
-                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+            self.raw_requestline = self.rfile.readline(_MAX_LINE + 1)
+            if len(self.raw_requestline) > _MAX_LINE:
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG, f"the request line is longer than {_MAX_LINE} "
+                                                                 "bytes")
                 return
             if self.server.expired(sock) or not self.raw_requestline.endswith(b"\n"):
                 return
@@ -409,13 +418,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.log_request(code.value, len(body))
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """A one-line text error, counted as ``bad_request``; the connection closes after it."""
+        """A one-line text error, counted as ``too_large`` (414, 431) or ``bad_request``; the connection closes."""
         self.close_connection = True
         status = HTTPStatus(code)
         text = message or status.phrase
+        oversized = status in (HTTPStatus.REQUEST_URI_TOO_LONG, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
         if 400 <= status < 500:
-            self.server.reject("bad_request", f"answered {status.value} to {self.client_address[0]}: {text}")
+            self.server.reject("too_large" if oversized else "bad_request",
+                               f"answered {status.value} to {self.client_address[0]}: {text}")
         self._send(status, text.encode("utf-8", "replace") + b"\n")
+        if oversized:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Half-close, then drop what the client is still sending (bounded in bytes and time).
+
+        The rest of an oversized request still sits unread; closing on unread data sends a reset,
+        which can destroy the error response before the client has read it.
+        """
+        sock = self.connection
+        deadline = time.monotonic() + _LINGER_SECONDS
+        with contextlib.suppress(OSError, ValueError):
+            socket.socket.shutdown(sock, socket.SHUT_WR)  # the plain socket's, also for TLS
+            dropped = 0
+            while dropped < _LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                chunk = self.rfile.read1(65536)
+                if not chunk:
+                    break
+                dropped += len(chunk)
 
     def _authorized(self) -> bool:
         check = self.server.check_auth
@@ -439,7 +470,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif not self._authorized():
             return
         elif path == self.server.telemetry_path:
-            body, encoding = encode(exposition(self.server.sources), self.headers.get("Accept-Encoding"))
+            self.server.scrapes.arrived(self.client_address[0])
+            body, encoding = self.server.body.encode(self.headers.get("Accept-Encoding"))
             headers = {"Vary": "Accept-Encoding"}
             if encoding is not None:
                 headers["Content-Encoding"] = encoding
