@@ -157,7 +157,7 @@ def _projection(cause: Cause) -> str:
         return ""
     query = ('printf "run:gpu_training_cause:projected_utilization{cause=%q,run=%q,rank=%q,uuid=%q}" '
              f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
-    return (f" {{{{ with {query} | query }}}}If that were removed the GPU could reach at most"
+    return (f"{{{{ with {query} | query }}}} If that were removed the GPU could reach at most"
             f" {{{{ . | first | value | humanizePercentage }}}} ({cause.hidden}).{{{{ end }}}}")
 
 
@@ -180,12 +180,28 @@ UTIL_NOW = ('{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | 
             "{{ . | first | value | humanizePercentage }}{{ end }}")
 
 
+# Hysteresis (docs/prometheus.md): the alerts do not read the level of the cause series, which flips
+# whenever utilization crosses a line, but whether the cause applied (at any level below target) and
+# whether the GPU was low at any time in the last ${alert_hold}. The warning (low) and info (target)
+# alert of a cause exclude each other through the same held condition, so each keeps its identity and
+# its for: while utilization hovers around the low threshold or the target.
+HELD_LOW = (f"max by ({C}, uuid) (min_over_time(gpu:gpu_utilization:avg5m[${{alert_hold}}]))"
+            " < ${utilization_low_threshold}")
+
+
+def _held(cause: Cause) -> str:
+    """The cause's latest share (M4: events) in the last ``alert_hold``, at either level."""
+    series = f'run:gpu_training_cause:share{{cause="{cause.cause}"}}'
+    return f"max without (level) (last_over_time({series}[${{alert_hold}}]))"
+
+
 def _alert(name: str, cause: Cause, lvl: str, severity: str, summary: str, gap: str, runbook: str) -> str:
-    expr = (f'run:gpu_training_cause:share{{cause="{cause.cause}", level="{lvl}"}}\n'
+    keep = "and" if lvl == LOW else "unless"
+    expr = (f"(\n    {_held(cause)}\n  {keep} on ({C}, uuid)\n    {HELD_LOW}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) gpu:gpu_workload:info\n")
-    description = f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW}, {gap}.{_projection(cause)} {cause.advice}"
+    description = f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} {cause.advice}"
     return (f"- alert: {name}\n  expr: |\n{_indent(expr, 4)}  for: ${{cause_for}}\n"
-            f"  labels:\n    severity: {severity}\n" + (f"    cause: {cause.cause}\n" if lvl == TARGET else "")
+            f"  labels:\n    severity: {severity}\n    level: {lvl}\n" + (f"    cause: {cause.cause}\n" if lvl == TARGET else "")
             +
             f"  annotations:\n    summary: {summary}\n    description: >-\n{_indent(_wrap(description), 6)}"
             f"    runbook_url: ${{runbook_url_pattern:{runbook}}}\n")
@@ -209,12 +225,12 @@ def cause_alert_group() -> str:
         rules.append(_alert(cause.alert, cause, LOW, "warning",
                             "A training job's GPU is below ${utilization_low_threshold|percent}, cause "
                             f"{cause.label}.",
-                            "below the ${utilization_low_threshold|percent} alert threshold", cause.anchor))
+                            "the alert threshold is ${utilization_low_threshold|percent}", cause.anchor))
     for cause in CAUSES:
         rules.append(_alert("GpuTrainingBelowTarget", cause, TARGET, "info",
                             "A training job's GPU is below the ${utilization_target|percent} target and the cause "
                             "is known.",
-                            "below the ${utilization_target|percent} target", "gputrainingbelowtarget"))
+                            "the target is ${utilization_target|percent}", "gputrainingbelowtarget"))
     body = "".join(_indent(rule, 6) + "\n" for rule in rules).rstrip("\n") + "\n"
     return ("  # Generated from gpu_exporter.causes.CAUSES; they read only run:gpu_training_cause:share.\n"
             "  - name: gpu-cause.alerts\n    rules:\n" + body)

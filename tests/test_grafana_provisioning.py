@@ -176,12 +176,15 @@ def test_grafana_alert_matches_the_prometheus_alert_and_thresholds_file(title: s
     # that the Prometheus expression writes after the 5m utilization recording rule.
     evaluator, query = condition_and_query(grafana)
     assert evaluator == {"type": "lt", "params": [limits[threshold_key]]}
-    comparison = f"gpu:gpu_utilization:avg5m < {limits[threshold_key]}"
+    # (GpuUtilizationLow compares the lowest 5m mean over alert_hold: hysteresis, docs/prometheus.md.)
+    comparison = next((c for c in (f"gpu:gpu_utilization:avg5m < {limits[threshold_key]}",
+                                   f"gpu:gpu_utilization:avg5m[{limits['alert_hold']}]) < {limits[threshold_key]}")
+                       if c in prom["expr"]), "no comparison with the threshold")
     assert comparison in prom["expr"]
 
     # Query and window: Grafana's query is the Prometheus expression without the comparison, so the
     # same recording rule (and so the same rate window) and the same "has work" condition apply.
-    assert squash(query) == squash(prom["expr"].replace(comparison, "gpu:gpu_utilization:avg5m"))
+    assert squash(query) == squash(prom["expr"].replace(comparison, comparison.split(" < ")[0]))
     window = re.fullmatch(r"rate\(gpu_busy_seconds_total\[(\w+)\]\)", recording_rules()["gpu:gpu_utilization:avg5m"])
     assert window is not None and window.group(1) == "5m"
 
