@@ -268,13 +268,23 @@ def strict(schema: Any) -> Any:
     return out
 
 
+class CrdLoader(yaml.SafeLoader):
+    """YAML as Kubernetes reads it: a bare ``=`` (an enum value of AlertmanagerConfig's matchType) is
+    a string, not YAML 1.1's value tag that PyYAML cannot construct."""
+
+
+CrdLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:value"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
 def crd_validators() -> dict[tuple[str, str], Any]:
     """(apiVersion, kind) -> a jsonschema validator built from the vendored prometheus-operator CRDs."""
     import jsonschema
 
     validators: dict[tuple[str, str], Any] = {}
     for path in sorted(CRD_DIR.glob("*.yaml")):
-        for crd in yaml.safe_load_all(path.read_text()):
+        for crd in yaml.load_all(path.read_text(), Loader=CrdLoader):  # CrdLoader is a SafeLoader
             if not crd or crd.get("kind") != "CustomResourceDefinition":
                 continue
             spec = crd["spec"]

@@ -69,6 +69,16 @@ symlink to exporter/gpu_exporter/thresholds.yml, the one config of rules and das
 {{- $name }}
 {{- end }}
 
+{{/* A string setting of thresholds.yml; (list $ key). */}}
+{{- define "gpu-exporter.threshold" -}}
+{{- $root := index . 0 }}
+{{- $value := get (fromYaml ($root.Files.Get "files/thresholds.yml")) (index . 1) }}
+{{- if not $value }}
+{{- fail (printf "files/thresholds.yml (exporter/gpu_exporter/thresholds.yml) has no %s" (index . 1)) }}
+{{- end }}
+{{- $value }}
+{{- end }}
+
 {{/* Relabeling shared by the ServiceMonitor and the PodMonitor (see values.yaml: monitor). */}}
 {{- define "gpu-exporter.monitorRelabelings" -}}
 - action: replace
@@ -120,4 +130,79 @@ metricRelabelings:
 {{/* The ingest token Secret: the given one, or the one the chart creates. */}}
 {{- define "gpu-exporter.ingestTokenSecret" -}}
 {{- default (printf "%s-ingest-token" (include "gpu-exporter.fullname" .)) .Values.ingest.token.existingSecret }}
+{{- end }}
+
+{{/* --- prometheus/alertmanager.yml -> AlertmanagerConfig (templates/alertmanagerconfig.yaml) --- */}}
+
+{{/* The Secret with the receivers' secrets: one key per file under /etc/alertmanager/secrets/. */}}
+{{- define "gpu-exporter.alertmanagerSecret" -}}
+{{- .Values.alertmanagerConfig.secretName | default (printf "%s-alertmanager" (include "gpu-exporter.fullname" .)) }}
+{{- end }}
+
+{{/* An Alertmanager config key in the CRD's camelCase: send_resolved -> sendResolved, with the
+CRD's own spelling of initialisms (api_url -> apiURL, require_tls -> requireTLS). */}}
+{{- define "gpu-exporter.amKey" -}}
+{{- $special := dict "api_url" "apiURL" "require_tls" "requireTLS" "tls_config" "tlsConfig" "source_matchers" "sourceMatch" "target_matchers" "targetMatch" }}
+{{- get $special . | default (camelcase . | untitle) }}
+{{- end }}
+
+{{/* Matcher strings (name="v", name=~"re", name!="v", name!~"re") as CRD matchers, a YAML list. */}}
+{{- define "gpu-exporter.amMatchers" -}}
+{{- $pattern := `^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"\\]*)"\s*$` }}
+{{- $out := list }}
+{{- range . }}
+{{- if not (regexMatch $pattern .) }}
+{{- fail (printf "files/alertmanager.yml: matcher %q is not of the form name<op>\"value\" (without escapes)" .) }}
+{{- end }}
+{{- $out = append $out (dict "name" (regexReplaceAll $pattern . "${1}") "matchType" (regexReplaceAll $pattern . "${2}") "value" (regexReplaceAll $pattern . "${3}")) }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* Quote the match types = and =~ in YAML text: a bare `=` is YAML 1.1's value tag, which some
+parsers (PyYAML) refuse; `!=` and `!~` are quoted by toYaml already. */}}
+{{- define "gpu-exporter.amQuote" -}}
+{{- regexReplaceAll "(?m)(matchType: )(=~?)$" . "${1}\"${2}\"" }}
+{{- end }}
+
+{{/* One route of the tree, recursively; (list route ctx). */}}
+{{- define "gpu-exporter.amRoute" -}}
+{{- $in := index . 0 }}
+{{- $ctx := index . 1 }}
+{{- $out := dict }}
+{{- range $key, $value := $in }}
+{{- if eq $key "matchers" }}
+{{- $_ := set $out "matchers" (include "gpu-exporter.amMatchers" $value | fromYamlArray) }}
+{{- else if eq $key "routes" }}
+{{- $routes := list }}
+{{- range $value }}
+{{- $routes = append $routes (include "gpu-exporter.amRoute" (list . $ctx) | fromYaml) }}
+{{- end }}
+{{- $_ := set $out "routes" $routes }}
+{{- else if has $key (list "receiver" "group_by" "group_wait" "group_interval" "repeat_interval" "continue") }}
+{{- $_ := set $out (include "gpu-exporter.amKey" $key) $value }}
+{{- else }}
+{{- fail (printf "files/alertmanager.yml: route key %s has no AlertmanagerConfig translation here" $key) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* A receiver config (or a part of one), recursively; (list config ctx). A `<key>_file` setting
+becomes `<key>` from the Secret, key = the file's name; empty settings are left out. */}}
+{{- define "gpu-exporter.amObject" -}}
+{{- $in := index . 0 }}
+{{- $ctx := index . 1 }}
+{{- $out := dict }}
+{{- range $key, $value := $in }}
+{{- if kindIs "invalid" $value }}
+{{- else if hasSuffix "_file" $key }}
+{{- $_ := set $out (include "gpu-exporter.amKey" (trimSuffix "_file" $key)) (dict "name" $ctx.secret "key" (base $value)) }}
+{{- else if kindIs "map" $value }}
+{{- $_ := set $out (include "gpu-exporter.amKey" $key) (include "gpu-exporter.amObject" (list $value $ctx) | fromYaml) }}
+{{- else }}
+{{- $_ := set $out (include "gpu-exporter.amKey" $key) $value }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}
