@@ -25,7 +25,12 @@ PLANS: dict[str, tuple[int, float, float, float, float]] = {
     "checkpoint": (32, 0.01, 0.03, 0.0, 0.21),
     "batch2": (2, 0.02, 0.23, 0.0, 0.0),
     "healthy": (32, 0.005, 0.6, 0.0, 0.0),
+    "hover30": (32, 0.12, 0.08, 0.0, 0.0),
 }
+# loop -> (seconds between switches, data seconds per step after a switch): the loader alternates
+# between its PLANS time and this one, so the GPU's utilization swings around the 30% line
+# (compute share 0.40 / 0.22: about 39% / 22% busy; 34% / 27% as 5 s means) while the loop stays input-bound.
+WOBBLE: dict[str, tuple[float, float]] = {"hover30": (3.5, 0.284)}
 
 
 def time_box(seconds: float, work: Callable[[], object]) -> None:
@@ -55,16 +60,16 @@ def train(url: str, name: str, checkpoint: Path, seconds: float) -> None:
     from torch.utils.data import DataLoader, Dataset
 
     class SlowBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-        """Random batches; reading one takes ``wait`` seconds (one wait per batch)."""
+        """Random batches; reading one takes ``wait()`` seconds (one wait per batch)."""
 
-        def __init__(self, size: int, wait: float) -> None:
+        def __init__(self, size: int, wait: Callable[[], float]) -> None:
             self.size, self.wait = size, wait
 
         def __len__(self) -> int:
             return 10_000_000
 
         def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-            time.sleep(self.wait)
+            time.sleep(self.wait())
             return torch.randn(self.size, FEATURES), torch.arange(self.size) % CLASSES
 
     torch.set_num_threads(1)
@@ -82,8 +87,14 @@ def train(url: str, name: str, checkpoint: Path, seconds: float) -> None:
         optimizer.step()
         history.append((out.argmax(1).tolist(), y.tolist()))
 
+    def data_wait() -> float:
+        if name not in WOBBLE:
+            return data_s
+        every, other = WOBBLE[name]
+        return other if int(time.monotonic() / every) % 2 else data_s
+
     try:
-        for x, y in run.data(DataLoader(SlowBatches(batch, data_s), batch_size=None)):
+        for x, y in run.data(DataLoader(SlowBatches(batch, data_wait), batch_size=None)):
             with run.phase("compute"):
                 time_box(compute_s, functools.partial(step, x, y))
             if metrics_s:

@@ -1,7 +1,7 @@
 """End to end: real CPU PyTorch loops -> real exporter (--simulate) -> real Prometheus with the shipped
 rules -> the cause, from the alerts and from both diagnose paths.
 
-Five loops (tests/cause_loops.py) run side by side, each in its own process, instrumented with
+Six loops (tests/cause_loops.py) run side by side, each in its own process, instrumented with
 gpu_exporter.training and reporting from its own simulated GPU (tests/scenarios/causes-e2e.yaml),
 which follows the loop's compute share:
 
@@ -13,6 +13,8 @@ mixed           data 54%, metrics 29%, compute 17%              input-bound M1 (
 checkpoint      checkpoint (torch.save) 84%, compute 12%        checkpoint-bound CK, warning
 batch2          batch of 2, compute 92% on a GPU 25% busy       batch too small M3, warning
 healthy         compute 99% (0.6 s steps)                       healthy, no alert
+hover30         data 60% / 78%, switching every 3.5 s           input-bound M1, warning, held while
+                (its GPU swings around 30%)                     the GPU crosses 30% (hysteresis)
 ==============  ==============================================  ======================================
 
 Each phase is a wall-clock time box around real work (a training step, an F1 score, a
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cause_loops import PLANS
+from cause_loops import PLANS, WOBBLE
 from servers import exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
@@ -53,6 +55,7 @@ EXPECTED = {  # loop -> (diagnose verdict, its title, the alerts that fire for i
     "checkpoint": ("checkpoint", "checkpoint-bound (CK)", {("GpuTrainingCheckpointBound", "checkpoint")}),
     "batch2": ("batch_too_small", "batch too small (M3)", {("GpuBatchTooSmall", "batch_too_small")}),
     "healthy": ("healthy", "healthy", set()),
+    "hover30": ("input_bound", "input-bound (M1)", {("GpuTrainingInputBound", "input_bound")}),
 }
 
 
@@ -112,6 +115,16 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
     for loop, (_, _, alerts) in EXPECTED.items():
         assert firing.get(f"GPU-e2e-{loop}", set()) == alerts, (loop, firing)
     assert promql(prom, 'ALERTS{uuid="GPU-e2e-healthy"}') == []
+
+    # The hovering GPU crosses the 30% line both ways while its cause alert stays firing (hysteresis).
+    sides: set[bool] = set()
+    deadline = time.monotonic() + 30
+    while sides != {True, False} and time.monotonic() < deadline:
+        (util,) = promql(prom, 'gpu:gpu_utilization:avg5m{uuid="GPU-e2e-hover30"}')
+        sides.add(float(util["value"][1]) < 0.3)
+        assert ("GpuTrainingInputBound", "input_bound") in _firing(prom).get("GPU-e2e-hover30", set()), sides
+        time.sleep(0.5)
+    assert sides == {True, False}, "the hovering GPU never crossed 30%"
     below = promql(prom, 'ALERTS{alertname="GpuTrainingBelowTarget", alertstate="firing"}')
     assert {r["metric"]["severity"] for r in below} == {"info"}
     _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
@@ -130,7 +143,9 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
     for loop, (verdict, title, _) in EXPECTED.items():
         for flag in docs:
             got = docs[flag][f"GPU-e2e-{loop}"]["verdict"]
-            assert (got["verdict"], got["title"]) == (verdict, title), (flag, loop, got)
+            # diagnose judges one moment (no hysteresis): a wobbling GPU may be just above the line.
+            titles = {title, f"below target: {title}"} if loop in WOBBLE else {title}
+            assert got["verdict"] == verdict and got["title"] in titles, (flag, loop, got)
             if verdict != "healthy":  # every cause verdict states its projection
                 assert got["projected"] is not None and got["projected"] > docs[flag][f"GPU-e2e-{loop}"]["utilization"]
                 assert " now, at most ~" in got["reason"], got
