@@ -20,6 +20,9 @@ import yaml
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 MEMORY_GIB = 80
+MAX_GPUS = 64
+BUSES = 28
+"""PCI buses 0x18, 0x20, ... 0xF0 per PCI domain; GPU 28 and later go to the next domain."""
 
 
 def scenario_document(gpus: int, pids: Sequence[int]) -> dict[str, object]:
@@ -29,8 +32,8 @@ def scenario_document(gpus: int, pids: Sequence[int]) -> dict[str, object]:
     >>> [len(g["processes"]) for g in doc["gpus"]]
     [2, 1]
     """
-    if not 1 <= gpus <= 28:
-        raise ValueError(f"a bench scenario has 1 to 28 GPUs (distinct PCI bus ids), got {gpus}")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise ValueError(f"a bench scenario has 1 to {MAX_GPUS} GPUs, got {gpus}")
     per_gpu: list[list[int]] = [[] for _ in range(gpus)]
     for i, pid in enumerate(pids):
         per_gpu[i % gpus].append(pid)
@@ -41,7 +44,7 @@ def scenario_document(gpus: int, pids: Sequence[int]) -> dict[str, object]:
             "name": GPU_MODEL,
             "architecture": "hopper",
             "memory_gib": MEMORY_GIB,
-            "pci_bus_id": f"00000000:{0x18 + 0x08 * index:02X}:00.0",
+            "pci_bus_id": f"{index // BUSES:08X}:{0x18 + 0x08 * (index % BUSES):02X}:00.0",
             "utilization": {"constant": round(0.2 + 0.7 * index / max(1, gpus - 1), 3), "noise": 0.05},
             "memory_utilization": {"constant": 0.2, "noise": 0.03},
             "power_limit_watts": 700,

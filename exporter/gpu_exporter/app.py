@@ -115,6 +115,7 @@ class Exporter:
             ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure,
             headers=headers, limits=Limits.from_config(self.config))
         self.sampler.poll_once()
+        self.sampler.after_poll = self._prepare_scrape
         self.sampler.start()
         if self.xid is not None:
             self.xid.start()
@@ -126,6 +127,16 @@ class Exporter:
         log.info("serving %s://%s:%s%s for %d GPU(s)%s", scheme, self.config.listen_host_port[0] or "*",
                  port, self.config.web_telemetry_path, len(self.sampler.gpus[1]),
                  " (simulated)" if self.simulated is not None else "")
+
+    def _prepare_scrape(self) -> None:
+        """After a poll: when a scrape is expected before the next poll, render and compress its body now.
+
+        Prometheus scrapes at a fixed interval, so the scrape that follows a poll then costs what
+        a repeated one does; a poll that no scrape is expected to read is not rendered.
+        """
+        server = self.server
+        if server is not None and server.scrapes.due_within(self.config.poll_interval):
+            server.body.prepare()
 
     def stop(self) -> None:
         """Stop serving and polling; release NVML."""

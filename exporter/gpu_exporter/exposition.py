@@ -1,20 +1,41 @@
-"""Prometheus text exposition of the exporter's metric sources, gzip-compressed when the scraper asks.
+"""Prometheus text exposition of the exporter's metric sources, and the /metrics body built from it.
 
-The HTTP server knows its metric sources only through the :class:`Source` protocol; polling
-collectors keep a pre-rendered ``exposition`` so a scrape costs no
-rendering when nothing changed. This module imports nothing of the exporter, so collectors,
-the server and the tests can all use it.
+The problem: Prometheus scrapes every 15 s or so, and each scrape arrives after a fresh poll,
+so the scrape that matters is the first one after a poll. That scrape must not build a
+prometheus_client family object per metric, format every label set again, and gzip the whole
+body. So:
+
+- :class:`Family` renders one metric family straight from plain (label values, value) rows.
+  It formats each series' ``name{labels} `` prefix once and reuses it while the series
+  exists (a series gone from the rows is forgotten at the next render), so a render is one
+  value format and one string concatenation per series. The text is byte for byte what
+  prometheus_client's ``generate_latest`` writes for the same family (sorted label names,
+  escaped label values and help, Go float format).
+- A source (the :class:`Source` protocol) may carry ``exposition``: its text, rendered once per
+  change and returned as the *same* bytes object until the next change. :func:`exposition`
+  uses that text instead of rendering.
+- :class:`Body` builds the /metrics body. It gzips the leading run of such pre-rendered parts
+  once per change and keeps the compressor's state after them, so a scrape compresses only
+  the few small parts computed per scrape (the exporter's own health). :meth:`Body.prepare`
+  does that work ahead of a scrape (the sampler calls it after a poll when
+  :class:`ScrapeForecast` expects a scrape before the next poll), so a scrape right after a
+  poll costs about what a repeated one does.
+
+This module imports nothing of the exporter, so collectors, the server and the tests can all use it.
 
 Example::
 
-    body = exposition(sources)
-    body, encoding = encode(body, request.headers.get("Accept-Encoding"))
+    body = Body(sources)
+    payload, encoding = body.encode(request.headers.get("Accept-Encoding"))
 """
 
 from __future__ import annotations
 
-import gzip
-from collections.abc import Iterable, Sequence
+import math
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from prometheus_client.exposition import generate_latest, gzip_accepted
@@ -23,17 +44,126 @@ from prometheus_client.metrics_core import Metric
 CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
 GZIP_LEVEL = 6
 """zlib's default: a 100 kB scrape compresses about 10x in about a millisecond."""
+_GZIP_WBITS = 31  # deflate with a gzip header and trailer
 
 
 class Source(Protocol):
     """Anything with ``collect()`` (the prometheus_client Collector protocol).
 
     A source may also carry ``exposition``, the bytes of its latest metrics rendered once per
-    change (polling collectors do); :func:`exposition` uses that text instead of rendering.
+    change (polling collectors do), the same object until the next change; :func:`exposition`
+    and :class:`Body` use that text instead of rendering.
     """
 
     def collect(self) -> Iterable[Metric]: ...
 
+
+# -- rendering from rows -------------------------------------------------------------------------
+
+def escape_help(text: str) -> str:
+    r"""Escape a HELP text as the text format wants (backslash and newline).
+
+    >>> escape_help("a\\b\nc")
+    'a\\\\b\\nc'
+    """
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def escape_label_value(value: str) -> str:
+    r"""Escape a label value (backslash, newline, double quote).
+
+    >>> escape_label_value('say "hi"\n')
+    'say \\"hi\\"\\n'
+    """
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def format_value(value: float) -> str:
+    """A sample value as Go (and prometheus_client) writes it.
+
+    >>> [format_value(v) for v in (1, 0.25, 85899345920, 1e16, math.inf, -math.inf, math.nan)]
+    ['1.0', '0.25', '8.589934592e+10', '1e+16', '+Inf', '-Inf', 'NaN']
+    """
+    v = float(value)
+    s = repr(v)
+    if v >= 1e6:  # Go uses an exponent from 1e21 down; prometheus_client from 7 integer digits
+        dot = s.find(".")
+        if dot > 6:
+            mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+            return f"{mantissa}e+{dot - 1:02d}"
+        return "+Inf" if v == math.inf else s
+    if s[-1] in "fn":  # -inf, nan
+        return "-Inf" if v == -math.inf else "NaN"
+    return s
+
+
+class Family:
+    """One metric family's text, rendered from rows, with each series' prefix formatted once.
+
+    ``kind`` is ``"gauge"`` or ``"counter"`` (give a counter's name without ``_total``, as
+    prometheus_client does). Not thread-safe: its owner renders under its own lock.
+
+    >>> f = Family("gpu_temperature_celsius", "gauge", "Temperature.", ("uuid", "gpu"))
+    >>> print(f.render([(["GPU-a", "0"], 41)]), end="")
+    # HELP gpu_temperature_celsius Temperature.
+    # TYPE gpu_temperature_celsius gauge
+    gpu_temperature_celsius{gpu="0",uuid="GPU-a"} 41.0
+    """
+
+    __slots__ = ("_order", "_prefixes", "_quoted_names", "documentation", "header", "kind", "labels", "name",
+                 "sample_name")
+
+    def __init__(self, name: str, kind: str, documentation: str, labels: Sequence[str]) -> None:
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"Family {name}: kind must be gauge or counter, not {kind!r}")
+        self.name, self.kind, self.documentation, self.labels = name, kind, documentation, tuple(labels)
+        self.sample_name = f"{name}_total" if kind == "counter" else name
+        self.header = (f"# HELP {self.sample_name} {escape_help(documentation)}\n"
+                       f"# TYPE {self.sample_name} {kind}")
+        # prometheus_client writes label names sorted: remember where each comes from.
+        self._order = sorted(range(len(self.labels)), key=lambda i: self.labels[i])
+        self._quoted_names = [f'{self.labels[i]}="' for i in self._order]
+        self._prefixes: dict[tuple[str, ...], str] = {}
+
+    def matches(self, kind: str, documentation: str, labels: Sequence[str]) -> bool:
+        """True when this family renders rows of that kind, help and label names."""
+        return kind == self.kind and documentation == self.documentation and tuple(labels) == self.labels
+
+    def _prefix(self, values: tuple[str, ...]) -> str:
+        if not values:
+            return self.sample_name + " "
+        if len(values) != len(self.labels):
+            raise ValueError(f"{self.name}: {len(values)} label values for labels {self.labels}")
+        pairs = ",".join(name + escape_label_value(values[i]) + '"'
+                         for name, i in zip(self._quoted_names, self._order, strict=True))
+        return f"{self.sample_name}{{{pairs}}} "
+
+    def lines(self, rows: Iterable[tuple[Sequence[str], float]], out: list[str]) -> None:
+        """Append the header and one line per row (no newlines) to ``out``; forget series not in ``rows``."""
+        prefixes, fresh = self._prefixes, {}
+        out.append(self.header)
+        for labels, value in rows:
+            key = tuple(labels)
+            prefix = prefixes.get(key)
+            if prefix is None:
+                prefix = self._prefix(key)
+            fresh[key] = prefix
+            out.append(prefix + format_value(value))
+        self._prefixes = fresh
+
+    def render(self, rows: Iterable[tuple[Sequence[str], float]]) -> str:
+        """The family's text, newline-terminated."""
+        out: list[str] = []
+        self.lines(rows, out)
+        return "\n".join(out) + "\n"
+
+
+def join_lines(lines: list[str]) -> bytes:
+    """The UTF-8 text of lines collected by :meth:`Family.lines` (b"" for none)."""
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+# -- rendering prometheus_client families ---------------------------------------------------------
 
 class _FamilyList:
     """Adapter so prometheus_client's ``generate_latest`` can render a plain list of families."""
@@ -46,7 +176,7 @@ class _FamilyList:
 
 
 def render(families: Iterable[Metric]) -> bytes:
-    """Prometheus text exposition (format 0.0.4) of ``families``.
+    """Prometheus text exposition (format 0.0.4) of prometheus_client ``families``.
 
     >>> from prometheus_client.core import GaugeMetricFamily
     >>> render([GaugeMetricFamily("up", "Up.", value=1)]).decode().splitlines()[-1]
@@ -55,13 +185,85 @@ def render(families: Iterable[Metric]) -> bytes:
     return generate_latest(_FamilyList(families))
 
 
+def _part(source: Source) -> tuple[bytes, bool]:
+    """(text of ``source``, whether it is the source's pre-rendered text)."""
+    cached = getattr(source, "exposition", None)
+    if isinstance(cached, bytes):
+        return cached, True
+    return render(source.collect()), False
+
+
 def exposition(sources: Sequence[Source]) -> bytes:
     """Text exposition of every source, using the pre-rendered text where a source has it."""
-    parts = []
-    for source in sources:
-        cached = getattr(source, "exposition", None)
-        parts.append(cached if isinstance(cached, bytes) else render(source.collect()))
-    return b"".join(parts)
+    return b"".join(_part(source)[0] for source in sources)
+
+
+# -- the /metrics body ---------------------------------------------------------------------------
+
+class Body:
+    """The /metrics body of ``sources``, plain or gzip, with the gzip work of unchanged parts kept.
+
+    A gzip member is one deflate stream, so the kept state is the compressor after the leading
+    run of pre-rendered parts (sync-flushed, so its output so far is complete); a scrape copies
+    it and compresses only the rest. The key is the identity of those parts: a source returns
+    the same bytes object until its text changes. Thread-safe.
+    """
+
+    def __init__(self, sources: Sequence[Source]) -> None:
+        self.sources = sources
+        self._lock = threading.Lock()
+        self._key: tuple[bytes, ...] = ()
+        self._head = b""
+        self._state: zlib._Compress | None = None
+
+    def _parts(self, sources: Sequence[Source]) -> tuple[list[bytes], int]:
+        """Every source's text, and how many leading ones are pre-rendered."""
+        parts: list[bytes] = []
+        leading = -1
+        for source in sources:
+            text, cached = _part(source)
+            if not cached and leading < 0:
+                leading = len(parts)
+            parts.append(text)
+        return parts, len(parts) if leading < 0 else leading
+
+    def _compressed_head(self, key: tuple[bytes, ...]) -> tuple[bytes, zlib._Compress]:
+        """gzip output and compressor state after the parts ``key``, computed once per change."""
+        with self._lock:
+            if self._state is not None and len(key) == len(self._key) and all(
+                    a is b for a, b in zip(key, self._key, strict=True)):
+                return self._head, self._state.copy()
+        state = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        head = state.compress(b"".join(key)) + state.flush(zlib.Z_SYNC_FLUSH)
+        with self._lock:
+            self._key, self._head, self._state = key, head, state
+            return head, state.copy()
+
+    def prepare(self) -> None:
+        """Render and compress the pre-rendered sources now, ahead of a scrape."""
+        leading = []
+        for source in self.sources:
+            cached = getattr(source, "exposition", None)
+            if not isinstance(cached, bytes):
+                break
+            leading.append(cached)
+        self._compressed_head(tuple(leading))
+
+    def text(self) -> bytes:
+        """The plain body."""
+        return exposition(self.sources)
+
+    def gzip(self) -> bytes:
+        """The body as one gzip member."""
+        parts, leading = self._parts(self.sources)
+        head, state = self._compressed_head(tuple(parts[:leading]))
+        return head + state.compress(b"".join(parts[leading:])) + state.flush()
+
+    def encode(self, accept_encoding: str | None) -> tuple[bytes, str | None]:
+        """(body, Content-Encoding): gzip when ``accept_encoding`` accepts it, else the plain text."""
+        if accept_encoding and gzip_accepted(accept_encoding):
+            return self.gzip(), "gzip"
+        return self.text(), None
 
 
 def encode(body: bytes, accept_encoding: str | None) -> tuple[bytes, str | None]:
@@ -73,5 +275,49 @@ def encode(body: bytes, accept_encoding: str | None) -> tuple[bytes, str | None]
     (b'up 1\\n', None)
     """
     if accept_encoding and gzip_accepted(accept_encoding):
-        return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0), "gzip"
+        state = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        return state.compress(body) + state.flush(), "gzip"
     return body, None
+
+
+class ScrapeForecast:
+    """When the next scrape is due, from each scraper's last two arrivals.
+
+    Prometheus scrapes a target at a fixed interval; after a poll, :meth:`due_within` tells
+    whether some scraper is expected before the next poll, so the body can be prepared now.
+    Scrapers are told apart by address (an HA pair scrapes from two hosts); at most
+    ``MAX_SCRAPERS`` are remembered, the oldest forgotten first. A scraper that stays away
+    longer than its interval plus ``seconds`` stops being expected.
+
+    >>> now = [0.0]
+    >>> f = ScrapeForecast(clock=lambda: now[0])
+    >>> for t in (0.0, 15.0): now[0] = t; f.arrived("10.0.0.1")
+    >>> now[0] = 28.5; f.due_within(1.0)
+    False
+    >>> now[0] = 29.2; f.due_within(1.0)
+    True
+    >>> now[0] = 31.5; f.due_within(1.0)
+    False
+    """
+
+    MAX_SCRAPERS = 8
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._scrapers: dict[str, tuple[float, float]] = {}  # address -> (last arrival, interval)
+
+    def arrived(self, address: str) -> None:
+        """Record a scrape from ``address`` now."""
+        now = self._clock()
+        with self._lock:
+            last = self._scrapers.pop(address, None)
+            self._scrapers[address] = (now, now - last[0] if last is not None else math.inf)
+            if len(self._scrapers) > self.MAX_SCRAPERS:
+                del self._scrapers[next(iter(self._scrapers))]
+
+    def due_within(self, seconds: float) -> bool:
+        """True when a scraper's next scrape is due from ``seconds`` ago to ``seconds`` from now."""
+        now = self._clock()
+        with self._lock:
+            return any(abs(last + interval - now) <= seconds for last, interval in self._scrapers.values())

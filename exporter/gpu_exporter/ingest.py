@@ -42,6 +42,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
+from .exposition import render
 from .training.protocol import SCHEMA_VERSION, check_label
 
 OUTCOMES = (
@@ -135,6 +136,7 @@ class TrainingStore:
         self._evicted: dict[_Key, None] = {}  # recently evicted keys, oldest first (bounded)
         self._evictions = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
+        self._rendered: tuple[tuple[int, ...], bytes] | None = None  # (fingerprint, text): see exposition
 
     @property
     def max_body_bytes(self) -> int:
@@ -202,6 +204,24 @@ class TrainingStore:
     def describe(self) -> list[Metric]:
         """No fixed description: the families depend on what was pushed."""
         return []
+
+    @property
+    def exposition(self) -> bytes:
+        """Text of :meth:`collect`, rendered once per change, not per scrape (exposition.Source).
+
+        Every change moves the fingerprint: a stored push counts ``accepted``, a refusal its
+        outcome, an eviction ``evictions``, an expiry shrinks the runs.
+        """
+        with self._lock:
+            self._expire()
+            key = (*self._outcomes.values(), self._evictions, len(self._entries))
+            cached = self._rendered
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        text = render(self.collect())
+        with self._lock:
+            self._rendered = (key, text)
+        return text
 
     def collect(self) -> Iterator[Metric]:
         """Yield the gpu_training_* families and the ingest health metrics."""

@@ -53,6 +53,8 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-exporter-sampler", daemon=True)
         self._driver_ok: bool | None = None
+        self.after_poll: Callable[[], None] | None = None
+        """Called on the sampler thread after each complete poll (the exporter prepares an expected scrape)."""
 
     @property
     def gpus(self) -> tuple[int, tuple[Gpu, ...]]:
@@ -104,6 +106,11 @@ class Sampler:
         if ctx.lost:
             self._discovered_at = None  # re-enumerate on the next poll
         self.last_complete_poll = self._clock()
+        if self.after_poll is not None:
+            try:
+                self.after_poll()
+            except Exception:
+                log.exception("preparing the scrape after a poll failed")
 
     def _initialise(self) -> bool:
         try:

@@ -1,11 +1,13 @@
-"""What every polling collector shares: per-poll metric rows, families and text built on demand.
+"""What every polling collector shares: per-poll metric rows, and their text rendered on demand.
 
 A polling collector reads NVML on the sampler thread (:meth:`PollingCollector.poll`) and
-publishes the values it read as plain rows (label values, value). The first scrape after a
-publication builds the prometheus_client families from them and renders their text exposition
-once; later scrapes reuse the text. So no NVML call ever happens on the scrape path, and a poll
-that no scrape reads (most of them: the exporter polls every second, Prometheus scrapes every
-15 s or so) costs only its NVML calls, neither family objects nor rendering.
+publishes the values it read as plain rows (label values, value). The first time the text is
+wanted after a publication (a scrape, or the sampler preparing for an expected scrape) the
+rows are rendered straight to text by ``exposition.Family``, which keeps each series' label
+prefix from one render to the next; later scrapes reuse the text. So no NVML call ever
+happens on the scrape path, a poll that no scrape reads (most of them: the exporter polls
+every second, Prometheus scrapes every 15 s or so) costs only its NVML calls, and no
+prometheus_client family object is built unless someone calls :meth:`PollingCollector.collect`.
 
 Example::
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpu_exporter.exposition import render
+from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, Gpu, GpuLost, Nvml
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,8 @@ class Rows:
     """The samples of one metric family in one poll, as (label values, value) rows.
 
     It has the ``add_metric`` of prometheus_client's families, at the cost of a list append;
-    :meth:`family` builds the real family when a scrape needs it.
+    the collector renders the rows to text, and :meth:`family` builds the real family for
+    ``collect()``.
 
     >>> rows = Rows(GaugeMetricFamily, "gpu_temperature_celsius", "Temperature.", ("gpu",))
     >>> rows.add_metric(["0"], 41)
@@ -63,6 +66,11 @@ class Rows:
     def add_metric(self, labels: Sequence[str], value: float) -> None:
         """Record one sample (label values in the order of the family's labels)."""
         self.rows.append((labels, value))
+
+    @property
+    def kind_name(self) -> str:
+        """``"gauge"`` or ``"counter"``."""
+        return "counter" if self.kind is CounterMetricFamily else "gauge"
 
     def family(self) -> Metric:
         """The prometheus_client family with every recorded sample."""
@@ -104,8 +112,8 @@ class PollingCollector:
 
     def __init__(self) -> None:
         self._rows: list[Rows] = []
-        self._families: list[Metric] | None = []
         self._text: bytes | None = b""
+        self._renderers: dict[str, Family] = {}
         self._lock = threading.Lock()
 
     def poll(self, ctx: PollContext) -> bool:
@@ -130,22 +138,32 @@ class PollingCollector:
         return ok
 
     def publish(self, rows: list[Rows]) -> None:
-        """Make ``rows`` what scrapes see; families and text are built on the next scrape."""
+        """Make ``rows`` what scrapes see; their text is rendered when first wanted."""
         with self._lock:
-            self._rows, self._families, self._text = rows, None, None
+            self._rows, self._text = rows, None
 
-    def _built(self) -> list[Metric]:
-        """The families of the latest publication (call with the lock held)."""
-        if self._families is None:
-            self._families = [rows.family() for rows in self._rows]
-        return self._families
+    def _render(self) -> bytes:
+        """Text of the latest publication (call with the lock held); series prefixes are reused."""
+        renderers: dict[str, Family] = {}
+        lines: list[str] = []
+        for rows in self._rows:
+            family = self._renderers.get(rows.name)
+            if family is None or not family.matches(rows.kind_name, rows.documentation, rows.labels):
+                family = Family(rows.name, rows.kind_name, rows.documentation, rows.labels)
+            renderers[rows.name] = family
+            family.lines(rows.rows, lines)
+        self._renderers = renderers  # a family absent from this publication forgets its series
+        return join_lines(lines)
 
     @property
     def exposition(self) -> bytes:
-        """Text exposition of the latest publication, rendered at most once per publication."""
+        """Text exposition of the latest publication, rendered at most once per publication.
+
+        The same bytes object until the next publication (``exposition.Body`` relies on it).
+        """
         with self._lock:
             if self._text is None:
-                self._text = render(self._built())
+                self._text = self._render()
             return self._text
 
     def reset(self) -> None:
@@ -160,6 +178,7 @@ class PollingCollector:
         """Hook after all GPUs were read (drop state of GPUs that are gone)."""
 
     def collect(self) -> Iterator[Metric]:
-        """The families of the latest poll (the prometheus_client Collector protocol)."""
+        """The families of the latest poll (the prometheus_client Collector protocol; not the scrape path)."""
         with self._lock:
-            return iter(self._built())
+            rows = self._rows
+        return iter([r.family() for r in rows])

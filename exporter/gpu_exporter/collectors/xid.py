@@ -18,10 +18,12 @@ from typing import Any
 import pynvml
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, DriverLost, Gpu, GpuLost, Nvml, handle_key
 
 log = logging.getLogger(__name__)
 WAIT_MS = 1000
+_NAME, _HELP, _LABELS = "gpu_xid_errors", "XID errors reported by the driver, by XID code.", ("gpu", "uuid", "xid")
 
 
 class XidCollector:
@@ -35,6 +37,8 @@ class XidCollector:
         self._gpus = gpus
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
+        self._family = Family(_NAME, "counter", _HELP, _LABELS)
+        self._text: bytes | None = b""  # rendered once per new event; None: render on the next scrape
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-exporter-xid", daemon=True)
         self.healthy = True
@@ -46,9 +50,19 @@ class XidCollector:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    @property
+    def exposition(self) -> bytes:
+        """Text of the counts, rendered once per new event (exposition.Source)."""
+        with self._lock:
+            if self._text is None:
+                lines: list[str] = []
+                if self._counts:
+                    self._family.lines(sorted(self._counts.items()), lines)
+                self._text = join_lines(lines)
+            return self._text
+
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("gpu_xid_errors", "XID errors reported by the driver, by XID code.",
-                                     labels=["gpu", "uuid", "xid"])
+        family = CounterMetricFamily(_NAME, _HELP, labels=list(_LABELS))
         with self._lock:
             for labels, count in sorted(self._counts.items()):
                 family.add_metric(list(labels), count)
@@ -101,3 +115,4 @@ class XidCollector:
                 log.warning("XID %d on GPU %d (%s)", data.eventData, gpu.index, gpu.uuid)
                 with self._lock:
                     self._counts[(str(gpu.index), gpu.uuid, str(int(data.eventData)))] += 1
+                    self._text = None

@@ -1,17 +1,20 @@
 """A training run: phase timers on the hot path, cumulative snapshots for the pusher.
 
 Concurrency design (single writer, no lock on the hot path): only the training thread
-writes the timing state (``Phase.seconds``, ``Run._current``, ``Run._since``). Each phase
-change is bracketed by two increments of ``Run._seq`` (odd while a change is in progress),
-a seqlock: the pusher thread copies the state and keeps the copy only if ``_seq`` was even
-and unchanged across the copy, else it copies again. A torn copy could otherwise count the
-time since the last change twice and make a counter go down in the next snapshot, which the
-exporter rejects. The writer reads the clock only *after* marking the change in progress:
-a reader whose copy survives the check read its clock before the mark, so before the
-writer's clock, and never extends the open phase past the instant the writer then records.
-(Reading the clock first let a reader slip in between, report more time than the writer
-then stored, and the next snapshot went down.) Under the GIL every attribute store is atomic
-and seen in program order, so this is enough; the writer never waits for the reader.
+writes the timing state (``Phase.seconds``, ``Run._current``, ``Run._since``). ``_since``,
+the clock reading of the last change, doubles as a seqlock: a phase change first sets it to
+None (a change is in progress), then updates the rest, then stores the new clock reading, a
+new float object. The pusher thread copies the state and keeps the copy only if ``_since``
+was not None and is the *same object* after the copy (a live object's identity cannot be
+reused, so any change in between shows), else it copies again. A torn copy could otherwise
+count the time since the last change twice and make a counter go down in the next
+snapshot, which the exporter rejects. The writer reads the clock only *after* marking the
+change in progress: a reader whose copy survives the check read its clock before the mark,
+so before the writer's clock, and never extends the open phase past the instant the writer
+then records. (Reading the clock first let a reader slip in between, report more time than
+the writer then stored, and the next snapshot went down.) Under the GIL every attribute
+store is atomic and seen in program order, so this is enough; the writer never waits for
+the reader.
 
 Example::
 
@@ -75,14 +78,13 @@ class Phase:
         if current is self:  # re-entered while already current: only count the depth
             self._depth += 1
             return self
-        seq = run._seq + 1
-        run._seq = seq  # odd: change in progress; only now read the clock (module docstring)
+        since = run._since
+        run._since = None  # change in progress; only now read the clock (module docstring)
         now = perf_counter()
-        current.seconds += now - run._since
-        run._since = now
+        current.seconds += now - since  # type: ignore[operator]  # the writer never sees its own mark
         self._prev = current
         run._current = self
-        run._seq = seq + 1
+        run._since = now
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -93,13 +95,12 @@ class Phase:
             return
         if run._current is not self:  # exited out of order: leave the state alone
             return
-        seq = run._seq + 1
-        run._seq = seq  # odd first, then the clock: see the module docstring
+        since = run._since
+        run._since = None  # the mark first, then the clock: see the module docstring
         now = perf_counter()
-        self.seconds += now - run._since
-        run._since = now
+        self.seconds += now - since  # type: ignore[operator]  # the writer never sees its own mark
         run._current = self._prev  # type: ignore[assignment]  # set on enter, never None here
-        run._seq = seq + 1
+        run._since = now
 
 
 class _SyncPhase(Phase):
@@ -170,9 +171,9 @@ class Run:
         for standard in STANDARD_PHASES:
             self._add_phase(standard)
         self._current: Phase = self._other
-        self._seq = 0
         self._start = perf_counter()
-        self._since = self._start
+        self._since: float | None = self._start
+        """Clock reading of the last phase change; None while one is in progress (module docstring)."""
         self._sync_every = sync_every
         self._sync_fn: Callable[[], None] | None = None
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
@@ -302,14 +303,14 @@ class Run:
         ['checkpoint', 'compute', 'data', 'metrics', 'other']
         """
         while True:
-            seq = self._seq
-            if seq & 1:
+            since = self._since
+            if since is None:
                 time.sleep(0)  # a phase change is half done: let the training thread finish it
                 continue
             now = perf_counter()
-            current, since = self._current, self._since
+            current = self._current
             seconds = {phase.name: phase.seconds for phase in list(self._order)}
-            if self._seq == seq:
+            if self._since is since:  # no change began since `since` was read
                 seconds[current.name] += now - since
                 return seconds
 
