@@ -1,6 +1,7 @@
-"""Build the release artifacts: the image as a tar and the Helm chart as a .tgz, with one version.
+"""Build the release artifacts with one version: the image as a tar, the Helm chart as a .tgz, and the
+wheels of the exporter and of the training library alone.
 
-    python scripts/release.py [--out dist] [--base-image IMAGE] [--chart DIR]
+    python scripts/release.py [--out dist] [--base-image IMAGE] [--chart DIR] [--wheels-only]
 
 The version is pyproject.toml's ``[project].version``. The chart's ``appVersion`` must equal it (the
 chart's default image tag is its appVersion), or the script stops with a one-line error before
@@ -11,7 +12,15 @@ building anything. Then it
    with ``podman save`` as ``<out>/gpu-utilization-exporter-<version>-image.tar`` (docker-archive:
    ``docker load -i`` and ``podman load -i`` both read it);
 2. packages the chart with Helm's Go SDK (helm-python-sdk's ``package``, the same code as
-   ``helm package``) into ``<out>/gpu-utilization-exporter-<chart version>.tgz``.
+   ``helm package``) into ``<out>/gpu-utilization-exporter-<chart version>.tgz``;
+3. builds two wheels from the same source (setuptools' PEP 517 backend, offline): the exporter,
+   ``<out>/gpu_utilization_exporter-<version>-py3-none-any.whl``, and the training library alone,
+   ``<out>/gpu_utilization_exporter_training-<version>-py3-none-any.whl`` (distribution
+   ``gpu-utilization-exporter-training``: ``gpu_exporter.training`` and the package's
+   ``__init__``, no dependencies), for training jobs that need nothing of the exporter. Install one
+   or the other in an environment: the exporter's wheel holds the library too.
+
+``--wheels-only`` builds just the wheels (no podman, no Helm needed).
 
 ``--base-image`` is passed as the Dockerfile's ``PYTHON_IMAGE`` (default: the Dockerfile's own,
 ``python:3.12-slim``; where no registry is reachable, ``bash scripts/container-base.sh`` makes a
@@ -28,6 +37,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +47,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpu-utilization-exporter"
 IMAGE_NAME = "gpu-utilization-exporter"
+TRAINING_DISTRIBUTION = "gpu-utilization-exporter-training"
+# The standalone training library: these files of the package, and nothing else.
+TRAINING_FILES = ("gpu_exporter/__init__.py", "gpu_exporter/py.typed", "gpu_exporter/training/*.py")
 # Where Debian's pip (python3-pip-whl, which the debootstrap base uses) reads its CA bundle.
 IMAGE_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -143,6 +156,83 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def build_wheel(project: Path, out: Path) -> Path:
+    """Build a wheel of ``project`` (a folder with a pyproject.toml) into ``out`` with setuptools'
+    PEP 517 backend, in a subprocess, offline (no isolated build environment, nothing fetched)."""
+    out.mkdir(parents=True, exist_ok=True)
+    code = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    result = subprocess.run([sys.executable, "-c", code, str(out.resolve())], cwd=project, capture_output=True,
+                            text=True, timeout=600)
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
+        raise ReleaseError(f"wheel build of {project.name} failed (exit {result.returncode}): " + " | ".join(tail))
+    return out / result.stdout.strip().splitlines()[-1]
+
+
+def training_pyproject(version: str, pyproject: Path = REPO / "pyproject.toml") -> str:
+    """pyproject.toml of the training library alone: the exporter's name, license and Python, no dependencies."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return (f"""[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{TRAINING_DISTRIBUTION}"
+version = "{version}"
+description = "The in-job library of gpu-utilization-exporter (gpu_exporter.training), alone: standard library only."
+readme = "README.md"
+requires-python = "{project['requires-python']}"
+license = {{ text = "{project['license']['text']}" }}
+dependencies = []
+
+[tool.setuptools]
+packages = ["gpu_exporter", "gpu_exporter.training"]
+package-dir = {{ "" = "src" }}
+
+[tool.setuptools.package-data]
+gpu_exporter = ["py.typed"]
+""")
+
+
+TRAINING_README = """# gpu-utilization-exporter-training
+
+`gpu_exporter.training` of gpu-utilization-exporter on its own: it reports a training job's phase
+timings (data, compute, metrics, ...) to the exporter on the job's node, which names the reason its
+GPU is underused. Standard library only (torch is used when the job has loaded it). Set
+`GPU_EXPORTER_URL` to the exporter and, where the job cannot name its GPU, `CUDA_VISIBLE_DEVICES`
+to the GPU's UUID. Do not install it beside the full `gpu-utilization-exporter`, which contains it.
+"""
+
+
+def stage_training(version: str, stage: Path, source: Path = REPO / "exporter") -> Path:
+    """A project folder for the training wheel: the library's files copied from ``source``."""
+    files = sorted({path for pattern in TRAINING_FILES for path in source.glob(pattern)})
+    if not any(path.match("training/__init__.py") for path in files):
+        raise ReleaseError(f"{source}: no gpu_exporter/training package to build the training wheel from")
+    for path in files:
+        target = stage / "src" / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    (stage / "pyproject.toml").write_text(training_pyproject(version))
+    (stage / "README.md").write_text(TRAINING_README)
+    return stage
+
+
+def build_wheels(out: Path) -> list[Path]:
+    """The exporter's wheel and the training library's wheel, built from copies of the sources (the
+    repository gets no build/ or egg-info folders)."""
+    version = package_version()
+    with tempfile.TemporaryDirectory(prefix="release-wheels-") as tmp:
+        exporter = Path(tmp) / "exporter-project"
+        exporter.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copyfile(REPO / name, exporter / name)
+        shutil.copytree(REPO / "exporter", exporter / "exporter",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        training = stage_training(version, Path(tmp) / "training-project")
+        return [build_wheel(exporter, out), build_wheel(training, out)]
+
+
 def release(out: Path, base_image: str | None, chart: Path = CHART) -> list[Path]:
     """Check the versions, build and save the image, package the chart; return the artifacts."""
     version = package_version()
@@ -161,7 +251,7 @@ def release(out: Path, base_image: str | None, chart: Path = CHART) -> list[Path
     expected = out / f"{chart.name}-{chart_version}.tgz"
     if archive.resolve() != expected.resolve():
         raise ReleaseError(f"helm package wrote {archive}, expected {expected}")
-    return [image_tar, archive]
+    return [image_tar, archive, *build_wheels(out)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,14 +259,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "dist", help="folder for the artifacts (default dist/)")
     parser.add_argument("--base-image", help="the Dockerfile's PYTHON_IMAGE (default: the Dockerfile's own)")
     parser.add_argument("--chart", type=Path, default=CHART, help="chart folder (default the repository's)")
+    parser.add_argument("--wheels-only", action="store_true",
+                        help="build only the exporter's and the training library's wheels")
     args = parser.parse_args(argv)
     try:
-        artifacts = release(args.out, args.base_image, args.chart)
+        artifacts = build_wheels(args.out) if args.wheels_only else release(args.out, args.base_image, args.chart)
     except ReleaseError as err:
         print(f"release: {err}", file=sys.stderr)
         return 1
     for path in artifacts:
-        print(f"{path}  {path.stat().st_size / 1e6:.1f} MB  sha256:{sha256(path)}")
+        size = path.stat().st_size
+        shown = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
+        print(f"{path}  {shown}  sha256:{sha256(path)}")
     return 0
 
 

@@ -20,6 +20,9 @@ command -v podman >/dev/null || missing+=(podman netavark)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 # busybox's wget runs compose's Prometheus/Alertmanager healthchecks in the podman compose test
 [ -x /bin/busybox ] || missing+=(busybox-static)
+# a user-defined podman network (tests/test_user_job.py): netavark's firewall rules and aardvark's names
+[ -x /usr/sbin/iptables ] || missing+=(iptables)
+[ -x /usr/lib/podman/aardvark-dns ] || missing+=(aardvark-dns)
 if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   echo "installing Debian packages: ${missing[*]}"

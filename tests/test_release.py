@@ -60,3 +60,19 @@ def test_release_builds_the_image_tar_and_the_chart_package(tmp_path: Path) -> N
     chart_version = release.chart_versions()[0]
     with helm.Chart.load(out / f"gpu-utilization-exporter-{chart_version}.tgz") as packaged:
         assert packaged.metadata["appVersion"] == version
+    # the wheels: the exporter and the training library alone (tests/test_training_standalone.py installs it)
+    for distribution in ("gpu_utilization_exporter", "gpu_utilization_exporter_training"):
+        assert (out / f"{distribution}-{version}-py3-none-any.whl").is_file(), distribution
+
+
+def test_wheels_only_builds_the_two_wheels_without_podman_or_helm(tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--wheels-only", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    version = release.package_version()
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [f"gpu_utilization_exporter-{version}-py3-none-any.whl",
+                     f"gpu_utilization_exporter_training-{version}-py3-none-any.whl"]
+    assert [line.split()[0] for line in result.stdout.splitlines()] == [str(out / n) for n in names]
+    assert not (REPO / "build").exists() and not (REPO / "exporter" / "build").exists()  # built from copies
