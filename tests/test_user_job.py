@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +36,7 @@ from typing import Any
 import pytest
 import release
 import yaml
+from compose_spec import PyCompose
 from containers import base_image, build_image, compose_run_options, container, podman, podman_problem, wait_healthy
 from gpu_exporter.simulate.scenario import load_scenario
 from servers import wait_until
@@ -41,7 +45,26 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "user-job"
 PYTHON_STAND_IN = "localhost/gpu-exporter-test-python-pip:bookworm"
 
-pytestmark = [pytest.mark.slow, pytest.mark.container]
+
+
+def test_recipe_dockerfile_is_hadolint_clean() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([hadolint, str(RECIPE / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_recipe_compose_file_is_valid_and_asks_for_the_gpu() -> None:
+    text = (RECIPE / "compose.yaml").read_text()
+    PyCompose.from_yaml(text).validate()
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is not installed: bash tests/run.sh installs Debian's docker-compose"
+    command = [binary, "-f", "compose.yaml", "config", "--quiet"]
+    env = {k: v for k, v in os.environ.items() if k != "GPU_UUID"}
+    missing = subprocess.run(command, cwd=RECIPE, env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "set GPU_UUID" in missing.stderr, missing.stderr
+    given = subprocess.run(command, cwd=RECIPE, env={**env, "GPU_UUID": "GPU-1"}, capture_output=True, text=True,
+                           timeout=120)
+    assert given.returncode == 0, given.stderr
 
 
 def recipe_services(gpu_uuid: str) -> dict[str, Any]:
@@ -71,6 +94,8 @@ def network() -> Iterator[str]:
         podman("network", "rm", "--force", name, check=False)
 
 
+@pytest.mark.slow
+@pytest.mark.container
 def test_user_job_container_pushes_to_the_exporter_container_on_a_network(tmp_path: Path) -> None:
     problem = podman_problem()
     if problem:
