@@ -337,8 +337,12 @@ def test_at_the_open_file_limit_the_server_frees_descriptors_logs_and_does_not_s
         try:
             # Each failed accept closes the longest-idle connection, so a scrape gets in.
             text = wait_until(lambda: http_get(running.url + "/metrics", timeout=5), 30, what="a scrape")
-            assert "process_open_fds" in text
             assert "open-file limit" in running.log.read_text()
+            # That scrape came while the backlog still took every freed descriptor, yet process_* are whole.
+            process = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                       if s.name.startswith("process_")}
+            assert {"process_cpu_seconds_total", "process_open_fds", "process_max_fds",
+                    "process_resident_memory_bytes"} <= process.keys(), process
             cpu_before, wall_before = running.scrape()["process_cpu_seconds_total"], time.monotonic()
             time.sleep(4)
             cpu = running.scrape()["process_cpu_seconds_total"] - cpu_before
@@ -347,6 +351,45 @@ def test_at_the_open_file_limit_the_server_frees_descriptors_logs_and_does_not_s
         finally:
             for sock in idle:
                 sock.close()
+
+
+def _server_has_read(sock: socket.socket) -> bool:
+    """True when the server's end of ``sock`` has nothing unread (its thread took what we sent)."""
+    client_port, server_port = sock.getsockname()[1], sock.getpeername()[1]
+    out = subprocess.run(["ss", "-tnH", "state", "established",
+                          f"( sport = :{server_port} and dport = :{client_port} )"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return bool(out) and out[0] == "0"  # Recv-Q
+
+
+def test_at_the_open_file_limit_a_scrape_still_gets_every_process_metric(tmp_path: Path) -> None:
+    """Every descriptor held by connections mid-request (none idle, so none to close): a scrape whose request
+    began before the limit was reached still gets the process_* families, which need /proc files."""
+    limit = 64
+    with exporter("--web.max-connections", "1000", "--web.read-timeout", "120", tmp_path=tmp_path,
+                  open_files=limit) as running, connect(running.port) as scrape:
+        scrape.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # busy: the blank line comes at the limit
+        wait_until(lambda: _server_has_read(scrape), 30, what="the server to read the request's start")
+        time.sleep(0.2)  # from the read to marking the connection busy is a few statements
+        busy: list[socket.socket] = []
+        try:
+            def at_limit() -> bool:  # one more connection mid-request, until accept fails for want of a descriptor
+                busy.append(connect(running.port))
+                busy[-1].sendall(b"GET /metrics HTTP/1.1\r\n")
+                return "open-file limit" in running.log.read_text()
+
+            wait_until(at_limit, 60, interval=0.05, what="every descriptor to be taken")
+            scrape.sendall(b"\r\n")
+            status, _, body = read_response(scrape)
+        finally:
+            for sock in busy:
+                sock.close()
+    assert status == 200
+    process = {s.name: s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples
+               if s.name.startswith("process_")}
+    assert {"process_cpu_seconds_total", "process_open_fds", "process_max_fds", "process_resident_memory_bytes",
+            "process_start_time_seconds"} <= process.keys(), process
+    assert process["process_max_fds"] == limit and process["process_open_fds"] >= limit - 2, process
 
 
 def test_page_routes_are_the_status_pages() -> None:

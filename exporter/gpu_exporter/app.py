@@ -14,8 +14,6 @@ import logging
 from dataclasses import fields
 from typing import Any
 
-import prometheus_client
-
 from gpu_exporter import collectors
 from gpu_exporter.collectors.base import PollingCollector
 from gpu_exporter.collectors.xid import XidCollector
@@ -24,7 +22,7 @@ from gpu_exporter.exposition import Source
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.selfmetrics import SelfMetrics
+from gpu_exporter.selfmetrics import ProcessMetrics, SelfMetrics
 from gpu_exporter.server import Limits, MetricsServer
 
 log = logging.getLogger(__name__)
@@ -66,7 +64,8 @@ class Exporter:
         sources: list[Source] = [*polling]
         sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
         sources.append(self.health)
-        sources.append(prometheus_client.ProcessCollector(registry=None))  # process_*: CPU, memory, open files
+        self.process = ProcessMetrics()  # process_*: CPU, memory, open files (whole at the open-file limit)
+        sources.append(self.process)
         self.sources = sources
         self.server: MetricsServer | None = None
 
@@ -113,7 +112,7 @@ class Exporter:
             self.config.listen_host_port, self.sources, ready=self.ready,
             telemetry_path=self.config.web_telemetry_path, ingest=self.training,
             ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure,
-            headers=headers, limits=Limits.from_config(self.config))
+            headers=headers, limits=Limits.from_config(self.config), accept_guard=self.process.guard)
         self.sampler.poll_once()
         self.sampler.after_poll = self._prepare_scrape
         self.sampler.start()

@@ -1,20 +1,24 @@
 """The exporter's own metrics (``gpu_exporter_*``): build info, collector outcomes, NVML errors,
-sample age, GPU count, and HTTP authentication failures.
+sample age, GPU count, and HTTP authentication failures; and ``process_*`` (CPU, memory, open
+files), which stay whole at the open-file limit.
 
 They are computed at scrape time from the sampler's bookkeeping, so this module sits beside
 the sampler and imports it; the collectors never import upward. Example::
 
-    metrics = SelfMetrics(sampler)
-    server = MetricsServer(..., sources=[*collectors, metrics])
+    metrics, process = SelfMetrics(sampler), ProcessMetrics()
+    server = MetricsServer(..., sources=[*collectors, metrics, process], accept_guard=process.guard)
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpu_exporter import __version__
@@ -84,3 +88,43 @@ class SelfMetrics:
             failures = self._auth_failures
         yield CounterMetricFamily("gpu_exporter_http_auth_failures",
                                   "HTTP requests rejected for missing or wrong credentials.", value=failures)
+
+
+class ProcessMetrics:
+    """``process_*`` from /proc (prometheus_client's ProcessCollector), whole even at the open-file limit.
+
+    The collector opens /proc/self/stat, /proc/self/limits and /proc/self/fd at each scrape. At the
+    limit (a flood of connections) those opens fail and the families vanish exactly when they
+    matter. So ``spare`` descriptors are held in reserve and closed just before collecting, and
+    ``guard`` is held meanwhile: the server accepts connections only under it, so no accept can
+    take the freed descriptors. They are opened again afterwards (whatever another thread took in
+    between is retried at the next scrape).
+
+    >>> names = {m.name for m in ProcessMetrics().collect()}
+    >>> {"process_cpu_seconds", "process_open_fds", "process_resident_memory_bytes"} <= names
+    True
+    """
+
+    name = "process"
+
+    def __init__(self, spare: int = 2) -> None:
+        self._collector = ProcessCollector(registry=None)
+        self.guard = threading.Lock()
+        self._wanted = spare
+        self._spare: list[int] = []
+        self._refill()
+
+    def _refill(self) -> None:
+        with contextlib.suppress(OSError):
+            while len(self._spare) < self._wanted:
+                self._spare.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+
+    def collect(self) -> Iterator[Metric]:
+        with self.guard:
+            while self._spare:
+                os.close(self._spare.pop())
+            try:
+                families = list(self._collector.collect())
+            finally:
+                self._refill()
+        yield from families

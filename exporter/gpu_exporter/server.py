@@ -125,8 +125,10 @@ class MetricsServer(ThreadingHTTPServer):
                  ingest: Ingest | None = None, ssl_context: ssl.SSLContext | None = None,
                  check_auth: Callable[[str | None], bool] | None = None,
                  on_auth_failure: Callable[[], None] | None = None,
-                 headers: dict[str, str] | None = None, limits: Limits | None = None) -> None:
+                 headers: dict[str, str] | None = None, limits: Limits | None = None,
+                 accept_guard: contextlib.AbstractContextManager[Any] | None = None) -> None:
         self.sources: list[Source] = [*sources, self]
+        self.accept_guard = accept_guard or threading.Lock()  # held by whoever needs the next free descriptors
         self.body = Body(self.sources)
         """The /metrics body; ``body.prepare()`` renders ahead of an expected scrape."""
         self.scrapes = ScrapeForecast()
@@ -191,7 +193,8 @@ class MetricsServer(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[socket.socket, Any]:
         try:
-            return super().get_request()
+            with self.accept_guard:
+                return super().get_request()
         except OSError as err:
             if err.errno in (errno.EMFILE, errno.ENFILE):
                 self.reject("open_files", f"cannot accept a connection: {err.strerror}; raise the open-file "
