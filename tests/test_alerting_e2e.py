@@ -218,7 +218,8 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
     assert low["labels"] == {"alertname": "GpuUtilizationLow", "severity": "warning", "gpu": "2",
                              "uuid": "GPU-e2e-low", "node": NODE, "job": "gpu-exporter",
                              "instance": low["labels"]["instance"]}
-    assert re.match(r"GPU 2 \(GPU-e2e-low\) on node e2e-node has averaged 2\d(\.\d+)?% utilization",
+    assert re.match(r"GPU 2 \(GPU-e2e-low\) on node e2e-node has been below 30% utilization for 15m \(5m mean, "
+                    r"down to [12]\d(\.\d+)?% in the last 5m\)",
                     low["annotations"]["description"]), low["annotations"]["description"]
 
     remedies = {"GpuTrainingInputBound": ("M1", "loader", "1"), "GpuTrainingMetricsBound": ("M2", "evaluator", "3"),

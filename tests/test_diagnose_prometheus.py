@@ -1,7 +1,8 @@
 """``gpu-exporter diagnose --prometheus-url``: the same verdicts from a real Prometheus, filters, errors.
 
 Prometheus runs the shipped rules, shrunk 60-fold at test time as in test_alerting_e2e (``[5m]`` ->
-``[5s]``): diagnose reads only their recording-rule series for utilization, phases and causes.
+``[5s]``): by default diagnose reads only their recording-rule series for utilization, phases and
+causes; with ``--window``/``--at`` it computes the same signals for any window ending at any time.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -75,10 +77,42 @@ def test_prometheus_without_gpu_metrics_is_one_sentence_and_exit_2() -> None:
         assert result.returncode == 2
         assert result.stderr == (f"gpu-exporter: error: {prom}/metrics serves no gpu-exporter metrics "
                                  "(gpu_exporter_build_info is missing): point --url at a gpu-exporter\n")
-        result = run_cli("diagnose", "--prometheus-url", prom, "--window", "5m")
+        result = run_cli("diagnose", "--prometheus-url", prom, "--window", "1h", "--at=-2h")
         assert result.returncode == 2
-        assert result.stderr == ("gpu-exporter: error: --window applies to --url only: from Prometheus diagnose "
-                                 "reads the recording rules, which average over 5m\n")
+        assert result.stderr == (f"gpu-exporter: error: Prometheus at {prom} has no gpu_info series in the last 15m: "
+                                 "is it scraping a gpu-exporter (see its Targets page)?\n")
+
+
+def test_at_and_window_errors_are_one_sentence() -> None:
+    result = run_cli("diagnose", "--url", "http://127.0.0.1:9", "--at=-1h")
+    assert (result.returncode, result.stderr) == (2, "gpu-exporter: error: --at needs --prometheus-url (an exporter "
+                                                     "only knows the present)\n")
+    result = run_cli("diagnose", "--prometheus-url", "http://127.0.0.1:9", "--at", "yesterday")
+    assert (result.returncode, result.stderr) == (2, "gpu-exporter: error: --at: 'yesterday' is not a time: use now, "
+                                                     "-2h (before now), Unix seconds or 2026-12-03T05:00:00Z\n")
+
+
+def test_any_window_at_any_time_gives_the_rules_verdicts(prometheus: str) -> None:
+    """A window the rules do not record (10s, 3s), now and 2 s ago: the verdicts and signals of the rules."""
+    rules = {g["uuid"]: g for g in json.loads(
+        run_cli("diagnose", "--prometheus-url", prometheus, "--output", "json").stdout)["gpus"]}
+    at = time.time() - 2
+    for extra in (["--window", "10s"], ["--window", "3s", "--at", f"{at:.3f}"]):
+        result = run_cli("diagnose", "--prometheus-url", prometheus, *extra, "--output", "json")
+        assert result.returncode == 1, result.stderr
+        doc = json.loads(result.stdout)
+        assert {g["uuid"]: g["verdict"]["verdict"] for g in doc["gpus"]} == EXPECTED, extra
+        assert doc["window_seconds"] == float(extra[1].rstrip("s"))
+        got = {g["uuid"]: g for g in doc["gpus"]}
+        for uuid in ("GPU-diag-input", "GPU-diag-metrics"):
+            assert got[uuid]["utilization"] == pytest.approx(rules[uuid]["utilization"], abs=0.03), (extra, uuid)
+            for phase, share in rules[uuid]["runs"][0]["shares"].items():
+                assert got[uuid]["runs"][0]["shares"][phase] == pytest.approx(share, abs=0.05), (extra, uuid, phase)
+    text = run_cli("diagnose", "--prometheus-url", prometheus, "--run", "loader", "--window", "10s", "--at=-1s")
+    assert text.returncode == 1
+    assert re.search(r"10s ending 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ \(the rules' signals over that window\)",
+                     text.stdout), text.stdout
+    assert "input-bound (M1)" in text.stdout
 
 
 def test_prometheus_without_the_rules_is_one_sentence_and_exit_2() -> None:

@@ -22,6 +22,12 @@ unused                             no memory, process or live run on the GPU
 unknown                            NVML reports no utilization (GPUs in MIG mode)
 =================================  ==============================================================
 
+``--prometheus-url`` with ``--window`` and/or ``--at`` judges any window ending at any time Prometheus
+still holds: the recording rules' signals are computed for that window from the raw counters
+(:func:`from_prometheus_window`: ``rate``/``increase`` over the window, evaluated at ``--at``) and
+judged with the same cause table and judge (:func:`gpu_exporter.causes.find_causes`, which the
+conformance test holds equal to the generated rules).
+
 Only live runs count: a run that finished (it reports no current phase) or has not pushed for
 ``max(30 s, 2 x window)`` is listed as finished and ignored when judging. ``--run`` judges only
 that run. Runs whose snapshots carry no GPU UUID cannot be joined to a GPU: they are listed
@@ -32,6 +38,7 @@ unreachable source. Example::
 
     $ gpu-exporter diagnose --url http://127.0.0.1:9445 --window 30s
     $ gpu-exporter diagnose --prometheus-url http://prometheus:9090 --namespace ml-team --output json
+    $ gpu-exporter diagnose --prometheus-url http://prometheus:9090 --run resnet --window 2h --at=-8h
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ from gpu_exporter.commands.metrics_client import (
     Prometheus,
     Snapshot,
     fail,
+    iso,
+    parse_time,
+    promql_duration,
     read_after,
 )
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
@@ -235,11 +245,31 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     return readings
 
 
+def from_prometheus_window(prom: Prometheus, seconds: float) -> Readings:
+    """Readings from Prometheus over any window ending at ``prom.at``: the recording rules' signals for it.
+
+    ``rate(gpu_busy_seconds_total[W])`` is ``gpu:gpu_utilization:avg5m`` with the window W, the phases'
+    ``increase(...[W])`` give ``run:gpu_training_phase:share5m``'s shares, allocator events are counted over
+    W; the causes are then judged with the cause table (``findings`` None). Needs no rules loaded.
+    """
+    w = promql_duration(seconds)
+    prom.require("gpu_info", "15m")
+    readings = _common(Readings(), ((name, prom.query(name)) for name in _INSTANT))
+    readings.utilization = {u: min(v, 1.0) for u, v in _per_gpu(prom.query(f"rate(gpu_busy_seconds_total[{w}])"))
+                            .items() if math.isfinite(v)}
+    readings.phase_window = _phases(prom.query(f"increase(gpu_training_phase_seconds_total[{w}])"))
+    readings.retries = _per_run(prom.query(f"increase(gpu_training_allocator_retries_total[{w}])"))
+    readings.ooms = _per_run(prom.query(f"increase(gpu_training_allocator_ooms_total[{w}])"))
+    readings.live = {key for key, value in _per_run(
+        prom.query("max without (phase) (gpu_training_current_phase)")).items() if value == 1.0}
+    return readings
+
+
 def from_prometheus(prom: Prometheus) -> Readings:
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 
-    Utilization, memory, phase shares and causes come only from the recording rules (5m windows);
-    names, processes, pods and batch sizes from the exporter's instant series.
+    Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
+    ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series.
     """
     prom.require("gpu_info", "15m")
     if not prom.query("count(gpu:gpu_utilization:avg5m)"):
@@ -487,8 +517,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="diagnose from Prometheus instead, reading the recording rules of "
                              "prometheus/rules (a fleet; narrow it with --node/--namespace/--run)")
     parser.add_argument("--window", metavar="DURATION",
-                        help=f"time to average over, with --url (default {DEFAULT_WINDOW_EXPORTER}); from "
-                             f"Prometheus the recording rules' {PROMETHEUS_WINDOW} window is used")
+                        help=f"time to average over (default {DEFAULT_WINDOW_EXPORTER} with --url; from Prometheus "
+                             f"the recording rules' {PROMETHEUS_WINDOW}, any other window is computed for you)")
+    parser.add_argument("--at", metavar="TIME",
+                        help="with --prometheus-url: judge the window ending at TIME (default now): --at=-8h, Unix "
+                             "seconds or 2026-12-03T05:00:00Z")
     parser.add_argument("--node", help="only GPUs of this node (its node or instance label; Prometheus only)")
     parser.add_argument("--namespace", help="only GPUs allocated to pods of this Kubernetes namespace")
     parser.add_argument("--run", dest="run_name", metavar="RUN",
@@ -540,13 +573,20 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsError("--url and --prometheus-url exclude each other: read one exporter or Prometheus")
         if args.node is not None and args.prometheus_url is None:
             raise MetricsError("--node needs --prometheus-url (an exporter only knows its own node)")
+        if args.at is not None and args.prometheus_url is None:
+            raise MetricsError("--at needs --prometheus-url (an exporter only knows the present)")
         if args.prometheus_url is not None:
-            if args.window is not None:
-                raise MetricsError(f"--window applies to --url only: from Prometheus diagnose reads the recording "
-                                   f"rules, which average over {PROMETHEUS_WINDOW}")
-            seconds, window = parse_duration(PROMETHEUS_WINDOW), f"{PROMETHEUS_WINDOW} (recording rules)"
-            prom = Prometheus(args.prometheus_url)
-            readings, source = from_prometheus(prom), prom.base
+            at = None if args.at is None else parse_time(args.at, "--at")
+            prom = Prometheus(args.prometheus_url, at=at)
+            seconds, window = _window(args.window or PROMETHEUS_WINDOW)
+            ending = "" if at is None else f" ending {iso(at)}"
+            if seconds == parse_duration(PROMETHEUS_WINDOW):
+                window = f"{PROMETHEUS_WINDOW}{ending} (recording rules)"
+                readings = from_prometheus(prom)
+            else:
+                window = f"{window}{ending} (the rules' signals over that window)"
+                readings = from_prometheus_window(prom, seconds)
+            source = prom.base
         else:
             seconds, window = _window(args.window or DEFAULT_WINDOW_EXPORTER)
             exporter = ExporterSource(args.url or DEFAULT_URL)

@@ -3,8 +3,8 @@
 Three sources, one shape: an exporter's ``/metrics`` page (:class:`ExporterSource`), NVML in
 this process through the exporter's own collectors (:class:`NvmlSource`, also on simulated
 GPUs), each returning a :class:`Snapshot`; and Prometheus's HTTP API (:class:`Prometheus`) for
-instant queries. Every failure is a :class:`MetricsError` whose message is one sentence that
-says what went wrong and what to check. Example::
+instant queries (now or at a given time) and range queries. Every failure is a :class:`MetricsError`
+whose message is one sentence that says what went wrong and what to check. Example::
 
     source = ExporterSource("http://127.0.0.1:9445")
     first = source.read(); time.sleep(1); second = source.read()
@@ -15,6 +15,7 @@ says what went wrong and what to check. Example::
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import socket
 import ssl
@@ -291,20 +292,62 @@ class NvmlSource:
             simulate.uninstall()
 
 
+def parse_time(text: str, what: str, now: float | None = None) -> float:
+    """Unix seconds of ``text``: ``now``, ``-DURATION`` (before now), Unix seconds, or ISO 8601 (UTC if no zone).
+
+    >>> parse_time("2026-12-03T05:00:00Z", "--at")
+    1796274000.0
+    >>> parse_time("-1h", "--at", now=7200.0)
+    3600.0
+    """
+    from gpu_exporter.thresholds import parse_duration
+    now = time.time() if now is None else now
+    text = text.strip()
+    try:
+        if text == "now":
+            return now
+        if text.startswith("-"):
+            return now - parse_duration(text[1:])
+        if text.replace(".", "", 1).isdigit():
+            return float(text)
+        stamp = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise MetricsError(f"{what}: {text!r} is not a time: use now, -2h (before now), Unix seconds or "
+                           "2026-12-03T05:00:00Z") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+    return stamp.timestamp()
+
+
+def iso(seconds: float) -> str:
+    """``1796274000.0 -> "2026-12-03T05:00:00Z"`` (UTC, whole seconds)."""
+    return datetime.datetime.fromtimestamp(round(seconds), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def promql_duration(seconds: float) -> str:
+    """A PromQL range for ``seconds``: ``300.0 -> "300s"``, ``0.5 -> "500ms"``."""
+    return f"{round(seconds)}s" if seconds >= 10 or seconds == round(seconds) else f"{round(seconds * 1000)}ms"
+
+
+Series = list[tuple[float, float]]
+"""(Unix seconds, value) pairs of one range-query series."""
+
+
 class Prometheus:
-    """Instant queries against Prometheus's HTTP API.
+    """Instant queries (now, or at ``at``) and range queries against Prometheus's HTTP API.
 
     >>> Prometheus("http://prometheus:9090").base
     'http://prometheus:9090'
     """
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, at: float | None = None) -> None:
         self.base = normalize_url(url, "", "Prometheus server").rstrip("/")
         self.timeout = timeout
+        self.at = at
+        """Evaluate instant queries at this Unix time (None: now)."""
 
-    def query(self, expr: str) -> list[tuple[Labels, float]]:
-        """The instant vector ``expr`` evaluates to now, as (labels, value) pairs."""
-        url = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    def _data(self, path: str, params: dict[str, str], expr: str, kind: str) -> list[dict[str, Any]]:
+        url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         body = _fetch(url, "Prometheus server", self.timeout)
         try:
             doc = json.loads(body)
@@ -314,10 +357,23 @@ class Prometheus:
                                ) from None
         if status != "success":
             raise MetricsError(f"Prometheus at {self.base} rejected the query {expr!r}: {doc.get('error', status)}")
-        if data.get("resultType") != "vector":
+        if data.get("resultType") != kind:
             raise MetricsError(f"Prometheus at {self.base} answered {expr!r} with a {data.get('resultType')}, "
-                               "not a vector")
-        return [(dict(item["metric"]), float(item["value"][1])) for item in data.get("result", [])]
+                               f"not a {kind}")
+        result: list[dict[str, Any]] = data.get("result", [])
+        return result
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, Series]]:
+        """``expr`` evaluated every ``step`` seconds from ``start`` to ``end``: (labels, [(time, value)])."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return [(dict(item["metric"]), [(float(t), float(v)) for t, v in item["values"]])
+                for item in self._data("query_range", params, expr, "matrix")]
+
+    def query(self, expr: str) -> list[tuple[Labels, float]]:
+        """The instant vector ``expr`` evaluates to now (or at ``at``), as (labels, value) pairs."""
+        params = {"query": expr} if self.at is None else {"query": expr, "time": f"{self.at:.3f}"}
+        return [(dict(item["metric"]), float(item["value"][1]))
+                for item in self._data("query", params, expr, "vector")]
 
     def require(self, metric: str, window: str) -> None:
         """Raise MetricsError unless Prometheus holds ``metric`` within the last ``window``."""
