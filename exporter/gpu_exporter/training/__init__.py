@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 from .protocol import DEFAULT_MAX_CUSTOM_PHASES, DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES
 
 if TYPE_CHECKING:
+    from .hooks import Watch
     from .run import Phase, Run
 
-__all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start"]
+__all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start", "watch"]
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -91,3 +92,16 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     atexit.register(run.close)
     run._pusher.start()
     return run
+
+def watch(model: Any = None, optimizer: Any = None, loader: Any = None, **options: Any) -> Watch:
+    """Time a plain PyTorch loop without editing it: hooks on ``model``, ``optimizer`` and ``loader``.
+
+    ``data`` is time in the loader's iterator, ``compute`` the model's forward and backward and
+    ``optimizer.step``, ``checkpoint`` ``torch.save`` on this thread, ``metrics`` the calls of the
+    ``metrics=[...]`` objects; a step ends at each ``optimizer.step``. Options: ``name``, ``run``
+    (an open run) or ``training.start``'s options. Returns a handle with ``close()`` and ``run``.
+    See gpu_exporter.training.hooks and docs/training.md.
+    """
+    from .hooks import watch as watch_loop
+
+    return watch_loop(model, optimizer, loader, **options)

@@ -1,0 +1,396 @@
+"""Time a plain PyTorch loop nobody will edit: ``training.watch(model, optimizer, loader)``.
+
+The problem: most training loops are never instrumented by hand, so their GPUs show as "not
+instrumented". This module puts the phase timers into the objects the loop already uses,
+through PyTorch's own hooks, and leaves the loop body as it is::
+
+    watcher = training.watch(model, optimizer, loader, name="resnet50")
+    for x, y in loader:                      # unchanged loop
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    watcher.close()
+
+The rule (docs/training.md, "training.watch"):
+
+* ``data``: time inside ``next()`` on an iterator of ``loader`` (the instance's class is swapped
+  for a subclass whose ``__iter__`` wraps the iterator; the class comes back on ``close()``);
+* ``compute``: ``model``'s forward (forward pre-hook to forward hook), its backward (from the first
+  gradient that reaches one of its outputs to the end of that backward pass, through a tensor hook
+  and the autograd engine's end-of-pass callback) and ``optimizer.step`` (step pre- and post-hooks);
+* ``metrics``: calls of the objects given as ``metrics=`` (their ``update``/``compute``/``forward``,
+  e.g. torchmetrics metrics), and any ``with watcher.run.phase("metrics")`` block;
+* ``checkpoint``: ``torch.save`` called from the training thread while watched;
+* ``other``: the rest (moving batches, the loss function, zero_grad, logging).
+* A step ends at each ``optimizer.step`` (with the samples of the batches fetched since the last
+  one); without an optimizer, at each batch.
+
+The building blocks (the timed iterator, the ``torch.save`` patch, metric objects) are shared
+with the Lightning and Transformers callbacks (``training.lightning``, ``training.transformers``).
+Importing this module imports nothing heavy; torch is imported by :func:`watch` only.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar
+
+from .run import Phase, Run
+
+METRIC_METHODS = ("update", "compute", "forward")
+"""Methods of a ``metrics=`` object whose calls count as phase ``metrics``."""
+
+
+def default_name(script: str | None = None) -> str:
+    """A run name from the script's file name (``sys.argv[0]``); ``"training"`` without one.
+
+    >>> default_name("/jobs/my train.py"), default_name("")
+    ('my_train', 'training')
+    """
+    if script is None:
+        script = sys.argv[0] if sys.argv else ""
+    return re.sub(r"[^A-Za-z0-9_.:/@+-]", "_", Path(script).stem)[:128] or "training"
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in ``batch``: the first dimension of its first tensor (in tuples, lists and dicts).
+
+    >>> class T:
+    ...     shape = (32, 3)
+    >>> batch_len((T(), T())), batch_len({"input_ids": T()}), batch_len("text")
+    (32, 32, 0)
+    """
+    for _ in range(3):
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 0
+        if isinstance(batch, (tuple, list)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return 0
+    return 0
+
+
+def to_other(run: Run) -> None:
+    """Leave every phase still open (one a failed backward or an unfinished save left), back to ``other``."""
+    while run._current is not run._other:
+        current = run._current
+        current._depth = 0
+        current.__exit__(None, None, None)
+
+
+class _TimedIterator:
+    """An iterator over a loader's iterator whose ``next()`` is phase ``data``; other attributes pass through."""
+
+    __slots__ = ("_it", "_on_batch", "_phase", "_run")
+
+    def __init__(self, it: Iterator[Any], phase: Phase, on_batch: Callable[[Any], None]) -> None:
+        self._it, self._phase, self._on_batch, self._run = it, phase, on_batch, phase._run
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        run = self._run
+        if run._current is not run._other:
+            to_other(run)
+        with self._phase:
+            item = next(self._it)
+        self._on_batch(item)
+        return item
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+_timed_classes: dict[type, type] = {}
+
+
+def _timed_class(cls: type) -> type:
+    """A subclass of loader class ``cls`` whose ``__iter__`` returns a timed iterator (one per class)."""
+    timed = _timed_classes.get(cls)
+    if timed is None:
+        def __iter__(self: Any) -> Iterator[Any]:
+            hooks = self.__dict__["_gpu_exporter_data"]
+            return _TimedIterator(cls.__iter__(self), *hooks)  # type: ignore[attr-defined]
+
+        timed = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
+                                            "__qualname__": cls.__qualname__})
+        _timed_classes[cls] = timed
+    return timed
+
+
+class LoaderTimer:
+    """Time ``next()`` on every iterator of ``loader`` as ``phase``; ``undo()`` restores the loader.
+
+    ``on_batch(batch)`` runs after each fetched batch (counting samples). An accelerate
+    ``DataLoaderShard`` (which hides its class) is timed through its ``base_dataloader``.
+    """
+
+    def __init__(self, loader: Any, phase: Phase, on_batch: Callable[[Any], None]) -> None:
+        target = getattr(loader, "base_dataloader", None) or loader
+        if not hasattr(type(target), "__iter__"):
+            raise TypeError(f"training.watch: loader must be iterable (a DataLoader), not {type(target).__name__}")
+        if "_gpu_exporter_data" in vars(target):
+            raise ValueError("training.watch: this loader is already watched")
+        self._target = target
+        self._cls = type(target)
+        object.__setattr__(target, "_gpu_exporter_data", (phase, on_batch))
+        object.__setattr__(target, "__class__", _timed_class(self._cls))
+
+    def undo(self) -> None:
+        target = self._target
+        if type(target) is _timed_classes.get(self._cls):
+            object.__setattr__(target, "__class__", self._cls)
+        vars(target).pop("_gpu_exporter_data", None)
+
+
+class SaveTimer:
+    """While active, ``torch.save`` called from the thread that created this counts as ``phase``.
+
+    ``torch.save`` is wrapped once per process; the wrapper calls straight through for any other
+    thread, or when no timer is active.
+    """
+
+    _active: ClassVar[list[SaveTimer]] = []
+    _original: ClassVar[Callable[..., Any] | None] = None
+
+    def __init__(self, phase: Phase) -> None:
+        import torch
+
+        self.phase = phase
+        self.thread = threading.get_ident()
+        cls = SaveTimer
+        if cls._original is None:
+            original = torch.save
+            cls._original = original
+
+            def save(*args: Any, **kwargs: Any) -> Any:
+                me = threading.get_ident()
+                for timer in cls._active:
+                    if timer.thread == me:
+                        with timer.phase:
+                            return original(*args, **kwargs)
+                return original(*args, **kwargs)
+
+            save.__wrapped__ = original  # type: ignore[attr-defined]
+            save.__doc__ = original.__doc__
+            torch.save = save
+        cls._active.append(self)
+
+    def undo(self) -> None:
+        if self in SaveTimer._active:
+            SaveTimer._active.remove(self)
+
+
+class MethodTimer:
+    """Calls of ``obj.<name>`` for each of ``names`` it has count as ``phase``; ``undo()`` restores them.
+
+    The timed method is set on the instance (a normal call looks there first), so other
+    instances of the class are untouched.
+    """
+
+    def __init__(self, obj: Any, phase: Phase, names: Iterable[str] = METRIC_METHODS) -> None:
+        self._obj = obj
+        self._saved: list[tuple[str, Any]] = []
+        for name in names:
+            method = getattr(obj, name, None)
+            if not callable(method):
+                continue
+            self._saved.append((name, vars(obj).get(name, _MISSING)))
+            object.__setattr__(obj, name, _timed_call(method, phase))
+        if not self._saved:
+            raise TypeError(f"training.watch: metrics= takes objects with update/compute/forward methods (a "
+                            f"torchmetrics metric), not {type(obj).__name__}; time a plain function with "
+                            "`with watcher.run.phase('metrics'):`")
+
+    def undo(self) -> None:
+        for name, saved in self._saved:
+            if saved is _MISSING:
+                vars(self._obj).pop(name, None)
+            else:
+                object.__setattr__(self._obj, name, saved)
+        self._saved = []
+
+
+_MISSING = object()
+
+
+def _timed_call(method: Callable[..., Any], phase: Phase) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with phase:
+            return method(*args, **kwargs)
+    timed.__wrapped__ = method  # type: ignore[attr-defined]
+    return timed
+
+
+def is_torchmetric(module: Any) -> bool:
+    """True for a torchmetrics ``Metric`` (checked by class name, without importing torchmetrics).
+
+    >>> is_torchmetric(object())
+    False
+    """
+    return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics") for c in type(module).__mro__)
+
+
+class Watch:
+    """The hooks :func:`watch` put on a model, optimizer and loader; ``close()`` removes them all.
+
+    ``run`` is the :class:`Run` they report to (``run.phase("metrics")`` marks more metrics time).
+    """
+
+    def __init__(self, run: Run, model: Any, optimizer: Any, loader: Any, metrics: Iterable[Any],
+                 checkpoints: bool, owns_run: bool) -> None:
+        self.run = run
+        self._owns_run = owns_run
+        self._undo: list[Callable[[], None]] = []
+        self._pending_samples = 0
+        self._in_backward = False
+        try:
+            self._hook(model, optimizer, loader, metrics, checkpoints)
+        except BaseException:
+            self.close()
+            raise
+
+    def _hook(self, model: Any, optimizer: Any, loader: Any, metrics: Iterable[Any], checkpoints: bool) -> None:
+        import torch
+
+        run = self.run
+        compute = run.phase("compute")
+        engine = torch.autograd.Variable._execution_engine
+        step_each_batch = optimizer is None
+
+        def on_batch(batch: Any) -> None:
+            self._pending_samples += batch_len(batch)
+            if step_each_batch:
+                self._step()
+
+        if loader is not None:
+            self._undo.append(LoaderTimer(loader, run.phase("data"), on_batch).undo)
+        if checkpoints:
+            self._undo.append(SaveTimer(run.phase("checkpoint")).undo)
+        for obj in metrics:
+            self._undo.append(MethodTimer(obj, run.phase("metrics")).undo)
+
+        def end_backward() -> None:
+            self._in_backward = False
+            compute.__exit__(None, None, None)
+
+        def start_backward(grad: Any) -> None:
+            if not self._in_backward:
+                self._in_backward = True
+                compute.__enter__()
+                engine.queue_callback(end_backward)
+
+        def forward_pre(module: Any, args: Any) -> None:
+            compute.__enter__()
+
+        def forward_post(module: Any, args: Any, output: Any) -> None:
+            compute.__exit__(None, None, None)
+            if torch.is_grad_enabled():
+                for tensor in _tensors(output):
+                    if tensor.requires_grad:
+                        tensor.register_hook(start_backward)
+
+        if model is not None:
+            self._undo.append(model.register_forward_pre_hook(forward_pre).remove)
+            self._undo.append(model.register_forward_hook(forward_post, always_call=True).remove)
+            _enable_distributed(run, model)
+        def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
+            compute.__enter__()
+
+        for opt in _as_list(optimizer):
+            self._undo.append(opt.register_step_pre_hook(step_pre).remove)
+        if optimizer is not None:
+            first = _as_list(optimizer)[0]
+
+            def step_post(opt: Any, args: Any, kwargs: Any) -> None:
+                compute.__exit__(None, None, None)
+                if opt is first:
+                    self._step()
+
+            for opt in _as_list(optimizer):
+                self._undo.append(opt.register_step_post_hook(step_post).remove)
+
+    def _step(self) -> None:
+        self.run.step(samples=self._pending_samples)
+        self._pending_samples = 0
+
+    def close(self) -> None:
+        """Remove every hook, restore the loader and ``torch.save``, and close the run if watch started it."""
+        undo, self._undo = self._undo, []
+        for fn in reversed(undo):
+            fn()
+        if self._owns_run:
+            self.run.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _as_list(optimizer: Any) -> list[Any]:
+    if optimizer is None:
+        return []
+    return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+
+
+def _tensors(output: Any) -> list[Any]:
+    """The tensors among a forward's output: itself, or the items of a tuple, list or dict (HF outputs)."""
+    if hasattr(output, "requires_grad"):
+        return [output]
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return [t for t in items if hasattr(t, "requires_grad")]
+
+
+def _enable_distributed(run: Run, model: Any) -> None:
+    """Time collectives as ``communication`` when the job is distributed (training.watch_distributed).
+
+    Hook point for the communication phase: with a DistributedDataParallel ``model``, its gradient
+    all-reduce is timed too. Does nothing when the library has no distributed support or the job
+    is not distributed.
+    """
+    from .. import training
+
+    enable = getattr(training, "watch_distributed", None)
+    if enable is not None and type(model).__name__ == "DistributedDataParallel":
+        enable(run, model)
+
+
+def start_run(name: str | None, run: Run | None, options: dict[str, Any]) -> tuple[Run, bool]:
+    """``run`` if given (not owned), else a new ``training.start(name or default_name(), **options)``."""
+    if run is not None:
+        if options:
+            raise ValueError(f"training.watch: pass either run= or start options, not both ({sorted(options)})")
+        return run, False
+    from .. import training
+
+    return training.start(name or default_name(), **options), True
+
+
+def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, name: str | None = None,
+          run: Run | None = None, metrics: Iterable[Any] = (), checkpoints: bool = True,
+          **options: Any) -> Watch:
+    """Time a plain PyTorch loop through hooks on ``model``, ``optimizer`` and ``loader``; returns a :class:`Watch`.
+
+    ``name`` and ``options`` go to ``training.start`` (url, uuid, push_interval, ...), or pass an
+    open ``run``. ``metrics``: objects whose update/compute/forward calls count as ``metrics``.
+    ``checkpoints``: count ``torch.save`` on this thread as ``checkpoint``. Call ``close()`` (or
+    use ``with``) when training ends. The rule is in the module docstring and docs/training.md.
+    """
+    owned_run, owns = start_run(name, run, options)
+    return Watch(owned_run, model, optimizer, loader, metrics, checkpoints, owns)

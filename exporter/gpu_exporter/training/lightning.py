@@ -1,0 +1,149 @@
+"""PyTorch Lightning in one line: ``Trainer(callbacks=[GpuExporterCallback("my-run")])``.
+
+The problem: a Lightning job's loop lives inside ``Trainer.fit``, so nobody can put phase timers
+into it by hand. This callback times the phases from Lightning's own hooks and objects:
+
+* ``data``: from ``on_train_epoch_start`` or ``on_train_batch_end`` to the next
+  ``on_train_batch_start``: the fetch of the next batch (Lightning creates the DataLoader's
+  iterator before any callback hook runs, so the gap is timed) and Lightning's own per-batch
+  bookkeeping around it, less any validation or checkpoint in the gap;
+* ``compute``: ``on_train_batch_start`` to ``on_train_batch_end`` (``training_step``, backward,
+  optimizer step), less any metrics or checkpoint time inside it;
+* ``metrics``: the validation loop (``on_validation_start`` to ``on_validation_end``) and every
+  call of a torchmetrics metric that is a submodule of the LightningModule (update/compute/forward);
+* ``checkpoint``: ``trainer.save_checkpoint`` (ModelCheckpoint and your own calls) and the
+  checkpoint callbacks' batch, epoch and validation-end hooks (choosing, saving, pruning files);
+* ``other``: the rest (logging, progress bar, other callbacks).
+
+A step is one training batch (``on_train_batch_end``, with that batch's samples). The run lasts
+from ``on_train_start`` to ``on_train_end`` (the sanity check before it is not counted), rank =
+``trainer.global_rank`` unless given. Both package names work: ``GpuExporterCallback`` subclasses
+the ``Callback`` of the Lightning you imported (``lightning`` if you imported it or nothing yet
+and it is installed, else ``pytorch_lightning``); ``LightningCallback`` and
+``PytorchLightningCallback`` name one explicitly. Only this module imports Lightning, and only
+when one of those names is used.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .hooks import MethodTimer, _enable_distributed, batch_len, is_torchmetric, start_run, to_other
+from .run import Phase, Run
+
+CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
+"""Hooks of ``trainer.checkpoint_callbacks`` (ModelCheckpoint) timed as ``checkpoint``."""
+
+
+class _Hooks:
+    """The callback's behaviour, independent of the Lightning package it is mixed into."""
+
+    def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
+        super().__init__()
+        self.name, self._given_run, self._options = name, run, options
+        self.run: Run | None = None
+        self._compute: Phase
+        self._metrics: Phase
+        self._data: Phase
+        self._owns_run = False
+        self._undo: list[Callable[[], None]] = []
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        options = dict(self._options)
+        if self._given_run is None:
+            options.setdefault("rank", trainer.global_rank)
+        run, self._owns_run = start_run(self.name, self._given_run, options)
+        self.run = run
+        self._compute, self._metrics, self._data = run.phase("compute"), run.phase("metrics"), run.phase("data")
+        checkpoint = run.phase("checkpoint")
+        self._undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
+        for callback in getattr(trainer, "checkpoint_callbacks", ()):  # their deciding and pruning too
+            self._undo.append(MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
+        for module in pl_module.modules():
+            if is_torchmetric(module):
+                self._undo.append(MethodTimer(module, self._metrics).undo)
+        _enable_distributed(run, getattr(trainer.strategy, "model", None))
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None:
+            to_other(self.run)
+            self._data.__enter__()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.run is not None:
+            to_other(self.run)
+            self._compute.__enter__()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.run is not None:
+            self.run.step(samples=batch_len(batch))
+            to_other(self.run)
+            self._data.__enter__()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None:
+            to_other(self.run)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None:
+            self._metrics.__enter__()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None:
+            self._metrics.__exit__(None, None, None)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Restore the loaders and ``save_checkpoint``; close the run if this callback started it."""
+        undo, self._undo = self._undo, []
+        for fn in reversed(undo):
+            fn()
+        if self.run is not None:
+            to_other(self.run)
+        if self.run is not None and self._owns_run:
+            self.run.close()
+
+
+_classes: dict[str, type] = {}
+
+
+def _callback_class(package: str) -> type:
+    """``_Hooks`` mixed into ``<package>.Callback`` (``lightning.pytorch`` or ``pytorch_lightning``)."""
+    cls = _classes.get(package)
+    if cls is None:
+        import importlib
+
+        base = importlib.import_module(package).Callback
+        cls = type("GpuExporterCallback", (_Hooks, base), {
+            "__module__": __name__, "__doc__": f"Times a Lightning job's phases ({package}.Callback); see module doc."})
+        _classes[package] = cls
+    return cls
+
+
+def _default_package() -> str:
+    """``lightning.pytorch`` unless only ``pytorch_lightning`` is imported or installed."""
+    if "pytorch_lightning" in sys.modules and "lightning" not in sys.modules:
+        return "pytorch_lightning"
+    try:
+        import lightning.pytorch  # noqa: F401
+    except ImportError:
+        return "pytorch_lightning"
+    return "lightning.pytorch"
+
+
+def __getattr__(name: str) -> Any:
+    """The callback classes, built on first use for the Lightning package in use."""
+    if name == "LightningCallback":
+        return _callback_class("lightning.pytorch")
+    if name == "PytorchLightningCallback":
+        return _callback_class("pytorch_lightning")
+    if name == "GpuExporterCallback":
+        return _callback_class(_default_package())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

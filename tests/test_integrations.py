@@ -1,0 +1,142 @@
+"""The one-line integrations (training.watch, Lightning, Transformers) against the jobs' own timers.
+
+Fast tests check what the integrations leave behind (hooks removed, loader and ``torch.save``
+restored, nothing heavy imported by ``gpu_exporter.training``). The slow test runs the four loops of
+tests/integration_loops.py (input-bound, metrics-heavy, checkpoint-heavy, healthy) under each
+integration, side by side in their own processes, pushing to a real exporter, and requires every
+phase the exporter reports to be within 0.05 of the run's wall time of what the job's own timers
+measured around that work.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from integration_loops import PLANS
+from prometheus_client.parser import text_string_to_metric_families
+from servers import exporter_env, http_get, run_exporter
+
+LOOPS = Path(__file__).with_name("integration_loops.py")
+TOLERANCE = 0.05
+PHASES = ("data", "compute", "metrics", "checkpoint")
+MAIN_PHASE = {"input_bound": "data", "metrics_heavy": "metrics", "checkpoint_heavy": "checkpoint",
+              "healthy": "compute"}
+
+
+def test_importing_the_library_imports_no_framework() -> None:
+    code = ("import sys, gpu_exporter.training, gpu_exporter.training.lightning, gpu_exporter.training.transformers, "
+            "gpu_exporter.training.hooks; print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning', "
+            "'transformers', 'accelerate') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env=exporter_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_watch_times_a_loop_and_close_restores_everything(tmp_path: Path) -> None:
+    import torch
+    from gpu_exporter import training
+    from gpu_exporter.training.run import Run
+    from torch.utils.data import DataLoader
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    samples: Any = [(torch.randn(4), i % 2) for i in range(12)]
+    loader: DataLoader[Any] = DataLoader(samples, batch_size=4)
+    save = torch.save
+    run = Run("unit", uuid="")
+    watcher = training.watch(model, optimizer, loader, run=run)
+    assert type(loader) is not DataLoader and isinstance(loader, DataLoader) and torch.save is not save
+    for epoch in range(2):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            optimizer.zero_grad()
+        torch.save(model.state_dict(), tmp_path / f"{epoch}.pt")
+    watcher.close()
+    assert (run.steps, run.samples, run.batch_size) == (6, 24, 4)
+    seconds = run.phase_seconds()
+    assert all(seconds[p] > 0 for p in ("data", "compute", "checkpoint")), seconds
+    assert run._current is run._other
+    # Everything is back: the loader's class, no hooks, torch.save calls straight through.
+    assert type(loader) is DataLoader and "_gpu_exporter_data" not in vars(loader)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    before = run.phase_seconds()["checkpoint"]
+    torch.save(model.state_dict(), tmp_path / "after.pt")
+    model(torch.randn(1, 4)).sum().backward()
+    after = run.phase_seconds()
+    assert after["checkpoint"] == before and after["compute"] == seconds["compute"]
+
+
+def test_watch_without_optimizer_counts_a_step_per_batch_and_refuses_bad_metrics() -> None:
+    from gpu_exporter import training
+    from gpu_exporter.training.run import Run
+
+    run = Run("unit", uuid="")
+    with pytest.raises(TypeError, match="metrics= takes objects with update/compute/forward"):
+        training.watch(run=run, metrics=[len], checkpoints=False)
+    with pytest.raises(ValueError, match="either run= or start options"):
+        training.watch(run=run, url="http://127.0.0.1:1")
+    loader = _Loader()
+    with training.watch(loader=loader, run=run, checkpoints=False):
+        assert [len(b) for b in loader] == [3, 3]
+    assert (run.steps, run.samples) == (2, 6)
+    assert type(loader) is _Loader
+
+
+class _Loader:
+    """An iterable loader of two batches of 3 (lists have no shape: batch_len counts tensors only)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        return iter([torch.zeros(3), torch.zeros(3)])
+
+
+def _phases(exporter: str, run: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(http_get(exporter + "/metrics")):
+        for s in family.samples:
+            if s.name == "gpu_training_phase_seconds_total" and s.labels.get("run") == run:
+                out[s.labels["phase"]] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[str]:
+    with run_exporter(["--simulate"]) as url:
+        yield url
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("integration", ["watch", "lightning", "pytorch_lightning", "transformers"])
+def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: str, tmp_path: Path) -> None:
+    jobs = {loop: subprocess.Popen([sys.executable, str(LOOPS), integration, loop, exporter, f"GPU-int-{loop}", "4",
+                                    str(tmp_path / f"{loop}.json")], env=exporter_env(), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True)
+            for loop in PLANS}
+    for loop, job in jobs.items():
+        _, err = job.communicate(timeout=240)
+        assert job.returncode == 0, (loop, err[-3000:])
+    time.sleep(0.2)
+    table = {}
+    for loop in PLANS:
+        own = json.loads((tmp_path / f"{loop}.json").read_text())
+        reported = _phases(exporter, f"{integration.replace('_', '-')}-{loop.replace('_', '-')}")
+        total = sum(reported.values())
+        assert total > 3.5, (loop, reported)
+        table[loop] = {p: (round(reported.get(p, 0.0) / total, 3), round(own[p] / total, 3)) for p in PHASES}
+    print(f"\n{integration}: phase -> [reported share, own timers' share]")
+    for loop, shares in table.items():
+        print(f"  {loop}: {json.dumps(shares)}")
+    for loop, shares in table.items():
+        for phase, (reported_share, own_share) in shares.items():
+            assert reported_share == pytest.approx(own_share, abs=TOLERANCE), (integration, loop, phase, table)
+        main = MAIN_PHASE[loop]
+        assert shares[main][1] > 0.5, (loop, shares)  # the loop does what its name says
