@@ -114,8 +114,11 @@ def test_many_processes_two_call_protocol(sim: SimulatedNode) -> None:
 
 
 def test_power_energy_clocks_and_thermals(sim: SimulatedNode, clock: FakeClock) -> None:
-    h = pynvml.nvmlDeviceGetHandleByIndex(1)  # bursts: 2 s at 95%, then 18 s idle
-    clock.advance(1.0)
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)  # 18 s idle, then 2 s at 95%, every 20 s
+    assert pynvml.nvmlDeviceGetUtilizationRates(h).gpu == 0  # the idle GPU is idle at start
+    assert pynvml.nvmlDeviceGetPowerUsage(h) == 72000
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == pynvml.nvmlClocksEventReasonGpuIdle
+    clock.advance(19.0)
     busy_power = pynvml.nvmlDeviceGetPowerUsage(h)
     assert busy_power == pytest.approx(1000 * (72 + (640 - 72) * 0.95), abs=1)
     assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == 0
@@ -124,8 +127,8 @@ def test_power_energy_clocks_and_thermals(sim: SimulatedNode, clock: FakeClock) 
     assert pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM) == 345
     assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == pynvml.nvmlClocksEventReasonGpuIdle
     assert pynvml.nvmlDeviceGetEnforcedPowerLimit(h) == 700_000
-    # energy is the exact integral of power: 10 s idle floor plus (busy - idle) x 1.9 busy seconds
-    expected_mj = 1000 * (72 * 10 + (640 - 72) * 2 * 0.95)
+    # energy is the exact integral of power: 28 s idle floor plus (busy - idle) x 1.9 busy seconds
+    expected_mj = 1000 * (72 * 28 + (640 - 72) * 2 * 0.95)
     assert pynvml.nvmlDeviceGetTotalEnergyConsumption(h) == pytest.approx(expected_mj, abs=1)
     assert 20 < pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) < 90
     assert pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES) == 5 * 1024
