@@ -3,7 +3,7 @@
 # Run beside training jobs on a GPU host (NVIDIA Container Toolkit):
 #   docker run --gpus all --pid host -p 9445:9445 gpu-utilization-exporter
 # Without a registry, CI builds it with podman on a Debian base made by scripts/container-base.sh
-# (docs/deployment.md). tests/test_docker.py lints this file with hadolint and replays the build
+# (docs/development.md). tests/test_docker.py lints this file with hadolint and replays the build
 # stage's steps in a fresh virtual environment; tests/test_container.py builds the image and runs it.
 
 ARG PYTHON_IMAGE=python:3.12-slim
