@@ -22,6 +22,7 @@ import gpu_exporter
 import psutil
 
 from bench import scrape as bench_scrape
+from bench import spaced
 from bench.accuracy import SCRAPE_INTERVALS, WINDOW, AccuracyRow
 from bench.hotspots import PollProfile
 from bench.instrumentation import MicroRow, TrainingAB
@@ -187,7 +188,9 @@ def _goals(results: Results) -> list[tuple[str, str, bool]]:
     phase = max(micro["with compute: pass"].median_ns, micro["with run.phase('compute'): pass"].median_ns)
     hist = micro["with histogram.time(): pass"].median_ns
     ab = results.training
+    after_poll = [g for g in spaced.goals(results.scrape) if g[0].startswith("scrape right after a poll")]
     return [
+        *after_poll,
         ("scrape p99 below nvitop-exporter's on every node",
          f"worst ratio gpu-exporter / nvitop-exporter = {ratio(p99)}", p99 is not None and p99 < 1),
         (f"polling CPU at most {POLL_CPU_SHARE:g}x nvitop-exporter's on every node, net of the simulated NVML",
@@ -348,7 +351,7 @@ def _scrape(results: Results) -> list[str]:
                    ratio(div(net_scraped(p), net_scraped(o))), ratio(div(net_rss(results, p), net_rss(results, o)))]
                   for o, p in _pairs(results)]
     return lines + _table(["node", "p50", "p99", "CPU polling", "CPU polling with the simulated NVML",
-                           "CPU scraped", "RSS"], ratio_rows)
+                           "CPU scraped", "RSS"], ratio_rows) + spaced.section(results.scrape, results.durations)
 
 
 def _growth(results: Results) -> list[str]:

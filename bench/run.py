@@ -1,7 +1,7 @@
 """``python -m bench --quick|--full [--output FILE]``: run every benchmark and rewrite the document.
 
 Quick mode (a minute or two; CI runs it) measures three node sizes with short stages; full mode
-measures 1, 8 and 16 GPUs with 0, 64 and 256 processes. Both run the accuracy, instrumentation,
+measures 1, 8 and 16 GPUs with 0, 64 and 256 processes, and 64 GPUs with 512. Both run the accuracy, instrumentation,
 training-loop and load benchmarks and write docs/benchmarks.md (or ``--output``). The load bench
 (16 scrapers at 10/s and 32 pushers every 0.5 s) runs 20 s in quick mode and 300 s in full mode;
 ``--load-seconds`` changes that. Example::
@@ -47,11 +47,12 @@ class Mode:
     load_node: tuple[int, int] = (8, 64)
 
 
-QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)), scrape.Durations(warmup=1.5, idle=3.0, scrape=5.0, rate=4.0),
+QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)),
+             scrape.Durations(warmup=1.5, idle=3.0, scrape=5.0, rate=4.0, burst=20, spaced=5),
              accuracy_seconds=3600, micro_number=50_000, micro_repeat=5, training_pairs=3, training_seconds=0.7,
              profile_polls=5, load_seconds=20.0)
-FULL = Mode("full", tuple((g, p) for g in (1, 8, 16) for p in (0, 64, 256)),
-            scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0),
+FULL = Mode("full", (*((g, p) for g in (1, 8, 16) for p in (0, 64, 256)), (64, 512)),
+            scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0, burst=40, spaced=20),
             accuracy_seconds=7200, micro_number=200_000, micro_repeat=9, training_pairs=8, training_seconds=2.5,
             profile_polls=20, load_seconds=300.0)
 
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0])
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--quick", action="store_true", help="three node sizes, short stages (CI)")
-    which.add_argument("--full", action="store_true", help="nine node sizes (about 10 minutes on 2 cores)")
+    which.add_argument("--full", action="store_true", help="ten node sizes (about 20 minutes on 2 cores)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"document to write ({DEFAULT_OUTPUT})")
     parser.add_argument("--load-seconds", type=float, metavar="S",
                         help=f"length of the load bench (default {QUICK.load_seconds:g} quick, "

@@ -1,4 +1,4 @@
-"""Scrape cost of a real exporter process: latency under a steady scraper, CPU and memory.
+"""Scrape cost of a real exporter process: latency (steady, back to back, right after a poll), CPU, memory.
 
 Each exporter runs as its own process on a generated scenario. Both get the simulated NVML the
 same way, through a ``sitecustomize.py`` on their PYTHONPATH (gpu-exporter then runs exactly as on
@@ -8,8 +8,13 @@ thread CPU time to a per-process total, which a small thread writes to a file wi
 the bench can report each exporter's CPU net of the simulated driver. Example::
 
     spec = ours(scenario)                      # or nvitop(scenario, site_dir)
-    result = measure(spec, Durations(warmup=2, idle=3, scrape=6, rate=4), gpus=8, processes=64)
-    print(result.p99_ms)
+    result = measure(spec, Durations(warmup=2, idle=3, scrape=6, rate=4, burst=40, spaced=20), gpus=8, processes=64)
+    print(result.p99_ms, result.spaced_p50_ms / result.burst_p50_ms)
+
+Three scrape patterns: *steady* (``rate`` per second, so most scrapes of a 1 s poll repeat it),
+*back to back* (``burst`` scrapes in a row: nearly all repeat a poll, the cached body), and
+*spaced* (``spaced`` scrapes, one every ``SPACING`` s, so each comes after a fresh poll as
+Prometheus's do: the scrape that matters).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import http.client
+import math
 import os
 import signal
 import socket
@@ -43,6 +49,8 @@ PROMETHEUS_HEADERS = {
 EXPORTER_SRC = Path(gpu_exporter.__file__).resolve().parents[1]
 MB = 1e6
 METER_INTERVAL = 0.2
+SPACING = 1.1
+"""Seconds between two spaced scrapes: longer than the 1 s poll, so each spaced scrape reads a fresh poll."""
 """Seconds between two writes of the simulation meter (see SITECUSTOMIZE)."""
 
 SITECUSTOMIZE = """\
@@ -89,12 +97,15 @@ threading.Thread(target=_write, name="bench-simulation-meter", daemon=True).star
 
 @dataclass(frozen=True)
 class Durations:
-    """Seconds of each measurement stage, and the steady scrape rate (scrapes per second)."""
+    """Seconds of each measurement stage, the steady scrape rate (scrapes per second), and the
+    number of back-to-back (``burst``) and spaced scrapes (0: that stage is skipped)."""
 
     warmup: float
     idle: float
     scrape: float
     rate: float
+    burst: int = 0
+    spaced: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,12 @@ class ScrapeResult:
     series: int
     wire_bytes: int
     """Body size on the wire (gzip where the exporter compresses)."""
+    burst_p50_ms: float = math.nan
+    """Median of the back-to-back scrapes: the cached body's cost."""
+    spaced_p50_ms: float = math.nan
+    """Median of the spaced scrapes, each after a fresh poll."""
+    spaced_p99_ms: float = math.nan
+    spaced_scrapes: int = 0
 
 
 def free_port() -> int:
@@ -214,11 +231,33 @@ def _steady(port: int, seconds: float, rate: float) -> list[float]:
         pause = due - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-        elapsed, status, _, _ = scrape_once(port)
-        if status != 200:
-            raise RuntimeError(f"bench: scrape of 127.0.0.1:{port} answered HTTP {status}")
-        latencies.append(elapsed)
+        latencies.append(_checked(port))
         n += 1
+
+
+def _checked(port: int) -> float:
+    """One scrape's latency in seconds; an error unless HTTP 200."""
+    elapsed, status, _, _ = scrape_once(port)
+    if status != 200:
+        raise RuntimeError(f"bench: scrape of 127.0.0.1:{port} answered HTTP {status}")
+    return elapsed
+
+
+def back_to_back(port: int, count: int) -> list[float]:
+    """``count`` scrapes, each as soon as the previous one ended; the latencies in seconds."""
+    return [_checked(port) for _ in range(count)]
+
+
+def spaced(port: int, count: int, spacing: float = SPACING) -> list[float]:
+    """``count`` scrapes ``spacing`` seconds apart (each after a fresh poll); the latencies in seconds."""
+    latencies = []
+    start = time.perf_counter()
+    for n in range(count):
+        pause = start + n * spacing - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        latencies.append(_checked(port))
+    return latencies
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:
@@ -306,6 +345,8 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
         latencies = _steady(port, durations.scrape, durations.rate)
         c2, t2 = _cpu_seconds(ps), time.perf_counter()
         m2 = read_meter(spec.meter)
+        burst = [x * 1000 for x in back_to_back(port, durations.burst)]
+        far = [x * 1000 for x in spaced(port, durations.spaced)]
         _, _, body, encoding = scrape_once(port)
         running.check_alive("during the measurement")
     # Polling alone: per-thread schedstat (ns) where available, since no thread ends while idle.
@@ -320,7 +361,10 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
         poll_cpu_s_per_min=idle_rate * 60, cpu_s_per_min=busy_rate * 60,
         sim_poll_s_per_min=_meter_rate(m0, m1) * 60, sim_scraped_s_per_min=_meter_rate(m1, m2) * 60,
         cpu_ms_per_scrape=max(0.0, (c2 - c1) - idle_rate * (t2 - t1)) * 1000 / len(ms),
-        rss_mb=rss, series=series, wire_bytes=len(body))
+        rss_mb=rss, series=series, wire_bytes=len(body),
+        burst_p50_ms=statistics.median(burst) if burst else math.nan,
+        spaced_p50_ms=statistics.median(far) if far else math.nan,
+        spaced_p99_ms=percentile(far, 99) if far else math.nan, spaced_scrapes=len(far))
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, output: object, timeout: float = 60.0) -> None:

@@ -13,6 +13,7 @@ import math
 import time
 import urllib.request
 import zlib
+from typing import Any
 
 import pytest
 from gpu_exporter.collectors.base import Families
@@ -187,3 +188,38 @@ def test_a_scrape_after_a_prepared_poll_serves_that_poll() -> None:
     assert len(ages) == len(busy) == 12
     assert busy == sorted(busy) and busy[-1] > busy[0]  # every scrape after a poll saw that poll's counter
     assert max(ages) < 5, ages  # polls kept coming; none was served stale
+
+
+def test_render_of_prometheus_client_families_is_generate_latest() -> None:
+    """The exporter's own families, and those prometheus_client renders itself (histogram, info, odd names)."""
+    from gpu_exporter.selfmetrics import SelfMetrics
+    from prometheus_client import ProcessCollector
+    from prometheus_client.core import HistogramMetricFamily, InfoMetricFamily, UnknownMetricFamily
+    from prometheus_client.exposition import generate_latest
+
+    class _All:
+        def __init__(self, families: list[Any]) -> None:
+            self.families = families
+
+        def collect(self) -> list[Any]:
+            return self.families
+
+    store = TrainingStore(IngestSettings())
+    _push(store, 3)
+    store.handle_push(b"{", "application/json", None)
+    with Harness("default.yaml") as h:
+        own = [*SelfMetrics(h.sampler).collect(), *ProcessCollector(registry=None).collect(), *store.collect()]
+    gauge = GaugeMetricFamily("gpu_awkward", 'Help "with" \\ and\nnewline.', labels=["b", "a"])
+    for i, value in enumerate(AWKWARD_VALUES):
+        gauge.add_metric([AWKWARD_LABELS[i % len(AWKWARD_LABELS)], str(i)], value)
+    counter = CounterMetricFamily("gpu_created", "With created.", labels=["x"], created=12.0)
+    counter.add_metric(["1"], 2, created=10.0)
+    stamped = GaugeMetricFamily("gpu_stamped", "Timestamped.", labels=["x"])
+    stamped.add_metric(["1"], 2, timestamp=1700000000.5)
+    odd_label = GaugeMetricFamily("gpu_odd", "Odd label name.", labels=["with.dot"])
+    odd_label.add_metric(["v"], 1)
+    histogram = HistogramMetricFamily("gpu_hist", "H.", buckets=[("1.0", 1), ("+Inf", 2)], sum_value=3)
+    others = [gauge, counter, stamped, odd_label, histogram, InfoMetricFamily("gpu_i", "I.", value={"k": "v"}),
+              UnknownMetricFamily("gpu_u", "U.", value=4), GaugeMetricFamily("gpu_empty", "No samples.", labels=["x"])]
+    for families in (own, others, [*own, *others]):
+        assert render(families) == generate_latest(_All(families))
