@@ -70,6 +70,8 @@ def render(template: str, values: dict[str, str], used: set[str] | None = None, 
 
 def generate(values: dict[str, str] | None = None) -> dict[Path, str]:
     """Return ``{output path: text}`` for every template; raise ValueError when a threshold is unused."""
+    from monitoring import evidence  # it imports this module's helpers
+
     values = load_thresholds() if values is None else values
     used: set[str] = set()
     outputs: dict[Path, str] = {}
@@ -79,6 +81,8 @@ def generate(values: dict[str, str] | None = None) -> dict[Path, str]:
         body = render(template.read_text(), values, used, source=template.name)
         if name in generated:
             body = body.rstrip("\n") + "\n\n" + render(generated[name](), values, used, source="gpu_exporter.causes")
+        if name in evidence.GROUPS:  # GPU processes nobody instrumented (monitoring/evidence.py)
+            body = body.rstrip("\n") + "\n\n" + render(evidence.GROUPS[name](), values, used, source="causes.HINTS")
         outputs[RULES / name] = HEADER.format(name=name) + body
     unused = sorted(key for key in set(values) - used if not key.startswith("dashboard_"))  # monitoring.dashboards
     if unused:

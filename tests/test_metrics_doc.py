@@ -20,6 +20,8 @@ ROW = re.compile(r"^\| ((?:gpu|process)_[a-z0-9_]+) \| (gauge|counter) \|[^|]*\|
 # Families that need something this test cannot provide, each with the reason.
 CONDITIONAL = {
     "gpu_pod_info": "needs a kubelet; tests/test_kubernetes*.py cover it",
+    "gpu_process_read_bytes_total": "needs /proc/1/io, which even root may not read in a container; "
+                                    "tests/test_evidence.py covers it",
 }
 
 

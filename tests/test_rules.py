@@ -36,6 +36,7 @@ EXPECTED_ALERTS = {
     "GpuTrainingCheckpointBound", "GpuTrainingBelowTarget",
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
     "GpuMissing",
+    "GpuUninstrumentedInputBound",
 }
 CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
                   "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK"}

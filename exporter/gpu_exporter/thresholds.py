@@ -57,6 +57,8 @@ class Thresholds:
     allocator_window: float
     allocator_retries_threshold: int
     memory_nearly_full_ratio: float
+    evidence_busy_core_ratio: float
+    evidence_io_wait_share: float
     cluster_label: str
     runbook_url_pattern: str
 

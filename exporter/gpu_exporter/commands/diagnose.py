@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from gpu_exporter.causes import BY_ID, LOW, TARGET, Finding, RunSignals, find_causes, level, pct
+from gpu_exporter.commands import evidence as process_evidence
 from gpu_exporter.commands.metrics_client import (
     ExporterSource,
     Labels,
@@ -129,6 +130,12 @@ class GpuView:
     pods: tuple[str, ...]
     runs: tuple[RunView, ...]
     process_list: tuple[Process, ...] = ()
+    evidence: tuple[process_evidence.ProcessSignals, ...] = ()
+    """What /proc showed of its processes (commands/evidence.py); ``evidence_hint``: the first hint that
+    passed (an id of causes.HINTS) and ``evidence_finding`` its sentence; ``evidence_text`` all processes."""
+    evidence_hint: str = ""
+    evidence_finding: str = ""
+    evidence_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,9 @@ class Readings:
     batch_size: dict[RunKey, float] = field(default_factory=dict)
     live: set[RunKey] = field(default_factory=set)
     findings: dict[RunKey, list[Finding]] | None = None
+    evidence: dict[str, list[process_evidence.ProcessSignals]] = field(default_factory=dict)
+    hints: dict[tuple[str, str], list[tuple[Any, float]]] | None = None
+    """Evidence hints per (uuid, pid) from the recording rules; None: apply causes.HINTS here."""
     """Causes read from Prometheus' recording rules; None: judge here with the cause table."""
 
 
@@ -242,6 +252,7 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     stale = max(STALE_SECONDS, 2 * elapsed)
     pushed = _per_run(cur.series("gpu_training_last_push_timestamp_seconds"))
     readings.live = {key for key in current if cur.wall - pushed.get(key, cur.wall) <= stale}
+    readings.evidence = process_evidence.from_snapshots(prev, cur)
     return readings
 
 
@@ -293,6 +304,7 @@ def from_prometheus(prom: Prometheus) -> Readings:
         key = _run_key(labels)
         readings.findings.setdefault(key, []).append(Finding(
             cause, labels["level"], value, projected.get((*key, cause.cause)), readings.batch_size.get(key)))
+    readings.evidence, readings.hints = process_evidence.from_prometheus(prom)
     return readings
 
 
@@ -324,12 +336,16 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
     for labels in readings.info:
         uuid = labels.get("uuid", "")
         procs = tuple(sorted(readings.processes.get(uuid, []), key=lambda p: -p.memory_bytes))
+        evidence = tuple(readings.evidence.get(uuid, ()))
+        text, hint = process_evidence.explain(uuid, evidence, t, readings.hints) if t is not None else ("", None)
         views.append(GpuView(
             uuid=uuid, gpu=labels.get("gpu", ""), name=labels.get("name", ""),
             node=labels.get("node") or labels.get("instance", ""),
             utilization=readings.utilization.get(uuid), memory_used_ratio=memory.get(uuid),
             processes=len(procs), pods=tuple(sorted(readings.pods.get(uuid, ()))),
-            runs=tuple(sorted(runs.get(uuid, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs))
+            runs=tuple(sorted(runs.get(uuid, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs,
+            evidence=evidence, evidence_hint=hint[0].hint if hint else "",
+            evidence_finding=hint[1] if hint else "", evidence_text=text))
     return sorted(views, key=lambda v: (v.node, int(v.gpu) if v.gpu.isdigit() else 1 << 30, v.uuid))
 
 
@@ -396,21 +412,35 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
                        for f, _ in others)
         return Verdict(cause.cause, title, f"{first.projection(util)}. {first.reason(run.run, run.rank)}{also}",
                        cause.advice, t.runbook_url(cause.anchor), True, cause.code, lvl, first.projected)
-    if util < t.idle_utilization_threshold:
-        return _generic("idle_but_allocated", "idle but allocated",
-                        f"{pct(util)} utilization while {_holder(view, live)} holds the GPU.", t, lvl)
     finished = [r.run for r in view.runs if not r.live]
     gone = f" (run {', '.join(sorted(set(finished)))} finished or stopped pushing)" if finished else ""
+    seen = f" {view.evidence_text}" if view.evidence_text else ""
+    if not live and view.evidence_hint:
+        return _uninstrumented(view, util, t, lvl, gone)
+    if util < t.idle_utilization_threshold:
+        return _generic("idle_but_allocated", "idle but allocated",
+                        f"{pct(util)} utilization while {_holder(view, live)} holds the GPU.{seen}", t, lvl)
     if not live:
         return _generic("not_instrumented", "not instrumented" if lvl == LOW else "below target: not instrumented",
                         f"{pct(util)} utilization (target {pct(t.utilization_target)}) and no live training run "
-                        f"reports its phases{gone}.", t, lvl)
+                        f"reports its phases{gone}.{seen}", t, lvl)
     run = live[0]
     biggest = max(((p, s) for p, s in run.shares.items() if p != "compute"), key=lambda x: x[1], default=None)
     detail = f"; its largest phase besides compute is {biggest[0]} at {pct(biggest[1])}" if biggest else ""
     return _generic("underutilized", "underutilized" if lvl == LOW else "below target: no single cause",
                     f"{pct(util)} utilization (target {pct(t.utilization_target)}); no cause passes its threshold "
                     f"for run {run.run}{detail}.", t, lvl)
+
+
+def _uninstrumented(view: GpuView, util: float, t: Thresholds, lvl: str, gone: str) -> Verdict:
+    """Not instrumented, but its processes' evidence passes a hint of causes.HINTS: say what it shows."""
+    hint = process_evidence.HINTS_BY_ID[view.evidence_hint]
+    title = f"not instrumented: {hint.label}" if lvl == LOW else f"below target: not instrumented, {hint.label}"
+    reason = (f"{pct(util)} utilization (target {pct(t.utilization_target)}) and no live training run reports its "
+              f"phases{gone}. What /proc shows: {view.evidence_text} That points at {hint.label}.")
+    remedy = f"{hint.advice}\nInstrument it to confirm:\n{INSTRUMENT_SNIPPET}"
+    runbook = t.runbook_url(process_evidence.EVIDENCE_ALERT.lower())
+    return Verdict("not_instrumented", title, reason, remedy, runbook, True, hint.code, lvl)
 
 
 def _holder(view: GpuView, live: Sequence[RunView]) -> str:

@@ -1,0 +1,232 @@
+"""What the node sees of every GPU process without touching it: CPU, worker children, reads, thread state.
+
+A job nobody instrumented reports no phases, yet /proc says a lot about why its GPU waits: a
+main process that uses a whole core with no DataLoader worker is decoding batches itself; busy
+workers mean the input pipeline is at its limit; a main thread in uninterruptible sleep waits
+for storage. For every process NVML lists on a GPU (host PIDs), this collector reads
+``/proc/PID/stat``, ``/proc/PID/task/*/children`` and ``/proc/PID/io`` and exports:
+
+* ``gpu_process_cpu_seconds_total``: user + system CPU of the process (all its threads);
+* ``gpu_process_children_cpu_seconds_total``: CPU of its child processes, live and exited;
+* ``gpu_process_child_processes``: live child processes (DataLoader workers and the like);
+* ``gpu_process_read_bytes_total``: bytes the process and its live children read from storage
+  (``read_bytes`` of /proc/PID/io; page-cache hits are not counted);
+* ``gpu_process_main_thread_state_seconds_total{state}``: seconds the main thread was seen
+  ``running`` (R: on a CPU or runnable), ``sleeping`` (S: waiting on a pipe, socket, lock,
+  queue or the GPU), ``disk`` (D: blocked on I/O) or ``other``; sampled at each poll, the time
+  since the previous poll is given to the state seen now.
+
+Privileges: the PIDs are host PIDs, so the exporter must share the host PID namespace
+(``hostPID: true`` in the DaemonSet, ``--pid=host`` for a container). Without it no PID resolves
+and this collector exports nothing (it stays successful: nothing is wrong with it).
+``/proc/PID/io`` of another user's process needs CAP_SYS_PTRACE (root in the host user namespace
+has it); without it ``gpu_process_read_bytes_total`` is left out and the rest still works.
+docs/runbooks.md ("Evidence for uninstrumented jobs") says what each reading means.
+
+>>> parse_stat("42 (python3 (x)) R 1 42 42 0 -1 4194304 0 0 0 0 150 50 10 5 20 0 1 0 1 0 0".encode())
+Stat(state='R', ppid=1, cpu_ticks=200, children_ticks=15)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
+from gpu_exporter.nvml import Gpu
+
+log = logging.getLogger(__name__)
+
+LABELS = ("gpu", "uuid", "pid")
+STATES = {"R": "running", "S": "sleeping", "D": "disk"}
+"""/proc state letters and the ``state`` label value each gets; every other letter is ``other``."""
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+"""Clock ticks per second of the CPU times in /proc/PID/stat."""
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/PID/stat this collector uses (CPU times in clock ticks)."""
+
+    state: str
+    ppid: int
+    cpu_ticks: int
+    """utime + stime: the process, all its threads."""
+    children_ticks: int
+    """cutime + cstime: its children that exited and were waited for."""
+
+
+def parse_stat(raw: bytes) -> Stat:
+    """Parse /proc/PID/stat; the command name may hold spaces and parentheses, so split after the last ')'."""
+    rest = raw[raw.rindex(b")") + 2:].split()
+    # rest[0] is field 3 (state); utime, stime, cutime, cstime are fields 14-17
+    return Stat(rest[0].decode(), int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One reading of a process and its children; ``read_bytes`` is None without the right to read it."""
+
+    state: str
+    cpu_seconds: float
+    children_cpu_seconds: float
+    child_processes: int
+    read_bytes: float | None
+
+
+class ProcReader:
+    """Reads processes from a /proc tree (``root``; tests point it elsewhere)."""
+
+    def __init__(self, root: str | Path = "/proc") -> None:
+        self.root = Path(root)
+        self._children_files: bool | None = None
+
+    def stat(self, pid: int) -> Stat | None:
+        """The process's stat, or None when it is gone or not in our PID namespace."""
+        try:
+            return parse_stat((self.root / str(pid) / "stat").read_bytes())
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def read_bytes(self, pid: int) -> float | None:
+        """``read_bytes`` of /proc/PID/io, or None (no permission, gone, or a kernel without I/O accounting)."""
+        try:
+            text = (self.root / str(pid) / "io").read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("read_bytes:"):
+                return float(line.split(":", 1)[1])
+        return None
+
+    def children(self, pid: int) -> list[int]:
+        """Live child processes of ``pid`` (any of its threads may have started them)."""
+        if self._children_files is not False:
+            try:
+                found: list[int] = []
+                for task in (self.root / str(pid) / "task").iterdir():
+                    found += [int(c) for c in (task / "children").read_text().split()]
+                self._children_files = True
+                return found
+            except FileNotFoundError:
+                if self._children_files is None and (self.root / str(pid)).exists():
+                    self._children_files = False  # a kernel without CONFIG_PROC_CHILDREN: scan /proc below
+                else:
+                    return []
+            except (OSError, ValueError):
+                return []
+        out = []
+        for entry in self.root.iterdir():
+            if entry.name.isdigit():
+                stat = self.stat(int(entry.name))
+                if stat is not None and stat.ppid == pid:
+                    out.append(int(entry.name))
+        return out
+
+    def evidence(self, pid: int) -> Evidence | None:
+        """Everything about ``pid`` and its live children, or None when the process cannot be seen."""
+        stat = self.stat(pid)
+        if stat is None:
+            return None
+        children_ticks = stat.children_ticks
+        reads = self.read_bytes(pid)
+        kids = self.children(pid)
+        for child in kids:
+            cs = self.stat(child)
+            if cs is not None:
+                children_ticks += cs.cpu_ticks + cs.children_ticks
+            if reads is not None:
+                reads += self.read_bytes(child) or 0.0
+        return Evidence(STATES.get(stat.state, "other"), stat.cpu_ticks / TICKS, children_ticks / TICKS,
+                        len(kids), reads)
+
+
+class _Counters:
+    """Per-process state kept between polls: counters that never go down, state seconds."""
+
+    __slots__ = ("children_cpu", "cpu", "polled_at", "read_bytes", "states")
+
+    def __init__(self, now: float) -> None:
+        self.cpu = self.children_cpu = 0.0
+        self.read_bytes: float | None = None
+        self.states = dict.fromkeys((*STATES.values(), "other"), 0.0)
+        self.polled_at = now
+
+    def update(self, ev: Evidence, now: float) -> None:
+        # A child reaped between two reads moves from "live" to cutime; never let a counter step back.
+        self.cpu = max(self.cpu, ev.cpu_seconds)
+        self.children_cpu = max(self.children_cpu, ev.children_cpu_seconds)
+        if ev.read_bytes is not None:
+            self.read_bytes = max(self.read_bytes or 0.0, ev.read_bytes)
+        self.states[ev.state] += max(0.0, now - self.polled_at)
+        self.polled_at = now
+
+
+class EvidenceCollector(PollingCollector):
+    """The gpu_process_* evidence series of every process on every GPU (see the module docstring)."""
+
+    name = "evidence"
+
+    def __init__(self, proc: ProcReader | None = None) -> None:
+        super().__init__()
+        self.proc = proc or ProcReader()
+        self._counters: dict[tuple[str, int], _Counters] = {}
+        self._seen: set[tuple[str, int]] = set()
+        self.processes: tuple[tuple[int, str, str], ...] = ()
+        """(pid, gpu index, uuid) of the visible GPU processes of the latest poll (read by the phase sampler)."""
+        self._polled: list[tuple[int, str, str]] = []
+        self._hidden_logged = False
+
+    def poll(self, ctx: PollContext) -> bool:
+        self._seen, self._polled = set(), []
+        return super().poll(ctx)
+
+    def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
+        pids: set[int] = set()
+        for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            pids.update(int(p.pid) for p in ctx.nvml.call(gpu.uuid, function, gpu.handle) or ())
+        if not pids:
+            return
+        cpu = out.counter("gpu_process_cpu_seconds", "User and system CPU seconds of the GPU process "
+                                                    "(all its threads), from /proc.", LABELS)
+        children_cpu = out.counter("gpu_process_children_cpu_seconds", "CPU seconds of the GPU process's "
+                                   "child processes (DataLoader workers), live and exited, from /proc.", LABELS)
+        kids = out.gauge("gpu_process_child_processes", "Live child processes of the GPU process "
+                                                         "(DataLoader workers and the like).", LABELS)
+        reads = out.counter("gpu_process_read_bytes", "Bytes the GPU process and its live children read from "
+                                                      "storage (/proc/PID/io read_bytes).", LABELS)
+        states = out.counter("gpu_process_main_thread_state_seconds", "Seconds the GPU process's main thread "
+                             "was seen in each state (running, sleeping, disk, other), sampled every poll.",
+                             (*LABELS, "state"))
+        for pid in sorted(pids):
+            ev = self.proc.evidence(pid)
+            if ev is None:
+                self._note_hidden(pid)
+                continue
+            key = (gpu.uuid, pid)
+            counters = self._counters.get(key)
+            if counters is None:
+                counters = self._counters[key] = _Counters(ctx.now)
+            counters.update(ev, ctx.now)
+            self._seen.add(key)
+            self._polled.append((pid, gpu.labels[0], gpu.uuid))
+            labels = [*gpu.labels, str(pid)]
+            cpu.add_metric(labels, counters.cpu)
+            children_cpu.add_metric(labels, counters.children_cpu)
+            kids.add_metric(labels, ev.child_processes)
+            if counters.read_bytes is not None:
+                reads.add_metric(labels, counters.read_bytes)
+            for state, seconds in counters.states.items():
+                states.add_metric([*labels, state], seconds)
+
+    def _note_hidden(self, pid: int) -> None:
+        if not self._hidden_logged:
+            self._hidden_logged = True
+            log.info("evidence collector: GPU process %d is not in this PID namespace (run the exporter with "
+                     "hostPID / --pid=host to export what /proc shows of GPU processes)", pid)
+
+    def finish_poll(self, ctx: PollContext) -> None:
+        self._counters = {k: v for k, v in self._counters.items() if k in self._seen}
+        self.processes = tuple(self._polled)

@@ -1,0 +1,111 @@
+"""Process evidence for ``gpu-exporter diagnose``: what /proc showed of the processes on each GPU.
+
+The exporter's ``evidence`` collector exports gpu_process_* counters (CPU of the process and of
+its children, worker children, bytes read, main-thread state seconds). Here they become one
+:class:`~gpu_exporter.causes.ProcessSignals` per process: from two scrapes of an exporter (the
+counter deltas over the window) or from Prometheus (the recording rules of monitoring/evidence.py,
+whose hint series say which rows of :data:`~gpu_exporter.causes.HINTS` passed). diagnose uses
+them for GPUs with work but no live training run: the verdict "not instrumented" then says what
+the evidence shows and, when a hint passes, which remedy it points at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from gpu_exporter.causes import EVIDENCE_ALERT, HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
+from gpu_exporter.commands.metrics_client import Labels, Prometheus, Snapshot
+from gpu_exporter.thresholds import Thresholds
+
+__all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "ProcessSignals", "explain", "from_prometheus", "from_snapshots"]
+
+Key = tuple[str, str]
+"""(GPU uuid, pid)."""
+
+_COUNTERS = ("gpu_process_cpu_seconds_total", "gpu_process_children_cpu_seconds_total",
+             "gpu_process_read_bytes_total")
+
+
+def _key(labels: Labels) -> Key:
+    return labels.get("uuid", ""), labels.get("pid", "")
+
+
+def _by_key(pairs: Iterable[tuple[Labels, float]]) -> dict[Key, float]:
+    return {_key(labels): value for labels, value in pairs}
+
+
+def _states(pairs: Iterable[tuple[Labels, float]]) -> dict[Key, dict[str, float]]:
+    out: dict[Key, dict[str, float]] = {}
+    for labels, value in pairs:
+        out.setdefault(_key(labels), {})[labels.get("state", "other")] = value
+    return out
+
+
+def _signals(cpu: Mapping[Key, float], children: Mapping[Key, float], kids: Mapping[Key, float],
+             reads: Mapping[Key, float], states: Mapping[Key, Mapping[str, float]],
+             names: Mapping[Key, str]) -> dict[str, list[ProcessSignals]]:
+    out: dict[str, list[ProcessSignals]] = {}
+    for key, cores in sorted(cpu.items()):
+        raw = states.get(key, {})
+        total = sum(v for v in raw.values() if v > 0)
+        shares = {s: round(max(v, 0.0) / total, 4) for s, v in raw.items()} if total > 0 else {}
+        out.setdefault(key[0], []).append(ProcessSignals(
+            pid=key[1], cpu_cores=round(max(cores, 0.0), 4),
+            children_cpu_cores=round(max(children.get(key, 0.0), 0.0), 4),
+            child_processes=int(kids.get(key, 0)), states=shares,
+            read_bytes_per_second=reads.get(key), name=names.get(key, "")))
+    return out
+
+
+def _names(pairs: Iterable[tuple[Labels, float]]) -> dict[Key, str]:
+    return {_key(labels): labels.get("process_name", "") for labels, _ in pairs}
+
+
+def from_snapshots(prev: Snapshot, cur: Snapshot) -> dict[str, list[ProcessSignals]]:
+    """Per GPU uuid, the processes seen in both scrapes, with rates over the time between them."""
+    elapsed = cur.at - prev.at
+    if elapsed <= 0:
+        return {}
+    rates: list[dict[Key, float]] = []
+    for name in _COUNTERS:
+        before = _by_key(prev.series(name))
+        rates.append({k: max(v - before[k], 0.0) / elapsed for k, v in _by_key(cur.series(name)).items()
+                      if k in before})
+    old_states = _states(prev.series("gpu_process_main_thread_state_seconds_total"))
+    states = {k: {s: v - old_states.get(k, {}).get(s, 0.0) for s, v in d.items()}
+              for k, d in _states(cur.series("gpu_process_main_thread_state_seconds_total")).items() if k in old_states}
+    return _signals(rates[0], rates[1], _by_key(cur.series("gpu_process_child_processes")), rates[2], states,
+                    _names(cur.series("gpu_process_memory_used_bytes")))
+
+
+def from_prometheus(prom: Prometheus) -> tuple[dict[str, list[ProcessSignals]], dict[Key, list[tuple[Hint, float]]]]:
+    """The processes' readings from the recording rules, and the hints the rules found per (uuid, pid)."""
+    signals = _signals(_by_key(prom.query("process:gpu_process_cpu:rate5m")),
+                       _by_key(prom.query("process:gpu_process_children_cpu:rate5m")),
+                       _by_key(prom.query("gpu_process_child_processes")),
+                       _by_key(prom.query("process:gpu_process_read_bytes:rate5m")),
+                       _states(prom.query("process:gpu_process_main_thread_state:share5m")),
+                       _names(prom.query("gpu_process_memory_used_bytes")))
+    hints: dict[Key, list[tuple[Hint, float]]] = {}
+    for labels, value in prom.query("process:gpu_process_hint:value"):
+        hint = HINTS_BY_ID.get(labels.get("hint", ""))
+        if hint is not None:
+            hints.setdefault(_key(labels), []).append((hint, value))
+    order = list(HINTS_BY_ID)
+    return signals, {k: sorted(v, key=lambda hv: order.index(hv[0].hint)) for k, v in hints.items()}
+
+
+def explain(uuid: str, processes: Iterable[ProcessSignals], t: Thresholds,
+            hints: Mapping[Key, list[tuple[Hint, float]]] | None) -> tuple[str, tuple[Hint, str] | None]:
+    """(one sentence per process, the first hint that passes with its text) for a GPU nobody instrumented.
+
+    ``hints`` are the recording rules' findings (Prometheus); None: apply the table here.
+    """
+    sentences, first = [], None
+    for p in processes:
+        sentences.append(p.describe() + ".")
+        found = find_hints(p, t) if hints is None else hints.get((uuid, p.pid), [])
+        if found and first is None:
+            hint, value = found[0]
+            first = (hint, f"pid {p.pid}: {hint_text(hint, value)}")
+    return " ".join(sentences), first

@@ -1,0 +1,98 @@
+"""Rules for GPU processes nobody instrumented, generated from the evidence table (gpu_exporter.causes.HINTS).
+
+``python -m monitoring`` appends :func:`evidence_recording_group` to the recording rules and
+:func:`evidence_alert_group` to the alert rules (see :data:`GROUPS`). The recording rules turn the
+gpu_process_* counters of ``collectors/evidence.py`` into 5m rates and shares, and record one
+``process:gpu_process_hint:value`` series (labels ``hint``, ``code``) per process whose evidence
+passes a row of the table, on a GPU below ``utilization_target`` with no live training run; the
+alert ``GpuUninstrumentedInputBound`` reads only that series. ``gpu_exporter.causes.find_hints``
+is the same logic in Python (tests/test_evidence_rules.py runs both on the same cases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpu_exporter.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
+
+from monitoring.rules import _indent, _wrap
+
+C = "${cluster_label}"
+UNINSTRUMENTED = (f"max by ({C}, uuid) (gpu:gpu_utilization:avg5m) < ${{utilization_target}}\n"
+                  f"unless on ({C}, uuid)\n(gpu_training_current_phase == 1)")
+"""GPUs below target on which no live training run reports (the sampled phases of sampling.py count as one)."""
+
+RATES = (
+    ("process:gpu_process_cpu:rate5m", "rate(gpu_process_cpu_seconds_total[5m])",
+     "CPU cores used by each GPU process (1 = one whole core)."),
+    ("process:gpu_process_children_cpu:rate5m", "rate(gpu_process_children_cpu_seconds_total[5m])",
+     "CPU cores used by each GPU process's child processes (DataLoader workers)."),
+    ("process:gpu_process_read_bytes:rate5m", "rate(gpu_process_read_bytes_total[5m])",
+     "Bytes per second each GPU process and its live children read from storage."),
+    ("process:gpu_process_main_thread_state:share5m",
+     "rate(gpu_process_main_thread_state_seconds_total[5m])\n/ ignoring (state) group_left ()\n"
+     "(sum without (state) (rate(gpu_process_main_thread_state_seconds_total[5m])) > 0)",
+     "Share of the window the main thread of each GPU process was running, sleeping, in disk wait, other."),
+)
+
+
+def _condition(hint: Hint) -> str:
+    """PromQL of the hint on one process; the value is the reading that passes (as in find_hints)."""
+    if hint.hint == STORAGE_WAIT:
+        return ('max without (state) (process:gpu_process_main_thread_state:share5m{state="disk"})'
+                " > ${evidence_io_wait_share}")
+    if hint.hint == MAIN_BUSY:
+        return ('max without (state) (process:gpu_process_main_thread_state:share5m{state="running"})'
+                " >= ${evidence_busy_core_ratio}\nand\ngpu_process_child_processes == 0")
+    return ("process:gpu_process_children_cpu:rate5m\n/\n(gpu_process_child_processes > 0)\n"
+            ">= ${evidence_busy_core_ratio}")
+
+
+def evidence_recording_group() -> str:
+    """The ``gpu-process-evidence.recording`` group: rates, shares and one hint rule per row of HINTS."""
+    rules = [f"# {doc}\n- record: {name}\n  expr: |\n{_indent(expr, 4)}\n" for name, expr, doc in RATES]
+    for hint in HINTS:
+        expr = f"(\n{_indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{_indent(UNINSTRUMENTED, 2)}\n)\n"
+        rules.append(f"# {hint.label}: {hint.finding.format(value='<value>')}.\n"
+                     f"- record: process:gpu_process_hint:value\n  expr: |\n{_indent(expr, 4)}"
+                     f"  labels:\n    hint: {hint.hint}\n    code: {hint.code}\n")
+    body = "".join(_indent(rule, 6) + "\n" for rule in rules).rstrip("\n") + "\n"
+    return ("  # Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py): what /proc shows of GPU processes\n"
+            "  # nobody instrumented.\n  - name: gpu-process-evidence.recording\n    rules:\n" + body)
+
+
+def _finding(hint: Hint) -> str:
+    value = ("{{ $value | humanizePercentage }} of one core" if hint.hint == WORKERS_BUSY else
+             "{{ $value | humanizePercentage }}")
+    return hint.finding.format(value=value)
+
+
+def evidence_alert_group() -> str:
+    """The ``gpu-process-evidence.alerts`` group: GpuUninstrumentedInputBound, one rule per hint."""
+    rules = []
+    for hint in HINTS:
+        expr = (f'process:gpu_process_hint:value{{hint="{hint.hint}"}}\n'
+                f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) gpu:gpu_workload:info\n")
+        description = (
+            "Process {{ $labels.pid }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), node {{ $labels.node }}"
+            "{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}, reports no training phases "
+            f"(not instrumented), and {_finding(hint)}. The GPU is at "
+            '{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | query }}'
+            "{{ . | first | value | humanizePercentage }}{{ end }}, below the ${utilization_target|percent} "
+            f"target: {hint.label}. {hint.advice}")
+        rules.append(f"- alert: {EVIDENCE_ALERT}\n  expr: |\n{_indent(expr, 4)}  for: ${{cause_for}}\n"
+                     f"  labels:\n    severity: info\n    hint: {hint.hint}\n"
+                     f"  annotations:\n    summary: A GPU job nobody instrumented is below the "
+                     f"${{utilization_target|percent}} target; its processes point at {hint.label}.\n"
+                     f"    description: >-\n{_indent(_wrap(description), 6)}"
+                     f"    runbook_url: ${{runbook_url_pattern:{EVIDENCE_ALERT.lower()}}}\n")
+    body = "".join(_indent(rule, 6) + "\n" for rule in rules).rstrip("\n") + "\n"
+    return ("  # Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py); they read only "
+            "process:gpu_process_hint:value.\n  - name: gpu-process-evidence.alerts\n    rules:\n" + body)
+
+
+GROUPS: dict[str, Callable[[], str]] = {
+    "gpu-recording.rules.yml": evidence_recording_group,
+    "gpu-alerts.rules.yml": evidence_alert_group,
+}
+"""Rules file -> the generated group appended to it (monitoring.rules.generate)."""
