@@ -10,6 +10,10 @@ try:
 except ImportError:  # a plain checkout: use its sources
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporter"))
 
-from bench.run import main
+try:
+    from bench.run import main
+except ModuleNotFoundError as err:  # nvitop-exporter, psutil, torch: the test extra
+    sys.exit(f"bench: error: module {err.name!r} is missing: the benchmarks need the test extra "
+             "(pip install -e '.[test]', or bash tests/run.sh)")
 
 sys.exit(main())

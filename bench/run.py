@@ -1,12 +1,15 @@
-"""``python -m bench --quick|--full [--output FILE]``: run every benchmark and rewrite the document.
+"""``python -m bench --quick|--full [--update-docs | --output FILE]``: run every benchmark, write the document.
 
 Quick mode (a minute or two; CI runs it) measures three node sizes with short stages; full mode
 measures 1, 8 and 16 GPUs with 0, 64 and 256 processes, and 64 GPUs with 512. Both run the accuracy, instrumentation,
-training-loop and load benchmarks and write docs/benchmarks.md (or ``--output``). The load bench
+training-loop and load benchmarks and write the document to a new temporary file (its path is printed),
+to docs/benchmarks.md with ``--update-docs``, or to ``--output``. The load bench
 (16 scrapers at 10/s and 32 pushers every 0.5 s) runs 20 s in quick mode and 300 s in full mode;
 ``--load-seconds`` changes that. Example::
 
-    PYTHONPATH=exporter python -m bench --full
+    PYTHONPATH=exporter python -m bench --full --update-docs
+
+The benchmarks need the ``test`` extra (nvitop-exporter, psutil, torch): ``pip install -e '.[test]'``.
 """
 
 from __future__ import annotations
@@ -108,12 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--quick", action="store_true", help="three node sizes, short stages (CI)")
     which.add_argument("--full", action="store_true", help="ten node sizes (about 20 minutes on 2 cores)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"document to write ({DEFAULT_OUTPUT})")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--update-docs", action="store_true", help=f"write {DEFAULT_OUTPUT.relative_to(REPO)} "
+                                                                  "(default: a new temporary file)")
+    where.add_argument("--output", type=Path, metavar="FILE", help="write the document to FILE")
     parser.add_argument("--load-seconds", type=float, metavar="S",
                         help=f"length of the load bench (default {QUICK.load_seconds:g} quick, "
                              f"{FULL.load_seconds:g} full)")
     args = parser.parse_args(argv)
-    if not args.output.parent.is_dir():
+    if args.output is not None and not args.output.parent.is_dir():
         print(f"bench: error: the folder of --output {args.output} does not exist", file=sys.stderr)
         return 2
     mode = FULL if args.full else QUICK
@@ -124,9 +130,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         mode = dataclasses.replace(mode, load_seconds=args.load_seconds)
         command += f" --load-seconds {args.load_seconds:g}"
-    if args.output.resolve() != DEFAULT_OUTPUT:
+    if args.update_docs:
+        command += " --update-docs"
+    elif args.output is not None:
         command += f" --output {args.output}"
     results = run(mode, command)
-    args.output.write_text(report.render(results))
-    _say(f"wrote {args.output} in {results.elapsed_s:.0f} s")
+    output = DEFAULT_OUTPUT if args.update_docs else args.output or _temporary_document()
+    output.write_text(report.render(results))
+    _say(f"wrote {output} in {results.elapsed_s:.0f} s")
     return 0
+
+
+def _temporary_document() -> Path:
+    """A new file for the document when neither --update-docs nor --output says where."""
+    fd, name = tempfile.mkstemp(prefix="gpu-exporter-benchmarks-", suffix=".md")
+    os.close(fd)
+    return Path(name)
