@@ -195,6 +195,16 @@ def test_it_says_what_prometheus_alertmanager_yml_says(tmp_path: Path) -> None:
     assert receivers == expected
 
 
+def test_the_packaged_chart_carries_alertmanager_yml(tmp_path: Path) -> None:
+    """helm package follows the files/alertmanager.yml symlink: the archive renders the same object."""
+    archive = helm.package(CHART, destination=tmp_path)
+    values = {"alertmanagerConfig": {"enabled": True}}
+    with helm.Chart.load(archive) as packaged:
+        out = packaged.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    (text,) = [text for name, text in out.items() if name.endswith("alertmanagerconfig.yaml")]
+    assert yaml.safe_load(text) == alertmanager_config()
+
+
 def test_a_setting_it_cannot_translate_stops_the_render(tmp_path: Path) -> None:
     chart = tmp_path / "chart"
     shutil.copytree(CHART, chart, symlinks=False)
