@@ -195,6 +195,17 @@ def test_it_says_what_prometheus_alertmanager_yml_says(tmp_path: Path) -> None:
     assert receivers == expected
 
 
+def test_notes_name_the_secret_and_the_matcher_strategy() -> None:
+    with helm.Chart.load(CHART) as loaded:
+        out = loaded.render({"alertmanagerConfig": {"enabled": True, "secretName": "am-secrets"}}, name=RELEASE,
+                            namespace=NAMESPACE, is_install=True)
+    notes = next(text for name, text in out.items() if name.endswith("NOTES.txt"))
+    assert "Secret am-secrets" in notes and "OnNamespaceExceptForAlertmanagerNamespace" in notes
+    with helm.Chart.load(CHART) as loaded:
+        out = loaded.render({}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    assert "AlertmanagerConfig" not in next(text for name, text in out.items() if name.endswith("NOTES.txt"))
+
+
 def test_the_packaged_chart_carries_alertmanager_yml(tmp_path: Path) -> None:
     """helm package follows the files/alertmanager.yml symlink: the archive renders the same object."""
     archive = helm.package(CHART, destination=tmp_path)
