@@ -5,12 +5,17 @@ around real work: a data loader that waits like slow storage (once per batch), a
 F1 score computed in Python, a checkpoint written with torch.save. The shares are therefore what
 PLANS sets, even on a loaded machine. Run one loop per process (no shared GIL)::
 
-    python tests/cause_loops.py metrics40 http://127.0.0.1:9445 /tmp/ckpt.pt 60
+    python tests/cause_loops.py metrics40 http://127.0.0.1:9445 /tmp/ckpt.pt 60 [timers.json]
+
+With a fifth argument the loop writes its own timers there (perf_counter around the whole run, from
+before ``training.start`` to after ``run.close()``, and around each phase; ``data`` is the wait for
+each batch), for tests that check what was recorded (tests/test_report.py).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -53,7 +58,7 @@ def f1_macro(predicted: list[int], actual: list[int]) -> float:
     return sum(scores) / CLASSES
 
 
-def train(url: str, name: str, checkpoint: Path, seconds: float) -> None:
+def train(url: str, name: str, checkpoint: Path, seconds: float, timers_path: Path | None = None) -> None:
     """Loop ``name`` of PLANS for ``seconds``, reporting from simulated GPU ``GPU-e2e-<name>``."""
     import torch
     from gpu_exporter import training
@@ -77,6 +82,8 @@ def train(url: str, name: str, checkpoint: Path, seconds: float) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     history: list[tuple[list[int], list[int]]] = []
+    timers = {"data": 0.0, "compute": 0.0, "metrics": 0.0, "checkpoint": 0.0}
+    began = time.perf_counter()
     run = training.start(name, url=url, uuid=f"GPU-e2e-{name}", push_interval=0.5)
     end = time.monotonic() + seconds
 
@@ -93,24 +100,33 @@ def train(url: str, name: str, checkpoint: Path, seconds: float) -> None:
         every, other = WOBBLE[name]
         return other if int(time.monotonic() / every) % 2 else data_s
 
+    def timed(phase: str, seconds: float, work: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        with run.phase(phase):
+            time_box(seconds, work)
+        timers[phase] += time.perf_counter() - t0
+
     try:
+        mark = time.perf_counter()
         for x, y in run.data(DataLoader(SlowBatches(batch, data_wait), batch_size=None)):
-            with run.phase("compute"):
-                time_box(compute_s, functools.partial(step, x, y))
+            timers["data"] += time.perf_counter() - mark
+            timed("compute", compute_s, functools.partial(step, x, y))
             if metrics_s:
-                with run.phase("metrics"):
-                    time_box(metrics_s, lambda: f1_macro([p for h in history[-8:] for p in h[0]],
-                                                         [a for h in history[-8:] for a in h[1]]))
+                timed("metrics", metrics_s, lambda: f1_macro([p for h in history[-8:] for p in h[0]],
+                                                             [a for h in history[-8:] for a in h[1]]))
             if checkpoint_s:
-                with run.phase("checkpoint"):
-                    time_box(checkpoint_s, lambda: torch.save(model.state_dict(), checkpoint))
+                timed("checkpoint", checkpoint_s, lambda: torch.save(model.state_dict(), checkpoint))
             del history[:-8]
             run.step(samples=len(y))
             if time.monotonic() > end:
                 break
+            mark = time.perf_counter()
     finally:
         run.close()
+        if timers_path is not None:
+            timers_path.write_text(json.dumps({"wall": time.perf_counter() - began, "phases": timers}))
 
 
 if __name__ == "__main__":
-    train(sys.argv[2], sys.argv[1], Path(sys.argv[3]), float(sys.argv[4]))
+    train(sys.argv[2], sys.argv[1], Path(sys.argv[3]), float(sys.argv[4]),
+          Path(sys.argv[5]) if len(sys.argv) > 5 else None)

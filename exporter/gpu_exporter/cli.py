@@ -84,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS["serve"] = ("serve metrics (the default)", _add_serve_arguments, _serve)
-COMMAND_MODULES = {"query": "gpu_exporter.commands.query", "diagnose": "gpu_exporter.commands.diagnose"}
+COMMAND_MODULES = {"query": "gpu_exporter.commands.query", "diagnose": "gpu_exporter.commands.diagnose",
+                   "report": "gpu_exporter.commands.report"}
 """Sub-commands whose module registers itself on first use: serving never imports them."""
 
 

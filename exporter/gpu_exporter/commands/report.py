@@ -1,0 +1,564 @@
+"""``gpu-exporter report``: what one training run cost and why, read from Prometheus after the fact.
+
+The problem: the alerts and ``diagnose`` speak about the last minutes of a live run; the owner of
+last night's eight-hour run asks the next morning what it cost and why it was slow. This command
+reads one run (every rank and GPU) from Prometheus over its whole lifetime, or over
+``--from``/``--to``, and works for finished runs:
+
+* wall time (the run's own phase timers: the phases add up to wall time), GPU-hours, mean utilization;
+* phase shares over the whole range and over time;
+* each cause of the cause table (:data:`gpu_exporter.causes.CAUSES`) with when it applied: the same
+  signals as the recording rules (``rate(gpu_busy_seconds_total[W])``, the phases' ``increase``, memory,
+  allocator events), judged at every step by :func:`gpu_exporter.causes.find_causes`, the judge the
+  conformance test holds equal to the generated rules;
+* GPU-hours spent below ``utilization_target`` (per GPU: the share of its utilization points below the
+  target, times the wall time);
+* the projected wall time without the main cause (the cause that applied longest): hiding a phase of
+  share ``s`` (over the range) shortens the run to ``wall x (1 - s)``; a launch-bound run (M3) whose
+  GPU were busy through its compute phase loses the idle part of it, ``s = compute share - mean
+  utilization``; allocator trouble (M4) has no projection (it is counted, not timed).
+
+Outputs: text, Markdown, JSON, and one self-contained HTML file with inline SVG plots (nothing is
+fetched to view it). Example::
+
+    $ gpu-exporter report --prometheus-url http://prometheus:9090 --run resnet50
+    $ gpu-exporter report --prometheus-url http://prometheus:9090 --run resnet50 --output html --out r.html
+    $ gpu-exporter report --prometheus-url http://prometheus:9090 --run resnet50 --from=-8h --to=-2h
+
+Exit status: 0 report written, 2 bad input, an unreachable Prometheus or a run it does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_exporter.causes import BY_ID, LAUNCH, PHASE, RunSignals, find_causes, pct
+from gpu_exporter.commands.metrics_client import (
+    Labels,
+    MetricsError,
+    Prometheus,
+    Series,
+    fail,
+    iso,
+    parse_time,
+    promql_duration,
+)
+from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
+
+RankKey = tuple[str, str]
+"""(rank, uuid) of one process of the run."""
+POINTS = 150
+"""Steps over the range when ``--step`` is not given (at least ``MIN_STEP``)."""
+MIN_STEP = 15.0
+WINDOW_STEPS = 4
+"""Each point's rate window is this many steps, so it always spans several scrapes."""
+PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "checkpoint": "#8e44ad",
+                "communication": "#29bf12", "other": "#9e9e9e"}
+
+
+@dataclass(frozen=True)
+class CauseSpan:
+    """A cause of the table over the range: the seconds it applied (summed over ranks) and when."""
+
+    cause: str
+    code: str
+    title: str
+    seconds: float
+    intervals: list[tuple[float, float]]
+    remedy: str
+
+
+@dataclass
+class Report:
+    """Everything the renderers print; ``to_json`` is its JSON form."""
+
+    run: str
+    source: str
+    start: float
+    end: float
+    wall_seconds: float
+    gpus: list[str]
+    ranks: list[dict[str, Any]]
+    mean_utilization: float | None
+    shares: dict[str, float]
+    gpu_hours: float
+    gpu_hours_below_target: float
+    causes: list[CauseSpan]
+    main_cause: str | None
+    projected_wall_seconds: float | None
+    projection_share: float | None
+    step: float
+    times: list[float] = field(default_factory=list)
+    utilization: dict[str, list[float | None]] = field(default_factory=dict)
+    phase_series: dict[str, list[float | None]] = field(default_factory=dict)
+    target: float = 0.85
+    low: float = 0.3
+
+    def projection_text(self) -> str:
+        """``"8.1 h; down to ~3.4 h if loading overlapped compute (input-bound (M1))"``."""
+        wall = duration(self.wall_seconds)
+        if self.main_cause is None:
+            return f"{wall}; no cause applied"
+        cause = BY_ID[self.main_cause]
+        if self.projected_wall_seconds is None:
+            return f"{wall}; main cause {cause.label}: no projection (it is counted, not timed)"
+        return f"{wall}; down to ~{duration(self.projected_wall_seconds)} {cause.hidden} ({cause.label})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run, "source": self.source, "start": iso(self.start), "end": iso(self.end),
+            "wall_seconds": round(self.wall_seconds, 3), "gpus": self.gpus, "ranks": self.ranks,
+            "gpu_hours": round(self.gpu_hours, 6), "mean_utilization": _round(self.mean_utilization),
+            "shares": {p: round(v, 4) for p, v in self.shares.items()},
+            "gpu_hours_below_target": round(self.gpu_hours_below_target, 6),
+            "utilization_target": self.target,
+            "causes": [{"cause": c.cause, "code": c.code, "title": c.title, "seconds": round(c.seconds, 3),
+                        "applied": [[iso(a), iso(b)] for a, b in c.intervals], "remedy": c.remedy}
+                       for c in self.causes],
+            "main_cause": self.main_cause, "projection_share": _round(self.projection_share),
+            "projected_wall_seconds": _round(self.projected_wall_seconds),
+            "projection": self.projection_text(), "step_seconds": self.step,
+            "series": {"times": [iso(t) for t in self.times],
+                       "utilization": {u: [_round(v) for v in vs] for u, vs in self.utilization.items()},
+                       "phase_shares": {p: [_round(v) for v in vs] for p, vs in self.phase_series.items()}},
+        }
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def duration(seconds: float) -> str:
+    """``29160 -> "8.1 h"``, ``754 -> "12.6 min"``, ``25.04 -> "25.0 s"``."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+# --- reading Prometheus ------------------------------------------------------------------------------
+
+def _key(labels: Labels) -> RankKey:
+    return labels.get("rank", ""), labels.get("uuid", "")
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text)
+
+
+def _at(prom: Prometheus, when: float, expr: str) -> list[tuple[Labels, float]]:
+    return Prometheus(prom.base, prom.timeout, at=when).query(expr)
+
+
+def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str) -> dict[RankKey, dict[str, float]]:
+    out: dict[RankKey, dict[str, float]] = {}
+    expr = f"last_over_time(gpu_training_phase_seconds_total{{run={_quote(run)}}}[{lookback}])"
+    for labels, value in _at(prom, when, expr):
+        out.setdefault(_key(labels), {})[labels.get("phase", "other")] = value
+    return out
+
+
+Totals = dict[RankKey, dict[str, float]]
+
+
+def lifetime(prom: Prometheus, run: str, now: float, lookback: str) -> tuple[float, float, Totals]:
+    """(start, end, final phase seconds per rank) of ``run``: its last push, minus the wall time its phase
+    timers add up to (the phases add up to wall time)."""
+    pushes = _at(prom, now, f"max_over_time(gpu_training_last_push_timestamp_seconds{{run={_quote(run)}}}"
+                            f"[{lookback}])")
+    if not pushes:
+        raise MetricsError(f"Prometheus at {prom.base} holds no training run {run!r} in the last {lookback}: "
+                           "check the name (gpu_training_last_push_timestamp_seconds{run=...}) or widen --lookback")
+    end = max(value for _, value in pushes)
+    totals = _phase_totals(prom, now, run, lookback)
+    wall = max((sum(v for v in phases.values() if v > 0) for phases in totals.values()), default=0.0)
+    return end - wall, end, totals
+
+
+def _deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str, final: Totals | None) -> Totals:
+    """Phase seconds of each rank between ``start`` and ``end`` (0 before the run began); ``final``: the
+    run's last totals, for a range that ends with the run (its last push may be scraped after ``end``)."""
+    after = final if final is not None else _phase_totals(prom, end, run, promql_duration(max(end - start, 1.0)))
+    before = _phase_totals(prom, start, run, lookback) if start < end else {}
+    return {key: {p: max(v - before.get(key, {}).get(p, 0.0), 0.0) for p, v in phases.items()}
+            for key, phases in after.items()}
+
+
+def _busy(prom: Prometheus, uuids: Sequence[str], start: float, end: float) -> dict[str, float]:
+    """Busy seconds of each GPU between its first and last sample in the range (the counter only grows)."""
+    sel = f"gpu_busy_seconds_total{{uuid=~{_quote('|'.join(uuids))}}}[{promql_duration(max(end - start, 1.0))}]"
+    return {labels.get("uuid", ""): value for labels, value in
+            _at(prom, end, f"max by (uuid) (max_over_time({sel}) - min_over_time({sel}))")}
+
+
+def _range(prom: Prometheus, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, Series]]:
+    return prom.query_range(expr, start, end, step)
+
+
+def _grid(series: Series, times: Sequence[float]) -> list[float | None]:
+    values = dict(series)
+    return [values.get(t) for t in times]
+
+
+def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, step: float | None,
+          lookback: str, final: Totals | None = None) -> Report:
+    """Read ``run`` between ``start`` and ``end`` and compute every figure of the report."""
+    if end <= start:
+        raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
+    deltas = _deltas(prom, run, start, end, lookback, final)
+    if not deltas:
+        raise MetricsError(f"Prometheus at {prom.base} has no phase timers of run {run!r} between {iso(start)} "
+                           f"and {iso(end)}")
+    walls = {key: sum(phases.values()) for key, phases in deltas.items()}
+    wall = max(walls.values())
+    if wall <= 0:
+        raise MetricsError(f"run {run!r} did not run between {iso(start)} and {iso(end)}")
+    gpus = sorted({uuid for _, uuid in deltas if uuid})
+    totals: dict[str, float] = {}
+    for phases in deltas.values():
+        for p, v in phases.items():
+            totals[p] = totals.get(p, 0.0) + v
+    all_seconds = sum(totals.values())
+    shares = {p: v / all_seconds for p, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+    # Busy seconds of the run's GPUs over the range (the GPU counter's samples at both ends).
+    busy = _busy(prom, gpus, start, end) if gpus else {}
+    util = {u: min(1.0, max(0.0, value / (end - start))) for u, value in busy.items()}
+    mean_util = sum(util.values()) / len(util) if util else None
+
+    step = step or max(MIN_STEP, (end - start) / POINTS)
+    window = promql_duration(WINDOW_STEPS * step)
+    times, util_series, phase_series, spans = _timeline(prom, run, gpus, t, start, end, step, window)
+    # Each GPU's hours below target: its share of the run's points below the target, times the wall time.
+    below = 0.0
+    for series in util_series.values():
+        points = [v for v in series if v is not None]
+        below += wall * sum(v < t.utilization_target for v in points) / len(points) if points else 0.0
+    causes = sorted(spans.values(), key=lambda c: (-c.seconds, -shares.get(BY_ID[c.cause].phase, 0.0)))
+    main = causes[0].cause if causes else None
+    share = _projection_share(BY_ID[main].kind if main else None, BY_ID[main].phase if main else "", shares,
+                              mean_util)
+    ranks = [{"rank": rank, "uuid": uuid, "wall_seconds": round(walls[(rank, uuid)], 3),
+              "utilization": _round(util.get(uuid)),
+              "shares": {p: round(v / walls[(rank, uuid)], 4) for p, v in sorted(phases.items(), key=lambda kv: -kv[1])
+                         if walls[(rank, uuid)] > 0}}
+             for (rank, uuid), phases in sorted(deltas.items())]
+    return Report(run=run, source=prom.base, start=start, end=end, wall_seconds=wall, gpus=gpus, ranks=ranks,
+                  mean_utilization=mean_util, shares=shares, gpu_hours=wall * max(len(gpus), 1) / 3600,
+                  gpu_hours_below_target=below / 3600, causes=causes, main_cause=main,
+                  projected_wall_seconds=None if share is None else wall * (1 - share), projection_share=share,
+                  step=step, times=times, utilization=util_series, phase_series=phase_series,
+                  target=t.utilization_target, low=t.utilization_low_threshold)
+
+
+def _projection_share(kind: str | None, phase: str, shares: dict[str, float], util: float | None) -> float | None:
+    """The share of the wall time the main cause takes (docs/cli.md#gpu-exporter-report has the formula)."""
+    if kind == PHASE:
+        return min(shares.get(phase, 0.0), 1.0)
+    if kind == LAUNCH and util is not None:
+        return max(0.0, shares.get(phase, 0.0) - util)
+    return None
+
+
+def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, start: float, end: float,
+              step: float, window: str) -> tuple[list[float], dict[str, list[float | None]],
+                                                 dict[str, list[float | None]], dict[str, CauseSpan]]:
+    """The run over time: utilization per GPU, phase shares (all ranks), and when each cause applied."""
+    sel = f"run={_quote(run)}"
+    match = _quote("|".join(gpus) or "none")
+    phases = _range(prom, f"increase(gpu_training_phase_seconds_total{{{sel}}}[{window}])", start, end, step)
+    times = sorted({ts for _, series in phases for ts, _ in series})
+    util = {labels.get("uuid", ""): _grid(series, times) for labels, series in _range(
+        prom, f"max by (uuid) (rate(gpu_busy_seconds_total{{uuid=~{match}}}[{window}]))", start, end, step)}
+    memory = {labels.get("uuid", ""): _grid(series, times) for labels, series in _range(
+        prom, f"max by (uuid) (gpu_memory_used_bytes{{uuid=~{match}}}) / max by (uuid) "
+              f"(gpu_memory_total_bytes{{uuid=~{match}}} > 0)", start, end, step)}
+
+    def per_rank(expr: str) -> dict[RankKey, list[float | None]]:
+        return {_key(labels): _grid(series, times) for labels, series in _range(prom, expr, start, end, step)}
+    live = per_rank(f"max by (rank, uuid) (gpu_training_current_phase{{{sel}}})")
+    retries = per_rank(f"max by (rank, uuid) (increase(gpu_training_allocator_retries_total{{{sel}}}[{window}]))")
+    ooms = per_rank(f"max by (rank, uuid) (increase(gpu_training_allocator_ooms_total{{{sel}}}[{window}]))")
+    batch = per_rank(f"max by (rank, uuid) (gpu_training_batch_size{{{sel}}})")
+    by_rank: dict[RankKey, dict[str, list[float | None]]] = {}
+    for labels, series in phases:
+        by_rank.setdefault(_key(labels), {})[labels.get("phase", "other")] = _grid(series, times)
+
+    retry_limit = t.allocator_retries_threshold * max(1.0, parse_duration(window) / t.allocator_window)
+    applied: dict[str, list[float]] = {}
+    phase_sum: dict[str, list[float | None]] = {}
+    for i, ts in enumerate(times):
+        seconds = {p: sum((v[i] or 0.0) for ph in by_rank.values() for q, v in ph.items() if q == p)
+                   for ph in by_rank.values() for p in ph}
+        total = sum(seconds.values())
+        for p in seconds:
+            phase_sum.setdefault(p, [None] * len(times))[i] = seconds[p] / total if total > 0 else None
+        for key, ph in by_rank.items():
+            rank_total = sum((v[i] or 0.0) for v in ph.values())
+            u = util.get(key[1], [None] * len(times))[i]
+            if rank_total <= 0 or u is None or (live.get(key, [None] * len(times))[i] or 0.0) != 1.0:
+                continue
+            signals = RunSignals({p: (v[i] or 0.0) / rank_total for p, v in ph.items()},
+                                 retries.get(key, [None] * len(times))[i] or 0.0,
+                                 ooms.get(key, [None] * len(times))[i] or 0.0, batch.get(key, [None] * len(times))[i])
+            for finding in find_causes(u, memory.get(key[1], [None] * len(times))[i], signals, t, retry_limit):
+                applied.setdefault(finding.cause.cause, []).append(ts)
+    spans = {}
+    for cause_id, stamps in applied.items():
+        cause = BY_ID[cause_id]
+        spans[cause_id] = CauseSpan(cause_id, cause.code, cause.label, len(stamps) * step,
+                                    _intervals(sorted(set(stamps)), step), cause.remedy)
+    return times, util, phase_sum, spans
+
+
+def _intervals(stamps: Sequence[float], step: float) -> list[tuple[float, float]]:
+    """Consecutive step times as [first - step, last] intervals."""
+    out: list[tuple[float, float]] = []
+    for ts in stamps:
+        if out and ts - out[-1][1] <= step * 1.5:
+            out[-1] = (out[-1][0], ts)
+        else:
+            out.append((ts - step, ts))
+    return out
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+def _rows(r: Report) -> list[tuple[str, str]]:
+    """The headline figures as (label, value) rows, shared by every format."""
+    return [
+        ("run", r.run),
+        ("range", f"{iso(r.start)} .. {iso(r.end)}"),
+        ("wall time", duration(r.wall_seconds)),
+        ("GPUs", f"{len(r.gpus)} ({', '.join(r.gpus)})" if r.gpus else "none joined (no GPU UUID)"),
+        ("GPU-hours", f"{r.gpu_hours:.3f}"),
+        ("mean utilization", pct(r.mean_utilization) if r.mean_utilization is not None else "unknown"),
+        ("phase shares", ", ".join(f"{p} {pct(v)}" for p, v in r.shares.items())),
+        ("GPU-hours below target", f"{r.gpu_hours_below_target:.3f} (below {pct(r.target)})"),
+        ("projection", r.projection_text()),
+    ]
+
+
+def _cause_lines(r: Report) -> list[str]:
+    if not r.causes:
+        return ["no cause of the table applied"]
+    return [f"{c.title}: {duration(c.seconds)} in {len(c.intervals)} stretch(es), first "
+            f"{iso(c.intervals[0][0])}, last until {iso(c.intervals[-1][1])}; remedy: {c.remedy}" for c in r.causes]
+
+
+def render_text(r: Report) -> str:
+    width = max(len(k) for k, _ in _rows(r))
+    lines = [f"{k.ljust(width)}  {v}" for k, v in _rows(r)]
+    lines.append("causes" + " " * (width - 4) + ("\n" + " " * (width + 2)).join(_cause_lines(r)))
+    for rank in r.ranks:
+        util = pct(rank["utilization"]) if rank["utilization"] is not None else "unknown"
+        lines.append(f"rank {rank['rank']} on {rank['uuid'] or '(no GPU UUID)'}: {duration(rank['wall_seconds'])}, "
+                     f"utilization {util}, " + ", ".join(f"{p} {pct(v)}" for p, v in rank["shares"].items()))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(r: Report) -> str:
+    out = [f"### GPU report: run `{r.run}`", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in _rows(r)[1:]]
+    out += ["", "| cause | applied | stretches | remedy |", "|---|---|---|---|"]
+    out += [f"| {c.title} | {duration(c.seconds)} | {', '.join(f'{iso(a)} .. {iso(b)}' for a, b in c.intervals[:5])}"
+            f"{' ...' if len(c.intervals) > 5 else ''} | {c.remedy} |" for c in r.causes] or ["| none | | | |"]
+    out += ["", "| rank | GPU | wall time | utilization | phases |", "|---|---|---|---|---|"]
+    out += [f"| {k['rank']} | {k['uuid']} | {duration(k['wall_seconds'])} | "
+            f"{pct(k['utilization']) if k['utilization'] is not None else 'unknown'} | "
+            + ", ".join(f"{p} {pct(v)}" for p, v in k["shares"].items()) + " |" for k in r.ranks]
+    return "\n".join(out) + "\n"
+
+
+def _svg_frame(w: int, h: int, pad: int, r: Report, title: str) -> list[str]:
+    span = max(r.end - r.start, 1e-9)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+             f'role="img" aria-label="{html.escape(title)}">',
+             f'<text x="{pad}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
+             f'<rect x="{pad}" y="24" width="{w - 2 * pad}" height="{h - 54}" fill="#fafafa" stroke="#ccc"/>']
+    for frac in (0, 0.25, 0.5, 0.75, 1.0):
+        x = pad + frac * (w - 2 * pad)
+        parts.append(f'<text x="{x:.1f}" y="{h - 14}" font-size="11" text-anchor="middle">'
+                     f'+{duration(frac * span)}</text>')
+    for level in (0, 0.5, 1.0):
+        y = 24 + (1 - level) * (h - 54)
+        parts.append(f'<text x="{pad - 4}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{pct(level)}</text>')
+    return parts
+
+
+def _xy(r: Report, ts: float, value: float, w: int, h: int, pad: int) -> tuple[float, float]:
+    span = max(r.end - r.start, 1e-9)
+    return pad + (ts - r.start) / span * (w - 2 * pad), 24 + (1 - min(max(value, 0.0), 1.0)) * (h - 54)
+
+
+def svg_utilization(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
+    parts = _svg_frame(w, h, pad, r, "GPU utilization over time")
+    for level, color, name in ((r.target, "#2a9d8f", "target"), (r.low, "#e76f51", "alert threshold")):
+        _, y = _xy(r, r.start, level, w, h, pad)
+        parts.append(f'<line x1="{pad}" x2="{w - pad}" y1="{y:.1f}" y2="{y:.1f}" stroke="{color}" '
+                     f'stroke-dasharray="6 4"/><text x="{w - pad - 4}" y="{y - 4:.1f}" font-size="11" '
+                     f'text-anchor="end" fill="{color}">{name} {pct(level)}</text>')
+    palette = ("#1d3557", "#e63946", "#457b9d", "#f4a261", "#2a9d8f", "#6d597a")
+    for i, (uuid, values) in enumerate(sorted(r.utilization.items())):
+        points = " ".join("{:.1f},{:.1f}".format(*_xy(r, ts, v, w, h, pad))
+                          for ts, v in zip(r.times, values, strict=False) if v is not None)
+        color = palette[i % len(palette)]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
+        parts.append(f'<text x="{pad + 4}" y="{40 + 14 * i}" font-size="11" fill="{color}">{html.escape(uuid)}</text>')
+    return "\n".join([*parts, "</svg>"])
+
+
+def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
+    parts = _svg_frame(w, h, pad, r, "Phase shares over time (all ranks)")
+    order = list(r.shares)
+    base = [0.0] * len(r.times)
+    for phase in order:
+        values = r.phase_series.get(phase, [])
+        top = [b + (values[i] or 0.0 if i < len(values) else 0.0) for i, b in enumerate(base)]
+        upper = [_xy(r, ts, v, w, h, pad) for ts, v in zip(r.times, top, strict=True)]
+        lower = [_xy(r, ts, v, w, h, pad) for ts, v in zip(r.times, base, strict=True)][::-1]
+        if upper:
+            points = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
+            color = PHASE_COLORS.get(phase, "#607d8b")
+            parts.append(f'<polygon fill="{color}" fill-opacity="0.85" stroke="none" points="{points}">'
+                         f'<title>{html.escape(phase)}</title></polygon>')
+        base = top
+    for i, phase in enumerate(order):
+        x = pad + 10 + i * 120
+        color = PHASE_COLORS.get(phase, "#607d8b")
+        parts.append(f'<rect x="{x}" y="{h - 34}" width="10" height="10" fill="{color}"/><text x="{x + 14}" '
+                     f'y="{h - 25}" font-size="11">{html.escape(phase)} {pct(r.shares[phase])}</text>')
+    return "\n".join([*parts, "</svg>"])
+
+
+def svg_causes(r: Report, w: int = 900, pad: int = 50) -> str:
+    rows = r.causes or []
+    h = 40 + 22 * max(len(rows), 1)
+    span = max(r.end - r.start, 1e-9)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
+             'aria-label="When each cause applied">',
+             '<text x="0" y="16" font-size="14" font-weight="bold">When each cause applied</text>']
+    for i, c in enumerate(rows):
+        y = 28 + 22 * i
+        parts.append(f'<text x="0" y="{y + 13}" font-size="11">{html.escape(c.code)}</text>')
+        for a, b in c.intervals:
+            x0 = pad + (max(a, r.start) - r.start) / span * (w - 2 * pad)
+            x1 = pad + (min(b, r.end) - r.start) / span * (w - 2 * pad)
+            parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="16" fill="#e76f51">'
+                         f'<title>{html.escape(c.title)}: {iso(a)} .. {iso(b)}</title></rect>')
+    if not rows:
+        parts.append('<text x="0" y="44" font-size="12">No cause of the table applied.</text>')
+    return "\n".join([*parts, "</svg>"])
+
+
+def render_html(r: Report) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _rows(r))
+    causes = "".join(f"<tr><td>{html.escape(c.title)}</td><td>{duration(c.seconds)}</td>"
+                     f"<td>{html.escape(iso(c.intervals[0][0]))} .. {html.escape(iso(c.intervals[-1][1]))}</td>"
+                     f"<td>{html.escape(c.remedy)}</td></tr>" for c in r.causes) \
+        or '<tr><td colspan="4">No cause of the table applied.</td></tr>'
+    ranks = "".join(f"<tr><td>{html.escape(k['rank'])}</td><td>{html.escape(k['uuid'])}</td>"
+                    f"<td>{duration(k['wall_seconds'])}</td>"
+                    f"<td>{pct(k['utilization']) if k['utilization'] is not None else 'unknown'}</td>"
+                    f"<td>{html.escape(', '.join(f'{p} {pct(v)}' for p, v in k['shares'].items()))}</td></tr>"
+                    for k in r.ranks)
+    style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
+             "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"
+             "text-align:left;font-size:13px}th{background:#f3f3f3}h1{font-size:20px}h2{font-size:16px}")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>GPU report: {html.escape(r.run)}</title><style>{style}</style></head><body>\n"
+            f"<h1>GPU report: run {html.escape(r.run)}</h1>\n<table>{rows}</table>\n"
+            f"{svg_utilization(r)}\n{svg_phases(r)}\n{svg_causes(r)}\n"
+            f"<h2>Causes</h2><table><tr><th>cause</th><th>applied</th><th>from .. until</th><th>remedy</th></tr>"
+            f"{causes}</table>\n<h2>Ranks</h2><table><tr><th>rank</th><th>GPU</th><th>wall time</th>"
+            f"<th>utilization</th><th>phases</th></tr>{ranks}</table>\n"
+            f"<p>Source {html.escape(r.source)}; one point every {duration(r.step)}. Projection: "
+            f"wall time x (1 - share of the main cause); see docs/cli.md.</p>\n</body></html>\n")
+
+
+def render_json(r: Report) -> str:
+    return json.dumps(r.to_json(), indent=2) + "\n"
+
+
+RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_json, "html": render_html}
+
+
+# --- command line ------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``gpu-exporter report``."""
+    parser.epilog = "exit status: 0 report written, 2 an error (bad flag, unreachable Prometheus, unknown run)"
+    parser.add_argument("--prometheus-url", metavar="URL", required=True, help="the Prometheus that scraped the run")
+    parser.add_argument("--run", dest="run_name", metavar="RUN", required=True, help="the training run (its run label)")
+    parser.add_argument("--from", dest="start", metavar="TIME",
+                        help="start of the range (default: the run's start): --from=-8h, Unix seconds or ISO 8601")
+    parser.add_argument("--to", dest="end", metavar="TIME", help="end of the range (default: the run's last push)")
+    parser.add_argument("--step", metavar="DURATION",
+                        help=f"time between points of the series (default: the range / {POINTS}, at least "
+                             f"{MIN_STEP:g}s); each point's rate window is {WINDOW_STEPS} steps")
+    parser.add_argument("--lookback", metavar="DURATION", default="30d",
+                        help="how far back to look for the run (default 30d)")
+    parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (default: the packaged copy)")
+    parser.add_argument("--output", choices=tuple(RENDERERS), default="text", help="the format (default text)")
+    parser.add_argument("--out", metavar="FILE", help="write the report to FILE instead of standard output")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``gpu-exporter report``; 0 on success, 2 on errors."""
+    try:
+        t = load_thresholds(args.thresholds)
+    except ThresholdsError as err:
+        return fail(str(err))
+    try:
+        prom = Prometheus(args.prometheus_url)
+        now = parse_time("now", "now")
+        step = None
+        if args.step is not None:
+            try:
+                step = parse_duration(args.step)
+            except ValueError as err:
+                raise MetricsError(f"--step: {err}") from None
+            if step <= 0:
+                raise MetricsError(f"--step must be longer than 0 s, not {args.step!r}")
+        try:
+            parse_duration(args.lookback)
+        except ValueError as err:
+            raise MetricsError(f"--lookback: {err}") from None
+        end = parse_time(args.end, "--to") if args.end else None
+        start = parse_time(args.start, "--from") if args.start else None
+        final = None
+        if start is None or end is None:
+            run_start, run_end, totals = lifetime(prom, args.run_name, end if end is not None else now,
+                                                  args.lookback)
+            final = totals if end is None else None
+            start = run_start if start is None else start
+            end = run_end if end is None else end
+        report = build(prom, args.run_name, t, start, end, step, args.lookback, final)
+    except MetricsError as err:
+        return fail(str(err))
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    text = RENDERERS[args.output](report)
+    if args.out:
+        try:
+            Path(args.out).write_text(text)
+        except OSError as err:
+            return fail(f"cannot write {args.out}: {err.strerror}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def register(subcommands: dict[str, Any]) -> None:
+    """Add ``report`` to the CLI's sub-command registry (``gpu_exporter.cli.SUBCOMMANDS``)."""
+    subcommands["report"] = ("what one training run cost and why, from Prometheus (text, Markdown, JSON, HTML)",
+                             add_arguments, run)
+

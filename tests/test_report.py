@@ -1,0 +1,139 @@
+"""``gpu-exporter report`` on a real, finished CPU training run recorded by a real Prometheus.
+
+A real PyTorch loop (tests/cause_loops.py ``mixed``: data ~54%, metrics ~29%, compute ~17%) reports
+to a real exporter on a simulated GPU that follows its compute share (tests/scenarios/causes-e2e.yaml),
+Prometheus scrapes it every second; the loop ends (``run.close()``), then ``report`` reads the run.
+Its figures are checked against the loop's own timers (perf_counter around the run and each phase):
+wall time within 2%, phase shares within 0.05, and the projection by the documented formula
+(wall x (1 - share of the main cause)). Every format is rendered; the HTML must be self-contained,
+and headless Chromium renders it to a PNG.
+
+Set REPORT_OUTPUT=DIR to keep every format and the screenshot (docs/cli.md and
+docs/screenshots/report.png show them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import exporter_env, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from test_query import run_cli
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = Path(__file__).parent / "scenarios" / "causes-e2e.yaml"
+LOOPS = Path(__file__).with_name("cause_loops.py")
+SECONDS = 20
+
+
+@pytest.fixture(scope="module")
+def recorded() -> Iterator[tuple[str, dict[str, Any], Path]]:
+    """Prometheus holding the finished run ``mixed``; yields (Prometheus URL, the loop's timers, a temp dir)."""
+    with tempfile.TemporaryDirectory() as tmp, \
+            run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
+            run_prometheus(scrape_config(exporter, "report-node", rule_files=())) as prom:
+        timers = Path(tmp) / "timers.json"
+        loop = subprocess.run([sys.executable, str(LOOPS), "mixed", exporter, f"{tmp}/ckpt.pt", str(SECONDS),
+                               str(timers)], env=exporter_env(), capture_output=True, text=True, timeout=120)
+        assert loop.returncode == 0, loop.stderr[-2000:]
+        # The final snapshot (no current phase) has been scraped: the run is over in Prometheus too.
+        wait_until(lambda: promql(prom, 'max(gpu_training_current_phase{run="mixed"}) == 0'), 20,
+                   what="the finished run's last snapshot in Prometheus")
+        yield prom, json.loads(timers.read_text()), Path(tmp)
+
+
+def _report(prom: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("report", "--prometheus-url", prom, "--run", "mixed", "--step", "1s", *args)
+
+
+def _keep(name: str, data: bytes | str) -> None:
+    if os.environ.get("REPORT_OUTPUT"):
+        path = Path(os.environ["REPORT_OUTPUT"]) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def test_report_figures_match_the_runs_own_timers(recorded: tuple[str, dict[str, Any], Path]) -> None:
+    prom, timers, _ = recorded
+    result = _report(prom, "--output", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    wall = timers["wall"]
+    assert doc["wall_seconds"] == pytest.approx(wall, rel=0.02)
+    for phase in ("data", "compute", "metrics"):
+        assert doc["shares"][phase] == pytest.approx(timers["phases"][phase] / wall, abs=0.05), phase
+    assert doc["gpus"] == ["GPU-e2e-mixed"] and [r["rank"] for r in doc["ranks"]] == ["0"]
+    assert doc["gpu_hours"] == pytest.approx(doc["wall_seconds"] / 3600, rel=1e-3)
+    # The simulated GPU is busy while the loop computes: utilization follows the compute share.
+    assert doc["mean_utilization"] == pytest.approx(0.97 * doc["shares"]["compute"], abs=0.06)
+    # Causes over time: input-bound (data) the longest, metrics-bound too; below target all along.
+    causes = {c["cause"]: c for c in doc["causes"]}
+    assert doc["main_cause"] == "input_bound" and set(causes) >= {"input_bound", "metrics_bound"}
+    assert causes["input_bound"]["seconds"] >= 0.5 * wall and causes["input_bound"]["applied"]
+    assert doc["gpu_hours_below_target"] == pytest.approx(doc["gpu_hours"], rel=1e-3)  # at ~17% all along
+    # Projection: wall x (1 - data share), by the report's shares and by the loop's own timers.
+    assert doc["projected_wall_seconds"] == pytest.approx(doc["wall_seconds"] * (1 - doc["shares"]["data"]), rel=1e-3)
+    assert doc["projected_wall_seconds"] == pytest.approx(wall - timers["phases"]["data"], abs=0.05 * wall)
+    assert doc["projection"].endswith("if loading overlapped compute (input-bound (M1))")
+    _keep("report.json", result.stdout)
+
+
+def test_every_format_and_a_self_contained_html(recorded: tuple[str, dict[str, Any], Path]) -> None:
+    prom, _, tmp = recorded
+    text = _report(prom)
+    assert text.returncode == 0, text.stderr
+    assert "wall time" in text.stdout and "input-bound (M1):" in text.stdout and "projection" in text.stdout
+    markdown = _report(prom, "--output", "markdown")
+    assert markdown.stdout.startswith("### GPU report: run `mixed`\n") and "| input-bound (M1) |" in markdown.stdout
+    page = tmp / "report.html"
+    html = _report(prom, "--output", "html", "--out", str(page))
+    assert html.returncode == 0 and html.stdout == "", html.stderr
+    body = page.read_text()
+    assert body.count("<svg") == 3 and "<polyline" in body and "<polygon" in body
+    for remote in ("<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "@import"):
+        assert remote not in body, remote  # nothing to fetch: it opens without a network
+    for name, out in (("report.txt", text.stdout), ("report.md", markdown.stdout), ("report.html", body)):
+        _keep(name, out)
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    shot = tmp / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1000,1250", page.as_uri()], capture_output=True, timeout=120, check=False)
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 20_000  # a rendered page, not a blank one
+    _keep("report.png", data)
+
+
+def test_range_and_bad_input(recorded: tuple[str, dict[str, Any], Path]) -> None:
+    prom, timers, _ = recorded
+    whole = json.loads(_report(prom, "--output", "json").stdout)
+    start = whole["start"]
+    # The first half of the run, by --from/--to: about half the wall time, the same kind of run.
+    half = json.loads(run_cli("report", "--prometheus-url", prom, "--run", "mixed", "--step", "1s",
+                              f"--from={start}", f"--to={_plus(start, timers['wall'] / 2)}",
+                              "--output", "json").stdout)
+    assert half["wall_seconds"] == pytest.approx(timers["wall"] / 2, rel=0.15)
+    assert half["shares"]["data"] == pytest.approx(whole["shares"]["data"], abs=0.08)
+    missing = run_cli("report", "--prometheus-url", prom, "--run", "nope")
+    assert (missing.returncode, missing.stderr) == (2, f"gpu-exporter: error: Prometheus at {prom} holds no training "
+                                                       "run 'nope' in the last 30d: check the name (gpu_training_last"
+                                                       "_push_timestamp_seconds{run=...}) or widen --lookback\n")
+    bad = run_cli("report", "--prometheus-url", prom, "--run", "mixed", "--from", "soon")
+    assert (bad.returncode, bad.stderr) == (2, "gpu-exporter: error: --from: 'soon' is not a time: use now, -2h "
+                                               "(before now), Unix seconds or 2026-12-03T05:00:00Z\n")
+
+
+def _plus(stamp: str, seconds: float) -> str:
+    from gpu_exporter.commands.metrics_client import iso, parse_time
+    return iso(parse_time(stamp, "t") + seconds)
