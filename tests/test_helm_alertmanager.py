@@ -232,6 +232,8 @@ def test_runbook_url_pattern_value_rewrites_every_link() -> None:
     links = {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]
              if "alert" in r}
     assert links and links == {alert: f"https://wiki.example.com/gpu#{alert.lower()}" for alert in links}
+    with pytest.raises(helm.HelmValuesError, match="runbookUrlPattern"):  # a pattern without {anchor}
+        render({"prometheusRule": {"enabled": True, "runbookUrlPattern": "https://wiki.example.com/gpu"}})
 
 
 # --- in a rendered kube-prometheus-stack, with a real Alertmanager ---------------------------------
