@@ -120,8 +120,8 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
     sides: set[bool] = set()
     deadline = time.monotonic() + 30
     while sides != {True, False} and time.monotonic() < deadline:
-        (util,) = promql(prom, 'gpu:gpu_utilization:avg5m{uuid="GPU-e2e-hover30"}')
-        sides.add(float(util["value"][1]) < 0.3)
+        (hover,) = promql(prom, 'gpu:gpu_utilization:avg5m{uuid="GPU-e2e-hover30"}')
+        sides.add(float(hover["value"][1]) < 0.3)
         assert ("GpuTrainingInputBound", "input_bound") in _firing(prom).get("GPU-e2e-hover30", set()), sides
         time.sleep(0.5)
     assert sides == {True, False}, "the hovering GPU never crossed 30%"
