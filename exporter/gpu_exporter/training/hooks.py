@@ -16,9 +16,11 @@ The rule (docs/training.md, "training.watch"):
 
 * ``data``: time inside ``next()`` on an iterator of ``loader`` (the instance's class is swapped
   for a subclass whose ``__iter__`` wraps the iterator; the class comes back on ``close()``);
-* ``compute``: ``model``'s forward (forward pre-hook to forward hook), its backward (from the first
-  gradient that reaches one of its outputs to the end of that backward pass, through a tensor hook
-  and the autograd engine's end-of-pass callback) and ``optimizer.step`` (step pre- and post-hooks);
+* ``compute``: a training forward of ``model`` (grad enabled, ``model.training``) through the
+  loss and backward to the end of ``optimizer.step`` (the model's ``forward`` is wrapped on the
+  instance; ``optimizer.step`` has step pre- and post-hooks); an evaluation forward (``no_grad``
+  or ``eval()``) is compute for its own duration only. Without an optimizer, a training forward's
+  compute lasts until the next batch is fetched;
 * ``metrics``: calls of the objects given as ``metrics=`` (their ``update``/``compute``/``forward``,
   e.g. torchmetrics metrics), and any ``with watcher.run.phase("metrics")`` block;
 * ``checkpoint``: ``torch.save`` called from the training thread while watched;
@@ -217,11 +219,16 @@ class MethodTimer:
 
     def undo(self) -> None:
         for name, saved in self._saved:
-            if saved is _MISSING:
-                vars(self._obj).pop(name, None)
-            else:
-                object.__setattr__(self._obj, name, saved)
+            _restore(self._obj, name, saved)
         self._saved = []
+
+
+def _restore(obj: Any, name: str, saved: Any) -> None:
+    """Put back instance attribute ``name`` as it was (``_MISSING``: there was none)."""
+    if saved is _MISSING:
+        vars(obj).pop(name, None)
+    else:
+        object.__setattr__(obj, name, saved)
 
 
 _MISSING = object()
@@ -256,7 +263,6 @@ class Watch:
         self._owns_run = owns_run
         self._undo: list[Callable[[], None]] = []
         self._pending_samples = 0
-        self._in_backward = False
         try:
             self._hook(model, optimizer, loader, metrics, checkpoints)
         except BaseException:
@@ -268,7 +274,6 @@ class Watch:
 
         run = self.run
         compute = run.phase("compute")
-        engine = torch.autograd.Variable._execution_engine
         step_each_batch = optimizer is None
 
         def on_batch(batch: Any) -> None:
@@ -283,32 +288,34 @@ class Watch:
         for obj in metrics:
             self._undo.append(MethodTimer(obj, run.phase("metrics")).undo)
 
-        def end_backward() -> None:
-            self._in_backward = False
-            compute.__exit__(None, None, None)
+        is_grad_enabled = torch.is_grad_enabled
 
-        def start_backward(grad: Any) -> None:
-            if not self._in_backward:
-                self._in_backward = True
-                compute.__enter__()
-                engine.queue_callback(end_backward)
-
-        def forward_pre(module: Any, args: Any) -> None:
-            compute.__enter__()
-
-        def forward_post(module: Any, args: Any, output: Any) -> None:
-            compute.__exit__(None, None, None)
-            if torch.is_grad_enabled():
-                for tensor in _tensors(output):
-                    if tensor.requires_grad:
-                        tensor.register_hook(start_backward)
+        def end_compute() -> None:
+            if run._current is compute:
+                compute._depth = 0
+                compute.__exit__(None, None, None)
 
         if model is not None:
-            self._undo.append(model.register_forward_pre_hook(forward_pre).remove)
-            self._undo.append(model.register_forward_hook(forward_post, always_call=True).remove)
+            forward = model.forward
+
+            def timed_forward(*args: Any, **kwargs: Any) -> Any:
+                opened = run._current is not compute
+                if opened:
+                    compute.__enter__()
+                try:
+                    return forward(*args, **kwargs)
+                finally:  # a training forward stays open through loss and backward, until optimizer.step
+                    if opened and not (is_grad_enabled() and model.training):
+                        compute.__exit__(None, None, None)
+
+            saved = vars(model).get("forward", _MISSING)
+            object.__setattr__(model, "forward", timed_forward)
+            self._undo.append(lambda: _restore(model, "forward", saved))
             _enable_distributed(run, model)
+
         def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
-            compute.__enter__()
+            if run._current is not compute:
+                compute.__enter__()
 
         for opt in _as_list(optimizer):
             self._undo.append(opt.register_step_pre_hook(step_pre).remove)
@@ -316,7 +323,7 @@ class Watch:
             first = _as_list(optimizer)[0]
 
             def step_post(opt: Any, args: Any, kwargs: Any) -> None:
-                compute.__exit__(None, None, None)
+                end_compute()
                 if opt is first:
                     self._step()
 
@@ -347,14 +354,6 @@ def _as_list(optimizer: Any) -> list[Any]:
     if optimizer is None:
         return []
     return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-
-
-def _tensors(output: Any) -> list[Any]:
-    """The tensors among a forward's output: itself, or the items of a tuple, list or dict (HF outputs)."""
-    if hasattr(output, "requires_grad"):
-        return [output]
-    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    return [t for t in items if hasattr(t, "requires_grad")]
 
 
 def _enable_distributed(run: Run, model: Any) -> None:
