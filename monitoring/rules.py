@@ -20,7 +20,9 @@ import re
 from pathlib import Path
 
 import yaml
-from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, LOW, PHASE, TARGET, Cause
+from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, LOW, PHASE, STRAGGLER, TARGET, Cause
+
+from monitoring import straggler
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "prometheus"
@@ -115,6 +117,8 @@ def _condition(cause: Cause) -> str:
     """The PromQL of ``cause`` before the level filter: value = the share (M4: events) that explains it."""
     if cause.kind == PHASE:
         return f"{_share(cause.phase)} > ${{{cause.keys[0]}}}\nand\n{LIVE}"
+    if cause.kind == STRAGGLER:
+        return straggler.condition(cause, _share(cause.phase), LIVE, C)
     if cause.kind == LAUNCH:
         compute = f"({_share(cause.phase)} > ${{batch_compute_share}})"
         return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
@@ -140,7 +144,7 @@ def cause_recording_group() -> str:
                 f"- record: run:gpu_training_cause:share\n  expr: |\n{_indent(expr, 4)}"
                 f"  labels:\n    cause: {cause.cause}\n    code: {cause.code}\n"
                 f"    remedy: {cause.remedy}\n    level: {lvl}\n")
-    phase_causes = "|".join(c.cause for c in CAUSES if c.kind == PHASE)
+    phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER))
     launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
     rules.append(
         "# The utilization the GPU could reach without the cause (an upper bound). Hiding a phase of share s\n"
@@ -151,6 +155,7 @@ def cause_recording_group() -> str:
                   f'        (1 - run:gpu_training_cause:share{{cause=~"{phase_causes}"}})\n    )\n  or\n'
                   f"    (\n        {UTIL}\n      + on ({C}, uuid) group_right ()\n"
                   f'        run:gpu_training_cause:share{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n', 4))
+    rules += [straggler.projected_step_rule(c, C) for c in CAUSES if c.kind == STRAGGLER]
     body = "".join(_indent(rule, 6) + "\n" for rule in rules).rstrip("\n") + "\n"
     return ("  # Generated from gpu_exporter.causes.CAUSES: why a live run's GPU is below target, per run and GPU.\n"
             "  - name: gpu-cause.recording\n    rules:\n" + body)
@@ -159,6 +164,8 @@ def cause_recording_group() -> str:
 def _projection(cause: Cause) -> str:
     if cause.kind == ALLOCATOR:
         return ""
+    if cause.kind == STRAGGLER:
+        return straggler.projection(cause)
     query = ('printf "run:gpu_training_cause:projected_utilization{cause=%q,run=%q,rank=%q,uuid=%q}" '
              f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
     return (f"{{{{ with {query} | query }}}} If that were removed the GPU could reach at most"
@@ -175,6 +182,8 @@ def _what(cause: Cause) -> str:
                 "the GPU is busy for less than ${batch_busy_ratio|percent} of the time the job computes while less "
                 "than ${batch_memory_used_ratio|percent} of its memory is used (small batches or kernels, launch "
                 "overhead).")
+    if cause.kind == STRAGGLER:
+        return straggler.what(cause)
     return f"spends {{{{ $value | humanizePercentage }}}} of its time {cause.doing}."
 
 

@@ -9,8 +9,9 @@ events, live or finished, optional cluster label). The same cases are fed to
 * the judge, :func:`gpu_exporter.causes.find_causes`, whose findings are those expectations.
 
 promtool fails the test on any disagreement in either direction. The cases cover every cause at
-both levels, the healthy band, finished runs, thresholds not passed, and two clusters that reuse
-one GPU UUID.
+both levels, the healthy band, finished runs, thresholds not passed, two clusters that reuse
+one GPU UUID, and distributed runs (cases sharing a ``run``, one per rank): a straggler whose
+waiting ranks are named ST (never M3, even with little memory used), and balanced ranks that are not.
 """
 
 from __future__ import annotations
@@ -45,10 +46,16 @@ class Case:
     live: bool = True
     cluster: str = ""
     uuid: str = field(default="")
+    run: str = ""
+    rank: str = "0"
 
     @property
     def gpu_uuid(self) -> str:
         return self.uuid or f"GPU-{self.name}"
+
+    @property
+    def run_labels(self) -> dict[str, str]:
+        return {"run": self.run or self.name, "rank": self.rank}
 
 
 CASES = [
@@ -71,6 +78,15 @@ CASES = [
     Case("under_every_threshold", 0.2, 0.5, {"data": 0.25, "compute": 0.5, "metrics": 0.15, "checkpoint": 0.1}),
     Case("cluster_a", 0.08, 0.5, {"data": 0.9, "compute": 0.1}, cluster="a", uuid="GPU-shared"),
     Case("cluster_b", 0.9, 0.5, {"data": 0.9, "compute": 0.1}, cluster="b", uuid="GPU-shared"),
+    # Distributed runs: ranks 0 and 1 wait for rank 2 (input-bound); with their wait as compute they were M3.
+    Case("ddp_wait0", 0.15, 0.1, {"data": 0.04, "compute": 0.3, "communication": 0.66}, run="ddp", rank="0"),
+    Case("ddp_wait1", 0.15, 0.1, {"data": 0.05, "compute": 0.3, "communication": 0.65}, run="ddp", rank="1"),
+    Case("ddp_slow2", 0.2, 0.1, {"data": 0.62, "compute": 0.3, "communication": 0.08}, run="ddp", rank="2"),
+    Case("ddp_target0", 0.5, 0.5, {"compute": 0.55, "communication": 0.45}, run="ddp_target", rank="0"),
+    Case("ddp_target1", 0.9, 0.5, {"compute": 0.95, "communication": 0.05}, run="ddp_target", rank="1"),
+    Case("ddp_balanced0", 0.2, 0.5, {"data": 0.5, "compute": 0.3, "communication": 0.2}, run="ddp_balanced", rank="0"),
+    Case("ddp_balanced1", 0.2, 0.5, {"data": 0.55, "compute": 0.3, "communication": 0.15}, run="ddp_balanced",
+         rank="1"),
 ]
 
 MINUTES = 20
@@ -78,7 +94,10 @@ EVAL = "15m"
 
 
 def judged(case: Case) -> list[Finding]:
-    run = RunSignals(case.shares, allocator_retries=case.retries, allocator_ooms=case.ooms)
+    communication = {c.rank: c.shares["communication"] for c in CASES
+                     if c.run_labels["run"] == case.run_labels["run"] and c.live and "communication" in c.shares}
+    run = RunSignals(case.shares, allocator_retries=case.retries, allocator_ooms=case.ooms,
+                     communication=communication)
     return find_causes(case.utilization, case.memory, run, load_thresholds()) if case.live else []
 
 
@@ -99,7 +118,7 @@ def _ramp(per_minute: float) -> str:
 
 
 def input_series(index: int, case: Case) -> list[dict[str, str]]:
-    run = {"run": case.name, "rank": "0"}
+    run = case.run_labels
     out = [
         {"series": _series("gpu_info", _labels(case, gpu=str(index), name="NVIDIA H100")), "values": f"1x{MINUTES}"},
         {"series": _series("gpu_busy_seconds_total", _labels(case, gpu=str(index))),
@@ -129,15 +148,16 @@ def rounded(value: float) -> float:
 
 def expectations(case: Case) -> list[dict[str, Any]]:
     """promtool expectations from the judge; values compared at 4 decimals (float noise is not a verdict)."""
-    run = {"run": case.name, "rank": "0"}
+    run = case.run_labels
     shares, projected = [], []
     for f in judged(case):
+        straggler = {"straggler_rank": f.straggler} if f.straggler else {}
         labels = _series("", _labels(case, cause=f.cause.cause, code=f.cause.code, remedy=f.cause.remedy,
-                                     level=f.level, **run))
+                                     level=f.level, **run, **straggler))
         shares.append({"labels": labels, "value": rounded(f.value)})
         if f.projected is not None:
             projected.append({"labels": labels, "value": rounded(f.projected)})
-    selector = _series("", {"uuid": case.gpu_uuid, "run": case.name})
+    selector = _series("", {"uuid": case.gpu_uuid, **run})
     return [{"expr": f"round(run:gpu_training_cause:share{selector}, 0.0001)", "eval_time": EVAL,
              "exp_samples": shares},
             {"expr": f"round(run:gpu_training_cause:projected_utilization{selector}, 0.0001)", "eval_time": EVAL,
@@ -157,7 +177,22 @@ def test_cases_cover_every_cause_at_both_levels_and_no_cause() -> None:
     assert seen == {(c.cause, lvl) for c in CAUSES for lvl in (LOW, TARGET)}
     assert [c.name for c in CASES if not judged(c)] == [
         "batch_memory_full", "allocator_few_retries", "healthy", "healthy_but_input_heavy", "finished",
-        "under_every_threshold", "cluster_b"]
+        "under_every_threshold", "cluster_b", "ddp_target1"]
+
+
+def test_waiting_ranks_name_the_straggler_and_are_never_launch_bound() -> None:
+    by_name = {c.name: c for c in CASES}
+    for waiting in ("ddp_wait0", "ddp_wait1"):
+        found = judged(by_name[waiting])
+        assert [(f.cause.code, f.straggler) for f in found] == [("ST", "2")], found
+        assert found[0].value == pytest.approx(by_name[waiting].shares["communication"] - 0.08)
+    assert [f.cause.code for f in judged(by_name["ddp_slow2"])] == ["M1"]
+    # The same waiting rank with its wait counted as compute (no communication phase) was called M3.
+    as_compute = Case("x", 0.15, 0.1, {"data": 0.04, "compute": 0.96})
+    assert [f.cause.code for f in judged(as_compute)] == ["M3"]
+    assert [f.cause.code for c in ("ddp_balanced0", "ddp_balanced1") for f in judged(by_name[c])] == ["M1", "M1"]
+    (target,) = judged(by_name["ddp_target0"])
+    assert (target.cause.code, target.level, target.straggler) == ("ST", TARGET, "1")
 
 
 def test_judge_names_the_biggest_cause_first_with_its_projection() -> None:

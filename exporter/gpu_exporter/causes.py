@@ -11,7 +11,11 @@ The signals, per training run (and rank) on a GPU, over one window:
 
 * ``u``: the GPU's interval-mean utilization (busy seconds / wall seconds);
 * the run's phase shares (``data``, ``compute``, ``metrics``, ``checkpoint``, ... adding up to 1);
-* the share of GPU memory used; caching-allocator retries and OOMs in the window.
+* the share of GPU memory used; caching-allocator retries and OOMs in the window;
+* for a distributed run, the ``communication`` share of each of its live ranks: a rank whose
+  share exceeds the run's lowest by more than ``straggler_wait_share`` waits for that rank, the
+  straggler (ST). Its value is that excess (the wait), so the projections below hold for it too,
+  and the run's step time if the straggler kept up is this rank's step time times ``1 - wait``.
 
 Two levels: ``low`` (``u`` below ``utilization_low_threshold``: warning alerts) and ``target``
 (``u`` at or above that but below ``utilization_target``: one info alert). At or above the target
@@ -40,6 +44,8 @@ LAUNCH = "launch"
 """M3: the GPU is busy for only part of the compute phase (small batches, launch overhead)."""
 ALLOCATOR = "allocator"
 """M4: the caching allocator retries or runs out of memory (counted, not timed)."""
+STRAGGLER = "straggler"
+"""ST: a rank of a distributed run waits in collectives for a slower rank of the same run."""
 
 LOW = "low"
 """Level label: utilization below ``utilization_low_threshold`` (warning alerts)."""
@@ -107,6 +113,14 @@ CAUSES: tuple[Cause, ...] = (
           advice="M4: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, stable tensor shapes, no "
                  "torch.cuda.empty_cache() in the loop; lower the batch size a little if memory is really "
                  "too small."),
+    Cause("straggler", "ST", "waiting for a straggler", "GpuTrainingStraggler", STRAGGLER, "communication",
+          ("straggler_wait_share",),
+          doing="waiting in collectives for a slower rank", hidden="if the straggler kept up",
+          remedy="remove the straggler's own cause (its verdict names it); balance data and work across ranks",
+          advice="ST: this rank is fine; it waits for the straggler named above. Fix the straggler's own cause "
+                 "(input pipeline M1, metrics M2, checkpoints CK on one rank only, ...), give every rank the same "
+                 "share of the data and work (same batch size, sequence lengths, no rank-0-only work in the "
+                 "step), and check the straggler's GPU for throttling (gpu_clock_event_active)."),
 )
 """Every cause, in the order diagnose breaks ties (the allocator first: it also explains the others)."""
 
@@ -125,6 +139,10 @@ class RunSignals:
     allocator_retries: float = 0.0
     allocator_ooms: float = 0.0
     batch_size: float | None = None
+    communication: Mapping[str, float] | None = None
+    """ST: the ``communication`` share of every live rank of the same run (rank -> share, this one included)."""
+    step_seconds: float | None = None
+    """ST: this rank's mean step time over the window, for the run's projected step time."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +158,12 @@ class Finding:
     value: float
     projected: float | None
     batch_size: float | None = field(default=None, compare=False)
+    straggler: str = ""
+    """ST: the rank this one waits for (the run's rank with the least communication)."""
+    step_seconds: float | None = field(default=None, compare=False)
+    """ST: this rank's step time now; times ``1 - value`` it is the run's step time if the straggler kept up."""
+    straggler_cause: str = field(default="", compare=False)
+    """ST: what holds the straggler back, in words (diagnose fills it from the straggler's own verdict)."""
 
     def summary(self, utilization: float) -> str:
         """``"input-bound (M1): 8% now, at most ~90% if loading overlapped compute"``."""
@@ -149,12 +173,30 @@ class Finding:
         """``"8% now, at most ~90% if loading overlapped compute"``."""
         if self.projected is None:
             return f"{pct(utilization)} now; no projection (allocator stalls are counted, not timed)"
+        if self.cause.kind == STRAGGLER:
+            step = ""
+            if self.step_seconds is not None:
+                step = (f"; the run's step would take ~{seconds(self.projected_step_seconds or 0.0)} instead of "
+                        f"{seconds(self.step_seconds)}")
+            return f"{pct(utilization)} now, at most ~{pct(self.projected)} if rank {self.straggler} kept up{step}"
         return f"{pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
+
+    @property
+    def projected_step_seconds(self) -> float | None:
+        """ST: the run's step time if the straggler kept up (this rank's step time without its wait)."""
+        if self.cause.kind != STRAGGLER or self.step_seconds is None:
+            return None
+        return self.step_seconds * (1.0 - self.value)
 
     def reason(self, run: str, rank: str) -> str:
         """One sentence on what the run does, for diagnose."""
         if self.cause.kind == ALLOCATOR:
             return f"run {run} rank {rank}: the CUDA caching allocator had {self.value:.0f} retries/OOMs."
+        if self.cause.kind == STRAGGLER:
+            why = self.straggler_cause or f"rank {self.straggler} is slower"
+            return (f"run {run} rank {rank} is waiting for rank {self.straggler} (straggler): {why}. "
+                    f"{pct(self.value)} of rank {rank}'s time is that wait (its communication beyond rank "
+                    f"{self.straggler}'s).")
         if self.cause.kind == LAUNCH:
             batch = f" with batch size {self.batch_size:.0f}" if self.batch_size is not None else ""
             return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(self.value)} of the "
@@ -165,6 +207,25 @@ class Finding:
 def pct(ratio: float) -> str:
     """``0.084 -> "8%"``."""
     return f"{ratio * 100:.0f}%"
+
+
+def seconds(value: float) -> str:
+    """``0.2634 -> "0.26 s"``, ``12.5 -> "12.5 s"``."""
+    return f"{value:.3g} s"
+
+
+def straggler_of(communication: Mapping[str, float]) -> tuple[str, float] | None:
+    """(rank, communication share) of the rank that waits least in a run of two or more ranks, else None.
+
+    Ties go to the lowest rank label (PromQL's ``bottomk`` picks any one of them).
+
+    >>> straggler_of({"0": 0.7, "1": 0.05, "2": 0.68})
+    ('1', 0.05)
+    """
+    if len(communication) < 2:
+        return None
+    rank = min(communication, key=lambda r: (communication[r], r))
+    return rank, communication[rank]
 
 
 def level(utilization: float, t: Thresholds) -> str | None:
@@ -208,12 +269,18 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
             if share > _threshold(t, cause.keys[0]):
                 projected = 1.0 if share >= 1.0 else min(1.0, utilization / (1.0 - share))
                 found.append(Finding(cause, lvl, share, projected))
+        elif cause.kind == STRAGGLER:
+            straggler = straggler_of(run.communication or {})
+            wait = run.shares.get(cause.phase, 0.0) - straggler[1] if straggler else 0.0
+            if straggler is not None and wait > _threshold(t, cause.keys[0]):
+                found.append(Finding(cause, lvl, wait, 1.0 if wait >= 1.0 else min(1.0, utilization / (1.0 - wait)),
+                                     straggler=straggler[0], step_seconds=run.step_seconds))
         elif cause.kind == LAUNCH:
             compute = run.shares.get(cause.phase, 0.0)
             if (compute > t.batch_compute_share and utilization / compute < t.batch_busy_ratio
                     and memory_used_ratio is not None and memory_used_ratio < t.batch_memory_used_ratio):
                 found.append(Finding(cause, lvl, compute - utilization, min(1.0, compute), run.batch_size))
-        elif run.allocator_ooms > 0 or run.allocator_retries > limit:
+        elif cause.kind == ALLOCATOR and (run.allocator_ooms > 0 or run.allocator_retries > limit):
             found.append(Finding(cause, lvl, run.allocator_retries + run.allocator_ooms, None))
     return sorted(found, key=lambda f: (f.cause.kind != ALLOCATOR, -f.value))
 

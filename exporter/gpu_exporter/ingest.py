@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
-from .training.protocol import SCHEMA_VERSION, check_label
+from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, check_label
 
 OUTCOMES = (
     "accepted", "disabled", "unauthorized", "length_required", "too_large", "unsupported_media_type", "malformed_json",
@@ -66,6 +66,7 @@ _HELP = {
     "steps": "Training steps finished.",
     "samples": "Training samples processed.",
     "batch_size": "Samples in the most recent training step.",
+    "world_size": "Ranks in the run's distributed job (1 when it is not distributed).",
     "last_push": "Unix time the exporter received the run's latest snapshot.",
     "allocated": "Bytes allocated through torch's CUDA caching allocator.",
     "reserved": "Bytes reserved by torch's CUDA caching allocator.",
@@ -107,6 +108,8 @@ class _Entry:
     received_at: float
     confirmed: bool = False
     """True once the key pushed more than once (or came back after an eviction)."""
+    world_size: int = 1
+    """Ranks in the run's distributed job (snapshot field ``world_size``, default 1)."""
 
 
 _Key = tuple[str, str, str]
@@ -237,6 +240,7 @@ class TrainingStore:
         steps = CounterMetricFamily("gpu_training_steps", _HELP["steps"], labels=labels)
         samples = CounterMetricFamily("gpu_training_samples", _HELP["samples"], labels=labels)
         batch = GaugeMetricFamily("gpu_training_batch_size", _HELP["batch_size"], labels=labels)
+        world = GaugeMetricFamily("gpu_training_world_size", _HELP["world_size"], labels=labels)
         pushed = GaugeMetricFamily("gpu_training_last_push_timestamp_seconds", _HELP["last_push"], labels=labels)
         allocated = GaugeMetricFamily("gpu_training_allocator_allocated_bytes", _HELP["allocated"], labels=labels)
         reserved = GaugeMetricFamily("gpu_training_allocator_reserved_bytes", _HELP["reserved"], labels=labels)
@@ -250,13 +254,14 @@ class TrainingStore:
             steps.add_metric(values, entry.steps)
             samples.add_metric(values, entry.samples)
             batch.add_metric(values, entry.batch_size)
+            world.add_metric(values, entry.world_size)
             pushed.add_metric(values, entry.received_at)
             if entry.allocator is not None:
                 allocated.add_metric(values, entry.allocator["allocated_bytes"])
                 reserved.add_metric(values, entry.allocator["reserved_bytes"])
                 retries.add_metric(values, entry.allocator["retries"])
                 ooms.add_metric(values, entry.allocator["ooms"])
-        yield from (phase_seconds, current, steps, samples, batch, pushed, allocated, reserved, retries, ooms)
+        yield from (phase_seconds, current, steps, samples, batch, world, pushed, allocated, reserved, retries, ooms)
         requests = CounterMetricFamily("gpu_exporter_ingest_requests", _HELP["requests"], labels=["outcome"])
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
@@ -325,7 +330,7 @@ class TrainingStore:
         entry = _Entry(started_at=started_at, phases=phases, current_phase="" if finished else current,
                        steps=_integer(doc, "steps"), samples=_integer(doc, "samples"),
                        batch_size=_integer(doc, "batch_size"), finished=finished, allocator=allocator,
-                       received_at=received_at)
+                       received_at=received_at, world_size=_world_size(doc))
         return (run, rank, uuid), entry
 
     def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
@@ -420,6 +425,16 @@ def _integer(doc: dict[str, Any], field: str) -> int:
     if value >= 2**63:
         raise Rejected("invalid_schema", f"{field} is implausibly large")
     return value
+
+
+def _world_size(doc: dict[str, Any]) -> int:
+    """The optional ``world_size`` field: ranks in the distributed job, 1 when absent."""
+    if "world_size" not in doc:
+        return 1
+    size = _integer(doc, "world_size")
+    if not 1 <= size <= MAX_WORLD_SIZE:
+        raise Rejected("invalid_schema", f"world_size must be from 1 to {MAX_WORLD_SIZE}")
+    return size
 
 
 def _bearer(authorization: str | None) -> bytes | None:

@@ -54,6 +54,7 @@ class Thresholds:
     batch_compute_share: float
     batch_busy_ratio: float
     batch_memory_used_ratio: float
+    straggler_wait_share: float
     allocator_window: float
     allocator_retries_threshold: int
     memory_nearly_full_ratio: float

@@ -54,6 +54,7 @@ from typing import Any, TextIO
 
 from gpu_exporter.causes import BY_ID, LOW, TARGET, Finding, RunSignals, find_causes, level, pct
 from gpu_exporter.commands import evidence as process_evidence
+from gpu_exporter.commands import ranks as run_ranks
 from gpu_exporter.commands.metrics_client import (
     ExporterSource,
     Labels,
@@ -105,6 +106,9 @@ class RunView:
     allocator_ooms: float
     live: bool = True
     findings: tuple[Finding, ...] = ()
+    world_size: int = 1
+    step_seconds: float | None = None
+    """Mean seconds per training step over the window (None: no step in it)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,8 @@ class Readings:
     retries: dict[RunKey, float] = field(default_factory=dict)
     ooms: dict[RunKey, float] = field(default_factory=dict)
     batch_size: dict[RunKey, float] = field(default_factory=dict)
+    world_size: dict[RunKey, float] = field(default_factory=dict)
+    step_seconds: dict[RunKey, float] = field(default_factory=dict)
     live: set[RunKey] = field(default_factory=set)
     findings: dict[RunKey, list[Finding]] | None = None
     evidence: dict[str, list[process_evidence.ProcessSignals]] = field(default_factory=dict)
@@ -217,11 +223,13 @@ def _common(readings: Readings, cur: Iterable[tuple[str, list[tuple[Labels, floa
             readings.phase_total = _phases(pairs)
         elif name == "gpu_training_batch_size":
             readings.batch_size = _per_run(pairs)
+        elif name == "gpu_training_world_size":
+            readings.world_size = _per_run(pairs)
     return readings
 
 
 _INSTANT = ("gpu_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_process_memory_used_bytes",
-            "gpu_pod_info", "gpu_training_phase_seconds_total", "gpu_training_batch_size")
+            "gpu_pod_info", "gpu_training_phase_seconds_total", "gpu_training_batch_size", "gpu_training_world_size")
 
 
 def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
@@ -247,6 +255,11 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
         for key, value in _per_run(cur.series(counter)).items():
             base = old_counts.get(key, 0.0)
             target[key] = value - base if value >= base else value
+    old_steps = _per_run(prev.series("gpu_training_steps_total"))
+    for key, steps in _per_run(cur.series("gpu_training_steps_total")).items():
+        wall = sum(v for v in readings.phase_window.get(key, {}).values() if v > 0)
+        if steps > old_steps.get(key, steps) and wall > 0:  # seconds per step: the run's own clock
+            readings.step_seconds[key] = wall / (steps - old_steps[key])
     current = {key for key, value in _per_run(
         (labels, value) for labels, value in cur.series("gpu_training_current_phase") if value == 1.0).items()}
     stale = max(STALE_SECONDS, 2 * elapsed)
@@ -292,6 +305,7 @@ def from_prometheus(prom: Prometheus) -> Readings:
                             if math.isfinite(v)}
     readings.memory_ratio = _per_gpu(prom.query("gpu:gpu_memory_used:ratio"))
     readings.phase_window = readings.phase_total = _phases(prom.query("run:gpu_training_phase:share5m"))
+    readings.step_seconds = _per_run(prom.query("run:gpu_training_step_seconds:avg5m"))
     readings.live = {key for key, value in _per_run(
         prom.query("max without (phase) (gpu_training_current_phase)")).items() if value == 1.0}
     projected = {(*_run_key(labels), labels.get("cause", "")): value for labels, value in
@@ -303,7 +317,8 @@ def from_prometheus(prom: Prometheus) -> Readings:
             continue
         key = _run_key(labels)
         readings.findings.setdefault(key, []).append(Finding(
-            cause, labels["level"], value, projected.get((*key, cause.cause)), readings.batch_size.get(key)))
+            cause, labels["level"], value, projected.get((*key, cause.cause)), readings.batch_size.get(key),
+            straggler=labels.get("straggler_rank", ""), step_seconds=readings.step_seconds.get(key)))
     readings.evidence, readings.hints = process_evidence.from_prometheus(prom)
     return readings
 
@@ -327,11 +342,15 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
         shares = {p: round(max(v, 0.0) / total, 4) for p, v in basis.items()} if total > 0 else {}
         view = RunView(run=key[0], rank=key[1], shares=shares, seconds=total, since_start=since_start,
                        batch_size=readings.batch_size.get(key), allocator_retries=readings.retries.get(key, 0.0),
-                       allocator_ooms=readings.ooms.get(key, 0.0), live=key in readings.live)
-        if t is not None and view.live:
-            view = replace(view, findings=tuple(_findings(readings, key, view, memory.get(key[2]), t,
-                                                          window_seconds)))
+                       allocator_ooms=readings.ooms.get(key, 0.0), live=key in readings.live,
+                       world_size=int(readings.world_size.get(key, 1)), step_seconds=readings.step_seconds.get(key))
         runs.setdefault(key[2], []).append(view)
+    communication = run_ranks.communication_by_run(r for views_of_gpu in runs.values() for r in views_of_gpu)
+    if t is not None:  # judged after every rank's shares are known: the straggler cause compares ranks
+        runs = {uuid: [replace(view, findings=tuple(_findings(readings, (view.run, view.rank, uuid), view,
+                                                              memory.get(uuid), t, window_seconds,
+                                                              communication.get(view.run)))) if view.live else view
+                       for view in views_of_gpu] for uuid, views_of_gpu in runs.items()}
     views = []
     for labels in readings.info:
         uuid = labels.get("uuid", "")
@@ -346,18 +365,20 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
             runs=tuple(sorted(runs.get(uuid, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs,
             evidence=evidence, evidence_hint=hint[0].hint if hint else "",
             evidence_finding=hint[1] if hint else "", evidence_text=text))
-    return sorted(views, key=lambda v: (v.node, int(v.gpu) if v.gpu.isdigit() else 1 << 30, v.uuid))
+    return run_ranks.name_straggler_causes(
+        sorted(views, key=lambda v: (v.node, int(v.gpu) if v.gpu.isdigit() else 1 << 30, v.uuid)))
 
 
 def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | None, t: Thresholds,
-              window_seconds: float) -> list[Finding]:
+              window_seconds: float, communication: dict[str, float] | None = None) -> list[Finding]:
     if readings.findings is not None:
         return sorted(readings.findings.get(key, []), key=lambda f: (f.cause.kind != "allocator", -f.value))
     util = readings.utilization.get(key[2])
     if util is None or not run.shares:
         return []
     retry_limit = t.allocator_retries_threshold * max(1.0, window_seconds / t.allocator_window)
-    signals = RunSignals(run.shares, run.allocator_retries, run.allocator_ooms, run.batch_size)
+    signals = RunSignals(run.shares, run.allocator_retries, run.allocator_ooms, run.batch_size,
+                         communication, run.step_seconds)
     return find_causes(util, memory, signals, t, retry_limit)
 
 
@@ -506,6 +527,7 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
         out.write("\n")
     for run, rank in unjoined:
         out.write(f"Run {run} (rank {rank}) is not on any GPU above: {NO_UUID_FIX}.\n\n")
+    out.write(run_ranks.render_text(run_ranks.distributed_runs(results)))
     below = sum(v.below_target for _, v in results)
     target = pct(t.utilization_target)
     out.write(f"{below} of {len(results)} GPU(s) below the {target} utilization target.\n" if below else
@@ -513,8 +535,12 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
 
 
 def _finding_doc(f: Finding) -> dict[str, Any]:
-    return {"cause": f.cause.cause, "code": f.cause.code, "level": f.level, "value": round(f.value, 4),
-            "projected_utilization": None if f.projected is None else round(f.projected, 4)}
+    doc = {"cause": f.cause.cause, "code": f.cause.code, "level": f.level, "value": round(f.value, 4),
+           "projected_utilization": None if f.projected is None else round(f.projected, 4)}
+    if f.straggler:
+        doc.update(straggler=f.straggler, straggler_cause=f.straggler_cause,
+                   projected_step_seconds=f.projected_step_seconds)
+    return doc
 
 
 def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_seconds: float, t: Thresholds,
@@ -533,6 +559,7 @@ def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_
                   "verdict": asdict(verdict)}
                  for view, verdict in results],
         "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
+        "distributed_runs": run_ranks.to_doc(run_ranks.distributed_runs(results)),
     }
     out.write(json.dumps(doc, indent=2) + "\n")
 

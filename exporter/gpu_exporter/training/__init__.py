@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .hooks import Watch
     from .run import Phase, Run
 
-__all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start", "watch"]
+__all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start", "watch", "watch_distributed"]
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -59,7 +59,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def start(name: str, *, url: str | None = None, token: str | None = None, rank: str | int | None = None,
           uuid: str | None = None, device: int | None = None, push_interval: float = 5.0,
           timeout: float = 2.0, sync_every: int = 0,
-          max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES) -> Run:
+          max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None) -> Run:
     """Start timing run ``name`` and push its snapshots to the exporter in the background.
 
     ``url``: exporter base URL (default ``$GPU_EXPORTER_URL``, else http://127.0.0.1:9445);
@@ -67,7 +67,11 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     ``$LOCAL_RANK`` / 0; ``uuid``: GPU UUID (default: found from CUDA_VISIBLE_DEVICES, torch or
     NVML); ``device``: CUDA device index; ``sync_every``: call ``torch.cuda.synchronize()`` at
     phase boundaries on every N-th step so queued GPU work is counted in the phase that issued it
-    (0 = never, the default). Raises ValueError on a bad name or setting.
+    (0 = never, the default); ``world_size``: ranks in the job (default ``$WORLD_SIZE``, the process
+    group's size, else 1; rank too comes from the process group when ``$RANK`` is unset). When
+    torch.distributed is initialized, its collectives are timed as phase ``communication``
+    (:func:`watch_distributed`; pass it your DDP model to time the gradient all-reduce too).
+    Raises ValueError on a bad name or setting.
 
     >>> from gpu_exporter import training
     >>> run = training.start("bert-base", url="http://127.0.0.1:1", uuid="GPU-0c8b1f1e")  # nothing listens
@@ -82,7 +86,7 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     from .run import Run
 
     run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every,
-              max_custom_phases=max_custom_phases)
+              max_custom_phases=max_custom_phases, world_size=world_size)
     base = (url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL).rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise ValueError(f"training.start: exporter URL {base!r} must start with http:// or https://")
@@ -91,7 +95,25 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     _live_runs.add(run)
     atexit.register(run.close)
     run._pusher.start()
+    watch_distributed(run)
     return run
+
+
+def watch_distributed(run: Run, ddp_model: Any = None) -> bool:
+    """Time ``run``'s torch.distributed collectives (and ``ddp_model``'s gradient all-reduce) as ``communication``.
+
+    ``training.start`` calls it without a model when the process group is already initialized;
+    call it yourself after ``init_process_group`` and with your ``DistributedDataParallel`` model,
+    before the first step. Returns False (and does nothing) when the job is not distributed, so
+    integrations may call it in every job. See gpu_exporter.training.distributed.
+
+    >>> from gpu_exporter.training.run import Run
+    >>> watch_distributed(Run("demo"))
+    False
+    """
+    from .distributed import watch
+
+    return watch(run, ddp_model)
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, **options: Any) -> Watch:
     """Time a plain PyTorch loop without editing it: hooks on ``model``, ``optimizer`` and ``loader``.

@@ -23,8 +23,15 @@ INGEST_PATH = "/api/v1/training"
 DEFAULT_URL = "http://127.0.0.1:9445"
 """Exporter base URL used when neither ``url=`` nor ``GPU_EXPORTER_URL`` is given."""
 
-STANDARD_PHASES = ("data", "compute", "metrics", "checkpoint")
-"""Phases every run reports, even at zero seconds."""
+STANDARD_PHASES = ("data", "compute", "metrics", "checkpoint", "communication")
+"""Phases every run reports, even at zero seconds. ``communication`` is the time spent in
+torch.distributed collectives (gpu_exporter.training.distributed measures it)."""
+
+COMMUNICATION = "communication"
+"""The phase of time spent in collectives (all-reduce, all-gather, ..., barrier); the straggler cause reads it."""
+
+MAX_WORLD_SIZE = 1 << 20
+"""Largest ``world_size`` a snapshot may carry (ranks of one distributed run)."""
 
 OTHER = "other"
 """The phase that collects time spent outside every named phase, so phases add up to wall time."""

@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import device as _device
+from . import distributed as _distributed
 from .protocol import (
     DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
 )
@@ -135,11 +136,11 @@ class Run:
 
     def __init__(self, name: str, *, rank: str | int | None = None, uuid: str | None = None,
                  device: int | None = None, sync_every: int = 0,
-                 max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES) -> None:
+                 max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None) -> None:
         problem = check_label("run name", name)
         if problem is not None:
             raise ValueError(f"training.start: {problem}")
-        rank_label = _device.resolve_rank(rank)
+        rank_label = _device.resolve_rank(_distributed.resolve_rank(rank))
         problem = check_label("rank", rank_label)
         if problem is not None:
             raise ValueError(f"training.start: {problem} (set rank= or $RANK)")
@@ -153,6 +154,8 @@ class Run:
             raise ValueError(f"training.start: max_custom_phases must be >= 0, not {max_custom_phases}")
         self.name = name
         self.rank = rank_label
+        self.world_size = _distributed.resolve_world_size(world_size)
+        """Ranks in the job (1 unless distributed); every snapshot carries it."""
         self.started_at = time.time()
         self.steps = 0
         self.samples = 0
@@ -203,6 +206,7 @@ class Run:
             return
         self._closed = True
         atexit.unregister(self.close)
+        _distributed.unwatch(self)
         pusher, self._pusher = self._pusher, None
         if pusher is not None and os.getpid() == self._pid:
             pusher.stop()
@@ -300,7 +304,7 @@ class Run:
         Safe to call from any thread (see the module docstring).
 
         >>> sorted(Run("demo").phase_seconds())
-        ['checkpoint', 'compute', 'data', 'metrics', 'other']
+        ['checkpoint', 'communication', 'compute', 'data', 'metrics', 'other']
         """
         while True:
             since = self._since
@@ -333,6 +337,7 @@ class Run:
             "steps": self.steps,
             "samples": self.samples,
             "batch_size": self.batch_size,
+            "world_size": self.world_size,
             "finished": finished,
         }
         allocator = self._allocator(index)

@@ -1,0 +1,77 @@
+"""The straggler cause (ST) in PromQL and alert text, for the generator in monitoring/rules.py.
+
+The problem: the other causes are judged per rank, from that rank's own phases. A straggler is a
+relation between the ranks of one run: a rank waits in collectives (phase ``communication``)
+for the rank that communicates least, the straggler. The condition therefore compares each
+rank's communication share with the lowest one of its run (``bottomk by (cluster, run)``), adds the
+straggler's rank as the label ``straggler_rank``, and the alert text names the straggler's own
+cause by reading the straggler's ``run:gpu_training_cause:share`` series. The Python judge
+(gpu_exporter.causes.find_causes) applies the same rule; tests/test_causes_conformance.py checks
+that the two agree.
+
+The pieces take the generator's shared fragments (cluster label placeholder, the live-run filter,
+the phase share expression) as arguments, so they are defined once, in monitoring/rules.py.
+"""
+
+from __future__ import annotations
+
+from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, STRAGGLER, Cause
+
+LABEL = "straggler_rank"
+"""The label of a waiting rank's ST series that names the rank it waits for."""
+STEP = "run:gpu_training_step_seconds:avg5m"
+"""Each rank's mean step time (recorded in prometheus/templates/gpu-recording.rules.yml.in)."""
+PROJECTED_STEP = "run:gpu_training_straggler:projected_step_seconds"
+"""The run's step time if the straggler kept up, per waiting rank."""
+
+
+def condition(cause: Cause, share: str, live: str, c: str) -> str:
+    """A waiting rank: its communication share minus the run's lowest, above ``straggler_wait_share``."""
+    lowest = (f"label_replace(\n      bottomk by ({c}, run) (1, {share} and {live}),\n"
+              f'      "{LABEL}", "$1", "rank", "(.*)"\n    )')
+    return (f"(\n    {share}\n  - on ({c}, run) group_left ({LABEL})\n    {lowest}\n)\n"
+            f"> ${{{cause.keys[0]}}}\nand ignoring ({LABEL})\n{live}")
+
+
+def projected_step_rule(cause: Cause, c: str) -> str:
+    """The recording rule of the run's step time if the straggler kept up: step time x (1 - wait)."""
+    return (f"# The run's step time if rank {LABEL} kept up: the waiting rank's step time without its wait.\n"
+            f"- record: {PROJECTED_STEP}\n  expr: |\n"
+            f"    {STEP}\n    * on ({c}, run, rank, uuid) group_right ()\n"
+            f"    (1 - max by ({c}, run, rank, uuid, {LABEL}) "
+            f'(run:gpu_training_cause:share{{cause="{cause.cause}"}}))\n')
+
+
+def _said(cause: Cause) -> str:
+    """How the straggler's own cause reads, with its value (``$v``) as Go template text."""
+    if cause.kind == ALLOCATOR:
+        return f"{cause.label}, {{{{ $v | humanize }}}} allocator retries and OOMs"
+    if cause.kind == LAUNCH:
+        return f"{cause.label}, its GPU idle for {{{{ $v | humanizePercentage }}}} of the step inside compute"
+    return f"{cause.label}, {{{{ $v | humanizePercentage }}}} of its time in {cause.phase}"
+
+
+def what(cause: Cause) -> str:
+    """The alert text: which rank this one waits for, how much, and the straggler's own cause."""
+    query = (f'printf "topk(1, max without (level) (run:gpu_training_cause:share{{run=%q,rank=%q,'
+             f'cause!=\\"{cause.cause}\\"}}))" $labels.run $labels.{LABEL}')
+    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $c "{other.cause}" }}}}{_said(other)}'
+                    for i, other in enumerate(c for c in CAUSES if c.kind != STRAGGLER))
+    return (f"is waiting for rank {{{{ $labels.{LABEL} }}}} (straggler): {{{{ with {query} | query }}}}"
+            f'{{{{ $c := . | first | label "cause" }}}}{{{{ $v := . | first | value }}}}'
+            f"rank {{{{ $labels.{LABEL} }}}} is {chain}{{{{ else }}}}{{{{ $c }}}}{{{{ end }}}}"
+            f"{{{{ else }}}}rank {{{{ $labels.{LABEL} }}}} has no cause of its own above the thresholds (more work, "
+            f"or a slower or throttled GPU){{{{ end }}}}. {{{{ $value | humanizePercentage }}}} of this rank's time is "
+            f"that wait (its communication beyond rank {{{{ $labels.{LABEL} }}}}'s).")
+
+
+def projection(cause: Cause) -> str:
+    """The alert text of the projections: the GPU's utilization and the run's step time if the straggler kept up."""
+    util = ('printf "run:gpu_training_cause:projected_utilization{cause=%q,run=%q,rank=%q,uuid=%q}" '
+            f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
+    step = f'printf "{STEP}{{run=%q,rank=%q,uuid=%q}}" $labels.run $labels.rank $labels.uuid'
+    projected = f'printf "{PROJECTED_STEP}{{run=%q,rank=%q,uuid=%q}}" $labels.run $labels.rank $labels.uuid'
+    return (f"{{{{ with {util} | query }}}} If rank {{{{ $labels.{LABEL} }}}} kept up, the GPU could reach at most "
+            f"{{{{ . | first | value | humanizePercentage }}}}{{{{ end }}}}{{{{ with {projected} | query }}}} and the "
+            f"run's step would take ~{{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}"
+            f"{{{{ with {step} | query }}}} instead of {{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}.")

@@ -1,0 +1,182 @@
+"""End to end: real two-rank DDP jobs (gloo, CPU) -> real exporter (--simulate) -> real Prometheus with the
+shipped rules -> the straggler, from the alerts and from both diagnose paths.
+
+Two jobs of tests/ddp_loops.py run side by side, each rank reporting from its own simulated GPU
+(tests/scenarios/ddp-e2e.yaml), which follows the rank's compute share:
+
+=========  =================================================  =============================================
+job        per step (wall-clock time boxes around real work)  expected
+=========  =================================================  =============================================
+straggler  rank 1 loads each batch in 0.2 s, rank 0 in 0.01   rank 0: waiting for rank 1 (ST, naming rank 1
+           s; both compute 0.04 s after a real DDP step       input-bound); rank 1: input-bound (M1)
+balanced   both ranks load in 0.15 s                          both input-bound (M1); no straggler
+=========  =================================================  =============================================
+
+Every GPU uses little memory, so the waiting rank would read as batch too small (M3) if its wait
+were compute: the test checks it never does, at any time of the run. The rules are the shipped
+files shrunk 60-fold (test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``).
+A second test runs the DDP example of docs/training.md under torchrun.
+
+Set DISTRIBUTED_E2E_OUTPUT=DIR to keep the diagnose outputs and the alerts (docs/runbooks.md shows them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ddp_loops import PLANS
+from prometheus_client.parser import text_string_to_metric_families
+from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from test_alerting_e2e import PROM, fast_rules
+from test_query import run_cli
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = Path(__file__).parent / "scenarios" / "ddp-e2e.yaml"
+LOOPS = Path(__file__).with_name("ddp_loops.py")
+WAITING, SLOW = "GPU-ddp-straggler-0", "GPU-ddp-straggler-1"
+EXPECTED = {  # GPU -> (diagnose verdict, the cause alerts that fire for it)
+    WAITING: ("straggler", {("GpuTrainingStraggler", "straggler")}),
+    SLOW: ("input_bound", {("GpuTrainingInputBound", "input_bound")}),
+    "GPU-ddp-balanced-0": ("input_bound", {("GpuTrainingInputBound", "input_bound")}),
+    "GPU-ddp-balanced-1": ("input_bound", {("GpuTrainingInputBound", "input_bound")}),
+}
+
+
+def _keep(name: str, text: str) -> None:
+    if os.environ.get("DISTRIBUTED_E2E_OUTPUT"):
+        path = Path(os.environ["DISTRIBUTED_E2E_OUTPUT"]) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[str, str]]:
+    """The exporter, Prometheus with the shipped rules, and both DDP jobs running; yields (exporter, prom)."""
+    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
+            run_prometheus(scrape_config(exporter, "ddp-node"), files) as prom:
+        jobs = [subprocess.Popen([sys.executable, str(LOOPS), job, exporter, "300"], env=exporter_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for job in PLANS]
+        try:
+            yield exporter, prom
+        finally:
+            for job in jobs:
+                job.terminate()
+            for job in jobs:
+                _, err = job.communicate(timeout=60)
+                assert job.returncode in (0, -15), err[-2000:]
+
+
+def _firing(prom: str) -> dict[str, set[tuple[str, str]]]:
+    """uuid -> {(alertname, cause)} of the firing cause alerts."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for r in promql(prom, 'ALERTS{alertstate="firing", cause!=""}'):
+        out.setdefault(r["metric"]["uuid"], set()).add((r["metric"]["alertname"], r["metric"]["cause"]))
+    return out
+
+
+def test_straggler_named_by_alerts_and_both_diagnose_paths(stack: tuple[str, str]) -> None:
+    exporter, prom = stack
+
+    def settled() -> dict[str, set[tuple[str, str]]] | None:
+        assert not promql(prom, 'ALERTS{alertname="GpuBatchTooSmall"}'), "a rank was called M3"
+        firing = _firing(prom)
+        return firing if all(firing.get(uuid, set()) >= alerts for uuid, (_, alerts) in EXPECTED.items()) else None
+    try:
+        wait_until(settled, 150, interval=1.0, what="the straggler and input-bound alerts to fire")
+    except TimeoutError as err:
+        shares = [(r["metric"]["uuid"], r["metric"]["phase"], r["value"][1])
+                  for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
+        util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
+        raise AssertionError(f"{err}: firing {_firing(prom)}; shares {shares}; utilization {util}") from None
+
+    # Alerts: each GPU fires exactly its expected causes; the waiting rank's alert names rank 1 and its cause.
+    time.sleep(2)
+    firing = _firing(prom)
+    for uuid, (_, alerts) in EXPECTED.items():
+        assert firing.get(uuid, set()) == alerts, (uuid, firing)
+    (straggler,) = [a for a in json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]
+                    if a["labels"]["alertname"] == "GpuTrainingStraggler"]
+    assert straggler["labels"]["straggler_rank"] == "1" and straggler["labels"]["rank"] == "0"
+    description = straggler["annotations"]["description"]
+    said = (r"is waiting for rank 1 \(straggler\): rank 1 is input-bound \(M1\), [0-9.]+% of its time in data\. .* "
+            r"and the run's step would take ~[0-9.]+ms instead of [0-9.]+ms\.")
+    assert re.search(said, description), description
+    _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
+
+    # diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules) agree.
+    docs: dict[str, dict[str, Any]] = {}
+    for flag, source, extra in (("url", exporter, ["--window", "5s"]), ("prometheus", prom, [])):
+        option = "--url" if flag == "url" else "--prometheus-url"
+        result = run_cli("diagnose", option, source, *extra, "--output", "json")
+        assert result.returncode == 1, result.stderr
+        docs[flag] = json.loads(result.stdout)
+        for job in PLANS:
+            text = run_cli("diagnose", option, source, *extra, "--run", job)
+            assert text.returncode == 1, text.stdout + text.stderr
+            assert f"Run {job}: 2 of 2 ranks reporting" in text.stdout, text.stdout
+            _keep(f"diagnose-{flag}-{job}.txt", text.stdout)
+    for flag, doc in docs.items():
+        gpus = {g["uuid"]: g for g in doc["gpus"]}
+        for uuid, (verdict, _) in EXPECTED.items():
+            assert gpus[uuid]["verdict"]["verdict"] == verdict, (flag, uuid, gpus[uuid]["verdict"])
+        reason = gpus[WAITING]["verdict"]["reason"]
+        assert gpus[WAITING]["verdict"]["title"] == "waiting for a straggler (ST)"
+        assert "is waiting for rank 1 (straggler): rank 1 is input-bound (M1)" in reason, (flag, reason)
+        assert " if rank 1 kept up; the run's step would take ~" in reason, (flag, reason)
+        runs = {r["run"]: r for r in doc["distributed_runs"]}
+        assert runs["straggler"]["straggler"] == "1" and runs["balanced"]["straggler"] is None, (flag, runs)
+        assert [r["rank"] for r in runs["straggler"]["ranks"]] == ["0", "1"]
+        assert runs["straggler"]["world_size"] == 2
+        # The projection: the run's step time without rank 0's wait, well below what it is now.
+        assert 0 < runs["straggler"]["projected_step_seconds"] < 0.6 * runs["straggler"]["step_seconds"], runs
+    # The shares the jobs set are the shares diagnose saw; the waiting rank's wait is communication.
+    gpus = {g["uuid"]: g for g in docs["url"]["gpus"]}
+    waiting, slow = gpus[WAITING]["runs"][0]["shares"], gpus[SLOW]["runs"][0]["shares"]
+    assert waiting["communication"] > 0.55 and waiting["compute"] < 0.35, waiting
+    assert slow["data"] > 0.55 and slow["communication"] < 0.1, slow
+    # Never M3 on any GPU at any time of the run, not even for one evaluation of the recording rules.
+    assert promql(prom, 'max_over_time(run:gpu_training_cause:share{cause="batch_too_small"}[1h])') == []
+
+
+def _doc_example() -> str:
+    text = (REPO / "docs" / "training.md").read_text()
+    section = text.split("### Distributed jobs (DDP, torchrun)", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun not installed beside this Python")
+def test_docs_ddp_example_runs_under_torchrun() -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None
+    with tempfile.TemporaryDirectory() as tmp, \
+            run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.5"]) as exporter:
+        script = Path(tmp) / "train_ddp.py"
+        script.write_text(_doc_example())
+        proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(script)], cwd=tmp,
+                              env=exporter_env({"GPU_EXPORTER_URL": exporter, "OMP_NUM_THREADS": "1"}),
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        metrics = http_get(exporter + "/metrics")
+    values: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            if s.labels.get("run") == "ddp-example":
+                values[(s.name, s.labels["rank"], s.labels.get("phase", ""))] = s.value
+    for rank in ("0", "1"):
+        assert values[("gpu_training_world_size", rank, "")] == 2
+        assert values[("gpu_training_steps_total", rank, "")] == 2 * 4096 / 2 / 64  # two epochs of its shard
+        assert values[("gpu_training_phase_seconds_total", rank, "communication")] > 0
