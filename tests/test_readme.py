@@ -21,13 +21,59 @@ DEMO_HEADING = "### The demo, on a machine without a GPU"
 
 
 def test_readme_opens_with_the_two_commands() -> None:
+    """The user's command, then the contributor's test command, each labelled; the Python version is pyproject's."""
     first_block = re.search(r"```sh\n(.*?)```", README.read_text(), re.S)
     assert first_block is not None
-    commands = [line for line in first_block.group(1).splitlines() if line and not line.startswith("#")]
+    lines = first_block.group(1).splitlines()
+    commands = [i for i, line in enumerate(lines) if line and not line.startswith("#")]
     assert len(commands) == 2
-    assert "gpu-exporter --simulate" in commands[0] and "pip install" in commands[0]
-    assert commands[1] == "bash tests/run.sh"
+    user, contributor = (lines[i] for i in commands)
+    assert "gpu-exporter --simulate" in user and "pip install" in user
+    assert contributor == "bash tests/run.sh"
     assert "bash tests/run.sh" in (README.parent / ".ci" / "run").read_text()
+    user_label, contributor_label = (" ".join(lines[:commands[0]]), " ".join(lines[commands[0] + 1:commands[1]]))
+    assert user_label.startswith("# For users:") and contributor_label.startswith("# For contributors:")
+    assert f"Python {_pyproject('requires-python').removeprefix('>=')} or newer" in user_label
+
+
+def _pyproject(key: str) -> str:
+    """A top-level value of pyproject.toml's [project] table, as written (tomllib is Python 3.11+)."""
+    found = re.search(rf'^{re.escape(key)} = (.+)$', (README.parent / "pyproject.toml").read_text(), re.M)
+    assert found is not None, key
+    return found.group(1).strip('"') if found.group(1).startswith('"') else found.group(1)
+
+
+def _github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_benchmark_claims_link_to_their_measurement_and_name_the_missed_goals() -> None:
+    text = README.read_text()
+    doc = (README.parent / "docs" / "benchmarks.md").read_text()
+    anchors = {_github_anchor(line.lstrip("#")) for line in doc.splitlines() if line.startswith("#")}
+    links = re.findall(r"\]\(docs/benchmarks\.md#([^)]+)\)", text)
+    assert links and set(links) <= anchors, set(links) - anchors
+    start = text.index("### Measured, and what is not met yet")
+    section = text[start:text.index("\n## ", start)]
+    assert "](docs/benchmarks.md" in section
+    # Every figure the README quotes is one of the document's (regenerate both together).
+    quoted = set(re.findall(r"\d+\.\d+", section))
+    assert quoted and not {n for n in quoted if n not in doc}, sorted(n for n in quoted if n not in doc)
+    # Every goal the document marks missed is named as missed.
+    goals = doc[doc.index("### Goals"):doc.index("\n## ", doc.index("### Goals"))]
+    missed = [row.split("|")[1].strip() for row in goals.splitlines() if row.endswith("| **missed** |")]
+    flat = " ".join(section.split())
+    said = flat.find("are **missed**")
+    named = re.findall(r"(?<!\*)\*([^*]+)\*(?!\*)", flat[said:]) if said >= 0 else []
+    assert named == missed, (named, missed)
+
+
+def test_license_is_the_apache_2_text_pyproject_names() -> None:
+    license_text = (README.parent / "LICENSE").read_text()
+    assert " ".join(license_text.split()[:4]) == "Apache License Version 2.0,"
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert _pyproject("license") == '{ text = "Apache-2.0" }'
 
 
 @pytest.mark.slow  # end-to-end: real processes
