@@ -90,6 +90,30 @@ def test_watch_without_optimizer_counts_a_step_per_batch_and_refuses_bad_metrics
     assert type(loader) is _Loader
 
 
+@pytest.mark.slow
+def test_watch_times_a_hand_written_accelerate_loop() -> None:
+    import torch
+    from accelerate import Accelerator
+    from gpu_exporter import training
+    from gpu_exporter.training.run import Run
+    from torch.utils.data import DataLoader, TensorDataset
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=16))
+    run = Run("accelerate", uuid="")
+    with training.watch(model, optimizer, loader, run=run):
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.cross_entropy(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+    assert (run.steps, run.samples) == (4, 64)
+    seconds = run.phase_seconds()
+    assert seconds["data"] > 0 and seconds["compute"] > 0, seconds
+
+
 class _Loader:
     """An iterable loader of two batches of 3 (lists have no shape: batch_len counts tensors only)."""
 

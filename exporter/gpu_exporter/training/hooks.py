@@ -351,9 +351,16 @@ class Watch:
 
 
 def _as_list(optimizer: Any) -> list[Any]:
+    """The torch optimizers in ``optimizer`` (one or a list), unwrapped from Accelerate's or Lightning's wrapper."""
     if optimizer is None:
         return []
-    return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    return [_unwrap(o) for o in (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
+
+
+def _unwrap(optimizer: Any) -> Any:
+    while not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 def _enable_distributed(run: Run, model: Any) -> None:
