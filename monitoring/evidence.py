@@ -91,8 +91,15 @@ def evidence_alert_group() -> str:
             "process:gpu_process_hint:value.\n  - name: gpu-process-evidence.alerts\n    rules:\n" + body)
 
 
+def _recording_groups() -> str:
+    from monitoring.remedies import remedy_recording_group  # it imports monitoring.rules too
+
+    return evidence_recording_group() + "\n" + remedy_recording_group()
+
+
 GROUPS: dict[str, Callable[[], str]] = {
-    "gpu-recording.rules.yml": evidence_recording_group,
+    "gpu-recording.rules.yml": _recording_groups,
     "gpu-alerts.rules.yml": evidence_alert_group,
 }
-"""Rules file -> the generated group appended to it (monitoring.rules.generate)."""
+"""Rules file -> the generated groups appended to it (monitoring.rules.generate); the recording rules
+also get the concrete remedies of monitoring/remedies.py."""

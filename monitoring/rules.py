@@ -212,7 +212,10 @@ def _alert(name: str, cause: Cause, lvl: str, severity: str, summary: str, gap: 
     keep = "and" if lvl == LOW else "unless"
     expr = (f"(\n    {_held(cause)}\n  {keep} on ({C}, uuid)\n    {HELD_LOW}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) gpu:gpu_workload:info\n")
-    description = f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} {cause.advice}"
+    from monitoring.remedies import annotation  # the run's own numbers (it imports this module)
+
+    description = (f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} "
+                   f"{annotation(cause)}{cause.advice}")
     return (f"- alert: {name}\n  expr: |\n{_indent(expr, 4)}  for: ${{cause_for}}\n"
             f"  labels:\n    severity: {severity}\n    level: {lvl}\n" + (f"    cause: {cause.cause}\n" if lvl == TARGET else "")
             +

@@ -41,6 +41,9 @@ def push_training_snapshot(url: str) -> None:
         "phases": {"data": 10.0, "compute": 40.0, "metrics": 5.0, "checkpoint": 0.0, "other": 5.0},
         "current_phase": "compute", "steps": 100, "samples": 3200, "batch_size": 32,
         "allocator": {"allocated_bytes": 1e9, "reserved_bytes": 2e9, "retries": 0, "ooms": 0},
+        "context": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False,
+                    "loader_batch_size": 32, "cpu_cores": 16, "gpu_memory_used_bytes": 3e9,
+                    "gpu_memory_total_bytes": 8e10, "allocator_peak_bytes": 2.5e9},
     }
     status, body = http_status(url + "/api/v1/training", data=json.dumps(snapshot).encode(),
                                headers={"Content-Type": "application/json"})

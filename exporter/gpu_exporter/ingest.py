@@ -41,6 +41,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from . import remedies
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
 from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, check_label
@@ -110,6 +111,8 @@ class _Entry:
     """True once the key pushed more than once (or came back after an eviction)."""
     world_size: int = 1
     """Ranks in the run's distributed job (snapshot field ``world_size``, default 1)."""
+    context: dict[str, float] | None = None
+    """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.remedies)."""
 
 
 _Key = tuple[str, str, str]
@@ -262,6 +265,7 @@ class TrainingStore:
                 retries.add_metric(values, entry.allocator["retries"])
                 ooms.add_metric(values, entry.allocator["ooms"])
         yield from (phase_seconds, current, steps, samples, batch, world, pushed, allocated, reserved, retries, ooms)
+        yield from remedies.context_families((key, entry.context or {}) for key, entry in entries)
         requests = CounterMetricFamily("gpu_exporter_ingest_requests", _HELP["requests"], labels=["outcome"])
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
@@ -330,7 +334,8 @@ class TrainingStore:
         entry = _Entry(started_at=started_at, phases=phases, current_phase="" if finished else current,
                        steps=_integer(doc, "steps"), samples=_integer(doc, "samples"),
                        batch_size=_integer(doc, "batch_size"), finished=finished, allocator=allocator,
-                       received_at=received_at, world_size=_world_size(doc))
+                       received_at=received_at, world_size=_world_size(doc),
+                       context=_context(doc))
         return (run, rank, uuid), entry
 
     def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
@@ -425,6 +430,14 @@ def _integer(doc: dict[str, Any], field: str) -> int:
     if value >= 2**63:
         raise Rejected("invalid_schema", f"{field} is implausibly large")
     return value
+
+
+def _context(doc: dict[str, Any]) -> dict[str, float] | None:
+    """The optional ``context`` object (training/context.py), validated by gpu_exporter.remedies."""
+    try:
+        return remedies.parse_context(doc.get("context")) or None
+    except ValueError as err:
+        raise Rejected("invalid_schema", str(err)) from None
 
 
 def _world_size(doc: dict[str, Any]) -> int:

@@ -60,6 +60,7 @@ class Thresholds:
     memory_nearly_full_ratio: float
     evidence_busy_core_ratio: float
     evidence_io_wait_share: float
+    remedy_memory_target_ratio: float
     cluster_label: str
     runbook_url_pattern: str
 

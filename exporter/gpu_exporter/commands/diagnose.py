@@ -52,6 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
+from gpu_exporter import remedies
 from gpu_exporter.causes import BY_ID, LOW, TARGET, Finding, RunSignals, find_causes, level, pct
 from gpu_exporter.commands import evidence as process_evidence
 from gpu_exporter.commands import ranks as run_ranks
@@ -109,6 +110,8 @@ class RunView:
     world_size: int = 1
     step_seconds: float | None = None
     """Mean seconds per training step over the window (None: no step in it)."""
+    suggestions: dict[str, str] = field(default_factory=dict)
+    """Concrete remedy per cause id, from the run's reported context (gpu_exporter.remedies)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ class Verdict:
     code: str = ""
     level: str = ""
     projected: float | None = None
+    suggestion: str = ""
+    """The concrete remedy, with the run's own numbers (gpu_exporter.remedies); "" without them."""
 
 
 @dataclass
@@ -180,6 +185,7 @@ class Readings:
     evidence: dict[str, list[process_evidence.ProcessSignals]] = field(default_factory=dict)
     hints: dict[tuple[str, str], list[tuple[Any, float]]] | None = None
     """Evidence hints per (uuid, pid) from the recording rules; None: apply causes.HINTS here."""
+    contexts: dict[RunKey, remedies.Context] = field(default_factory=dict)
     """Causes read from Prometheus' recording rules; None: judge here with the cause table."""
 
 
@@ -266,6 +272,7 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     pushed = _per_run(cur.series("gpu_training_last_push_timestamp_seconds"))
     readings.live = {key for key in current if cur.wall - pushed.get(key, cur.wall) <= stale}
     readings.evidence = process_evidence.from_snapshots(prev, cur)
+    readings.contexts = remedies.read_contexts(cur.series)
     return readings
 
 
@@ -320,6 +327,7 @@ def from_prometheus(prom: Prometheus) -> Readings:
             cause, labels["level"], value, projected.get((*key, cause.cause)), readings.batch_size.get(key),
             straggler=labels.get("straggler_rank", ""), step_seconds=readings.step_seconds.get(key)))
     readings.evidence, readings.hints = process_evidence.from_prometheus(prom)
+    readings.contexts = remedies.read_contexts(prom.query)
     return readings
 
 
@@ -357,6 +365,8 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
         procs = tuple(sorted(readings.processes.get(uuid, []), key=lambda p: -p.memory_bytes))
         evidence = tuple(readings.evidence.get(uuid, ()))
         text, hint = process_evidence.explain(uuid, evidence, t, readings.hints) if t is not None else ("", None)
+        if t is not None:
+            runs[uuid] = [_suggest(r, readings, uuid, t) for r in runs.get(uuid, [])]
         views.append(GpuView(
             uuid=uuid, gpu=labels.get("gpu", ""), name=labels.get("name", ""),
             node=labels.get("node") or labels.get("instance", ""),
@@ -431,8 +441,9 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
         also = "".join(f" Also {f.cause.label}: {pct(f.value) if f.projected is not None else f'{f.value:.0f}'}"
                        + (f" (at most ~{pct(f.projected)} without it)" if f.projected is not None else "") + "."
                        for f, _ in others)
-        return Verdict(cause.cause, title, f"{first.projection(util)}. {first.reason(run.run, run.rank)}{also}",
-                       cause.advice, t.runbook_url(cause.anchor), True, cause.code, lvl, first.projected)
+        reason = f"{first.projection(util)}. {first.reason(run.run, run.rank)}{also}"
+        return _suggested(run, Verdict(cause.cause, title, reason, cause.advice, t.runbook_url(cause.anchor), True,
+                                       cause.code, lvl, first.projected))
     finished = [r.run for r in view.runs if not r.live]
     gone = f" (run {', '.join(sorted(set(finished)))} finished or stopped pushing)" if finished else ""
     seen = f" {view.evidence_text}" if view.evidence_text else ""
@@ -451,6 +462,26 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
     return _generic("underutilized", "underutilized" if lvl == LOW else "below target: no single cause",
                     f"{pct(util)} utilization (target {pct(t.utilization_target)}); no cause passes its threshold "
                     f"for run {run.run}{detail}.", t, lvl)
+
+
+def _suggest(run: RunView, readings: Readings, uuid: str, t: Thresholds) -> RunView:
+    """``run`` with the concrete remedies its reported context allows (gpu_exporter.remedies)."""
+    ctx = readings.contexts.get((run.run, run.rank, uuid))
+    if ctx is None:
+        return run
+    found = remedies.suggestions(ctx, run.shares, run.batch_size, readings.utilization.get(uuid),
+                                 readings.memory_used.get(uuid), readings.memory_total.get(uuid),
+                                 t.remedy_memory_target_ratio)
+    return replace(run, suggestions=found)
+
+
+def _suggested(run: RunView, verdict: Verdict) -> Verdict:
+    """``verdict`` with the run's concrete remedy for its cause, first in the remedy and in the reason."""
+    text = run.suggestions.get(verdict.verdict, "")
+    if not text:
+        return verdict
+    return replace(verdict, reason=f"{verdict.reason} {verdict.title.split(': ')[-1]}: {text}.",
+                   remedy=f"{text}.\n{verdict.remedy}", suggestion=text)
 
 
 def _uninstrumented(view: GpuView, util: float, t: Thresholds, lvl: str, gone: str) -> Verdict:

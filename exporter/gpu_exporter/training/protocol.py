@@ -60,3 +60,12 @@ def check_label(kind: str, value: str, max_length: int = MAX_LABEL_LENGTH) -> st
     if not LABEL_RE.fullmatch(value):
         return f"{kind} {value[:40]!r} may only contain {LABEL_CHARS}"
     return None
+
+CONTEXT_FIELDS: dict[str, str] = {
+    "num_workers": "count", "pin_memory": "bool", "prefetch_factor": "count", "persistent_workers": "bool",
+    "loader_batch_size": "count", "cpu_cores": "number", "gpu_memory_used_bytes": "number",
+    "gpu_memory_total_bytes": "number", "allocator_peak_bytes": "number",
+}
+"""Fields of a snapshot's optional ``context`` object (training/context.py) and their kinds: every
+field is optional; ``count`` a whole number >= 0, ``bool`` true/false, ``number`` a finite number >= 0.
+The exporter (gpu_exporter.remedies) validates them and exports them as gpu_training_* gauges."""

@@ -37,6 +37,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import context as _context
 from . import device as _device
 from . import distributed as _distributed
 from .protocol import (
@@ -249,6 +250,7 @@ class Run:
         >>> [x for x in run.data([1, 2])]
         [1, 2]
         """
+        _context.note_loader(self, iterable)  # num_workers, pin_memory, ... for concrete remedies
         iterator = iter(iterable)
         phase = self._phases["data"]
         while True:
@@ -343,6 +345,7 @@ class Run:
         allocator = self._allocator(index)
         if allocator is not None:
             body["allocator"] = allocator
+        body["context"] = _context.snapshot_context(self, index)
         return body
 
 

@@ -1,0 +1,209 @@
+"""Concrete remedies: the numbers a verdict suggests, from what the job reports about itself.
+
+The training library sends a ``context`` object with each snapshot (training/context.py): the
+DataLoader's settings, the CPU cores the process may use, its GPU memory. :func:`parse_context`
+validates it at ingest, :func:`context_families` exports it as gpu_training_* gauges, and the
+formulas below (written down in docs/runbooks.md, "Concrete remedies") turn it into a suggestion
+for the cause that applies. ``monitoring/evidence.py`` writes the same formulas in PromQL
+(``run:gpu_training_remedy:num_workers``, ``run:gpu_training_remedy:batch_size``) for the alerts
+and the dashboard; prometheus/tests/remedies.test.yml checks they agree with these.
+
+M1 (input-bound, data share ``s``, ``w`` workers, ``C`` cores)::
+
+    workers = min(floor(C) - 1, max(w + 1, ceil(max(w, s) / (1 - s))))
+
+Workers that each take ``L`` seconds per batch deliver ``w / L`` batches per second; the step is
+input-bound when that is below one batch per compute time ``(1 - s) T``. With ``w`` workers the
+step is ``T = L / w``, so keeping up needs ``w / (1 - s)`` workers; with none the main process
+loads (``L = s T``) and ``s / (1 - s)`` workers keep up. One core stays with the main process.
+
+M3 (batch too small, batch ``b``, utilization ``u``, compute share ``c``, memory used ``m`` of ``M``)::
+
+    factor = 2 ** floor(log2(min(remedy_memory_target_ratio * M / m, c / u)));  batch = b * factor
+
+Memory is assumed to grow with the batch (an over-estimate: weights and optimizer state do not), and
+a GPU busy ``u / c`` of the compute phase can at most get ``c / u`` times more work per launch.
+
+>>> ctx = Context.of({"num_workers": 0, "cpu_cores": 16, "pin_memory": False, "persistent_workers": False})
+>>> workers_suggestion(ctx, 0.9)
+'num_workers=0 with 16 cores available: try num_workers=9, pin_memory=True, persistent_workers=True'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gpu_exporter.training.protocol import CONTEXT_FIELDS
+
+GAUGES: dict[str, tuple[str, str]] = {
+    "num_workers": ("gpu_training_loader_workers", "DataLoader num_workers of the run's latest run.data() loader."),
+    "pin_memory": ("gpu_training_loader_pin_memory", "1 when the run's DataLoader pins memory, else 0."),
+    "prefetch_factor": ("gpu_training_loader_prefetch_factor", "DataLoader prefetch_factor (batches per worker)."),
+    "persistent_workers": ("gpu_training_loader_persistent_workers",
+                           "1 when the run's DataLoader keeps its workers between epochs, else 0."),
+    "loader_batch_size": ("gpu_training_loader_batch_size", "DataLoader batch_size of the run's loader."),
+    "cpu_cores": ("gpu_training_cpu_cores", "CPU cores the training process may use (affinity, cgroup quota)."),
+    "gpu_memory_used_bytes": ("gpu_training_memory_used_bytes", "GPU memory used on the run's device, as the job "
+                                                                "sees it (torch.cuda.mem_get_info)."),
+    "gpu_memory_total_bytes": ("gpu_training_memory_total_bytes", "GPU memory of the run's device (a MIG instance's "
+                                                                  "own), as the job sees it."),
+    "allocator_peak_bytes": ("gpu_training_allocator_peak_bytes",
+                             "Peak bytes allocated by torch's CUDA caching allocator (max_memory_allocated)."),
+}
+"""Context field -> (gauge name, help); labels run, rank, uuid."""
+
+
+def parse_context(doc: Any) -> dict[str, float]:
+    """The validated ``context`` object of a snapshot (None/absent -> {}); ValueError says what is wrong.
+
+    >>> parse_context({"num_workers": 4, "pin_memory": True, "cpu_cores": 7.5, "later_field": "ignored"})
+    {'num_workers': 4.0, 'pin_memory': 1.0, 'cpu_cores': 7.5}
+    """
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ValueError("context must be an object")
+    out: dict[str, float] = {}
+    for key, kind in CONTEXT_FIELDS.items():
+        if key not in doc or doc[key] is None:
+            continue
+        value = doc[key]
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"context.{key} must be true or false")
+            out[key] = float(value)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"context.{key} must be a finite number >= 0")
+        if kind == "count" and (not isinstance(value, int) or value >= 2**31):
+            raise ValueError(f"context.{key} must be a whole number")
+        out[key] = float(value)
+    return out
+
+
+def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, float]]]) -> list[Metric]:
+    """The gpu_training_* context gauges of every run that reported the field."""
+    families = {key: GaugeMetricFamily(name, doc, labels=["run", "rank", "uuid"])
+                for key, (name, doc) in GAUGES.items()}
+    for labels, context in entries:
+        for key, value in context.items():
+            if key in families:
+                families[key].add_metric(list(labels), value)
+    return list(families.values())
+
+
+@dataclass(frozen=True)
+class Context:
+    """A run's reported context; None where it did not report the field."""
+
+    num_workers: float | None = None
+    pin_memory: float | None = None
+    prefetch_factor: float | None = None
+    persistent_workers: float | None = None
+    loader_batch_size: float | None = None
+    cpu_cores: float | None = None
+    gpu_memory_used_bytes: float | None = None
+    gpu_memory_total_bytes: float | None = None
+    allocator_peak_bytes: float | None = None
+
+    @classmethod
+    def of(cls, fields: Mapping[str, float]) -> Context:
+        """From a mapping of context field -> value (unknown keys ignored)."""
+        return cls(**{k: float(v) for k, v in fields.items() if k in CONTEXT_FIELDS})
+
+
+def _n(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def suggested_workers(workers: float, data_share: float, cores: float) -> float:
+    """The M1 formula (module docstring): the workers that keep up, one core left for the main process.
+
+    >>> suggested_workers(0, 0.9, 16), suggested_workers(4, 0.5, 16), suggested_workers(12, 0.5, 8)
+    (9, 8, 7)
+    """
+    spare = math.floor(cores) - 1
+    if data_share >= 1.0:
+        return spare
+    # - 1e-9: 0.9 / 0.1 is 9.000000000000002 in floating point (the PromQL rule subtracts the same)
+    return min(spare, max(workers + 1, math.ceil(max(workers, data_share) / (1.0 - data_share) - 1e-9)))
+
+
+def workers_suggestion(ctx: Context, data_share: float) -> str:
+    """The M1 suggestion, or "" without the loader's settings or the cores."""
+    if ctx.num_workers is None or ctx.cpu_cores is None:
+        return ""
+    w = ctx.num_workers
+    have = f"num_workers={_n(w)} with {_n(ctx.cpu_cores)} cores available"
+    target = suggested_workers(w, data_share, ctx.cpu_cores)
+    extra = []
+    if not ctx.pin_memory:
+        extra.append("pin_memory=True")
+    if not ctx.persistent_workers:
+        extra.append("persistent_workers=True")
+    if w > 0 and ctx.prefetch_factor is not None and ctx.prefetch_factor < 4:
+        extra.append("prefetch_factor=4")
+    if target <= w:
+        more = f"; also {', '.join(extra)}" if extra else ""
+        return f"{have}: no core left for more workers: cache or preload the data set, decode on the GPU{more}"
+    return f"{have}: try " + ", ".join([f"num_workers={_n(target)}", *extra])
+
+
+def batch_factor(memory_used: float, memory_total: float, utilization: float, compute_share: float,
+                 memory_target: float) -> int:
+    """The M3 formula (module docstring): the power of two the batch can grow by (1: none).
+
+    >>> batch_factor(3 * 2**30, 80 * 2**30, 0.05, 0.9, 0.8)
+    16
+    """
+    limits = [memory_target * memory_total / memory_used if memory_used > 0 else math.inf,
+              compute_share / utilization if utilization > 0 else math.inf]
+    k = min(limits)
+    return 1 if not math.isfinite(k) or k < 2 else 2 ** math.floor(math.log2(k))
+
+
+def batch_suggestion(ctx: Context, batch: float | None, utilization: float, compute_share: float,
+                     gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
+    """The M3 suggestion, or "" without a batch size or memory figures.
+
+    Memory used: the allocator's peak, else the job's own reading, else NVML's for the GPU;
+    memory total: the job's reading, else NVML's.
+    """
+    b = batch if batch else ctx.loader_batch_size
+    used = next((m for m in (ctx.allocator_peak_bytes, ctx.gpu_memory_used_bytes, gpu_used) if m), None)
+    total = ctx.gpu_memory_total_bytes or gpu_total
+    if not b or not used or not total:
+        return ""
+    have = f"batch {_n(b)} uses {used / 2**30:.1f} of {total / 2**30:.0f} GiB"
+    k = batch_factor(used, total, utilization, compute_share, memory_target)
+    if k < 2:
+        return f"{have}: no room to double it: accumulate gradients, CUDA graphs or torch.compile instead"
+    return f"{have}: try batch {_n(b * k)} and scale the learning rate by {k}"
+
+
+def suggestions(ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
+                gpu_used: float | None, gpu_total: float | None, memory_target: float) -> dict[str, str]:
+    """The suggestion for each cause it has numbers for (cause id -> text), from one run's readings."""
+    out = {}
+    if "data" in shares:
+        out["input_bound"] = workers_suggestion(ctx, shares["data"])
+    compute = shares.get("compute", 0.0)
+    if utilization is not None and compute > 0:
+        out["batch_too_small"] = batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total,
+                                                  memory_target)
+    return {k: v for k, v in out.items() if v}
+
+
+def read_contexts(series: Any) -> dict[tuple[str, str, str], Context]:
+    """Every run's Context from the gauges, ``series(name)`` giving (labels, value) pairs (diagnose)."""
+    fields: dict[tuple[str, str, str], dict[str, float]] = {}
+    for key, (name, _) in GAUGES.items():
+        for labels, value in series(name):
+            run = (labels.get("run", ""), labels.get("rank", ""), labels.get("uuid", ""))
+            fields.setdefault(run, {})[key] = value
+    return {run: Context.of(f) for run, f in fields.items()}

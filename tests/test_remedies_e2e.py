@@ -1,0 +1,104 @@
+"""End to end: real CPU PyTorch loops (tests/cause_loops.py) report their DataLoader and cores -> real exporter
+(--simulate) -> real Prometheus with the shipped rules -> the concrete remedy, with the loops' own numbers, in
+the cause alerts' descriptions and in both diagnose paths.
+
+``mixed`` waits for data 54% of each step with ``num_workers=0`` on this machine's cores: M1, and the
+suggestion is the formula of gpu_exporter.remedies for those numbers. ``batch2`` computes batches of 2 on a
+GPU busy a quarter of its compute time with 4 of 80 GiB used: M3, and the suggestion is a larger batch.
+REMEDIES_E2E_OUTPUT=DIR keeps the outputs (docs/runbooks.md shows them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gpu_exporter.remedies import suggested_workers
+from gpu_exporter.training.context import cpu_cores
+from servers import exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from test_alerting_e2e import PROM, fast_rules
+from test_query import run_cli
+
+pytestmark = pytest.mark.slow
+
+LOOPS = Path(__file__).with_name("cause_loops.py")
+SCENARIO = """gpus:
+  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-mixed",
+     follow_training: true, busy_utilization: 0.97, idle_utilization: 0.01,
+     processes: [{pid: 74101, name: "python train.py", memory_gib: 30}]}
+  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-batch2",
+     follow_training: true, busy_utilization: 0.25, idle_utilization: 0.01,
+     processes: [{pid: 74103, name: "python train.py --batch-size 2", memory_gib: 4}]}
+"""
+
+
+def _keep(name: str, text: str) -> None:
+    if os.environ.get("REMEDIES_E2E_OUTPUT"):
+        path = Path(os.environ["REMEDIES_E2E_OUTPUT"]) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[str, str]]:
+    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        scenario = Path(tmp) / "remedies.yaml"
+        scenario.write_text(SCENARIO)
+        with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"]) as exporter, \
+                run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom:
+            loops = [subprocess.Popen([sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"],
+                                      env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                     for name in ("mixed", "batch2")]
+            try:
+                yield exporter, prom
+            finally:
+                for loop in loops:
+                    loop.terminate()
+                for loop in loops:
+                    _, err = loop.communicate(timeout=30)
+                    assert loop.returncode in (0, -15), err[-2000:]
+
+
+def _descriptions(prom: str) -> dict[str, str]:
+    return {r["labels"]["alertname"]: r["annotations"]["description"]
+            for r in json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]
+            if r["state"] == "firing" and r["labels"]["alertname"] in ("GpuTrainingInputBound", "GpuBatchTooSmall")}
+
+
+def test_verdicts_carry_the_runs_own_numbers(stack: tuple[str, str]) -> None:
+    exporter, prom = stack
+    described = wait_until(lambda: (d := _descriptions(prom)) and len(d) == 2 and d, 120, interval=1.0,
+                           what="GpuTrainingInputBound and GpuBatchTooSmall to fire")
+    _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
+    cores = cpu_cores()
+    # The loops report num_workers=0 and this machine's cores; the rule computed the formula from them.
+    (workers,) = promql(prom, 'run:gpu_training_remedy:num_workers{run="mixed"}')
+    (share,) = promql(prom, 'run:gpu_training_phase:share5m{run="mixed", phase="data"}')
+    assert float(workers["value"][1]) == suggested_workers(0, float(share["value"][1]), cores)
+    m1 = described["GpuTrainingInputBound"]
+    assert f"With its cores the run can use DataLoader(num_workers={workers['value'][1]}, pin_memory=True, " \
+           "persistent_workers=True)." in m1, m1
+    m3 = re.search(r"Its memory allows batch (\d+) \(scale the learning rate by (\d+)\)",
+                   described["GpuBatchTooSmall"])
+    assert m3 is not None and int(m3.group(1)) == 2 * int(m3.group(2)) >= 4, described["GpuBatchTooSmall"]
+
+    for flag, source, extra in (("url", exporter, ["--window", "5s"]), ("prometheus", prom, [])):
+        option = "--url" if flag == "url" else "--prometheus-url"
+        result = run_cli("diagnose", option, source, *extra, "--output", "json")
+        gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
+        mixed, batch2 = gpus["GPU-e2e-mixed"]["verdict"], gpus["GPU-e2e-batch2"]["verdict"]
+        assert mixed["code"] == "M1", mixed
+        assert mixed["suggestion"].startswith(f"num_workers=0 with {cores:g} cores available: try num_workers="), mixed
+        assert mixed["remedy"].startswith(mixed["suggestion"]) and mixed["suggestion"] in mixed["reason"]
+        assert batch2["code"] == "M3" and re.match(r"batch 2 uses 4\.0 of 80 GiB: try batch \d+ and scale the "
+                                                   r"learning rate by \d+$", batch2["suggestion"]), batch2
+        for loop in ("mixed", "batch2"):
+            _keep(f"diagnose-{flag}-{loop}.txt", run_cli("diagnose", option, source, *extra, "--run", loop).stdout)
