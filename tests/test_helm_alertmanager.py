@@ -227,13 +227,20 @@ def test_a_setting_it_cannot_translate_stops_the_render(tmp_path: Path) -> None:
 
 
 def test_runbook_url_pattern_value_rewrites_every_link() -> None:
-    docs = render({"prometheusRule": {"enabled": True, "runbookUrlPattern": "https://wiki.example.com/gpu#{anchor}"}})
+    pattern = "https://wiki.example.com/gpu#{anchor}"
+    docs = render({"prometheusRule": {"enabled": True}, "dashboards": {"enabled": True}, "runbookUrlPattern": pattern})
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     links = {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]
              if "alert" in r}
-    assert links and links == {alert: f"https://wiki.example.com/gpu#{alert.lower()}" for alert in links}
+    assert links and links == {alert: pattern.format(anchor=alert.lower()) for alert in links}
+    shipped = yaml.safe_load((REPO / "exporter" / "gpu_exporter" / "thresholds.yml").read_text())
+    prefix = shipped["runbook_url_pattern"].split("{anchor}")[0]
+    boards = [text for d in docs if d["kind"] == "ConfigMap" for text in d["data"].values()]
+    assert boards and not any(prefix in text for text in boards)  # no generated link left
+    rewritten = {m for text in boards for m in re.findall(r"https://wiki\.example\.com/gpu#([a-z0-9]+)", text)}
+    assert rewritten and rewritten <= {alert.lower() for alert in links}, rewritten
     with pytest.raises(helm.HelmValuesError, match="runbookUrlPattern"):  # a pattern without {anchor}
-        render({"prometheusRule": {"enabled": True, "runbookUrlPattern": "https://wiki.example.com/gpu"}})
+        render({"prometheusRule": {"enabled": True}, "runbookUrlPattern": "https://wiki.example.com/gpu"})
 
 
 # --- in a rendered kube-prometheus-stack, with a real Alertmanager ---------------------------------
