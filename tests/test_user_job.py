@@ -53,12 +53,14 @@ def test_recipe_dockerfile_is_hadolint_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_recipe_compose_file_is_valid_and_asks_for_the_gpu() -> None:
+def test_recipe_compose_file_is_valid_and_asks_for_the_gpu(tmp_path: Path) -> None:
     text = (RECIPE / "compose.yaml").read_text()
     PyCompose.from_yaml(text).validate()
     binary = shutil.which("docker-compose")
     assert binary, "docker-compose is not installed: bash tests/run.sh installs Debian's docker-compose"
-    command = [binary, "-f", "compose.yaml", "config", "--quiet"]
+    no_env_file = tmp_path / "empty.env"  # not a developer's examples/user-job/.env
+    no_env_file.write_text("")
+    command = [binary, "--env-file", str(no_env_file), "-f", "compose.yaml", "config", "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "GPU_UUID"}
     missing = subprocess.run(command, cwd=RECIPE, env=env, capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "set GPU_UUID" in missing.stderr, missing.stderr
