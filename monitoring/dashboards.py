@@ -290,7 +290,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
     run_gpus = f"group {cfg.by('uuid', 'run', 'rank')} ({sel('gpu_training_steps_total')})"
     board = dashboard(cfg, "gpu-training-run", "GPU training run",
                       "One instrumented training run: where each step's time goes, throughput, memory, and the "
-                      "causes (M1-M4, CK) that hold GPU utilization down.", "3h", [
+                      "causes (M1-M4, CK, ST) that hold GPU utilization down; a distributed run's ranks side by side.",
+                      "3h", [
                           variable(cfg, "run", "Run", "gpu_training_steps_total", multi=False),
                           variable(cfg, "rank", "Rank", "gpu_training_steps_total", "run"),
                       ])
@@ -299,7 +300,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                    f"sum {cfg.by()} (increase({sel('gpu_training_phase_seconds_total')}[$__range]))")
     causes = cfg.sel("run:gpu_training_cause:share", "run")
     projected = cfg.sel("run:gpu_training_cause:projected_utilization", "run")
-    cause_labels = cfg.by("uuid", "code", "cause", "remedy", "level")
+    cause_labels = cfg.by("uuid", "code", "cause", "remedy", "level", "straggler_rank")
     board = (board.with_row(dash.Row("Where the time goes"))
              .with_panel(timeseries(
                  "Phase shares (5m)",
@@ -329,10 +330,33 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  [query(f"max {cause_labels} ({causes})", "", instant=True, table_format=True),
                   query(f"max {cause_labels} ({projected})", "", instant=True, table_format=True)],
                  unit="percentunit", w=16,
-                 order=("code", "remedy", "Value #A", "Value #B", "level", "cause", "uuid"),
+                 order=("code", "remedy", "Value #A", "Value #B", "straggler_rank", "level", "cause", "uuid"),
                  rename={"code": "Cause", "remedy": "Likely remedy", "Value #A": "Share of time",
-                         "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level"},
+                         "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level",
+                         "straggler_rank": "Waits for rank"},
                  panel_links=cause_runbooks(cfg, "GpuTrainingBelowTarget")))
+             .with_row(dash.Row("Ranks"))
+             .with_panel(bar_gauge(
+                 "Phases by rank", "Each rank's phase shares (5m) side by side. In a distributed run a rank with "
+                 "much communication waits in collectives for the rank with little (the straggler, cause ST); "
+                 "the straggler's own large phase is what to fix.",
+                 query(f"max {cfg.by('rank', 'phase')} ({sel('run:gpu_training_phase:share5m')} > 0)",
+                       "rank {{rank}} {{phase}}", instant=True), w=8, h=9))
+             .with_panel(timeseries(
+                 "Communication by rank", "Share of each rank's time in collectives (phase communication). "
+                 "Ranks far above the lowest one wait for it (straggler, ST).",
+                 [query(f"max {cfg.by('rank')} ({sel('run:gpu_training_phase:share5m', phase='communication')})",
+                        "rank {{rank}}")], unit="percentunit", w=8, h=9))
+             .with_panel(table_panel(
+                 "Ranks", "The run's ranks across nodes (run:gpu_training_rank:world_size): node, GPU index and "
+                 "uuid, the job's world size, and each rank's step time (5m).",
+                 [query(f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} ({sel('run:gpu_training_rank:world_size')})",
+                        "", instant=True, table_format=True),
+                  query(f"max {cfg.by('rank', 'uuid')} ({sel('run:gpu_training_step_seconds:avg5m')})", "",
+                        instant=True, table_format=True)],
+                 w=8, h=9, order=("rank", "node", "gpu", "uuid", "Value #A", "Value #B"),
+                 rename={"rank": "Rank", "node": "Node", "gpu": "GPU", "uuid": "GPU uuid", "Value #A": "World size",
+                         "Value #B": "Step time"}, overrides=[override("Value #B", unit="s")]))
              .with_row(dash.Row("Throughput"))
              .with_panel(timeseries(
                  "Step time", "Mean wall time per training step, per rank.",

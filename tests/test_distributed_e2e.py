@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
+from test_status_page import _browser
 
 pytestmark = pytest.mark.slow
 
@@ -87,8 +88,10 @@ def _firing(prom: str) -> dict[str, set[tuple[str, str]]]:
     return out
 
 
-def test_straggler_named_by_alerts_and_both_diagnose_paths(stack: tuple[str, str]) -> None:
+def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: tuple[str, str],
+                                                                          tmp_path: Path) -> None:
     exporter, prom = stack
+    http_get(exporter + "/api/v1/status")  # the live page averages over the readings it saw since: start them
 
     def settled() -> dict[str, set[tuple[str, str]]] | None:
         assert not promql(prom, 'ALERTS{alertname="GpuBatchTooSmall"}'), "a rank was called M3"
@@ -147,6 +150,18 @@ def test_straggler_named_by_alerts_and_both_diagnose_paths(stack: tuple[str, str
     waiting, slow = gpus[WAITING]["runs"][0]["shares"], gpus[SLOW]["runs"][0]["shares"]
     assert waiting["communication"] > 0.55 and waiting["compute"] < 0.35, waiting
     assert slow["data"] > 0.55 and slow["communication"] < 0.1, slow
+    # The live page shows the run's ranks side by side, judged like diagnose --url, also after its script redraws.
+    status = {d["run"]: d for d in json.loads(http_get(exporter + "/api/v1/status"))["distributed_runs"]}
+    assert status["straggler"]["straggler"] == "1" and status["balanced"]["straggler"] is None, status
+    assert status["straggler"]["straggler_cause"].startswith("rank 1 is input-bound (M1), "), status
+    dom = _browser(["--virtual-time-budget=5000", "--dump-dom", exporter + "/"], tmp_path / "profile")
+    page = dom.stdout.split("<script>")[0]
+    polls = re.search(r'<body[^>]*data-polls="(\d+)"', page)
+    assert polls is not None and int(polls.group(1)) >= 1, page[:2000]
+    drawn = (r'<section class="ddp" data-run="straggler"><h2>Run straggler <small>2 of 2 ranks</small>.*'
+             r"<tr class=\"?straggler\"?><td>1</td>.*straggler rank 1: rank 1 is input-bound \(M1\)")
+    assert re.search(drawn, page, re.S), page[:4000]
+    _keep("status-page.html", page)
     # Never M3 on any GPU at any time of the run, not even for one evaluation of the recording rules.
     assert promql(prom, 'max_over_time(run:gpu_training_cause:share{cause="batch_too_small"}[1h])') == []
 

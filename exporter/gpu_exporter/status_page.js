@@ -49,6 +49,26 @@
       esc(v.reason) + "</p>" + (v.remedy ? '<p class="remedy">' + esc(v.remedy) + "</p>" : "") +
       (v.runbook ? '<a href="' + esc(v.runbook) + '">runbook</a>' : "") + "</div></section>";
   }
+  function step(v) { return v === null || v === undefined ? "" : Number(v.toPrecision(3)) + " s"; }
+  function distributedRun(d) {
+    var rows = d.ranks.map(function (r) {
+      var phases = Object.keys(r.shares).map(function (p) { return [p, r.shares[p]]; })
+        .filter(function (pv) { return pv[1] >= 0.005; })
+        .sort(function (a, b) { return b[1] - a[1]; })
+        .map(function (pv) { return esc(pv[0]) + " " + pct(pv[1]); }).join(", ");
+      return "<tr" + (r.rank === d.straggler ? " class=straggler" : "") + "><td>" + esc(r.rank) + "</td><td>GPU " +
+        esc(r.gpu) + (r.node ? " on " + esc(r.node) : "") + "</td><td>" + phases + "</td><td>" + step(r.step_seconds) + "</td><td>" +
+        esc(r.verdict) + "</td></tr>";
+    }).join("");
+    var said = d.straggler === null ?
+      "no straggler: no rank waits for another beyond the straggler threshold" :
+      "straggler rank " + d.straggler + ": " + d.straggler_cause + (d.projected_step_seconds === null ? "" :
+        "; the run's step takes " + step(d.step_seconds) + ", ~" + step(d.projected_step_seconds) + " if rank " +
+        d.straggler + " kept up");
+    return '<section class="ddp" data-run="' + esc(d.run) + '"><h2>Run ' + esc(d.run) + " <small>" +
+      d.ranks_reporting + " of " + d.world_size + " ranks</small></h2><table><tr><th>rank</th><th>GPU</th>" +
+      "<th>phases</th><th>step</th><th>verdict</th></tr>" + rows + "</table><p>" + esc(said) + "</p></section>";
+  }
   function summary(doc) {
     var t = doc.thresholds, m = doc.measured_seconds;
     var basis = m > 0 ? "mean over the last " + Math.round(m) + " s" : "the exporter's last poll interval";
@@ -62,6 +82,7 @@
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
       .then(function (doc) {
         main.innerHTML = doc.gpus.map(function (g) { return gpuCard(g, doc.thresholds); }).join("");
+        document.getElementById("runs").innerHTML = (doc.distributed_runs || []).map(distributedRun).join("");
         document.getElementById("summary").textContent = summary(doc);
         document.getElementById("updated").textContent = "updated " + new Date(doc.generated_at * 1000)
           .toLocaleTimeString() + " (every " + main.dataset.poll / 1000 + " s)";

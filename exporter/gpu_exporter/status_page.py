@@ -69,9 +69,12 @@ def _phase_order(shares: dict[str, float]) -> list[str]:
 
 def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[str, Any]:
     """The page's JSON document for readings ``prev`` (or None) and ``cur``."""
+    from gpu_exporter.commands import ranks
+
     measured = cur.at - prev.at if prev is not None else 0.0
     gpus = []
-    for view, verdict in judge_node(prev, cur, t, measured):
+    judged = judge_node(prev, cur, t, measured)
+    for view, verdict in judged:
         total = cur.value("gpu_memory_total_bytes", uuid=view.uuid)
         used = cur.value("gpu_memory_used_bytes", uuid=view.uuid)
         gpus.append({
@@ -93,6 +96,7 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
         "thresholds": {"utilization_low_threshold": t.utilization_low_threshold,
                        "utilization_target": t.utilization_target},
         "gpus": gpus,
+        "distributed_runs": ranks.to_doc(ranks.distributed_runs(judged)),
     }
 
 
@@ -157,6 +161,7 @@ class StatusPage:
         script = resources.files("gpu_exporter").joinpath("status_page.js").read_text()
         page = (template.replace("{{SUMMARY}}", render_summary(doc))
                 .replace("{{GPUS}}", "".join(render_gpu(g, doc["thresholds"]) for g in doc["gpus"]))
+                .replace("{{RUNS}}", "".join(render_distributed_run(d) for d in doc["distributed_runs"]))
                 .replace("{{STATUS_PATH}}", STATUS_PATH)
                 .replace("{{METRICS_PATH}}", html.escape(self._metrics_path, quote=True))
                 .replace("{{POLL_MILLISECONDS}}", str(POLL_MILLISECONDS))
@@ -226,6 +231,29 @@ def _render_run(r: dict[str, Any]) -> str:
     state = ("" if r["live"] else " (finished or stopped)") + (" since start" if r["since_start"] else "")
     return (f'<div class="run"><span class="label">run <b>{_esc(r["run"])}</b> rank {_esc(r["rank"])}{state}</span>'
             f'<div class="bar phases">{parts}</div><span class="legend">{legend}</span></div>')
+
+
+def _step(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g} s"
+
+
+def render_distributed_run(d: dict[str, Any]) -> str:
+    """A distributed run's ranks side by side (the markup status_page.js's ``distributedRun`` also produces)."""
+    rows = "".join(
+        f'<tr{" class=straggler" if r["rank"] == d["straggler"] else ""}><td>{_esc(r["rank"])}</td>'
+        f'<td>GPU {_esc(r["gpu"])}{" on " + _esc(r["node"]) if r["node"] else ""}</td><td>'
+        + ", ".join(f"{_esc(p)} {_pct(v)}" for p, v in sorted(r["shares"].items(), key=lambda pv: -pv[1])
+                    if v >= 0.005)
+        + f'</td><td>{_step(r["step_seconds"])}</td><td>{_esc(r["verdict"])}</td></tr>' for r in d["ranks"])
+    if d["straggler"] is None:
+        said = "no straggler: no rank waits for another beyond the straggler threshold"
+    else:
+        kept_up = (f"; the run's step takes {_step(d['step_seconds'])}, ~{_step(d['projected_step_seconds'])} if "
+                   f"rank {d['straggler']} kept up" if d["projected_step_seconds"] is not None else "")
+        said = f"straggler rank {d['straggler']}: {d['straggler_cause']}{kept_up}"
+    return (f'<section class="ddp" data-run="{_esc(d["run"])}"><h2>Run {_esc(d["run"])} <small>'
+            f'{d["ranks_reporting"]} of {d["world_size"]} ranks</small></h2><table><tr><th>rank</th><th>GPU</th>'
+            f"<th>phases</th><th>step</th><th>verdict</th></tr>{rows}</table><p>{_esc(said)}</p></section>")
 
 
 _PAGES: WeakKeyDictionary[object, StatusPage] = WeakKeyDictionary()
