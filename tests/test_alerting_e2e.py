@@ -219,7 +219,7 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
                              "uuid": "GPU-e2e-low", "node": NODE, "job": "gpu-exporter",
                              "instance": low["labels"]["instance"]}
     assert re.match(r"GPU 2 \(GPU-e2e-low\) on node e2e-node has been below 30% utilization for 15m \(5m mean, "
-                    r"down to [12]\d(\.\d+)?% in the last 5m\)",
+                    r"down to [12]\d(\.\d+)?% in the last 10m\)",
                     low["annotations"]["description"]), low["annotations"]["description"]
 
     remedies = {"GpuTrainingInputBound": ("M1", "loader", "1"), "GpuTrainingMetricsBound": ("M2", "evaluator", "3"),

@@ -96,7 +96,7 @@ def test_threshold_values_reach_the_rules() -> None:
     assert values["utilization_low_threshold"] == "0.3"
     changed = dict(values, utilization_low_threshold="0.42", utilization_low_for="17m")
     text = "".join(gen.generate(changed).values())
-    assert "min_over_time(gpu:gpu_utilization:avg5m[5m]) < 0.42" in text  # GpuUtilizationLow
+    assert "min_over_time(gpu:gpu_utilization:avg5m[10m]) < 0.42" in text  # GpuUtilizationLow
     assert "< bool 0.42" in text
     assert "for: 17m" in text
     assert "below 42% utilization" in text
