@@ -30,6 +30,7 @@ SLOW_DATA_S = 0.05
 def _worker(rank: int, port: int, slow_rank: int, results: Any) -> None:
     """One rank: DDP on a tiny model, the data of ``slow_rank`` slowed; puts its run's figures in ``results``."""
     import torch.distributed as dist
+    from gpu_exporter import training
     from gpu_exporter.training.run import Run
     from torch.nn.parallel import DistributedDataParallel
 
@@ -63,7 +64,13 @@ def _worker(rank: int, port: int, slow_rank: int, results: Any) -> None:
         run.close()
         after_close = run.phase_seconds()["communication"]
         dist.barrier()  # after close: not timed
-        results.put({"rank": run.rank, "world_size": run.world_size, "watched": watched,
+        # training.start on an initialized process group times its collectives by itself (no exporter listens).
+        started = training.start("ddp-auto", url="http://127.0.0.1:1", uuid="", push_interval=60)
+        with started.phase("compute"):
+            dist.barrier()
+        auto = (started.rank, started.world_size, started.phase_seconds()["communication"] > 0)
+        started.close()
+        results.put({"rank": run.rank, "world_size": run.world_size, "watched": watched, "auto": auto,
                      "phases": run.phase_seconds(), "after_close": after_close, "loss": float(loss[0])})
     finally:
         dist.destroy_process_group()
@@ -85,6 +92,7 @@ def test_ddp_wait_for_a_slow_rank_is_communication_not_compute() -> None:
         assert (r["world_size"], r["watched"], r["loss"]) == (2, True, 2.0), rank
         assert r["phases"]["communication"] > 0, rank
         assert r["after_close"] == r["phases"]["communication"], rank  # nothing timed after close
+        assert r["auto"] == (rank, 2, True), rank
     waiting, slow = ranks["0"]["phases"], ranks["1"]["phases"]
     # Rank 0 waits for rank 1's data (STEPS x SLOW_DATA_S in all) inside the all-reduce ...
     assert waiting["communication"] > 0.6 * STEPS * SLOW_DATA_S, waiting
