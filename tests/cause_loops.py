@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -84,7 +85,8 @@ def train(url: str, name: str, checkpoint: Path, seconds: float, timers_path: Pa
     history: list[tuple[list[int], list[int]]] = []
     timers = {"data": 0.0, "compute": 0.0, "metrics": 0.0, "checkpoint": 0.0}
     began = time.perf_counter()
-    run = training.start(name, url=url, uuid=f"GPU-e2e-{name}", push_interval=0.5)
+    # $CAUSE_LOOP_UUID puts a loop on another simulated GPU ($RANK gives its rank: a run of several ranks).
+    run = training.start(name, url=url, uuid=os.environ.get("CAUSE_LOOP_UUID", f"GPU-e2e-{name}"), push_interval=0.5)
     end = time.monotonic() + seconds
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:

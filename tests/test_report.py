@@ -1,9 +1,10 @@
 """``gpu-exporter report`` on a real, finished CPU training run recorded by a real Prometheus.
 
-A real PyTorch loop (tests/cause_loops.py ``mixed``: data ~54%, metrics ~29%, compute ~17%) reports
-to a real exporter on a simulated GPU that follows its compute share (tests/scenarios/causes-e2e.yaml),
-Prometheus scrapes it every second; the loop ends (``run.close()``), then ``report`` reads the run.
-Its figures are checked against the loop's own timers (perf_counter around the run and each phase):
+A real PyTorch run of two ranks (tests/cause_loops.py ``mixed``: data ~54%, metrics ~29%, compute ~17%;
+one process per rank, each on its own simulated GPU that follows its compute share,
+tests/scenarios/causes-e2e.yaml) reports to a real exporter that Prometheus scrapes every second; the
+ranks end (``run.close()``), then ``report`` reads the run. Its figures are checked against the
+ranks' own timers (perf_counter around the run and each phase):
 wall time within 2%, phase shares within 0.05, and the projection by the documented formula
 (wall x (1 - share of the main cause)). Every format is rendered; the HTML must be self-contained,
 and headless Chromium renders it to a PNG.
@@ -33,22 +34,29 @@ pytestmark = pytest.mark.slow
 SCENARIO = Path(__file__).parent / "scenarios" / "causes-e2e.yaml"
 LOOPS = Path(__file__).with_name("cause_loops.py")
 SECONDS = 20
+GPUS = ("GPU-e2e-mixed", "GPU-e2e-checkpoint")
+"""Rank 0 and rank 1 of the run, each on its own simulated GPU."""
 
 
 @pytest.fixture(scope="module")
 def recorded() -> Iterator[tuple[str, dict[str, Any], Path]]:
-    """Prometheus holding the finished run ``mixed``; yields (Prometheus URL, the loop's timers, a temp dir)."""
+    """Prometheus holding the finished two-rank run ``mixed``; yields (Prometheus URL, the ranks' timers by
+    GPU, a temp dir)."""
     with tempfile.TemporaryDirectory() as tmp, \
             run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
             run_prometheus(scrape_config(exporter, "report-node", rule_files=())) as prom:
-        timers = Path(tmp) / "timers.json"
-        loop = subprocess.run([sys.executable, str(LOOPS), "mixed", exporter, f"{tmp}/ckpt.pt", str(SECONDS),
-                               str(timers)], env=exporter_env(), capture_output=True, text=True, timeout=120)
-        assert loop.returncode == 0, loop.stderr[-2000:]
-        # The final snapshot (no current phase) has been scraped: the run is over in Prometheus too.
-        wait_until(lambda: promql(prom, 'max(gpu_training_current_phase{run="mixed"}) == 0'), 20,
-                   what="the finished run's last snapshot in Prometheus")
-        yield prom, json.loads(timers.read_text()), Path(tmp)
+        loops = {uuid: subprocess.Popen(
+            [sys.executable, str(LOOPS), "mixed", exporter, f"{tmp}/ckpt{rank}.pt", str(SECONDS),
+             f"{tmp}/timers{rank}.json"], env=exporter_env({"RANK": str(rank), "CAUSE_LOOP_UUID": uuid}),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank, uuid in enumerate(GPUS)}
+        for loop in loops.values():
+            _, err = loop.communicate(timeout=120)
+            assert loop.returncode == 0, err[-2000:]
+        # The final snapshots (no current phase) have been scraped: the run is over in Prometheus too.
+        wait_until(lambda: len(promql(prom, 'max by (rank) (gpu_training_current_phase{run="mixed"}) == 0')) == 2,
+                   20, what="the finished ranks' last snapshots in Prometheus")
+        yield prom, {uuid: json.loads(Path(f"{tmp}/timers{rank}.json").read_text())
+                     for rank, uuid in enumerate(GPUS)}, Path(tmp)
 
 
 def _report(prom: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -63,26 +71,37 @@ def _keep(name: str, data: bytes | str) -> None:
 
 
 def test_report_figures_match_the_runs_own_timers(recorded: tuple[str, dict[str, Any], Path]) -> None:
-    prom, timers, _ = recorded
+    prom, ranks, _ = recorded
     result = _report(prom, "--output", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    wall = timers["wall"]
+    # Every rank and GPU, each against its own timers; the run's wall time is its longest rank's.
+    assert doc["gpus"] == sorted(GPUS)
+    assert [(r["rank"], r["uuid"]) for r in doc["ranks"]] == [(str(i), u) for i, u in enumerate(GPUS)]
+    for rank in doc["ranks"]:
+        own = ranks[rank["uuid"]]
+        assert rank["wall_seconds"] == pytest.approx(own["wall"], rel=0.02), rank
+        for phase in ("data", "compute", "metrics"):
+            assert rank["shares"][phase] == pytest.approx(own["phases"][phase] / own["wall"], abs=0.05), (rank, phase)
+        # The simulated GPU is busy while the rank computes: utilization follows its compute share.
+        assert rank["utilization"] == pytest.approx(0.97 * rank["shares"]["compute"], abs=0.06), rank
+    wall = max(own["wall"] for own in ranks.values())
+    data = sum(own["phases"]["data"] for own in ranks.values()) / sum(own["wall"] for own in ranks.values())
     assert doc["wall_seconds"] == pytest.approx(wall, rel=0.02)
     for phase in ("data", "compute", "metrics"):
-        assert doc["shares"][phase] == pytest.approx(timers["phases"][phase] / wall, abs=0.05), phase
-    assert doc["gpus"] == ["GPU-e2e-mixed"] and [r["rank"] for r in doc["ranks"]] == ["0"]
-    assert doc["gpu_hours"] == pytest.approx(doc["wall_seconds"] / 3600, rel=1e-3)
-    # The simulated GPU is busy while the loop computes: utilization follows the compute share.
-    assert doc["mean_utilization"] == pytest.approx(0.97 * doc["shares"]["compute"], abs=0.06)
+        share = sum(own["phases"][phase] for own in ranks.values()) / sum(own["wall"] for own in ranks.values())
+        assert doc["shares"][phase] == pytest.approx(share, abs=0.05), phase
+    assert doc["gpu_hours"] == pytest.approx(2 * doc["wall_seconds"] / 3600, rel=1e-3)
+    assert doc["mean_utilization"] == pytest.approx(sum(r["utilization"] for r in doc["ranks"]) / 2, abs=1e-3)
     # Causes over time: input-bound (data) the longest, metrics-bound too; below target all along.
     causes = {c["cause"]: c for c in doc["causes"]}
     assert doc["main_cause"] == "input_bound" and set(causes) >= {"input_bound", "metrics_bound"}
     assert causes["input_bound"]["seconds"] >= 0.5 * wall and causes["input_bound"]["applied"]
+    assert causes["input_bound"]["ranks"] == ["0", "1"]
     assert doc["gpu_hours_below_target"] == pytest.approx(doc["gpu_hours"], rel=1e-3)  # at ~17% all along
     # Projection: wall x (1 - data share), by the report's shares and by the loop's own timers.
     assert doc["projected_wall_seconds"] == pytest.approx(doc["wall_seconds"] * (1 - doc["shares"]["data"]), rel=1e-3)
-    assert doc["projected_wall_seconds"] == pytest.approx(wall - timers["phases"]["data"], abs=0.05 * wall)
+    assert doc["projected_wall_seconds"] == pytest.approx(wall * (1 - data), abs=0.05 * wall)
     assert doc["projection"].endswith("if loading overlapped compute (input-bound (M1))")
     _keep("report.json", result.stdout)
 
@@ -116,14 +135,14 @@ def test_every_format_and_a_self_contained_html(recorded: tuple[str, dict[str, A
 
 
 def test_range_and_bad_input(recorded: tuple[str, dict[str, Any], Path]) -> None:
-    prom, timers, _ = recorded
+    prom, _, _ = recorded
     whole = json.loads(_report(prom, "--output", "json").stdout)
     start = whole["start"]
     # The first half of the run, by --from/--to: about half the wall time, the same kind of run.
     half = json.loads(run_cli("report", "--prometheus-url", prom, "--run", "mixed", "--step", "1s",
-                              f"--from={start}", f"--to={_plus(start, timers['wall'] / 2)}",
+                              f"--from={start}", f"--to={_plus(start, whole['wall_seconds'] / 2)}",
                               "--output", "json").stdout)
-    assert half["wall_seconds"] == pytest.approx(timers["wall"] / 2, rel=0.15)
+    assert half["wall_seconds"] == pytest.approx(whole["wall_seconds"] / 2, rel=0.15)
     assert half["shares"]["data"] == pytest.approx(whole["shares"]["data"], abs=0.08)
     missing = run_cli("report", "--prometheus-url", prom, "--run", "nope")
     assert (missing.returncode, missing.stderr) == (2, f"gpu-exporter: error: Prometheus at {prom} holds no training "

@@ -65,7 +65,7 @@ PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "
 
 @dataclass(frozen=True)
 class CauseSpan:
-    """A cause of the table over the range: the seconds it applied (summed over ranks) and when."""
+    """A cause of the table over the range: the wall-clock seconds it applied to some rank, when, and to which."""
 
     cause: str
     code: str
@@ -73,6 +73,7 @@ class CauseSpan:
     seconds: float
     intervals: list[tuple[float, float]]
     remedy: str
+    ranks: list[str]
 
 
 @dataclass
@@ -120,7 +121,8 @@ class Report:
             "gpu_hours_below_target": round(self.gpu_hours_below_target, 6),
             "utilization_target": self.target,
             "causes": [{"cause": c.cause, "code": c.code, "title": c.title, "seconds": round(c.seconds, 3),
-                        "applied": [[iso(a), iso(b)] for a, b in c.intervals], "remedy": c.remedy}
+                        "applied": [[iso(a), iso(b)] for a, b in c.intervals], "ranks": c.ranks,
+                        "remedy": c.remedy}
                        for c in self.causes],
             "main_cause": self.main_cause, "projection_share": _round(self.projection_share),
             "projected_wall_seconds": _round(self.projected_wall_seconds),
@@ -293,7 +295,8 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
         by_rank.setdefault(_key(labels), {})[labels.get("phase", "other")] = _grid(series, times)
 
     retry_limit = t.allocator_retries_threshold * max(1.0, parse_duration(window) / t.allocator_window)
-    applied: dict[str, list[float]] = {}
+    applied: dict[str, set[float]] = {}
+    on_ranks: dict[str, set[str]] = {}
     phase_sum: dict[str, list[float | None]] = {}
     for i, ts in enumerate(times):
         seconds = {p: sum((v[i] or 0.0) for ph in by_rank.values() for q, v in ph.items() if q == p)
@@ -310,12 +313,14 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
                                  retries.get(key, [None] * len(times))[i] or 0.0,
                                  ooms.get(key, [None] * len(times))[i] or 0.0, batch.get(key, [None] * len(times))[i])
             for finding in find_causes(u, memory.get(key[1], [None] * len(times))[i], signals, t, retry_limit):
-                applied.setdefault(finding.cause.cause, []).append(ts)
+                applied.setdefault(finding.cause.cause, set()).add(ts)
+                on_ranks.setdefault(finding.cause.cause, set()).add(key[0])
     spans = {}
     for cause_id, stamps in applied.items():
         cause = BY_ID[cause_id]
         spans[cause_id] = CauseSpan(cause_id, cause.code, cause.label, len(stamps) * step,
-                                    _intervals(sorted(set(stamps)), step), cause.remedy)
+                                    _intervals(sorted(stamps), step), cause.remedy,
+                                    sorted(on_ranks[cause_id], key=lambda r: (len(r), r)))
     return times, util, phase_sum, spans
 
 
@@ -341,17 +346,23 @@ def _rows(r: Report) -> list[tuple[str, str]]:
         ("GPUs", f"{len(r.gpus)} ({', '.join(r.gpus)})" if r.gpus else "none joined (no GPU UUID)"),
         ("GPU-hours", f"{r.gpu_hours:.3f}"),
         ("mean utilization", pct(r.mean_utilization) if r.mean_utilization is not None else "unknown"),
-        ("phase shares", ", ".join(f"{p} {pct(v)}" for p, v in r.shares.items())),
+        ("phase shares", _shares(r.shares)),
         ("GPU-hours below target", f"{r.gpu_hours_below_target:.3f} (below {pct(r.target)})"),
         ("projection", r.projection_text()),
     ]
 
 
+def _shares(shares: dict[str, float]) -> str:
+    """``"data 53%, metrics 30%, compute 17%"`` (phases under 0.5% left out; JSON has them all)."""
+    return ", ".join(f"{p} {pct(v)}" for p, v in shares.items() if v >= 0.005)
+
+
 def _cause_lines(r: Report) -> list[str]:
     if not r.causes:
         return ["no cause of the table applied"]
-    return [f"{c.title}: {duration(c.seconds)} in {len(c.intervals)} stretch(es), first "
-            f"{iso(c.intervals[0][0])}, last until {iso(c.intervals[-1][1])}; remedy: {c.remedy}" for c in r.causes]
+    return [f"{c.title}: {duration(c.seconds)} on rank(s) {', '.join(c.ranks)} in {len(c.intervals)} stretch(es), "
+            f"first {iso(c.intervals[0][0])}, last until {iso(c.intervals[-1][1])}; remedy: {c.remedy}"
+            for c in r.causes]
 
 
 def render_text(r: Report) -> str:
@@ -361,7 +372,7 @@ def render_text(r: Report) -> str:
     for rank in r.ranks:
         util = pct(rank["utilization"]) if rank["utilization"] is not None else "unknown"
         lines.append(f"rank {rank['rank']} on {rank['uuid'] or '(no GPU UUID)'}: {duration(rank['wall_seconds'])}, "
-                     f"utilization {util}, " + ", ".join(f"{p} {pct(v)}" for p, v in rank["shares"].items()))
+                     f"utilization {util}, " + _shares(rank["shares"]))
     return "\n".join(lines) + "\n"
 
 
@@ -374,7 +385,7 @@ def render_markdown(r: Report) -> str:
     out += ["", "| rank | GPU | wall time | utilization | phases |", "|---|---|---|---|---|"]
     out += [f"| {k['rank']} | {k['uuid']} | {duration(k['wall_seconds'])} | "
             f"{pct(k['utilization']) if k['utilization'] is not None else 'unknown'} | "
-            + ", ".join(f"{p} {pct(v)}" for p, v in k["shares"].items()) + " |" for k in r.ranks]
+            + _shares(k["shares"]) + " |" for k in r.ranks]
     return "\n".join(out) + "\n"
 
 
@@ -412,7 +423,7 @@ def svg_utilization(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str
                           for ts, v in zip(r.times, values, strict=False) if v is not None)
         color = palette[i % len(palette)]
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
-        parts.append(f'<text x="{pad + 4}" y="{40 + 14 * i}" font-size="11" fill="{color}">{html.escape(uuid)}</text>')
+        parts.append(f'<text x="{320 + 170 * i}" y="16" font-size="11" fill="{color}">{html.escape(uuid)}</text>')
     return "\n".join([*parts, "</svg>"])
 
 
@@ -431,11 +442,11 @@ def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
             parts.append(f'<polygon fill="{color}" fill-opacity="0.85" stroke="none" points="{points}">'
                          f'<title>{html.escape(phase)}</title></polygon>')
         base = top
-    for i, phase in enumerate(order):
-        x = pad + 10 + i * 120
+    for i, phase in enumerate(p for p in order if r.shares[p] >= 0.005):
+        x = 320 + i * 105
         color = PHASE_COLORS.get(phase, "#607d8b")
-        parts.append(f'<rect x="{x}" y="{h - 34}" width="10" height="10" fill="{color}"/><text x="{x + 14}" '
-                     f'y="{h - 25}" font-size="11">{html.escape(phase)} {pct(r.shares[phase])}</text>')
+        parts.append(f'<rect x="{x}" y="7" width="10" height="10" fill="{color}"/><text x="{x + 14}" '
+                     f'y="16" font-size="11">{html.escape(phase)} {pct(r.shares[phase])}</text>')
     return "\n".join([*parts, "</svg>"])
 
 
@@ -468,7 +479,7 @@ def render_html(r: Report) -> str:
     ranks = "".join(f"<tr><td>{html.escape(k['rank'])}</td><td>{html.escape(k['uuid'])}</td>"
                     f"<td>{duration(k['wall_seconds'])}</td>"
                     f"<td>{pct(k['utilization']) if k['utilization'] is not None else 'unknown'}</td>"
-                    f"<td>{html.escape(', '.join(f'{p} {pct(v)}' for p, v in k['shares'].items()))}</td></tr>"
+                    f"<td>{html.escape(_shares(k['shares']))}</td></tr>"
                     for k in r.ranks)
     style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
              "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"
