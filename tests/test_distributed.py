@@ -150,7 +150,7 @@ def test_ingest_keeps_world_size_and_refuses_bad_ones() -> None:
         assert status == 400 and "world_size" in reason, (bad, reason)
 
 
-def _exposition(t: float) -> str:
+def _exposition(t: float, world_size: int = 2) -> str:
     """Two GPUs, two ranks of run ddp after ``t`` seconds: rank 0 waits 70% in communication for rank 1's data."""
     shares = {"0": {"data": 0.05, "compute": 0.25, "communication": 0.7},
               "1": {"data": 0.7, "compute": 0.25, "communication": 0.05}}
@@ -160,7 +160,7 @@ def _exposition(t: float) -> str:
         run = f'run="ddp",rank="{rank}",uuid="GPU-r{rank}"'
         lines += [f'gpu_info{{{gpu},name="T"}} 1', f"gpu_busy_seconds_total{{{gpu}}} {0.2 * t}",
                   f"gpu_memory_used_bytes{{{gpu}}} 8e9", f"gpu_memory_total_bytes{{{gpu}}} 80e9",
-                  f"gpu_training_steps_total{{{run}}} {4 * t}", f"gpu_training_world_size{{{run}}} 2",
+                  f"gpu_training_steps_total{{{run}}} {4 * t}", f"gpu_training_world_size{{{run}}} {world_size}",
                   f"gpu_training_last_push_timestamp_seconds{{{run}}} 0", f"gpu_training_batch_size{{{run}}} 16"]
         for phase, share in phases.items():
             lines += [f'gpu_training_phase_seconds_total{{{run},phase="{phase}"}} {share * t}',
@@ -190,3 +190,17 @@ def test_live_page_and_diagnose_judge_show_the_ranks_side_by_side() -> None:
     assert '<section class="ddp" data-run="ddp"><h2>Run ddp <small>2 of 2 ranks</small>' in html
     assert ("straggler rank 1: rank 1 is input-bound (M1), 70% of its time in data; the run&#x27;s step takes "
             "0.25 s, ~0.0875 s if rank 1 kept up") in html
+
+
+def test_ranks_that_report_elsewhere_are_counted_and_named() -> None:
+    """Two of four ranks on this node: the table says so and points to Prometheus for the whole run."""
+    from gpu_exporter.commands import ranks
+    from gpu_exporter.commands.metrics_client import snapshot_of
+    from gpu_exporter.status_page import judge_node
+    from gpu_exporter.thresholds import load_thresholds
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prev, cur = (snapshot_of(text_string_to_metric_families(_exposition(t, world_size=4)), t, 0.0) for t in (100, 110))
+    (run,) = ranks.distributed_runs(judge_node(prev, cur, load_thresholds(), 10.0))
+    assert (run.world_size, len(run.ranks), run.straggler) == (4, 2, "1")
+    assert "Run ddp: 2 of 4 ranks reporting (the others report elsewhere" in ranks.render_text([run])

@@ -68,8 +68,11 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
         if f.cause.kind != STRAGGLER:
             return f
         straggler, util = by_rank.get((run, f.straggler), (None, None))
+        if straggler is None:  # its snapshots carry no GPU UUID: its own cause is not judged here
+            return replace(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
+                                              "GPU read here)")
         own = sorted((g for g in straggler.findings if g.cause.kind != STRAGGLER),
-                     key=lambda g: (g.cause.kind != ALLOCATOR, -g.value)) if straggler else []
+                     key=lambda g: (g.cause.kind != ALLOCATOR, -g.value))
         return replace(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
 
     return [replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))
@@ -138,7 +141,9 @@ def render_text(runs: Sequence[DistributedRun]) -> str:
     """The runs' ranks side by side, for diagnose's text report."""
     out = []
     for d in runs:
-        out.append(f"Run {d.run}: {len(d.ranks)} of {d.world_size} ranks reporting\n")
+        missing = (" (the others report elsewhere, e.g. to other nodes' exporters: diagnose --prometheus-url "
+                   "sees the whole run)" if len(d.ranks) < d.world_size else "")
+        out.append(f"Run {d.run}: {len(d.ranks)} of {d.world_size} ranks reporting{missing}\n")
         for r in d.ranks:
             step = f", step {seconds(r.step_seconds)}" if r.step_seconds is not None else ""
             mark = "  <- straggler" if r.rank == d.straggler else ""
