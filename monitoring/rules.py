@@ -217,7 +217,8 @@ def _alert(name: str, cause: Cause, lvl: str, severity: str, summary: str, gap: 
     description = (f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} "
                    f"{annotation(cause)}{cause.advice}")
     return (f"- alert: {name}\n  expr: |\n{_indent(expr, 4)}  for: ${{cause_for}}\n"
-            f"  labels:\n    severity: {severity}\n    level: {lvl}\n" + (f"    cause: {cause.cause}\n" if lvl == TARGET else "")
+            f"  labels:\n    severity: {severity}\n    level: {lvl}\n"
+            + (f"    cause: {cause.cause}\n" if lvl == TARGET else "")
             +
             f"  annotations:\n    summary: {summary}\n    description: >-\n{_indent(_wrap(description), 6)}"
             f"    runbook_url: ${{runbook_url_pattern:{runbook}}}\n")
