@@ -14,7 +14,7 @@ import logging
 from dataclasses import fields
 from typing import Any
 
-from gpu_exporter import collectors
+from gpu_exporter import collectors, sampling
 from gpu_exporter.collectors.base import PollingCollector
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import Config
@@ -54,6 +54,7 @@ class Exporter:
                                                              if k in wanted}))
             if self.simulated is not None:
                 self.simulated.set_training_source(self.training.latest_phases)
+        self.phases = sampling.from_config(config.sampling_rate, polling, self.training)  # opt-in py-spy phases
         self.pods: Any = None
         if config.kubernetes_enabled:
             from gpu_exporter.kubernetes import PodAttribution
@@ -120,6 +121,8 @@ class Exporter:
             self.xid.start()
         if self.pods is not None:
             self.pods.start()
+        if self.phases is not None:
+            self.phases.start()
         self.server.run_in_thread()
         port = self.server.server_address[1]
         scheme = "https" if ssl_context is not None else "http"
@@ -142,7 +145,7 @@ class Exporter:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
-        for part in (self.pods, self.xid):
+        for part in (self.pods, self.xid, self.phases):
             if part is not None:
                 part.stop()
         self.sampler.stop()

@@ -46,6 +46,15 @@ def _positive_float(value: Any) -> float:
     return number
 
 
+def _non_negative_float(value: Any) -> float:
+    try:
+        if not isinstance(value, bool) and float(value) == 0:
+            return 0.0
+    except (TypeError, ValueError):
+        pass
+    return _positive_float(value)
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"expected a positive integer, got {value!r}")
@@ -204,6 +213,8 @@ SETTINGS: tuple[Setting, ...] = (
             "kubelet pod-resources Unix socket", "PATH"),
     Setting("kubernetes.refresh_seconds", _positive_float, 10.0,
             "seconds between pod-resources refreshes", "SECONDS"),
+    Setting("sampling.rate", _non_negative_float, 0.0, "samples per second of each GPU process's Python stack "
+            "with py-spy, for the phases of jobs nobody instrumented (0: off; needs ptrace rights)", "HZ"),
 )
 
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
@@ -241,6 +252,7 @@ class Config:
     kubernetes_enabled: bool
     kubernetes_pod_resources_socket: str
     kubernetes_refresh_seconds: float
+    sampling_rate: float
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def section(self, prefix: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import math
 import threading
 import time
@@ -45,6 +46,8 @@ from . import remedies
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
 from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, check_label
+
+log = logging.getLogger(__name__)
 
 OUTCOMES = (
     "accepted", "disabled", "unauthorized", "length_required", "too_large", "unsupported_media_type", "malformed_json",
@@ -113,6 +116,8 @@ class _Entry:
     """Ranks in the run's distributed job (snapshot field ``world_size``, default 1)."""
     context: dict[str, float] | None = None
     """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.remedies)."""
+    source: str = ""
+    """"" for a pushed snapshot; "sampled" for phases the stack sampler estimated (gpu_exporter.sampling)."""
 
 
 _Key = tuple[str, str, str]
@@ -194,6 +199,32 @@ class TrainingStore:
             return None
         return max(live, key=lambda e: e.received_at).current_phase or None
 
+    def has_reported_run(self, uuid: str) -> bool:
+        """True while a live run pushes its own phases from GPU ``uuid`` (the stack sampler leaves it alone).
+
+        >>> TrainingStore(IngestSettings()).has_reported_run("GPU-1")
+        False
+        """
+        with self._lock:
+            self._expire()
+            return any(u == uuid and not e.finished and not e.source for (_, _, u), e in self._entries.items())
+
+    def put_sampled(self, uuid: str, pid: int, phases: dict[str, float], current: str, started_at: float) -> None:
+        """Store the phase seconds gpu_exporter.sampling estimated for GPU process ``pid`` as run ``pid-<pid>``.
+
+        Its series carry ``source="sampled"``. Sampled runs count against ``ingest.max_runs`` like
+        pushed ones (a full store refuses them silently: pushed runs come first).
+        """
+        entry = _Entry(started_at=started_at, phases=phases, current_phase=current, steps=0, samples=0,
+                       batch_size=0, finished=False, allocator=None, received_at=self._clock(), confirmed=True,
+                       source="sampled")
+        with self._lock:
+            try:
+                self._store((f"pid-{pid}", "0", uuid), entry)
+            except Rejected as err:
+                log.debug("sampled phases of pid %d not stored: %s", pid, err)
+            self._rendered = None
+
     def latest_phases(self, uuid: str) -> dict[str, float] | None:
         """Cumulative phase seconds of the most recently pushed live run on GPU ``uuid``, or None.
 
@@ -237,9 +268,11 @@ class TrainingStore:
             outcomes = dict(self._outcomes)
             evictions = self._evictions
         labels = ["run", "rank", "uuid"]
+        source = ["source"] if any(e.source for _, e in entries) else []  # sampled phases say so (sampling.py)
         phase_seconds = CounterMetricFamily("gpu_training_phase_seconds", _HELP["phase_seconds"],
-                                            labels=[*labels, "phase"])
-        current = GaugeMetricFamily("gpu_training_current_phase", _HELP["current_phase"], labels=[*labels, "phase"])
+                                            labels=[*labels, "phase", *source])
+        current = GaugeMetricFamily("gpu_training_current_phase", _HELP["current_phase"],
+                                    labels=[*labels, "phase", *source])
         steps = CounterMetricFamily("gpu_training_steps", _HELP["steps"], labels=labels)
         samples = CounterMetricFamily("gpu_training_samples", _HELP["samples"], labels=labels)
         batch = GaugeMetricFamily("gpu_training_batch_size", _HELP["batch_size"], labels=labels)
@@ -252,8 +285,9 @@ class TrainingStore:
         for (run, rank, uuid), entry in entries:
             values = [run, rank, uuid]
             for phase, seconds in entry.phases.items():
-                phase_seconds.add_metric([*values, phase], seconds)
-                current.add_metric([*values, phase], 1.0 if phase == entry.current_phase else 0.0)
+                marked = [*values, phase, entry.source][:len(labels) + 1 + len(source)]
+                phase_seconds.add_metric(marked, seconds)
+                current.add_metric(marked, 1.0 if phase == entry.current_phase else 0.0)
             steps.add_metric(values, entry.steps)
             samples.add_metric(values, entry.samples)
             batch.add_metric(values, entry.batch_size)

@@ -112,6 +112,8 @@ class RunView:
     """Mean seconds per training step over the window (None: no step in it)."""
     suggestions: dict[str, str] = field(default_factory=dict)
     """Concrete remedy per cause id, from the run's reported context (gpu_exporter.remedies)."""
+    source: str = ""
+    """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.sampling)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class Readings:
     hints: dict[tuple[str, str], list[tuple[Any, float]]] | None = None
     """Evidence hints per (uuid, pid) from the recording rules; None: apply causes.HINTS here."""
     contexts: dict[RunKey, remedies.Context] = field(default_factory=dict)
+    sampled: set[RunKey] = field(default_factory=set)
     """Causes read from Prometheus' recording rules; None: judge here with the cause table."""
 
 
@@ -273,6 +276,7 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     readings.live = {key for key in current if cur.wall - pushed.get(key, cur.wall) <= stale}
     readings.evidence = process_evidence.from_snapshots(prev, cur)
     readings.contexts = remedies.read_contexts(cur.series)
+    readings.sampled = _sampled(cur.series("gpu_training_phase_seconds_total"))
     return readings
 
 
@@ -328,6 +332,7 @@ def from_prometheus(prom: Prometheus) -> Readings:
             straggler=labels.get("straggler_rank", ""), step_seconds=readings.step_seconds.get(key)))
     readings.evidence, readings.hints = process_evidence.from_prometheus(prom)
     readings.contexts = remedies.read_contexts(prom.query)
+    readings.sampled = _sampled(prom.query("run:gpu_training_phase:share5m"))
     return readings
 
 
@@ -464,8 +469,15 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
                     f"for run {run.run}{detail}.", t, lvl)
 
 
+def _sampled(pairs: Iterable[tuple[Labels, float]]) -> set[RunKey]:
+    """The runs whose phases the exporter sampled (label ``source="sampled"``, gpu_exporter.sampling)."""
+    return {_run_key(labels) for labels, _ in pairs if labels.get("source") == "sampled"}
+
+
 def _suggest(run: RunView, readings: Readings, uuid: str, t: Thresholds) -> RunView:
     """``run`` with the concrete remedies its reported context allows (gpu_exporter.remedies)."""
+    if (run.run, run.rank, uuid) in readings.sampled:
+        run = replace(run, source="sampled")
     ctx = readings.contexts.get((run.run, run.rank, uuid))
     if ctx is None:
         return run
@@ -477,6 +489,9 @@ def _suggest(run: RunView, readings: Readings, uuid: str, t: Thresholds) -> RunV
 
 def _suggested(run: RunView, verdict: Verdict) -> Verdict:
     """``verdict`` with the run's concrete remedy for its cause, first in the remedy and in the reason."""
+    if run.source:
+        verdict = replace(verdict, reason=f"{verdict.reason} (Phases sampled from the Python stack with py-spy, "
+                                          "not reported by the job.)")
     text = run.suggestions.get(verdict.verdict, "")
     if not text:
         return verdict
@@ -546,7 +561,8 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
             phases = ", ".join(f"{p} {pct(r.shares[p])}" for p in _phase_order(r.shares)) or "no phase time yet"
             basis = "since the run started" if r.since_start else "in the window"
             batch = f", batch {r.batch_size:.0f}" if r.batch_size is not None else ""
-            state = "" if r.live else "  [finished or not pushing: ignored]"
+            state = " [sampled from the Python stack]" if r.source else ""
+            state += "" if r.live else "  [finished or not pushing: ignored]"
             out.write(f"  run          {r.run} (rank {r.rank}): {phases} ({basis}){batch}{state}\n")
         out.write(f"  verdict      {verdict.title}: {verdict.reason}\n")
         if verdict.remedy:
