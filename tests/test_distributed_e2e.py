@@ -9,7 +9,7 @@ job        per step (wall-clock time boxes around real work)  expected
 =========  =================================================  =============================================
 straggler  rank 1 loads each batch in 0.2 s, rank 0 in 0.01   rank 0: waiting for rank 1 (ST, naming rank 1
            s; both compute 0.04 s after a real DDP step       input-bound); rank 1: input-bound (M1)
-balanced   both ranks load in 0.15 s                          both input-bound (M1); no straggler
+balanced   both ranks load in 0.2 s                           both input-bound (M1); no straggler
 =========  =================================================  =============================================
 
 Every GPU uses little memory, so the waiting rank would read as batch too small (M3) if its wait
