@@ -296,7 +296,9 @@ def _method(results: Results) -> list[str]:
         "(no `--simulate`). nvitop's NVLink queries (`nvmlDeviceGetFieldValues`) are not simulated and come "
         "back N/A, which if anything saves it work.",
         f"- **Scraper.** After the exporter serves GPU metrics: {num(d.warmup)} s warm-up at the steady rate, "
-        f"then RSS (psutil), then {num(d.idle)} s without scrapes (CPU of polling alone), then {num(d.scrape)} s "
+        f"then RSS (psutil), then {num(d.idle)} s without scrapes (CPU of polling alone, from "
+        f"{num(bench_scrape.SETTLE)} s after the last scrape: gpu-exporter may still render once for a scrape its "
+        f"scraper's interval made it expect), then {num(d.scrape)} s "
         f"of steady scraping at {num(d.rate)} scrapes/s, one at a time, each on a fresh connection with the "
         "headers Prometheus 2.x sends (OpenMetrics preferred, `Accept-Encoding: gzip`). Latency is request "
         "sent to body read. CPU is in seconds per minute: for polling alone, the sum of the exporter's threads' "
@@ -378,10 +380,11 @@ def _profile(results: Results) -> list[str]:
             f"{num(prof.simulation_percent)}% of the profiled time (on a real node the driver takes its place); "
             "the rest, by own time:", "",
             *_table(["function", "calls", "% of profiled time"], rows),
-            "A poll only records its values as plain rows; the first scrape after a poll builds each "
-            "collector's metric families from them and renders their text once (prometheus_client's "
-            "exposition code), and later scrapes of the same poll reuse it, so polls that no scrape reads "
-            "cost neither family objects nor rendering.", ""]
+            "A poll only records its values as plain rows. Their text is rendered straight from the rows "
+            "(each series' label prefix kept from the previous render, no prometheus_client family objects) "
+            "when a scrape first wants it, or on the polling thread right after the poll when a scraper's "
+            "interval says a scrape is due before the next poll; later scrapes of the same poll reuse the "
+            "text and the gzip of it, so polls that no scrape reads cost no rendering.", ""]
 
 
 def _accuracy(results: Results) -> list[str]:

@@ -51,6 +51,12 @@ MB = 1e6
 METER_INTERVAL = 0.2
 SPACING = 1.1
 """Seconds between two spaced scrapes: longer than the 1 s poll, so each spaced scrape reads a fresh poll."""
+SETTLE = 2.0
+"""Seconds between the last warm-up scrape and the idle stage: gpu-exporter renders ahead of a scrape its
+scrapers' interval makes it expect (exposition.ScrapeForecast), so after a scraper stops it may still
+render for up to its interval plus a poll interval (1.25 s after the warm-up at 4/s). Those renders belong
+to the scrapes, not to polling alone."""
+"""Seconds between two spaced scrapes: longer than the 1 s poll, so each spaced scrape reads a fresh poll."""
 """Seconds between two writes of the simulation meter (see SITECUSTOMIZE)."""
 
 SITECUSTOMIZE = """\
@@ -337,6 +343,7 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
         ps = psutil.Process(proc.pid)
         _steady(port, durations.warmup, durations.rate)
         rss = ps.memory_info().rss / MB
+        time.sleep(SETTLE)
         m0 = read_meter(spec.meter)
         s0, c0, t0 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
         time.sleep(durations.idle)
