@@ -49,6 +49,7 @@ PROMETHEUS_HEADERS = {
 EXPORTER_SRC = Path(gpu_exporter.__file__).resolve().parents[1]
 MB = 1e6
 METER_INTERVAL = 0.2
+"""Seconds between two writes of the simulation meter (see SITECUSTOMIZE)."""
 SPACING = 1.1
 """Seconds between two spaced scrapes: longer than the 1 s poll, so each spaced scrape reads a fresh poll."""
 SETTLE = 2.0
@@ -56,8 +57,6 @@ SETTLE = 2.0
 scrapers' interval makes it expect (exposition.ScrapeForecast), so after a scraper stops it may still
 render for up to its interval plus a poll interval (1.25 s after the warm-up at 4/s). Those renders belong
 to the scrapes, not to polling alone."""
-"""Seconds between two spaced scrapes: longer than the 1 s poll, so each spaced scrape reads a fresh poll."""
-"""Seconds between two writes of the simulation meter (see SITECUSTOMIZE)."""
 
 SITECUSTOMIZE = """\
 # Written by bench: put the simulated GPUs under pynvml before the exporter loads NVML, and meter
