@@ -40,6 +40,7 @@ def test_the_outermost_recognised_frame_names_the_phase(phase: str) -> None:
     inner = "Tensor.backward (torch/_tensor.py:623)"  # compute, but inside the outer frame
     assert phase_of(["<module> (train.py:3)", "train (train.py:9)", FRAMES[phase], inner]) == phase
     assert phase_of(["<module> (train.py:3)", "f1_macro (train.py:20)"]) == "other"
+    assert phase_of(["<lambda> (train.py:9)", "Module.state_dict (torch/nn/modules/module.py:2200)"]) == "checkpoint"
 
 
 def test_only_the_main_thread_counts() -> None:

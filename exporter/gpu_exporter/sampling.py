@@ -5,16 +5,12 @@ every GPU process the ``evidence`` collector sees, in windows of :data:`WINDOW_S
 many samples per second, and maps each sample of the process's main thread to a phase by its
 outermost recognised frame (:func:`phase_of`):
 
-=====================================================  ==========
-frame (file of the function, as py-spy prints it)       phase
-=====================================================  ==========
-``torch/utils/data/`` (DataLoader iteration, fetch)     data
-``torch/serialization.py``, ``torch/distributed/checkpoint/``  checkpoint
-``torch/nn/`` (module forward, functional),             compute
-``torch/autograd/``, ``torch/_tensor.py`` (backward),
-``torch/optim/`` (optimizer step)
-anything else (metrics, logging, the loop itself)       other
-=====================================================  ==========
+* ``data``: DataLoader iteration and fetching (``torch/utils/data/``);
+* ``checkpoint``: ``torch/serialization.py`` (``torch.save``), ``torch/distributed/checkpoint/`` and the
+  ``state_dict()`` of a module or optimizer (gathering what a checkpoint saves);
+* ``compute``: module forward and ``torch.nn.functional`` (``torch/nn/``), backward (``torch/_tensor.py``,
+  ``torch/autograd/``), the optimizer (``torch/optim/``);
+* ``other``: everything else (metrics, logging, the loop itself: the sampler cannot tell metrics apart).
 
 Each window's shares times its wall time are added to the process's phase seconds and stored in
 the training store as run ``pid-<pid>`` (rank 0) on the process's GPU, marked ``source="sampled"``:
@@ -48,7 +44,7 @@ WINDOW_SECONDS = 5
 
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("data", re.compile(r"[(/]torch/utils/data/")),
-    ("checkpoint", re.compile(r"[(/]torch/(serialization\.py|distributed/checkpoint/)")),
+    ("checkpoint", re.compile(r"[(/]torch/(serialization\.py|distributed/checkpoint/)|state_dict \(torch/")),
     ("compute", re.compile(r"[(/]torch/(nn/|autograd/|_tensor\.py|optim/)")),
 )
 """Phase -> pattern on a frame (``function (file:line)``), tried from the outermost frame inward."""

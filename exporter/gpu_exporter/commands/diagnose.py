@@ -477,7 +477,7 @@ def _sampled(pairs: Iterable[tuple[Labels, float]]) -> set[RunKey]:
 def _suggest(run: RunView, readings: Readings, uuid: str, t: Thresholds) -> RunView:
     """``run`` with the concrete remedies its reported context allows (gpu_exporter.remedies)."""
     if (run.run, run.rank, uuid) in readings.sampled:
-        run = replace(run, source="sampled")
+        run = replace(run, source="sampled", batch_size=None)  # the sampler sees no batch
     ctx = readings.contexts.get((run.run, run.rank, uuid))
     if ctx is None:
         return run
