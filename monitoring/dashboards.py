@@ -335,6 +335,19 @@ def training_run(cfg: Config) -> dash.Dashboard:
                          "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level",
                          "straggler_rank": "Waits for rank"},
                  panel_links=cause_runbooks(cfg, "GpuTrainingBelowTarget")))
+             .with_panel(table_panel(
+                 "Concrete remedies",
+                 "What the run reports about itself (DataLoader workers, CPU cores, batch size) and the numbers "
+                 "the formulas of docs/runbooks.md (Concrete remedies) suggest: M1 workers that keep up with "
+                 "compute (run:gpu_training_remedy:num_workers), M3 the batch its memory and GPU allow "
+                 "(run:gpu_training_remedy:batch_size). Empty where the run reports no DataLoader or memory.",
+                 [query(f"max {cfg.by('rank')} ({sel(metric)})", "", instant=True, table_format=True)
+                  for metric in ("gpu_training_loader_workers", "gpu_training_cpu_cores",
+                                 "run:gpu_training_remedy:num_workers", "gpu_training_batch_size",
+                                 "run:gpu_training_remedy:batch_size")],
+                 w=8, order=("rank", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E"),
+                 rename={"rank": "Rank", "Value #A": "Workers", "Value #B": "Cores", "Value #C": "Try workers",
+                         "Value #D": "Batch", "Value #E": "Try batch"}))
              .with_row(dash.Row("Ranks"))
              .with_panel(bar_gauge(
                  "Phases by rank", "Each rank's phase shares (5m) side by side. In a distributed run a rank with "

@@ -310,10 +310,19 @@ class AllocatorFigures:
 def train(uuid: str, rank: int, exporter: str, stop: threading.Event) -> None:
     """An input-bound training loop (M1): most of each step waits for the next batch."""
     run = training.start("grafana-demo", url=exporter, rank=rank, uuid=uuid, push_interval=0.5)
-    try:
-        while not stop.is_set():
-            with run.phase("data"):
+
+    class Batches:
+        """DataLoader-like (run.data() reports its settings): each batch takes 30 ms to load."""
+
+        num_workers, pin_memory, persistent_workers, batch_size = 0, False, False, 32
+
+        def __iter__(self) -> Iterator[None]:
+            while not stop.is_set():
                 time.sleep(0.03)
+                yield None
+
+    try:
+        for _ in run.data(Batches()):
             with run.phase("compute"):
                 time.sleep(0.01)
             with run.phase("metrics"):
@@ -362,6 +371,7 @@ READY = [
     'run:gpu_training_cause:share{code="M1"}',
     'run:gpu_training_cause:share{code="M4"}',
     "run:gpu_training_cause:projected_utilization",
+    "run:gpu_training_remedy:num_workers",
     "gpu:gpu_has_work:bool",
     "increase(gpu_xid_errors_total[1m])",
     "gpu_sm_active_ratio",
