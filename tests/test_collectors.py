@@ -99,7 +99,7 @@ def test_mig_and_gpm(default: Harness) -> None:
 def test_health(default: Harness) -> None:
     assert default.value("gpu_exporter_gpus") == 4
     success = {s.labels["collector"]: s.value for s in default.samples("gpu_exporter_collector_success")}
-    assert success == {"utilization": 1, "device": 1, "pcie": 1, "processes": 1, "mig": 1, "gpm": 1}
+    assert success == {"utilization": 1, "device": 1, "pcie": 1, "processes": 1, "evidence": 1, "mig": 1, "gpm": 1}
     assert default.value("gpu_exporter_last_sample_age_seconds") == 0
     default.clock.t += 7
     assert default.value("gpu_exporter_last_sample_age_seconds") == pytest.approx(7)
