@@ -223,3 +223,42 @@ def test_render_of_prometheus_client_families_is_generate_latest() -> None:
               UnknownMetricFamily("gpu_u", "U.", value=4), GaugeMetricFamily("gpu_empty", "No samples.", labels=["x"])]
     for families in (own, others, [*own, *others]):
         assert render(families) == generate_latest(_All(families))
+
+
+def test_a_poll_is_rendered_ahead_only_when_a_scrape_is_due() -> None:
+    """Polls that no scrape is expected to read cost no rendering; one before an expected scrape is prepared."""
+    from gpu_exporter.app import Exporter
+    from gpu_exporter.config import load_config
+    from servers import free_port
+
+    flags = {"simulate.enabled": True, "simulate.scenario": str(scenario_path("status-page.yaml")),
+             "web.listen_address": f"127.0.0.1:{free_port()}", "poll_interval": 3600.0}
+    exporter = Exporter(load_config(None, env={}, flags=flags))
+    exporter.start()  # polls now, then the sampler thread sleeps for the hour: this test drives the polls
+    try:
+        assert exporter.server is not None
+        now = [1000.0]
+        exporter.server.scrapes = forecast = ScrapeForecast(clock=lambda: now[0])
+        polling = exporter.sampler.collectors
+
+        exporter.sampler.poll_once()  # nobody scrapes
+        assert all(c._text is None for c in polling)
+
+        # Time scaled to the hour-long poll interval: a scraper every 10000 s, next due at 30000.
+        for t in (10000.0, 20000.0):
+            now[0] = t
+            forecast.arrived("10.0.0.9")
+        now[0] = 25000.0
+        exporter.sampler.poll_once()  # the scrape is due after the next poll: nothing rendered
+        assert all(c._text is None for c in polling)
+        now[0] = 27000.0
+        exporter.sampler.poll_once()  # due before the next poll: this poll is prepared
+        texts = [t for t in (c._text for c in polling) if t is not None]
+        assert len(texts) == len(polling) and b"gpu_busy_seconds_total{" in b"".join(texts)
+        body = exporter.server.body
+        assert body._key[:len(texts)] == tuple(texts)
+        head = body._head
+        assert gzip.decompress(body.gzip()).startswith(b"".join(texts))  # the scrape reads the prepared poll
+        assert body._head is head  # and compresses only what is computed per scrape
+    finally:
+        exporter.stop()
