@@ -28,9 +28,9 @@ INTEGRATIONS = ("watch", "lightning", "transformers")
 
 # loop -> (batch size, seconds per step in data, compute (forward + backward), metrics, checkpoint)
 PLANS: dict[str, tuple[int, float, float, float, float]] = {
-    "input_bound": (16, 0.2, 0.06, 0.0, 0.0),
-    "metrics_heavy": (16, 0.005, 0.06, 0.2, 0.0),
-    "checkpoint_heavy": (16, 0.005, 0.06, 0.0, 0.2),
+    "input_bound": (16, 0.3, 0.05, 0.0, 0.0),
+    "metrics_heavy": (16, 0.005, 0.05, 0.3, 0.0),
+    "checkpoint_heavy": (16, 0.005, 0.05, 0.0, 0.3),
     "healthy": (16, 0.003, 0.25, 0.0, 0.0),
 }
 

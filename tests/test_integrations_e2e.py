@@ -8,9 +8,9 @@ own simulated GPU (tests/scenarios/integrations-e2e.yaml), which follows the job
 =============  ==================  ======================================================  ================
 integration    loop                what the job does per step                              expected cause
 =============  ==================  ======================================================  ================
-watch          input_bound         waits 0.2 s for its batch, computes 0.06 s              input-bound M1
-lightning      checkpoint_heavy    ModelCheckpoint every step, 0.2 s to slow storage       checkpoint CK
-transformers   metrics_heavy       evaluates every step, compute_metrics takes 0.2 s       metrics-bound M2
+watch          input_bound         waits 0.3 s for its batch, computes 0.05 s              input-bound M1
+lightning      checkpoint_heavy    ModelCheckpoint every step, 0.3 s to slow storage       checkpoint CK
+transformers   metrics_heavy       evaluates every step, compute_metrics takes 0.3 s       metrics-bound M2
 =============  ==================  ======================================================  ================
 
 The rules are the shipped files shrunk 60-fold (test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``).

@@ -141,7 +141,9 @@ class LoaderTimer:
     """
 
     def __init__(self, loader: Any, phase: Phase, on_batch: Callable[[Any], None]) -> None:
-        target = getattr(loader, "base_dataloader", None) or loader
+        target = getattr(loader, "base_dataloader", None)
+        if target is None:  # not `or`: truth-testing a DataLoader asks its len(), which an iterable one lacks
+            target = loader
         if not hasattr(type(target), "__iter__"):
             raise TypeError(f"training.watch: loader must be iterable (a DataLoader), not {type(target).__name__}")
         if "_gpu_exporter_data" in vars(target):
