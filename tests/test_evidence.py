@@ -4,12 +4,16 @@ simulated GPUs whose process is a real one, and the evidence table (causes.HINTS
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from evidence_standins import direct_io_works
 from gpu_exporter.causes import HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, ProcessSignals, find_hints
 from gpu_exporter.collectors.evidence import STATES, ProcReader, parse_stat
@@ -130,3 +134,74 @@ def test_hint_table_rows(p: ProcessSignals, expected: list[str]) -> None:
 def test_every_hint_is_m1_with_advice() -> None:
     assert [h.hint for h in HINTS] == [STORAGE_WAIT, MAIN_BUSY, WORKERS_BUSY]
     assert all(h.code == "M1" and h.advice.startswith("M1:") for h in HINTS)
+
+
+# --- the PromQL of monitoring/evidence.py finds exactly the hints find_hints finds --------------------
+
+@dataclass(frozen=True)
+class Case:
+    """One GPU process held steady: main-thread state shares, CPU (cores), workers; its GPU's utilization."""
+
+    running: float
+    disk: float
+    cpu: float = 0.5
+    children: float = 0.0
+    kids: int = 0
+    utilization: float = 0.05
+    reported: bool = False
+
+
+CASES = [Case(0.97, 0.0), Case(0.79, 0.0), Case(0.8, 0.0), Case(0.97, 0.0, kids=1), Case(0.3, 0.5),
+         Case(0.3, 0.2), Case(0.5, 0.25), Case(0.1, 0.0, children=3.6, kids=4), Case(0.1, 0.0, children=3.0, kids=4),
+         Case(0.97, 0.0, utilization=0.9), Case(0.97, 0.0, reported=True), Case(0.5, 0.4, utilization=0.5)]
+MINUTES = 10
+
+
+def _promtool_doc() -> tuple[dict[str, Any], list[str]]:
+    series: list[dict[str, str]] = []
+    expected, names = [], []
+
+    def add(name: str, values: str, **labels: str) -> None:
+        every = {"instance": "n1:9445", "job": "gpu-exporter", **labels}
+        body = ",".join(f'{k}="{v}"' for k, v in sorted(every.items()))
+        series.append({"series": f"{name}{{{body}}}", "values": values})
+
+    for i, c in enumerate(CASES):
+        gpu, uuid, pid = str(i), f"GPU-{i}", str(100 + i)
+        add("gpu_info", f"1x{MINUTES}", gpu=gpu, uuid=uuid)
+        add("gpu_busy_seconds_total", f"0+{c.utilization * 60:g}x{MINUTES}", gpu=gpu, uuid=uuid)
+        proc = {"gpu": gpu, "uuid": uuid, "pid": pid}
+        add("gpu_process_cpu_seconds_total", f"0+{c.cpu * 60:g}x{MINUTES}", **proc)
+        add("gpu_process_children_cpu_seconds_total", f"0+{c.children * 60:g}x{MINUTES}", **proc)
+        add("gpu_process_child_processes", f"{c.kids}x{MINUTES}", **proc)
+        sleeping = 1.0 - c.running - c.disk
+        for state, share in (("running", c.running), ("sleeping", sleeping), ("disk", c.disk), ("other", 0.0)):
+            add("gpu_process_main_thread_state_seconds_total", f"0+{share * 60:g}x{MINUTES}", state=state, **proc)
+        if c.reported:
+            add("gpu_training_current_phase", f"1x{MINUTES}", run="r", rank="0", uuid=uuid, phase="compute")
+        signals = ProcessSignals(pid, c.cpu, c.children, c.kids, {"running": c.running, "sleeping": sleeping,
+                                                                   "disk": c.disk, "other": 0.0})
+        below = c.utilization < T.utilization_target and not c.reported
+        for hint, value in (find_hints(signals, T) if below else []):
+            names.append(hint.hint)
+            expected.append({"labels": f'process:gpu_process_hint:value{{code="{hint.code}",gpu="{gpu}",'
+                                       f'hint="{hint.hint}",instance="n1:9445",job="gpu-exporter",pid="{pid}",'
+                                       f'uuid="{uuid}"}}', "value": value})
+    doc = {"rule_files": [str(Path(__file__).resolve().parents[1] / "prometheus" / "rules" /
+                              "gpu-recording.rules.yml")],
+           "evaluation_interval": "1m",
+           "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+               {"expr": "process:gpu_process_hint:value", "eval_time": "8m", "exp_samples": expected}]}]}
+    return doc, names
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+def test_promql_hints_equal_find_hints(tmp_path: Path) -> None:
+    doc, names = _promtool_doc()
+    # every row passes somewhere and fails somewhere; busy GPUs and reporting ones get no hint
+    assert names == [MAIN_BUSY, MAIN_BUSY, STORAGE_WAIT, STORAGE_WAIT, WORKERS_BUSY, STORAGE_WAIT]
+    path = tmp_path / "evidence-conformance.test.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = subprocess.run([str(shutil.which("promtool")), "test", "rules", str(path)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout[-6000:] + proc.stderr[-2000:]
