@@ -23,7 +23,8 @@ import pytest
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.sampling import parse_raw, phase_of, pyspy_binary
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, free_port, http_get, run_exporter, wait_until
+from servers import exporter_env, free_port, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
 
 LOOPS = Path(__file__).with_name("cause_loops.py")
@@ -164,4 +165,33 @@ def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dic
     assert verdict["verdict"] == "checkpoint" and "sampled from the Python stack" in verdict["reason"], verdict
     text = run_cli("diagnose", "--url", url, "--window", "6s", "--id", "GPU-s-checkpoint").stdout
     _keep("diagnose-checkpoint.txt", text)
+    assert "[sampled from the Python stack]" in text, text
+
+
+@pytest.mark.slow
+def test_sampled_phases_reach_the_rules_alerts_and_diagnose_from_prometheus(
+        sampled_stack: tuple[str, dict[str, int]]) -> None:
+    """The shipped rules name the cause of a sampled run, keep source="sampled" on its series, fire the
+    cause alert; diagnose --prometheus-url says it is sampled. The rules' windows are shrunk 60-fold, but
+    the phase-share window to 20 s only: the sampler moves its estimates once per 5 s window."""
+    url, pids = sampled_stack
+    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    recording = files["rules/gpu-recording.rules.yml"]
+    files["rules/gpu-recording.rules.yml"] = recording.replace("gpu_training_phase_seconds_total[5s]",
+                                                               "gpu_training_phase_seconds_total[20s]")
+    assert files["rules/gpu-recording.rules.yml"] != recording
+    with run_prometheus(scrape_config(url, "sampled-node"), files) as prom:
+        _from_prometheus(prom, f"pid-{pids['checkpoint']}")
+
+
+def _from_prometheus(prom: str, run_name: str) -> None:
+    firing = wait_until(lambda: promql(prom, f'ALERTS{{alertname="GpuTrainingCheckpointBound", alertstate="firing", '
+                                             f'run="{run_name}"}}'), 60, interval=1.0,
+                        what="GpuTrainingCheckpointBound for the sampled checkpoint loop")
+    assert firing[0]["metric"]["source"] == "sampled", firing
+    result = run_cli("diagnose", "--prometheus-url", prom, "--output", "json", "--id", "GPU-s-checkpoint")
+    (gpu,) = json.loads(result.stdout)["gpus"]
+    assert gpu["runs"][0]["source"] == "sampled" and gpu["verdict"]["verdict"] == "checkpoint", gpu
+    text = run_cli("diagnose", "--prometheus-url", prom, "--id", "GPU-s-checkpoint").stdout
+    _keep("diagnose-prometheus-checkpoint.txt", text)
     assert "[sampled from the Python stack]" in text, text
