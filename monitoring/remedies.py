@@ -32,9 +32,10 @@ def _min(a: str, b: str) -> str:
 
 W = "gpu_training_loader_workers"
 S = _share("data")
-NEED = (f"ceil(((({W}) >= ({S})) or ({S})) / (1 - (({S}) < 1)) - 1e-9)\n"
-        f"or\n(({S}) >= 1) * 0 + Inf")
-AT_LEAST = f"(({NEED}) >= ({W} + 1))\nor\n({W} + 1)"
+NEED = (f"ceil(\n  (\n      ({W} >= {S})\n    or\n      {S}\n  )\n  / (1 - ({S} < 1))\n  - 1e-9\n)\n"
+        f"or\n({S} >= 1) * 0 + Inf")
+NEEDED = "run:gpu_training_remedy:workers_needed"
+AT_LEAST = f"({NEEDED} >= ({W} + 1))\nor\n({W} + 1)"
 SPARE = "floor(gpu_training_cpu_cores) - 1"
 USED = ("(gpu_training_allocator_peak_bytes > 0)\nor\n(gpu_training_memory_used_bytes > 0)\nor\n"
         + _per_run("gpu_memory_used_bytes"))
@@ -46,6 +47,8 @@ BATCH = "(gpu_training_batch_size > 0)\nor\ngpu_training_loader_batch_size"
 FACTOR = f"2 ^ floor(log2(\n  (\n{_indent(K, 4)}\n  ) >= 2\n))"
 
 RULES = (
+    (NEEDED, "M1: workers that keep up with compute: ceil(max(w, s) / (1 - s)); +Inf when all the time is data.",
+     NEED),
     ("run:gpu_training_remedy:num_workers",
      "M1: DataLoader workers that keep up with compute, one core left for the main process:\n"
      "min(floor(cores) - 1, max(w + 1, ceil(max(w, s) / (1 - s)))) (gpu_exporter.remedies).",
