@@ -113,7 +113,8 @@ class PhaseSampler:
     def start(self) -> None:
         """Start sampling in the background (logs once and does nothing without py-spy)."""
         if self.pyspy is None:
-            log.error("sampling.rate is set but py-spy is not installed (pip install py-spy): no sampled phases")
+            log.error("sampling.rate is set but py-spy is not installed (pip install "
+                      "'gpu-utilization-exporter[sampling]', or py-spy): no sampled phases")
             return
         log.info("sampling the Python stacks of GPU processes at %g Hz with %s", self.rate, self.pyspy)
         self._thread.start()
