@@ -115,6 +115,7 @@ def watch_distributed(run: Run, ddp_model: Any = None) -> bool:
 
     return watch(run, ddp_model)
 
+
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, **options: Any) -> Watch:
     """Time a plain PyTorch loop without editing it: hooks on ``model``, ``optimizer`` and ``loader``.
 
