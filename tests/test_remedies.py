@@ -60,6 +60,21 @@ def test_run_data_puts_the_loader_and_the_cores_in_every_snapshot() -> None:
     assert parse_context(json.loads(json.dumps(ctx)))["num_workers"] == 0.0  # what the exporter accepts
 
 
+def test_training_watch_reports_the_loader_it_times() -> None:
+    torch = pytest.importorskip("torch")
+    from gpu_exporter import training
+    from torch.utils.data import DataLoader, TensorDataset
+
+    run = Run("watched", uuid="GPU-w")
+    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=0, pin_memory=False)
+    watcher = training.watch(None, None, loader, run=run)
+    try:
+        assert run.snapshot()["context"]["num_workers"] == 0
+        assert run.snapshot()["context"]["loader_batch_size"] == 2
+    finally:
+        watcher.close()
+
+
 @pytest.mark.parametrize(("files", "expected"), [
     ({"cpu.max": "200000 100000\n"}, 2.0),
     ({"cpu.max": "max 100000\n"}, None),

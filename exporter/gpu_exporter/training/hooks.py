@@ -43,6 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
+from . import context as _context
 from .run import Phase, Run
 
 METRIC_METHODS = ("update", "compute", "forward")
@@ -150,6 +151,7 @@ class LoaderTimer:
             raise ValueError("training.watch: this loader is already watched")
         self._target = target
         self._cls = type(target)
+        _context.note_loader(phase._run, target)  # num_workers, pin_memory, ... for concrete remedies
         object.__setattr__(target, "_gpu_exporter_data", (phase, on_batch))
         object.__setattr__(target, "__class__", _timed_class(self._cls))
 
