@@ -16,8 +16,11 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 # pip and setuptools leave the environment once it is installed: the runtime image carries neither.
+# Extras: kubernetes (pod attribution), tls (basic auth), sampling (py-spy, 8 MB: sampled phases of
+# uninstrumented jobs, off unless sampling.rate is set; it needs --pid host and --cap-add SYS_PTRACE as root).
+ARG EXTRAS=kubernetes,tls,sampling
 RUN python -m venv "${VENV}" \
-    && "${VENV}/bin/pip" install --no-cache-dir ".[kubernetes,tls]" \
+    && "${VENV}/bin/pip" install --no-cache-dir ".[${EXTRAS}]" \
     && "${VENV}/bin/pip" uninstall --yes --quiet pip setuptools
 
 FROM ${PYTHON_IMAGE}

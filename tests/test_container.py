@@ -101,7 +101,8 @@ def test_image_labels_size_and_no_pip(image: Image) -> None:
     added = int(meta["Size"]) - base_size
     print(f"\nimage {image.tag}: {int(meta['Size']) / 1e6:.0f} MB on {image.base} ({base_size / 1e6:.0f} MB), "
           f"the Dockerfile adds {added / 1e6:.0f} MB; build {image.build_seconds:.0f} s")
-    assert added < 40e6, f"the Dockerfile adds {added / 1e6:.0f} MB to its base"
+    # about 29 MB of Python packages plus py-spy's 8 MB binary (the sampling extra)
+    assert added < 48e6, f"the Dockerfile adds {added / 1e6:.0f} MB to its base"
 
 
 def test_exporter_container_simulated_hardened_and_healthy(image: Image) -> None:

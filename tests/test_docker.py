@@ -104,8 +104,12 @@ def test_build_stage_installs_in_a_fresh_venv(tmp_path: Path) -> None:
     context = tmp_path / "context"
     venv = tmp_path / "venv"
     workdir = context
+    defaults: dict[str, str] = {}  # the stage's ARG defaults, as a build without --build-arg has them
     for keyword, args in build:
-        if keyword == "WORKDIR":
+        if keyword == "ARG" and "=" in args:
+            name, _, value = args.partition("=")
+            defaults[name] = value
+        elif keyword == "WORKDIR":
             workdir = context / args.lstrip("/")
             workdir.mkdir(parents=True, exist_ok=True)
         elif keyword == "COPY":
@@ -126,6 +130,7 @@ def test_build_stage_installs_in_a_fresh_venv(tmp_path: Path) -> None:
             shim = tmp_path / "bin"
             shim.mkdir(exist_ok=True)
             (shim / "python").symlink_to(sys.executable)
+            env.update(defaults)
             env.update(VENV=str(venv), PATH=f"{shim}{os.pathsep}{env.get('PATH', '')}")
             result = subprocess.run(["bash", "-euo", "pipefail", "-c", args], cwd=workdir, env=env,
                                     capture_output=True, text=True, timeout=300)
@@ -134,6 +139,7 @@ def test_build_stage_installs_in_a_fresh_venv(tmp_path: Path) -> None:
     assert exe.exists()
     help_text = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
     assert "usage: gpu-exporter" in help_text
+    assert (venv / "bin" / "py-spy").exists(), "the sampling extra (py-spy) is missing from the image's venv"
     probe = ("import grpc, bcrypt, gpu_exporter.kubernetes as k, gpu_exporter.web_config\n"
              "assert k._IMPORT_ERROR is None, k._IMPORT_ERROR\n")
     subprocess.run([str(venv / "bin" / "python"), "-c", probe], check=True, timeout=60, cwd=tmp_path)

@@ -131,6 +131,26 @@ def test_without_attribution_the_container_is_non_root(chart: Any) -> None:
     assert env["GPU_EXPORTER_KUBERNETES_ENABLED"] == "false"
 
 
+def test_sampling_is_off_by_default_and_when_on_gets_the_rate_ptrace_and_root(chart: Any) -> None:
+    default = container(render(chart))
+    assert "GPU_EXPORTER_SAMPLING_RATE" not in {e["name"] for e in default["env"]}
+    assert "add" not in default["securityContext"]["capabilities"]
+    docs = render(chart, {"sampling": {"rate": 20}, "hostPID": True, "podAttribution": {"enabled": False}})
+    (ds,) = kind(docs, "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    ctr = container(docs)
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert env["GPU_EXPORTER_SAMPLING_RATE"] == "20"
+    sc = ctr["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False and sc["allowPrivilegeEscalation"] is False
+
+
+def test_sampling_without_host_pid_is_refused_with_the_reason(chart: Any) -> None:
+    with pytest.raises(Exception, match="sampling.rate needs hostPID: true"):
+        render(chart, {"sampling": {"rate": 5}})
+
+
 def test_every_exporter_env_var_is_a_known_setting(chart: Any) -> None:
     known = {s.env for s in SETTINGS}
     for values in [{}, *(ci_values(p) for p in CI_FILES)]:
