@@ -159,7 +159,7 @@ _Dumper.add_representer(str, _str)
 def generate(cfg: Config | None = None) -> dict[Path, str]:
     """``{grafana/provisioning/alerting/gpu-utilization.yml: YAML}``."""
     cfg = Config.load() if cfg is None else cfg
-    prom = prometheus_alerts(rules.generate(cfg.values))
+    prom = prometheus_alerts(rules.generate(cfg.file))
     boards = dashboards.generate(cfg)
     doc = {
         "apiVersion": 1,

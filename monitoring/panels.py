@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpu_exporter.config import SETTINGS
+from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, statetimeline, table
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import timeseries as ts
@@ -27,8 +28,6 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
-
-from monitoring.rules import load_thresholds
 
 DATASOURCE_UID = "gpu-prometheus"
 """The provisioned Prometheus (grafana/provisioning/datasources/prometheus.yml) the dashboards default to."""
@@ -40,27 +39,23 @@ P = TypeVar("P", ts.Panel, stat.Panel, bargauge.Panel, statetimeline.Panel, tabl
 
 @dataclass(frozen=True)
 class Config:
-    """The one config as the dashboards and Grafana alerts need it: raw text (for PromQL) and numbers."""
+    """The one config (thresholds.yml, read and checked by the typed loader of gpu_exporter.thresholds) with
+    the query helpers the dashboards and Grafana alerts share."""
 
-    values: dict[str, str]
+    file: ThresholdsFile
 
     @classmethod
-    def load(cls, values: dict[str, str] | None = None) -> Config:
-        """Read thresholds.yml (or take ``values``, as :func:`monitoring.rules.load_thresholds` returns)."""
-        return cls(dict(load_thresholds() if values is None else values))
+    def load(cls, file: ThresholdsFile | None = None) -> Config:
+        """Read thresholds.yml (or take ``file``, as :func:`read_thresholds_file` returns)."""
+        return cls(read_thresholds_file() if file is None else file)
 
     def text(self, key: str) -> str:
-        """The value as written in the config (for PromQL and durations); KeyError names the key."""
-        if key not in self.values:
-            raise KeyError(f"thresholds.yml lacks the key {key}")
-        return self.values[key]
+        """The value as written in the config (for PromQL and durations)."""
+        return self.file.text(key)
 
     def num(self, key: str) -> float:
-        """The value as a number; ValueError names the key."""
-        try:
-            return float(self.text(key))
-        except ValueError:
-            raise ValueError(f"thresholds.yml: {key} must be a number, got {self.text(key)!r}") from None
+        """A ratio or number of the config as a float."""
+        return self.file.num(key)
 
     @property
     def cluster(self) -> str:
@@ -82,14 +77,15 @@ class Config:
         return _setting("ingest.stale_after_seconds")
 
     def runbook(self, alert: str) -> str:
-        """The runbook URL of an alert, from ``runbook_url_pattern`` (``{anchor}``: the lower-cased name)."""
-        return self.text("runbook_url_pattern").format(anchor=alert.lower(), alert=alert)
+        """The runbook URL of an alert: its section's anchor is the lower-cased name."""
+        return self.file.runbook_url(alert.lower())
 
     def sel(self, metric: str, *labels: str, **fixed: str) -> str:
         """``metric{cluster=~"$cluster", node=~"$node", ...}``: the cluster variable, then one ``=~"$x"``
         per label in ``labels`` and one exact match per ``fixed`` item.
 
-        >>> Config({"cluster_label": "k8s_cluster"}).sel("gpu_info", "node", phase="data")
+        >>> Config.load(read_thresholds_file().with_values(cluster_label="k8s_cluster")).sel(
+        ...     "gpu_info", "node", phase="data")
         'gpu_info{k8s_cluster=~"$cluster", node=~"$node", phase="data"}'
         """
         matchers = [f'{self.cluster}=~"$cluster"', *(f'{name}=~"${name}"' for name in labels),

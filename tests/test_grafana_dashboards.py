@@ -34,6 +34,7 @@ import yaml
 from fake_kubelet import FakeKubelet
 from gpu_exporter import training
 from gpu_exporter.kubernetes import api_pb2
+from gpu_exporter.thresholds import ThresholdsError, read_thresholds_file
 from gpu_exporter.training import device as training_device
 from grafana_foundation_sdk.cog import plugins
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -44,6 +45,7 @@ from monitoring import dashboards, grafana_alerts
 from monitoring.panels import Config
 
 REPO = Path(__file__).resolve().parents[1]
+THRESHOLDS = REPO / "exporter" / "gpu_exporter" / "thresholds.yml"
 DASHBOARDS = REPO / "grafana" / "dashboards"
 SCHEMA = REPO / "tests" / "schema"
 SCENARIO = REPO / "tests" / "scenarios" / "grafana-node.yaml"
@@ -126,10 +128,10 @@ def metric_names(expr: str) -> set[str]:
 def test_config_reaches_every_query_and_colour() -> None:
     """Another threshold, target, cluster label, exporter job and runbook URL pattern in the config
     change every dashboard and alert: nothing the config holds is typed into the generator."""
-    values = dict(Config.load().values, utilization_low_threshold="0.42", utilization_target="0.77",
-                  cluster_label="k8s_cluster", dashboard_temperature_warn_celsius="71", exporter_job_regex="gpux.*",
-                  dashboard_time_below_warn="0.33", runbook_url_pattern="https://runbooks.example/gpu#{anchor}")
-    cfg = Config.load(values)
+    cfg = Config.load(read_thresholds_file().with_values(
+        utilization_low_threshold=0.42, utilization_target=0.77, cluster_label="k8s_cluster",
+        dashboard_temperature_warn_celsius=71, exporter_job_regex="gpux.*", dashboard_time_below_warn=0.33,
+        runbook_url_pattern="https://runbooks.example/gpu#{anchor}"))
     text = "".join(dashboards.generate(cfg).values())
     boards = [json.loads(t) for t in dashboards.generate(cfg).values()]
     exprs = [t["expr"] for d in boards for p in panels(d) for t in p.get("targets", [])]
@@ -146,14 +148,29 @@ def test_config_reaches_every_query_and_colour() -> None:
         assert "https://runbooks.example/gpu#gputraininginputbound" in generated and "github.com" not in generated
 
 
-def test_bad_config_is_one_clear_error() -> None:
-    """A missing or non-numeric key stops the generator with a sentence naming the key; the CLI prints it
-    as one line and exits 2, writing nothing."""
-    values = Config.load().values
-    with pytest.raises(KeyError, match="lacks the key dashboard_memory_warn_ratio"):
-        dashboards.generate(Config.load({k: v for k, v in values.items() if k != "dashboard_memory_warn_ratio"}))
-    with pytest.raises(ValueError, match="utilization_target must be a number, got 'high'"):
-        dashboards.generate(Config.load(dict(values, utilization_target="high")))
+@pytest.mark.parametrize(("change", "message"), [
+    (("dashboard_memory_warn_ratio: 0.8\n", ""), "lacks the key dashboard_memory_warn_ratio"),
+    (("utilization_target: 0.85", "utilization_target: high"), "utilization_target must be a number, got 'high'"),
+    (("dashboard_time_below_warn: 0.3", "dashboard_time_below_warn: 3"),
+     "dashboard_time_below_warn must be a ratio between 0 and 1, got 3"),
+    (("dashboard_temperature_critical_celsius: 90", "dashboard_temperature_critical_celsius: 70"),
+     "dashboard_temperature_critical_celsius must be at least dashboard_temperature_warn_celsius"),
+    (("cluster_label: cluster", "cluster_label: k8s-cluster"), "cluster_label must be a Prometheus label name"),
+    (("idle_for: 30m", "idle_for: half an hour"), "idle_for: 'half an hour' is not a duration"),
+    (("xid_window: 10m", "xid_windw: 10m"), "unknown threshold 'xid_windw'"),
+])
+def test_bad_config_is_one_clear_error(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    """A missing, mistyped, out-of-range or unknown key stops the generators (one typed loader,
+    gpu_exporter.thresholds) with one line naming the file, the line and the key."""
+    text = THRESHOLDS.read_text()
+    assert change[0] in text
+    bad = tmp_path / "thresholds.yml"
+    bad.write_text(text.replace(change[0], change[1]))
+    with pytest.raises(ThresholdsError) as err:
+        dashboards.generate(Config.load(read_thresholds_file(bad)))
+    line = text[:text.index(change[0])].count("\n") + 1  # the changed key's line, or the next key's
+    where = f"{bad} " if message.startswith("lacks") else f"{bad}:{line}: "
+    assert str(err.value).startswith(where) and message in str(err.value) and "\n" not in str(err.value)
 
 
 def kept(original: Any, decoded: Any, path: str = "") -> list[str]:

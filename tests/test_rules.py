@@ -93,8 +93,8 @@ def test_rules_files_are_generated_from_thresholds() -> None:
 def test_threshold_values_reach_the_rules() -> None:
     gen = load_generator()
     values = gen.load_thresholds()
-    assert values["utilization_low_threshold"] == "0.3"
-    changed = dict(values, utilization_low_threshold="0.42", utilization_low_for="17m")
+    assert values.text("utilization_low_threshold") == "0.3"
+    changed = values.with_values(utilization_low_threshold=0.42, utilization_low_for="17m")
     text = "".join(gen.generate(changed).values())
     assert "min_over_time(gpu:gpu_utilization:avg5m[10m]) < 0.42" in text  # GpuUtilizationLow
     assert "< bool 0.42" in text
@@ -106,19 +106,20 @@ def test_threshold_values_reach_the_rules() -> None:
 
 def test_generator_rejects_unknown_and_unused_keys() -> None:
     gen = load_generator()
+    values = gen.load_thresholds()
     with pytest.raises(KeyError, match="unknown threshold"):
-        gen.render("x > ${nope}", {"yes": "1"}, source="t.in")
-    values = dict(gen.load_thresholds(), never_used="1")
-    with pytest.raises(ValueError, match="unused thresholds never_used"):
-        gen.generate(values)
-    assert gen.render("${r|percent} of ${r}", {"r": "0.25"}) == "25% of 0.25"
+        gen.render("x > ${nope}", values, source="t.in")
+    with pytest.raises(ValueError, match="unknown threshold 'never_used'"):
+        values.with_values(never_used=1)
+    assert gen.render("${input_bound_share|percent} of ${input_bound_share}", values) == "30% of 0.3"
+    assert gen.render("${runbook_url_pattern:x}", values) == values.runbook_url("x")
 
 
 def test_bad_thresholds_file_is_one_clear_error(tmp_path: Path) -> None:
     gen = load_generator()
     bad = tmp_path / "thresholds.yml"
     bad.write_text("utilization_low_threshold: [0.3]\n")
-    with pytest.raises(ValueError, match="utilization_low_threshold must be a number or a duration"):
+    with pytest.raises(ValueError, match=r"thresholds.yml:1: utilization_low_threshold must be a number, got \[0.3\]$"):
         gen.load_thresholds(bad)
 
 
@@ -193,8 +194,8 @@ def test_info_alert_carries_every_cause_below_target() -> None:
 
 def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:
     gen = load_generator()
-    values = dict(gen.load_thresholds(), cluster_label="region",
-                  runbook_url_pattern="https://wiki.example.com/gpu/{anchor}")
+    values = gen.load_thresholds().with_values(cluster_label="region",
+                                               runbook_url_pattern="https://wiki.example.com/gpu/{anchor}")
     text = "".join(gen.generate(values).values())
     assert "runbook_url: https://wiki.example.com/gpu/gpuutilizationlow" in text
     assert "github.com" not in text
