@@ -144,16 +144,18 @@ def test_the_registry_is_the_one_list_of_collectors() -> None:
 
 
 def test_collectors_never_import_upward() -> None:
-    """collectors/ may import only collectors, nvml and exposition (plus third parties), never the sampler."""
+    """collectors/ import only collectors, nvml, exposition and the catalog (and third parties), never the sampler."""
     import ast
     from pathlib import Path
 
     from gpu_exporter import collectors
 
-    allowed = ("gpu_exporter.collectors", "gpu_exporter.nvml", "gpu_exporter.exposition")
+    allowed = ("gpu_exporter.collectors", "gpu_exporter.nvml", "gpu_exporter.exposition", "gpu_exporter.catalog")
     for path in Path(collectors.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
+            if isinstance(node, ast.ImportFrom) and node.module == "gpu_exporter":  # from gpu_exporter import x
+                module = "gpu_exporter." + node.names[0].name
+            elif isinstance(node, ast.ImportFrom) and node.module:
                 module = node.module if node.level == 0 else "gpu_exporter.collectors." + node.module
             elif isinstance(node, ast.Import):
                 module = node.names[0].name

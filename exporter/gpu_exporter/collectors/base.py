@@ -14,7 +14,7 @@ Example::
     class Temperature(PollingCollector):
         name = "temperature"
         def poll_gpu(self, ctx, gpu, out):
-            out.gauge("gpu_temperature_celsius", "GPU temperature.", ["gpu", "uuid"]).add_metric(
+            out.of(catalog.GPU_TEMPERATURE_CELSIUS).add_metric(
                 gpu.labels, ctx.nvml.call(gpu.uuid, "nvmlDeviceGetTemperature", gpu.handle, 0))
 """
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpu_exporter.catalog import COUNTER, MetricFamily
 from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, Gpu, GpuLost, Nvml
 
@@ -99,6 +100,14 @@ class Families:
         if family is None:
             family = self._families[name] = Rows(CounterMetricFamily, name, documentation, labels)
         return family
+
+    def of(self, family: MetricFamily) -> Rows:
+        """The rows of catalogued ``family`` (its name, type, help and labels), created on first use."""
+        rows = self._families.get(family.base)
+        if rows is None:
+            kind = CounterMetricFamily if family.kind == COUNTER else GaugeMetricFamily
+            rows = self._families[family.base] = Rows(kind, family.base, family.help, family.labels)
+        return rows
 
     def collect(self) -> list[Rows]:
         """The families that received at least one sample."""

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pynvml
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
-
-LABELS = ("gpu", "uuid")
-INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "driver_version", "cuda_version", "mig_mode",
-               "architecture")
 
 # NVML clock event (throttle) reason bits and the label value each gets.
 CLOCK_EVENT_REASONS = (
@@ -35,7 +32,7 @@ class DeviceCollector(PollingCollector):
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
         call, uuid, h = ctx.nvml.call, gpu.uuid, gpu.handle
         node = ctx.nvml.node
-        out.gauge("gpu_info", "Static attributes of the GPU; always 1.", INFO_LABELS).add_metric(
+        out.of(catalog.GPU_INFO).add_metric(
             [*gpu.labels, gpu.name, gpu.pci_bus_id, node.driver_version, node.cuda_version,
              "enabled" if gpu.mig_enabled else "disabled", gpu.architecture], 1)
 
@@ -43,49 +40,45 @@ class DeviceCollector(PollingCollector):
         if memory is None:
             memory = call(uuid, "nvmlDeviceGetMemoryInfo", h)
         if memory is not None:
-            for attr, doc in (("used", "Framebuffer memory in use."), ("free", "Framebuffer memory free."),
-                              ("total", "Framebuffer memory installed."),
-                              ("reserved", "Framebuffer memory reserved by the driver and firmware.")):
+            for attr, family in (("used", catalog.GPU_MEMORY_USED_BYTES), ("free", catalog.GPU_MEMORY_FREE_BYTES),
+                                 ("total", catalog.GPU_MEMORY_TOTAL_BYTES),
+                                 ("reserved", catalog.GPU_MEMORY_RESERVED_BYTES)):
                 value = getattr(memory, attr, None)
                 if value is not None:
-                    out.gauge(f"gpu_memory_{attr}_bytes", doc, LABELS).add_metric(gpu.labels, value)
+                    out.of(family).add_metric(gpu.labels, value)
 
-        for function, metric, doc, scale in (
-            ("nvmlDeviceGetPowerUsage", "gpu_power_watts", "Power draw in watts.", 1e-3),
-            ("nvmlDeviceGetEnforcedPowerLimit", "gpu_power_limit_watts", "Enforced power limit in watts.", 1e-3),
+        for function, family in (
+            ("nvmlDeviceGetPowerUsage", catalog.GPU_POWER_WATTS),
+            ("nvmlDeviceGetEnforcedPowerLimit", catalog.GPU_POWER_LIMIT_WATTS),
         ):
             value = call(uuid, function, h)
             if value is not None:
-                out.gauge(metric, doc, LABELS).add_metric(gpu.labels, value * scale)
+                out.of(family).add_metric(gpu.labels, value * 1e-3)  # milliwatts
 
         energy = call(uuid, "nvmlDeviceGetTotalEnergyConsumption", h)
         if energy is not None:
-            out.counter("gpu_energy_joules", "Energy consumed since the driver loaded, in joules.",
-                        LABELS).add_metric(gpu.labels, energy / 1000.0)
+            out.of(catalog.GPU_ENERGY_JOULES_TOTAL).add_metric(gpu.labels, energy / 1000.0)
 
         temperature = call(uuid, "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
         if temperature is not None:
-            out.gauge("gpu_temperature_celsius", "GPU die temperature in degrees Celsius.",
-                      LABELS).add_metric(gpu.labels, temperature)
+            out.of(catalog.GPU_TEMPERATURE_CELSIUS).add_metric(gpu.labels, temperature)
 
-        for clock, metric, doc in (
-            (pynvml.NVML_CLOCK_SM, "gpu_sm_clock_hertz", "Current SM clock in hertz."),
-            (pynvml.NVML_CLOCK_MEM, "gpu_memory_clock_hertz", "Current memory clock in hertz."),
+        for clock, family in (
+            (pynvml.NVML_CLOCK_SM, catalog.GPU_SM_CLOCK_HERTZ),
+            (pynvml.NVML_CLOCK_MEM, catalog.GPU_MEMORY_CLOCK_HERTZ),
         ):
             mhz = call(uuid, "nvmlDeviceGetClockInfo", h, clock, variant=f"[{clock}]")
             if mhz is not None:
-                out.gauge(metric, doc, LABELS).add_metric(gpu.labels, mhz * 1e6)
+                out.of(family).add_metric(gpu.labels, mhz * 1e6)
 
         reasons = call(uuid, "nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons is None:
             reasons = call(uuid, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if reasons is not None:
-            family = out.gauge("gpu_clock_event_active",
-                               "1 while the clock event (throttle) reason is active, else 0.", (*LABELS, "reason"))
+            events = out.of(catalog.GPU_CLOCK_EVENT_ACTIVE)
             for bit, reason in CLOCK_EVENT_REASONS:
-                family.add_metric([*gpu.labels, reason], 1 if reasons & bit else 0)
+                events.add_metric([*gpu.labels, reason], 1 if reasons & bit else 0)
 
         fan = call(uuid, "nvmlDeviceGetFanSpeed", h)
         if fan is not None:
-            out.gauge("gpu_fan_speed_ratio", "Fan speed as a share of its maximum (0-1).",
-                      LABELS).add_metric(gpu.labels, fan / 100.0)
+            out.of(catalog.GPU_FAN_SPEED_RATIO).add_metric(gpu.labels, fan / 100.0)

@@ -34,12 +34,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
 
 log = logging.getLogger(__name__)
 
-LABELS = ("gpu", "uuid", "pid")
 STATES = {"R": "running", "S": "sleeping", "D": "disk"}
 """/proc state letters and the ``state`` label value each gets; every other letter is ``other``."""
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -189,17 +189,11 @@ class EvidenceCollector(PollingCollector):
             pids.update(int(p.pid) for p in ctx.nvml.call(gpu.uuid, function, gpu.handle) or ())
         if not pids:
             return
-        cpu = out.counter("gpu_process_cpu_seconds", "User and system CPU seconds of the GPU process "
-                                                    "(all its threads), from /proc.", LABELS)
-        children_cpu = out.counter("gpu_process_children_cpu_seconds", "CPU seconds of the GPU process's "
-                                   "child processes (DataLoader workers), live and exited, from /proc.", LABELS)
-        kids = out.gauge("gpu_process_child_processes", "Live child processes of the GPU process "
-                                                         "(DataLoader workers and the like).", LABELS)
-        reads = out.counter("gpu_process_read_bytes", "Bytes the GPU process and its live children read from "
-                                                      "storage (/proc/PID/io read_bytes).", LABELS)
-        states = out.counter("gpu_process_main_thread_state_seconds", "Seconds the GPU process's main thread "
-                             "was seen in each state (running, sleeping, disk, other), sampled every poll.",
-                             (*LABELS, "state"))
+        cpu = out.of(catalog.GPU_PROCESS_CPU_SECONDS_TOTAL)
+        children_cpu = out.of(catalog.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL)
+        kids = out.of(catalog.GPU_PROCESS_CHILD_PROCESSES)
+        reads = out.of(catalog.GPU_PROCESS_READ_BYTES_TOTAL)
+        states = out.of(catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL)
         for pid in sorted(pids):
             ev = self.proc.evidence(pid)
             if ev is None:

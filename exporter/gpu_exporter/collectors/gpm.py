@@ -11,19 +11,16 @@ from typing import Any
 
 import pynvml
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu, Nvml
 
-LABELS = ("gpu", "uuid", "mig_uuid")
 MIN_SPACING_SECONDS = 0.1
 METRICS = (
-    (pynvml.NVML_GPM_METRIC_SM_UTIL, "gpu_sm_active_ratio", "Share of SMs that were busy (0-1, GPM)."),
-    (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, "gpu_sm_occupancy_ratio",
-     "Active warps as a share of the theoretical maximum (0-1, GPM)."),
-    (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "gpu_tensor_active_ratio",
-     "Share of time the SMs ran any tensor-core operation (0-1, GPM)."),
-    (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu_dram_bandwidth_utilization_ratio",
-     "DRAM bandwidth used as a share of the theoretical maximum (0-1, GPM)."),
+    (pynvml.NVML_GPM_METRIC_SM_UTIL, catalog.GPU_SM_ACTIVE_RATIO),
+    (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, catalog.GPU_SM_OCCUPANCY_RATIO),
+    (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, catalog.GPU_TENSOR_ACTIVE_RATIO),
+    (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, catalog.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO),
 )
 
 
@@ -53,9 +50,9 @@ class GpmCollector(PollingCollector):
         targets += [(mig.uuid, mig.gpu_instance) for mig in gpu.mig_instances]
         for mig_uuid, gpu_instance in targets:
             values = self._read(ctx, gpu, mig_uuid, gpu_instance)
-            for (_, metric, doc), value in zip(METRICS, values, strict=True):
+            for (_, family), value in zip(METRICS, values, strict=True):
                 if value is not None:
-                    out.gauge(metric, doc, LABELS).add_metric([*gpu.labels, mig_uuid], value / 100.0)
+                    out.of(family).add_metric([*gpu.labels, mig_uuid], value / 100.0)
 
     def _is_supported(self, nvml: Nvml, gpu: Gpu) -> bool:
         if gpu.uuid not in self._supported:
@@ -89,7 +86,7 @@ class GpmCollector(PollingCollector):
         request.numMetrics = len(METRICS)
         request.sample1 = target.older
         request.sample2 = target.newer
-        for i, (metric_id, _, _) in enumerate(METRICS):
+        for i, (metric_id, _) in enumerate(METRICS):
             request.metrics[i].metricId = metric_id
         if nvml.call(gpu.uuid, "nvmlGpmMetricsGet", request) is None:
             return [None] * len(METRICS)

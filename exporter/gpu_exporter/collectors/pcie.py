@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pynvml
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
 
 PCIE_INTERVAL_SECONDS = 10.0
-LABELS = ("gpu", "uuid")
 
 
 class PcieCollector(PollingCollector):
@@ -28,10 +28,9 @@ class PcieCollector(PollingCollector):
         return super().poll(ctx)
 
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
-        for counter, direction in ((pynvml.NVML_PCIE_UTIL_TX_BYTES, "tx"), (pynvml.NVML_PCIE_UTIL_RX_BYTES, "rx")):
+        for counter, family in ((pynvml.NVML_PCIE_UTIL_TX_BYTES, catalog.GPU_PCIE_TX_BYTES_PER_SECOND),
+                                (pynvml.NVML_PCIE_UTIL_RX_BYTES, catalog.GPU_PCIE_RX_BYTES_PER_SECOND)):
             kbps = ctx.nvml.call(gpu.uuid, "nvmlDeviceGetPcieThroughput", gpu.handle, counter,
                                  variant=f"[{counter}]")
             if kbps is not None:
-                out.gauge(f"gpu_pcie_{direction}_bytes_per_second",
-                          f"PCIe {direction.upper()} throughput in bytes per second.", LABELS).add_metric(
-                    gpu.labels, kbps * 1000.0)
+                out.of(family).add_metric(gpu.labels, kbps * 1000.0)

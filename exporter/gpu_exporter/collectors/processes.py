@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
-
-LABELS = ("gpu", "uuid", "pid", "process_name")
 
 
 class ProcessCollector(PollingCollector):
@@ -35,10 +34,8 @@ class ProcessCollector(PollingCollector):
         # No process listed, nothing to label: skip the per-process samples (one NVML call per GPU
         # per poll on an idle node). Buffered samples are read on the next poll that lists one.
         sm = self._sm_utilization(ctx, gpu) if memory else {}
-        mem_family = out.gauge("gpu_process_memory_used_bytes", "GPU memory used by the process.", LABELS)
-        sm_family = out.gauge("gpu_process_sm_utilization_ratio",
-                              "Share of the last sampling window in which the process ran a kernel (0-1).",
-                              LABELS)
+        mem_family = out.of(catalog.GPU_PROCESS_MEMORY_USED_BYTES)
+        sm_family = out.of(catalog.GPU_PROCESS_SM_UTILIZATION_RATIO)
         for pid in sorted(memory.keys() | sm.keys()):
             labels = [*gpu.labels, str(pid), self._name(ctx, gpu, pid)]
             self._seen_pids.add(pid)

@@ -16,10 +16,9 @@ from typing import Any
 
 import pynvml
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
-
-LABELS = ("gpu", "uuid")
 
 
 @dataclass
@@ -51,13 +50,9 @@ class UtilizationCollector(PollingCollector):
 
     name = "utilization"
     _SIGNALS = (
-        (pynvml.NVML_GPU_UTILIZATION_SAMPLES, "gpu", "gpu_busy_seconds", "gpu_utilization_ratio",
-         "Seconds a kernel was running on the GPU (integrated from NVML samples).",
-         "Mean GPU utilization over the last poll interval (0-1)."),
-        (pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, "memory", "gpu_memory_busy_seconds",
-         "gpu_memory_utilization_ratio",
-         "Seconds the memory controller was busy reading or writing (integrated from NVML samples).",
-         "Mean memory-controller utilization over the last poll interval (0-1)."),
+        (pynvml.NVML_GPU_UTILIZATION_SAMPLES, "gpu", catalog.GPU_BUSY_SECONDS_TOTAL, catalog.GPU_UTILIZATION_RATIO),
+        (pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, "memory", catalog.GPU_MEMORY_BUSY_SECONDS_TOTAL,
+         catalog.GPU_MEMORY_UTILIZATION_RATIO),
     )
 
     def __init__(self) -> None:
@@ -66,7 +61,7 @@ class UtilizationCollector(PollingCollector):
 
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
         rates: list[Any] = []
-        for kind, field, counter, gauge, counter_doc, gauge_doc in self._SIGNALS:
+        for kind, field, counter, gauge in self._SIGNALS:
             state = self._state.setdefault((gpu.uuid, kind), BusyIntegrator())
             ratio = self._sampled_ratio(ctx, gpu, kind, state)
             if ratio is None:
@@ -76,8 +71,8 @@ class UtilizationCollector(PollingCollector):
             if ratio is None:
                 continue
             ratio = state.advance(ratio, ctx.now)
-            out.counter(counter, counter_doc, LABELS).add_metric(gpu.labels, state.busy_seconds)
-            out.gauge(gauge, gauge_doc, LABELS).add_metric(gpu.labels, ratio)
+            out.of(counter).add_metric(gpu.labels, state.busy_seconds)
+            out.of(gauge).add_metric(gpu.labels, ratio)
 
     @staticmethod
     def _sampled_ratio(ctx: PollContext, gpu: Gpu, kind: int, state: BusyIntegrator) -> float | None:

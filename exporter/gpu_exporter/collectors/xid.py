@@ -18,12 +18,13 @@ from typing import Any
 import pynvml
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from gpu_exporter import catalog
 from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, DriverLost, Gpu, GpuLost, Nvml, handle_key
 
 log = logging.getLogger(__name__)
 WAIT_MS = 1000
-_NAME, _HELP, _LABELS = "gpu_xid_errors", "XID errors reported by the driver, by XID code.", ("gpu", "uuid", "xid")
+_FAMILY = catalog.GPU_XID_ERRORS_TOTAL
 
 
 class XidCollector:
@@ -37,7 +38,7 @@ class XidCollector:
         self._gpus = gpus
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
-        self._family = Family(_NAME, "counter", _HELP, _LABELS)
+        self._family = Family(_FAMILY.base, _FAMILY.kind, _FAMILY.help, _FAMILY.labels)
         self._text: bytes | None = b""  # rendered once per new event; None: render on the next scrape
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-exporter-xid", daemon=True)
@@ -62,7 +63,7 @@ class XidCollector:
             return self._text
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(_NAME, _HELP, labels=list(_LABELS))
+        family = CounterMetricFamily(_FAMILY.base, _FAMILY.help, labels=list(_FAMILY.labels))
         with self._lock:
             for labels, count in sorted(self._counts.items()):
                 family.add_metric(list(labels), count)
