@@ -14,7 +14,8 @@ when a catalogued name appears as a string literal anywhere else in the Python s
 - :class:`RecordedSeries`: a series the shipped recording rules produce (the rules themselves
   live in prometheus/templates/gpu-recording.rules.yml.in; these constants are for the Python
   that queries them).
-- :func:`family` / :func:`recorded` look a name up.
+- :func:`family` / :func:`recorded` look a name up; :meth:`MetricFamily.new` builds the
+  prometheus_client family object for sources that yield those.
 
 Standard library only and nothing of the exporter, so anything may import it cheaply.
 
@@ -31,7 +32,12 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 Kind = Literal["gauge", "counter"]
 
@@ -58,6 +64,20 @@ class MetricFamily:
     def base(self) -> str:
         """The family name prometheus_client's family objects take: a counter's without ``_total``."""
         return self.name[:-len("_total")] if self.kind == COUNTER else self.name
+
+    def new(self, value: float | None = None, labels: Sequence[str] | None = None
+            ) -> GaugeMetricFamily | CounterMetricFamily:
+        """A prometheus_client family object of this family: with one unlabelled sample when ``value``
+        is given, else empty with ``labels`` (default: the family's labels, without the optional ones).
+
+        prometheus_client is imported here, not at module import, so the catalog stays cheap to import.
+        """
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        kind = CounterMetricFamily if self.kind == COUNTER else GaugeMetricFamily
+        if value is not None:
+            return kind(self.base, self.help, value=value)
+        return kind(self.base, self.help, labels=list(self.labels if labels is None else labels))
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from . import remedies
+from . import catalog, remedies
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
 from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, check_label
@@ -62,23 +62,6 @@ _STATUS = {
     "negative_value": 400, "decreasing_counter": 409, "old_incarnation": 409, "implausible_started_at": 409,
     "too_many_phases": 422,
     "too_many_runs": 429,
-}
-
-_HELP = {
-    "phase_seconds": "Seconds the training loop spent in each phase; the phases add up to wall time.",
-    "current_phase": "1 for the phase the training loop is in now, 0 for the others.",
-    "steps": "Training steps finished.",
-    "samples": "Training samples processed.",
-    "batch_size": "Samples in the most recent training step.",
-    "world_size": "Ranks in the run's distributed job (1 when it is not distributed).",
-    "last_push": "Unix time the exporter received the run's latest snapshot.",
-    "allocated": "Bytes allocated through torch's CUDA caching allocator.",
-    "reserved": "Bytes reserved by torch's CUDA caching allocator.",
-    "retries": "cudaMalloc retries after torch's caching allocator freed its cache.",
-    "ooms": "Out-of-memory errors raised by torch's CUDA caching allocator.",
-    "requests": "Training snapshot pushes, by outcome (accepted or the rejection reason).",
-    "runs": "Training runs (distinct run, rank, uuid) currently reporting.",
-    "evictions": "Training runs dropped at ingest.max_runs to make room for a new one (finished or unconfirmed runs).",
 }
 
 MAX_CLOCK_SKEW_SECONDS = 30.0
@@ -267,21 +250,19 @@ class TrainingStore:
             entries = sorted(self._entries.items())
             outcomes = dict(self._outcomes)
             evictions = self._evictions
-        labels = ["run", "rank", "uuid"]
+        labels = list(catalog.RUN)
         source = ["source"] if any(e.source for _, e in entries) else []  # sampled phases say so (sampling.py)
-        phase_seconds = CounterMetricFamily("gpu_training_phase_seconds", _HELP["phase_seconds"],
-                                            labels=[*labels, "phase", *source])
-        current = GaugeMetricFamily("gpu_training_current_phase", _HELP["current_phase"],
-                                    labels=[*labels, "phase", *source])
-        steps = CounterMetricFamily("gpu_training_steps", _HELP["steps"], labels=labels)
-        samples = CounterMetricFamily("gpu_training_samples", _HELP["samples"], labels=labels)
-        batch = GaugeMetricFamily("gpu_training_batch_size", _HELP["batch_size"], labels=labels)
-        world = GaugeMetricFamily("gpu_training_world_size", _HELP["world_size"], labels=labels)
-        pushed = GaugeMetricFamily("gpu_training_last_push_timestamp_seconds", _HELP["last_push"], labels=labels)
-        allocated = GaugeMetricFamily("gpu_training_allocator_allocated_bytes", _HELP["allocated"], labels=labels)
-        reserved = GaugeMetricFamily("gpu_training_allocator_reserved_bytes", _HELP["reserved"], labels=labels)
-        retries = CounterMetricFamily("gpu_training_allocator_retries", _HELP["retries"], labels=labels)
-        ooms = CounterMetricFamily("gpu_training_allocator_ooms", _HELP["ooms"], labels=labels)
+        phase_seconds = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.new(labels=[*labels, "phase", *source])
+        current = catalog.GPU_TRAINING_CURRENT_PHASE.new(labels=[*labels, "phase", *source])
+        steps = catalog.GPU_TRAINING_STEPS_TOTAL.new()
+        samples = catalog.GPU_TRAINING_SAMPLES_TOTAL.new()
+        batch = catalog.GPU_TRAINING_BATCH_SIZE.new()
+        world = catalog.GPU_TRAINING_WORLD_SIZE.new()
+        pushed = catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.new()
+        allocated = catalog.GPU_TRAINING_ALLOCATOR_ALLOCATED_BYTES.new()
+        reserved = catalog.GPU_TRAINING_ALLOCATOR_RESERVED_BYTES.new()
+        retries = catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.new()
+        ooms = catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.new()
         for (run, rank, uuid), entry in entries:
             values = [run, rank, uuid]
             for phase, seconds in entry.phases.items():
@@ -300,12 +281,12 @@ class TrainingStore:
                 ooms.add_metric(values, entry.allocator["ooms"])
         yield from (phase_seconds, current, steps, samples, batch, world, pushed, allocated, reserved, retries, ooms)
         yield from remedies.context_families((key, entry.context or {}) for key, entry in entries)
-        requests = CounterMetricFamily("gpu_exporter_ingest_requests", _HELP["requests"], labels=["outcome"])
+        requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
         yield requests
-        yield GaugeMetricFamily("gpu_exporter_training_runs", _HELP["runs"], value=len(entries))
-        yield CounterMetricFamily("gpu_exporter_ingest_evictions", _HELP["evictions"], value=evictions)
+        yield catalog.GPU_EXPORTER_TRAINING_RUNS.new(len(entries))
+        yield catalog.GPU_EXPORTER_INGEST_EVICTIONS_TOTAL.new(evictions)
 
     # -- validation -------------------------------------------------------------------------
 

@@ -21,8 +21,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+
+from gpu_exporter import catalog
 
 try:
     import grpc
@@ -170,9 +172,7 @@ class PodAttribution(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield ``gpu_pod_info`` for every device of the inventory that a container holds."""
-        family = GaugeMetricFamily(
-            "gpu_pod_info", "Kubernetes container a GPU or MIG device is allocated to (value is always 1).",
-            labels=["gpu", "uuid", "mig_uuid", "pod", "namespace", "container"])
+        family = catalog.GPU_POD_INFO.new()
         with self._lock:
             current = self._map
         for gpu, uuid, mig_uuid in self._inventory(current):

@@ -36,26 +36,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from gpu_exporter import catalog
+from gpu_exporter.catalog import MetricFamily
 from gpu_exporter.training.protocol import CONTEXT_FIELDS
 
-GAUGES: dict[str, tuple[str, str]] = {
-    "num_workers": ("gpu_training_loader_workers", "DataLoader num_workers of the run's latest run.data() loader."),
-    "pin_memory": ("gpu_training_loader_pin_memory", "1 when the run's DataLoader pins memory, else 0."),
-    "prefetch_factor": ("gpu_training_loader_prefetch_factor", "DataLoader prefetch_factor (batches per worker)."),
-    "persistent_workers": ("gpu_training_loader_persistent_workers",
-                           "1 when the run's DataLoader keeps its workers between epochs, else 0."),
-    "loader_batch_size": ("gpu_training_loader_batch_size", "DataLoader batch_size of the run's loader."),
-    "cpu_cores": ("gpu_training_cpu_cores", "CPU cores the training process may use (affinity, cgroup quota)."),
-    "gpu_memory_used_bytes": ("gpu_training_memory_used_bytes", "GPU memory used on the run's device, as the job "
-                                                                "sees it (torch.cuda.mem_get_info)."),
-    "gpu_memory_total_bytes": ("gpu_training_memory_total_bytes", "GPU memory of the run's device (a MIG instance's "
-                                                                  "own), as the job sees it."),
-    "allocator_peak_bytes": ("gpu_training_allocator_peak_bytes",
-                             "Peak bytes allocated by torch's CUDA caching allocator (max_memory_allocated)."),
+GAUGES: dict[str, MetricFamily] = {
+    "num_workers": catalog.GPU_TRAINING_LOADER_WORKERS,
+    "pin_memory": catalog.GPU_TRAINING_LOADER_PIN_MEMORY,
+    "prefetch_factor": catalog.GPU_TRAINING_LOADER_PREFETCH_FACTOR,
+    "persistent_workers": catalog.GPU_TRAINING_LOADER_PERSISTENT_WORKERS,
+    "loader_batch_size": catalog.GPU_TRAINING_LOADER_BATCH_SIZE,
+    "cpu_cores": catalog.GPU_TRAINING_CPU_CORES,
+    "gpu_memory_used_bytes": catalog.GPU_TRAINING_MEMORY_USED_BYTES,
+    "gpu_memory_total_bytes": catalog.GPU_TRAINING_MEMORY_TOTAL_BYTES,
+    "allocator_peak_bytes": catalog.GPU_TRAINING_ALLOCATOR_PEAK_BYTES,
 }
-"""Context field -> (gauge name, help); labels run, rank, uuid."""
+"""Context field -> its gauge (labels run, rank, uuid)."""
 
 
 def parse_context(doc: Any) -> dict[str, float]:
@@ -88,8 +86,7 @@ def parse_context(doc: Any) -> dict[str, float]:
 
 def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, float]]]) -> list[Metric]:
     """The gpu_training_* context gauges of every run that reported the field."""
-    families = {key: GaugeMetricFamily(name, doc, labels=["run", "rank", "uuid"])
-                for key, (name, doc) in GAUGES.items()}
+    families = {key: family.new() for key, family in GAUGES.items()}
     for labels, context in entries:
         for key, value in context.items():
             if key in families:
@@ -202,8 +199,8 @@ def suggestions(ctx: Context, shares: Mapping[str, float], batch: float | None, 
 def read_contexts(series: Any) -> dict[tuple[str, str, str], Context]:
     """Every run's Context from the gauges, ``series(name)`` giving (labels, value) pairs (diagnose)."""
     fields: dict[tuple[str, str, str], dict[str, float]] = {}
-    for key, (name, _) in GAUGES.items():
-        for labels, value in series(name):
+    for key, family in GAUGES.items():
+        for labels, value in series(family.name):
             run = (labels.get("run", ""), labels.get("rank", ""), labels.get("uuid", ""))
             fields.setdefault(run, {})[key] = value
     return {run: Context.of(f) for run, f in fields.items()}

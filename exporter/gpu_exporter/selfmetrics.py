@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 
 from prometheus_client import ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from gpu_exporter import __version__
+from gpu_exporter import __version__, catalog
 from gpu_exporter.sampler import Sampler
 
 
@@ -54,16 +54,12 @@ class SelfMetrics:
             self._auth_failures += 1
 
     def collect(self) -> Iterator[Metric]:
-        build = GaugeMetricFamily("gpu_exporter_build_info", "Version of the exporter and its NVML binding; always 1.",
-                                  labels=["version", "python_version", "pynvml_version"])
+        build = catalog.GPU_EXPORTER_BUILD_INFO.new()
         build.add_metric(self._build, 1)
         yield build
 
-        success = GaugeMetricFamily("gpu_exporter_collector_success",
-                                    "1 when the collector's latest run succeeded for every GPU, else 0.",
-                                    labels=["collector"])
-        duration = GaugeMetricFamily("gpu_exporter_collector_duration_seconds",
-                                     "Duration of the collector's latest poll in seconds.", labels=["collector"])
+        success = catalog.GPU_EXPORTER_COLLECTOR_SUCCESS.new()
+        duration = catalog.GPU_EXPORTER_COLLECTOR_DURATION_SECONDS.new()
         for name, status in sorted(self._sampler.status.items()):
             success.add_metric([name], 1 if status.success else 0)
             duration.add_metric([name], status.duration_seconds)
@@ -72,22 +68,18 @@ class SelfMetrics:
         yield success
         yield duration
 
-        errors = CounterMetricFamily("gpu_exporter_nvml_errors", "Failed NVML calls by function and error.",
-                                     labels=["function", "error"])
+        errors = catalog.GPU_EXPORTER_NVML_ERRORS_TOTAL.new()
         for (function, error), count in sorted(self._sampler.nvml.errors.copy().items()):
             errors.add_metric([function, error], count)
         yield errors
 
         age = self._sampler.sample_age()
         if age is not None:
-            yield GaugeMetricFamily("gpu_exporter_last_sample_age_seconds",
-                                    "Seconds since the newest complete NVML poll.", value=age)
-        yield GaugeMetricFamily("gpu_exporter_gpus", "GPUs visible to the exporter now.",
-                                value=len(self._sampler.gpus[1]))
+            yield catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.new(age)
+        yield catalog.GPU_EXPORTER_GPUS.new(len(self._sampler.gpus[1]))
         with self._lock:
             failures = self._auth_failures
-        yield CounterMetricFamily("gpu_exporter_http_auth_failures",
-                                  "HTTP requests rejected for missing or wrong credentials.", value=failures)
+        yield catalog.GPU_EXPORTER_HTTP_AUTH_FAILURES_TOTAL.new(failures)
 
 
 class ProcessMetrics:

@@ -42,8 +42,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from gpu_exporter import catalog
 from gpu_exporter.config import DEFAULTS, Config
 from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Body, ScrapeForecast, Source, exposition
 from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one definition, shared with the library
@@ -285,13 +286,11 @@ class MetricsServer(ThreadingHTTPServer):
         """gpu_exporter_http_* families (the server is one of its own sources)."""
         with self._lock:
             rejected, open_now = dict(self._rejected), len(self._connections)
-        counter = CounterMetricFamily("gpu_exporter_http_rejected",
-                                      "HTTP requests and connections refused, by reason.", labels=["reason"])
+        counter = catalog.GPU_EXPORTER_HTTP_REJECTED_TOTAL.new()
         for reason, count in rejected.items():
             counter.add_metric([reason], count)
         yield counter
-        yield GaugeMetricFamily("gpu_exporter_http_connections",
-                                "HTTP connections open now (each holds a thread).", value=open_now)
+        yield catalog.GPU_EXPORTER_HTTP_CONNECTIONS.new(open_now)
 
 
 class _Handler(BaseHTTPRequestHandler):
