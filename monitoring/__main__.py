@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from monitoring import GENERATORS
+from monitoring.model import build
 from monitoring.rules import ROOT
 
 
@@ -17,8 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     outputs: dict[Path, str] = {}
     try:
+        model = build()
         for generate in GENERATORS:
-            outputs.update(generate())
+            outputs.update(generate(model))
     except (KeyError, ValueError) as err:
         print(f"error: {err.args[0]}", file=sys.stderr)
         return 2

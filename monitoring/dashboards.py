@@ -14,18 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpu_exporter.causes import CAUSES
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import common as cm
 
+from monitoring.model import Model
 from monitoring.panels import (
     Config,
     bar_gauge,
     dashboard,
     link,
     link_url,
+    model,
     override,
     query,
     render,
@@ -482,7 +485,12 @@ DASHBOARDS: dict[str, Callable[[Config], dash.Dashboard]] = {
 }
 
 
-def generate(cfg: Config | None = None) -> dict[Path, str]:
+def build(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The four dashboards as Grafana JSON models, by file name (part of :class:`monitoring.model.Model`)."""
+    return {name: model(make(cfg)) for name, make in DASHBOARDS.items()}
+
+
+def generate(cfg: Config | Model | None = None) -> dict[Path, str]:
     """``{grafana/dashboards/<name>.json: JSON}`` for the four dashboards."""
-    cfg = Config.load() if cfg is None else cfg
-    return {OUT / name: render(build(cfg)) for name, build in DASHBOARDS.items()}
+    boards = cfg.dashboards if isinstance(cfg, Model) else build(Config.load() if cfg is None else cfg)
+    return {OUT / name: render(board) for name, board in boards.items()}

@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 from gpu_exporter.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 
-from monitoring.rules import _indent, _wrap
+from monitoring.model import Alert, Model, group_rules
+from monitoring.model import indent as _indent
+from monitoring.rules import _wrap
 
 C = "${cluster_label}"
 UNINSTRUMENTED = (f"max by ({C}, uuid) (gpu:gpu_utilization:avg5m) < ${{utilization_target}}\n"
@@ -56,7 +58,7 @@ def evidence_recording_group() -> str:
         rules.append(f"# {hint.label}: {hint.finding.format(value='<value>')}.\n"
                      f"- record: process:gpu_process_hint:value\n  expr: |\n{_indent(expr, 4)}"
                      f"  labels:\n    hint: {hint.hint}\n    code: {hint.code}\n")
-    body = "".join(_indent(rule, 6) + "\n" for rule in rules).rstrip("\n") + "\n"
+    body = group_rules(rules)
     return ("  # Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py): what /proc shows of GPU processes\n"
             "  # nobody instrumented.\n  - name: gpu-process-evidence.recording\n    rules:\n" + body)
 
@@ -67,7 +69,10 @@ def _finding(hint: Hint) -> str:
     return hint.finding.format(value=value)
 
 
-def evidence_alert_group() -> str:
+ALERTS = "gpu-process-evidence.alerts"
+
+
+def evidence_alerts() -> list[Alert]:
     """The ``gpu-process-evidence.alerts`` group: GpuUninstrumentedInputBound, one rule per hint."""
     rules = []
     for hint in HINTS:
@@ -80,24 +85,26 @@ def evidence_alert_group() -> str:
             '{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | query }}'
             "{{ . | first | value | humanizePercentage }}{{ end }}, below the ${utilization_target|percent} "
             f"target: {hint.label}. {hint.advice}")
-        rules.append(f"- alert: {EVIDENCE_ALERT}\n  expr: |\n{_indent(expr, 4)}  for: ${{cause_for}}\n"
-                     f"  labels:\n    severity: info\n    hint: {hint.hint}\n"
-                     f"  annotations:\n    summary: A GPU job nobody instrumented is below the "
-                     f"${{utilization_target|percent}} target; its processes point at {hint.label}.\n"
-                     f"    description: >-\n{_indent(_wrap(description), 6)}"
-                     f"    runbook_url: ${{runbook_url_pattern:{EVIDENCE_ALERT.lower()}}}\n")
-    body = "".join(_indent(rule, 6) + "\n" for rule in rules).rstrip("\n") + "\n"
+        rules.append(Alert(ALERTS, EVIDENCE_ALERT, expr, "cause_for", (("severity", "info"), ("hint", hint.hint)),
+                           "A GPU job nobody instrumented is below the ${utilization_target|percent} target; its "
+                           f"processes point at {hint.label}.", _wrap(description), EVIDENCE_ALERT.lower()))
+    return rules
+
+
+def evidence_alert_group(model: Model) -> str:
+    """The ``gpu-process-evidence.alerts`` group, written from the model's alerts."""
     return ("  # Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py); they read only "
-            "process:gpu_process_hint:value.\n  - name: gpu-process-evidence.alerts\n    rules:\n" + body)
+            f"process:gpu_process_hint:value.\n  - name: {ALERTS}\n    rules:\n"
+            + group_rules([a.text() for a in model.group(ALERTS)]))
 
 
-def _recording_groups() -> str:
+def _recording_groups(model: Model) -> str:
     from monitoring.remedies import remedy_recording_group  # it imports monitoring.rules too
 
     return evidence_recording_group() + "\n" + remedy_recording_group()
 
 
-GROUPS: dict[str, Callable[[], str]] = {
+GROUPS: dict[str, Callable[[Model], str]] = {
     "gpu-recording.rules.yml": _recording_groups,
     "gpu-alerts.rules.yml": evidence_alert_group,
 }

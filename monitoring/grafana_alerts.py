@@ -2,10 +2,10 @@
 from Grafana rather than from Prometheus.
 
 The problem: the Grafana rules must fire exactly when the Prometheus ones do. So each Grafana rule
-takes its query from the generated Prometheus alert of the same name (``monitoring.rules``, itself
-generated from thresholds.yml and the cause table ``gpu_exporter.causes.CAUSES``), without the final
-comparison, and compares in a Grafana threshold expression with the same config value; the pending
-period, severity and runbook URL come from the same places. Example::
+takes its parts from the same model object (:class:`monitoring.model.Alert`) the Prometheus alert of
+the same name is written from: the query without its comparison, the comparison and its threshold
+key (compared in a Grafana threshold expression), ``for``, labels, summary and runbook; the panel it
+points at comes from the dashboards' models. Nothing is re-parsed or cut out of generated text. Example::
 
     python -m monitoring          # rewrites grafana/provisioning/alerting/gpu-utilization.yml too
 """
@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpu_exporter.causes import CAUSES
+from gpu_exporter.causes import ALLOCATOR, CAUSES
+from gpu_exporter.thresholds import ThresholdsFile
 
-from monitoring import dashboards, rules
+from monitoring import rules
+from monitoring.model import Alert, Model, build, indent
 from monitoring.panels import DATASOURCE_UID, Config, panel_id
 
 OUT = rules.ROOT / "grafana" / "provisioning" / "alerting" / "gpu-utilization.yml"
@@ -45,13 +47,9 @@ WHERE = ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{
 
 @dataclass(frozen=True)
 class Mirror:
-    """One Grafana rule mirroring a Prometheus alert: how its comparison reads, and where it points."""
+    """One Grafana rule mirroring a Prometheus alert: where it points, and its text with Grafana's values."""
 
     alert: str
-    comparison: str
-    """The comparison at the end of the Prometheus query, removed for query A (``""``: none)."""
-    evaluator: tuple[str, float]
-    for_key: str
     dashboard: str
     panel: str
     description: str
@@ -59,87 +57,83 @@ class Mirror:
 
 def mirrors(cfg: Config) -> list[Mirror]:
     """The utilization alerts, then one rule per cause (level low) and one for all causes below target."""
-    low, idle = cfg.text("utilization_low_threshold"), cfg.text("idle_utilization_threshold")
     cause_text = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} "
                   "({{ $labels.uuid }}), node {{ $labels.node }}{{ with $labels.pod }}, pod "
                   "{{ $labels.namespace }}/{{ . }}{{ end }}: ")
     out = [
-        Mirror("GpuUtilizationLow", f" < {low}", ("lt", cfg.num("utilization_low_threshold")),
-               "utilization_low_for", "gpu-fleet", "Underused GPUs: owner and likely cause",
+        Mirror("GpuUtilizationLow", "gpu-fleet", "Underused GPUs: owner and likely cause",
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} utilization (5m mean) for "
                f"{cfg.text('utilization_low_for')} while it holds memory, processes or a training run. The "
                "cause alerts, or the fleet dashboard's table, name the remedy when the job is instrumented."),
-        Mirror("GpuIdleButAllocated", f" < {idle}", ("lt", cfg.num("idle_utilization_threshold")), "idle_for",
-               "gpu-node", "GPU utilization (busy-time counter)",
+        Mirror("GpuIdleButAllocated", "gpu-node", "GPU utilization (busy-time counter)",
                f"{WHERE} has been at {{{{ humanizePercentage $values.B.Value }}}} utilization for "
                f"{cfg.text('idle_for')} while work is held on it. Release the GPU or find what the job waits on."),
     ]
     for cause in CAUSES:
-        out.append(Mirror(cause.alert, "", ("gt", 0.0), "cause_for", "gpu-training-run", "Likely causes",
+        out.append(Mirror(cause.alert, "gpu-training-run", "Likely causes",
                           cause_text + f"{cause.label} explains {{{{ humanize $values.B.Value }}}} "
-                          f"({'allocator events' if cause.kind == 'allocator' else 'share of the step'}). "
+                          f"({'allocator events' if cause.kind == ALLOCATOR else 'share of the step'}). "
                           + cause.advice))
-    out.append(Mirror("GpuTrainingBelowTarget", "", ("gt", 0.0), "cause_for", "gpu-training-run", "Likely causes",
+    out.append(Mirror("GpuTrainingBelowTarget", "gpu-training-run", "Likely causes",
                       cause_text + "below the utilization target, cause {{ $labels.code }} ({{ $labels.cause }}): "
                       "{{ $labels.remedy }}."))
     return out
 
 
-def prometheus_alerts(rule_files: dict[Path, str]) -> dict[str, dict[str, Any]]:
-    """Every generated Prometheus alert by name; alerts that repeat a name (one per cause) are merged
-    into one rule whose query ORs theirs and keeps the labels they share, which is how Grafana (unique
-    titles) must hold them."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    for text in rule_files.values():
-        for group in yaml.safe_load(text)["groups"]:
-            for rule in group["rules"]:
-                if "alert" in rule:
-                    found.setdefault(rule["alert"], []).append(rule)
-    merged: dict[str, dict[str, Any]] = {}
-    for name, same in found.items():
-        rule = dict(same[0])
-        if len(same) > 1:
-            rule["expr"] = "\nor\n".join("(\n" + "".join(f"  {line}\n" for line in r["expr"].strip().splitlines()) + ")"
-                                         for r in same) + "\n"
-            rule["labels"] = {k: v for k, v in rule["labels"].items() if all(r["labels"].get(k) == v for r in same)}
-        merged[name] = rule
-    return merged
+OPS = {"<": "lt", ">": "gt"}
+"""A model alert's comparison as a Grafana threshold evaluator."""
 
 
-def grafana_rule(cfg: Config, mirror: Mirror, prom: dict[str, Any], boards: dict[Path, str]) -> dict[str, Any]:
-    expr: str = prom["expr"]
-    if mirror.comparison:
-        if mirror.comparison not in expr:
-            raise ValueError(f"{mirror.alert}: the Prometheus query has no {mirror.comparison.strip()!r} to remove")
-        expr = expr.replace(mirror.comparison, "", 1)
-    if prom["for"] != cfg.text(mirror.for_key):
-        raise ValueError(f"{mirror.alert}: Prometheus waits {prom['for']}, {mirror.for_key} says "
-                         f"{cfg.text(mirror.for_key)}")
-    board = next(text for path, text in boards.items() if f'"uid": "{mirror.dashboard}"' in text)
-    kind, value = mirror.evaluator
+@dataclass(frozen=True)
+class Query:
+    """What a Grafana rule evaluates: query A and how condition C compares its last value."""
+
+    expr: str
+    evaluator: tuple[str, float]
+
+
+def query(cfg: ThresholdsFile, same: list[Alert]) -> Query:
+    """The query of the model alerts named alike (one per cause: ORed, as Grafana titles are unique),
+    without the comparison, which becomes the evaluator (no comparison: any series fires, > 0)."""
+    if len({(a.op, a.threshold) for a in same}) != 1:
+        raise ValueError(f"{same[0].name}: its rules compare differently; Grafana needs one threshold")
+    exprs = [rules.render(a.expr(compared=False), cfg, source=a.name) for a in same]
+    expr = exprs[0] if len(exprs) == 1 else "\nor\n".join(f"(\n{indent(e, 2)})" for e in exprs) + "\n"
+    first = same[0]
+    return Query(expr, (OPS[first.op], cfg.num(first.threshold)) if first.op else ("gt", 0.0))
+
+
+def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
+    """The Grafana rule of ``mirror`` from the model alerts of the same name and the dashboards' models."""
+    cfg, same = model.config, model.named(mirror.alert)
+    if not same:
+        raise KeyError(f"{mirror.alert}: no such alert in the model")
+    first, q = same[0], query(model.config, same)
+    labels = {k: v for k, v in first.labels if all((k, v) in a.labels for a in same)}
+    kind, value = q.evaluator
     return {
         "uid": "gpu-" + "".join("-" + ch.lower() if ch.isupper() else ch for ch in mirror.alert[3:]).lstrip("-"),
         "title": mirror.alert,
         "condition": "C",
         "data": [
             {"refId": "A", "datasourceUid": DATASOURCE_UID, "relativeTimeRange": {"from": 600, "to": 0},
-             "model": {"refId": "A", "instant": True, "range": False, "expr": expr}},
+             "model": {"refId": "A", "instant": True, "range": False, "expr": q.expr}},
             {"refId": "B", "datasourceUid": "__expr__",
              "model": {"refId": "B", "type": "reduce", "expression": "A", "reducer": "last"}},
             {"refId": "C", "datasourceUid": "__expr__",
              "model": {"refId": "C", "type": "threshold", "expression": "B",
                        "conditions": [{"evaluator": {"type": kind, "params": [value]}}]}},
         ],
-        "for": prom["for"],
+        "for": cfg.text(first.for_key),
         "noDataState": "OK",
         "execErrState": "Error",
-        "labels": dict(prom["labels"]),
+        "labels": labels,
         "annotations": {
-            "summary": prom["annotations"]["summary"],
+            "summary": rules.render(first.summary, cfg, source=first.name),
             "description": mirror.description,
-            "runbook_url": cfg.runbook(mirror.alert),
+            "runbook_url": cfg.runbook_url(first.anchor),
             "__dashboardUid__": mirror.dashboard,
-            "__panelId__": str(panel_id(board, mirror.panel)),
+            "__panelId__": str(panel_id(model.dashboard(mirror.dashboard), mirror.panel)),
         },
     }
 
@@ -156,15 +150,14 @@ def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def generate(cfg: Config | None = None) -> dict[Path, str]:
+def generate(source: Model | Config | None = None) -> dict[Path, str]:
     """``{grafana/provisioning/alerting/gpu-utilization.yml: YAML}``."""
-    cfg = Config.load() if cfg is None else cfg
-    prom = prometheus_alerts(rules.generate(cfg.file))
-    boards = dashboards.generate(cfg)
+    model = source if isinstance(source, Model) else build(None if source is None else source.file)
+    cfg = Config.load(model.config)
     doc = {
         "apiVersion": 1,
         "groups": [{"orgId": 1, "name": "gpu-utilization", "folder": FOLDER, "interval": "1m",
-                    "rules": [grafana_rule(cfg, m, prom[m.alert], boards) for m in mirrors(cfg)]}],
+                    "rules": [grafana_rule(model, m) for m in mirrors(cfg)]}],
         "contactPoints": [{"orgId": 1, "name": CONTACT_POINT, "receivers": [
             {"uid": "gpu-external-alertmanager", "type": "prometheus-alertmanager", "disableResolveMessage": False,
              "settings": {"url": "${ALERTMANAGER_URL}"}}]}],

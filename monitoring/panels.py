@@ -307,25 +307,30 @@ def dashboard(cfg: Config, uid: str, title: str, description: str, time_from: st
     return board
 
 
-def render(board: dash.Dashboard) -> str:
-    """The dashboard as committed JSON: panels numbered in order (ids 1..n, rows included, so Grafana
-    alerts can name a panel); no table ``options.footer`` (absent from Grafana 13's schema) and no
+def render(board: dash.Dashboard | dict[str, Any]) -> str:
+    """The dashboard (built, or its :func:`model`) as committed JSON."""
+    return json.dumps(board if isinstance(board, dict) else model(board), indent=2) + "\n"
+
+
+def model(board: dash.Dashboard) -> dict[str, Any]:
+    """The dashboard's JSON model: panels numbered in order (ids 1..n, rows included, so Grafana alerts
+    can name a panel); no table ``options.footer`` (absent from Grafana 13's schema) and no
     interval-variable fields on other variables (absent from Grafana 12's and 13's)."""
-    model: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
-    for var in model["templating"]["list"]:
+    doc: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    for var in doc["templating"]["list"]:
         if var["type"] != "interval":  # the SDK writes interval-variable fields on every variable
             for key in ("auto", "auto_min", "auto_count"):
                 var.pop(key, None)
-    for number, panel in enumerate(model["panels"], start=1):
+    for number, panel in enumerate(doc["panels"], start=1):
         panel["id"] = number
         if panel["type"] == "table":
             panel.get("options", {}).pop("footer", None)
-    return json.dumps(model, indent=2) + "\n"
+    return doc
 
 
-def panel_id(text: str, title: str) -> int:
-    """The id of the panel titled ``title`` in a rendered dashboard; KeyError when there is none."""
-    for panel in json.loads(text)["panels"]:
+def panel_id(board: dict[str, Any], title: str) -> int:
+    """The id of the panel titled ``title`` in a dashboard model; KeyError when there is none."""
+    for panel in board["panels"]:
         if panel["title"] == title:
             return int(panel["id"])
     raise KeyError(f"no panel titled {title!r}")

@@ -1,0 +1,122 @@
+"""The one in-memory model the monitoring generators share: the alerts as objects, and the dashboards.
+
+The problem: the Prometheus rules, the Grafana-managed alerts and the dashboards say the same things
+(which query, compared with which threshold, for how long, with which labels and runbook), and the
+Grafana generator used to learn them by regenerating the rules, re-parsing their YAML, cutting the
+comparison out of the PromQL by string replacement, and finding dashboards and panels by parsing JSON.
+Here every generated alert is an :class:`Alert` with its parts (the compared value, the comparison and
+its threshold key, the expression around it, ``for``, labels, annotations); ``monitoring.rules``
+writes them as Prometheus YAML, ``monitoring.grafana_alerts`` takes the query without the comparison
+and the threshold straight from them, and both read the dashboards as built models (:class:`Model`).
+
+Texts hold ``${key}`` placeholders of thresholds.yml (``monitoring.rules.render`` fills them), so one
+model serves every config. Example::
+
+    >>> m = build()
+    >>> low = m.alert("GpuUtilizationLow")
+    >>> low.op, low.threshold, low.for_key
+    ('<', 'utilization_low_threshold', 'utilization_low_for')
+    >>> low.value in low.expr(compared=False) and " < ${utilization_low_threshold}" in low.expr()
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
+
+VALUE = "{value}"
+"""Where an alert's ``shape`` holds its value (compared or not)."""
+
+
+def indent(text: str, spaces: int) -> str:
+    """``text`` with every non-blank line indented by ``spaces``."""
+    return "".join(" " * spaces + line if line.strip() else line for line in text.splitlines(keepends=True))
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule with its parts.
+
+    ``value`` is the PromQL whose value the alert judges; ``op`` and ``threshold`` (a thresholds.yml key)
+    compare it (``op == ""``: no comparison, every series of the value fires); ``shape`` is the whole
+    expression with :data:`VALUE` where the (compared) value goes. ``description`` is the Prometheus
+    template text as written (line-broken); ``anchor`` the runbook section; ``comment`` lines go
+    before the rule in the YAML.
+    """
+
+    group: str
+    name: str
+    value: str
+    for_key: str
+    labels: tuple[tuple[str, str], ...]
+    summary: str
+    description: str
+    anchor: str
+    op: str = ""
+    threshold: str = ""
+    shape: str = VALUE
+    comment: str = ""
+
+    def expr(self, compared: bool = True) -> str:
+        """The PromQL (``${key}`` placeholders kept), with the comparison or without it."""
+        value = f"{self.value} {self.op} ${{{self.threshold}}}" if compared and self.op else self.value
+        return self.shape.replace(VALUE, value)
+
+    def text(self) -> str:
+        """The rule as Prometheus YAML (an item of a group's ``rules:``, unindented)."""
+        comment = "".join(f"# {line}\n" for line in self.comment.splitlines())
+        labels = "".join(f"    {key}: {value}\n" for key, value in self.labels)
+        return (f"{comment}- alert: {self.name}\n  expr: |\n{indent(self.expr(), 4)}  for: ${{{self.for_key}}}\n"
+                f"  labels:\n{labels}  annotations:\n    summary: {self.summary}\n    description: >-\n"
+                f"{indent(self.description, 6)}    runbook_url: ${{runbook_url_pattern:{self.anchor}}}\n")
+
+
+def group_rules(texts: Sequence[str]) -> str:
+    """Rules (their YAML texts) as the body of a group's ``rules:``, a blank line between them."""
+    return "".join(indent(text, 6) + "\n" for text in texts).rstrip("\n") + "\n"
+
+
+@dataclass(frozen=True)
+class Model:
+    """Everything the generators write, built once from one config: the generated alerts (in file order)
+    and the dashboards as Grafana JSON models (file name -> model)."""
+
+    config: ThresholdsFile
+    alerts: tuple[Alert, ...]
+    dashboards: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def alert(self, name: str) -> Alert:
+        """The one alert named ``name`` (KeyError when there is none or several)."""
+        found = self.named(name)
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} generated alerts are named {name}, not one")
+        return found[0]
+
+    def named(self, name: str) -> list[Alert]:
+        """Every alert named ``name`` (a cause alert has one rule per cause)."""
+        return [a for a in self.alerts if a.name == name]
+
+    def group(self, name: str) -> list[Alert]:
+        """The alerts of the Prometheus rule group ``name``."""
+        return [a for a in self.alerts if a.group == name]
+
+    def dashboard(self, uid: str) -> dict[str, Any]:
+        """The dashboard model with ``uid`` (KeyError when there is none)."""
+        for board in self.dashboards.values():
+            if board["uid"] == uid:
+                return board
+        raise KeyError(f"no generated dashboard with uid {uid}")
+
+
+def build(config: ThresholdsFile | None = None) -> Model:
+    """The model of ``config`` (default: the packaged thresholds.yml)."""
+    from monitoring import dashboards, evidence, rules, utilization  # they import this module
+    from monitoring.panels import Config
+
+    config = read_thresholds_file() if config is None else config
+    alerts = (*utilization.alerts(), *rules.cause_alerts(), *evidence.evidence_alerts())
+    return Model(config, alerts, dashboards.build(Config.load(config)))
