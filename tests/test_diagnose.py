@@ -16,18 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_exporter.causes import RunSignals, find_causes
-from gpu_exporter.commands.diagnose import (
-    INSTRUMENT_SNIPPET,
-    GpuView,
-    Process,
-    RunView,
-    build_views,
-    from_snapshots,
-    judge,
-)
 from gpu_exporter.commands.metrics_client import Snapshot
 from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.causes import RunSignals, find_causes
+from gpu_exporter.verdict.join import build_views
+from gpu_exporter.verdict.ladder import INSTRUMENT_SNIPPET, judge
+from gpu_exporter.verdict.readings import from_snapshots
+from gpu_exporter.verdict.views import GpuView, Process, RunView
 from servers import REPO, free_port, http_get, run_exporter, wait_until
 from test_query import run_cli
 
@@ -287,7 +282,7 @@ def test_window_shares_fall_back_to_the_run_totals_without_a_push_in_the_window(
 
 def test_only_live_runs_are_judged_and_runs_without_a_uuid_are_listed() -> None:
     """A finished run (no current phase) and a run that stopped pushing do not count; a UUID-less run is listed."""
-    from gpu_exporter.commands.diagnose import unjoined_runs
+    from gpu_exporter.verdict.join import unjoined_runs
 
     def snap(at: float, wall: float, total: float) -> Snapshot:
         runs = {"live": ("GPU-x", 1.0, wall), "finished": ("GPU-x", 0.0, wall), "stale": ("GPU-x", 1.0, wall - 120),

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
-    from gpu_exporter.commands.diagnose import GpuView, Verdict
-    from gpu_exporter.commands.metrics_client import Snapshot
     from gpu_exporter.thresholds import Thresholds
+    from gpu_exporter.verdict.samples import Snapshot
+    from gpu_exporter.verdict.views import GpuView, Verdict
 
 STATUS_PATH = "/api/v1/status"
 """The JSON endpoint the page polls (same auth as ``/metrics``)."""
@@ -54,7 +54,9 @@ def judge_node(prev: Snapshot | None, cur: Snapshot, t: Thresholds, window_secon
     ``prev`` None (a single reading so far): utilization is the exporter's mean over its last
     poll interval (``gpu_utilization_ratio``) and phase shares are the runs' totals.
     """
-    from gpu_exporter.commands.diagnose import build_views, from_snapshots, judge
+    from gpu_exporter.verdict.join import build_views
+    from gpu_exporter.verdict.ladder import judge
+    from gpu_exporter.verdict.readings import from_snapshots
 
     readings = from_snapshots(prev if prev is not None else cur, cur)
     if prev is None:
@@ -69,7 +71,7 @@ def _phase_order(shares: dict[str, float]) -> list[str]:
 
 def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[str, Any]:
     """The page's JSON document for readings ``prev`` (or None) and ``cur``."""
-    from gpu_exporter.commands import ranks
+    from gpu_exporter.verdict import ranks
 
     measured = cur.at - prev.at if prev is not None else 0.0
     gpus = []
@@ -121,7 +123,7 @@ class StatusPage:
     def _read(self) -> Snapshot:
         from prometheus_client.parser import text_string_to_metric_families
 
-        from gpu_exporter.commands.metrics_client import Snapshot, snapshot_of
+        from gpu_exporter.verdict.samples import Snapshot, snapshot_of
 
         now, wall = self._clock(), self._wall()
         parsed = snapshot_of(text_string_to_metric_families(self._read_text().decode("utf-8", "replace")), now, wall)

@@ -24,14 +24,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-Labels = dict[str, str]
+from gpu_exporter.verdict.samples import Labels as Labels
+from gpu_exporter.verdict.samples import Snapshot as Snapshot
+from gpu_exporter.verdict.samples import snapshot_of as snapshot_of
 
 
 class MetricsError(Exception):
@@ -42,43 +43,6 @@ def fail(message: str, code: int = 2) -> int:
     """Print ``gpu-exporter: error: <message>`` to stderr and return ``code`` (the exit status)."""
     print(f"gpu-exporter: error: {message}", file=sys.stderr)
     return code
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One reading of a node: every sample by metric name, and when the NVML values were taken.
-
-    ``at`` is this process's monotonic clock at the NVML poll the values come from (for an
-    exporter: the scrape time minus ``gpu_exporter_last_sample_age_seconds``), so busy-second
-    deltas divide by the time NVML really covered. ``wall`` is the Unix time of the reading.
-
-    >>> s = Snapshot({"gpu_power_watts": [({"gpu": "0"}, 250.0)]}, at=1.0, wall=0.0)
-    >>> s.value("gpu_power_watts", gpu="0")
-    250.0
-    """
-
-    samples: dict[str, list[tuple[Labels, float]]]
-    at: float
-    wall: float
-
-    def series(self, name: str, **match: str) -> list[tuple[Labels, float]]:
-        """Samples of ``name`` whose labels include every ``match`` pair."""
-        return [(labels, value) for labels, value in self.samples.get(name, [])
-                if all(labels.get(k) == v for k, v in match.items())]
-
-    def value(self, name: str, **match: str) -> float | None:
-        """The value of the first sample of ``name`` matching ``match``, or None."""
-        found = self.series(name, **match)
-        return found[0][1] if found else None
-
-
-def snapshot_of(families: Iterable[Metric], at: float, wall: float) -> Snapshot:
-    """A Snapshot of prometheus_client metric families (parsed or collected)."""
-    samples: dict[str, list[tuple[Labels, float]]] = {}
-    for family in families:
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
-    return Snapshot(samples, at=at, wall=wall)
 
 
 def normalize_url(text: str, default_path: str, what: str) -> str:

@@ -1,23 +1,27 @@
-"""Process evidence for ``gpu-exporter diagnose``: what /proc showed of the processes on each GPU.
+"""Process evidence for the verdict: what /proc showed of the processes on each GPU.
 
 The exporter's ``evidence`` collector exports gpu_process_* counters (CPU of the process and of
 its children, worker children, bytes read, main-thread state seconds). Here they become one
-:class:`~gpu_exporter.causes.ProcessSignals` per process: from two scrapes of an exporter (the
-counter deltas over the window) or from Prometheus (the recording rules of monitoring/evidence.py,
-whose hint series say which rows of :data:`~gpu_exporter.causes.HINTS` passed). diagnose uses
+:class:`~gpu_exporter.verdict.causes.ProcessSignals` per process: from two readings of an exporter
+(the counter deltas over the window, :func:`from_snapshots`) or from Prometheus (the recording rules
+of monitoring/evidence.py, whose hint series say which rows of :data:`~gpu_exporter.verdict.causes.HINTS`
+passed: :func:`from_series`, which ``diagnose --prometheus-url`` calls with its query). The verdict uses
 them for GPUs with work but no live training run: the verdict "not instrumented" then says what
 the evidence shows and, when a hint passes, which remedy it points at.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from gpu_exporter.causes import EVIDENCE_ALERT, HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
-from gpu_exporter.commands.metrics_client import Labels, Prometheus, Snapshot
-from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
+from gpu_exporter.verdict.samples import Labels, Snapshot
 
-__all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "ProcessSignals", "explain", "from_prometheus", "from_snapshots"]
+if TYPE_CHECKING:
+    from gpu_exporter.thresholds import Thresholds
+
+__all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "ProcessSignals", "explain", "from_series", "from_snapshots"]
 
 Key = tuple[str, str]
 """(GPU uuid, pid)."""
@@ -78,16 +82,20 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> dict[str, list[ProcessSigna
                     _names(cur.series("gpu_process_memory_used_bytes")))
 
 
-def from_prometheus(prom: Prometheus) -> tuple[dict[str, list[ProcessSignals]], dict[Key, list[tuple[Hint, float]]]]:
-    """The processes' readings from the recording rules, and the hints the rules found per (uuid, pid)."""
-    signals = _signals(_by_key(prom.query("process:gpu_process_cpu:rate5m")),
-                       _by_key(prom.query("process:gpu_process_children_cpu:rate5m")),
-                       _by_key(prom.query("gpu_process_child_processes")),
-                       _by_key(prom.query("process:gpu_process_read_bytes:rate5m")),
-                       _states(prom.query("process:gpu_process_main_thread_state:share5m")),
-                       _names(prom.query("gpu_process_memory_used_bytes")))
+def from_series(query: Callable[[str], list[tuple[Labels, float]]]
+                ) -> tuple[dict[str, list[ProcessSignals]], dict[Key, list[tuple[Hint, float]]]]:
+    """The processes' readings from the recording rules, and the hints the rules found per (uuid, pid).
+
+    ``query`` answers a PromQL expression with (labels, value) pairs (Prometheus' instant query).
+    """
+    signals = _signals(_by_key(query("process:gpu_process_cpu:rate5m")),
+                       _by_key(query("process:gpu_process_children_cpu:rate5m")),
+                       _by_key(query("gpu_process_child_processes")),
+                       _by_key(query("process:gpu_process_read_bytes:rate5m")),
+                       _states(query("process:gpu_process_main_thread_state:share5m")),
+                       _names(query("gpu_process_memory_used_bytes")))
     hints: dict[Key, list[tuple[Hint, float]]] = {}
-    for labels, value in prom.query("process:gpu_process_hint:value"):
+    for labels, value in query("process:gpu_process_hint:value"):
         hint = HINTS_BY_ID.get(labels.get("hint", ""))
         if hint is not None:
             hints.setdefault(_key(labels), []).append((hint, value))

@@ -1,9 +1,9 @@
-"""The ranks of a distributed training run, side by side, for ``gpu-exporter diagnose`` and the status page.
+"""The ranks of a distributed training run, side by side, for the verdict, ``diagnose`` and the status page.
 
 The problem: diagnose judges one GPU at a time, but in a distributed run one rank's cause shows on
 the other ranks' GPUs (they wait for it in collectives). This module gives diagnose the run-level
 view: the ``communication`` share of each live rank of a run (what the straggler cause ST of
-:mod:`gpu_exporter.causes` compares), the straggler's own cause in words for the waiting ranks'
+:mod:`gpu_exporter.verdict.causes` compares), the straggler's own cause in words for the waiting ranks'
 verdicts, and a table of the run's ranks (rank, node, GPU, phases, verdict) with the run's step
 time and the step time if the straggler kept up. Example::
 
@@ -18,17 +18,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from gpu_exporter.causes import ALLOCATOR, LAUNCH, STRAGGLER, Finding, pct, seconds
 from gpu_exporter.training.protocol import COMMUNICATION
+from gpu_exporter.verdict.causes import ALLOCATOR, LAUNCH, STRAGGLER, Finding, cause_order, pct, seconds
 
 if TYPE_CHECKING:
-    from gpu_exporter.commands.diagnose import GpuView, RunView, Verdict
+    from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 
 def communication_by_run(runs: Iterable[RunView]) -> dict[str, dict[str, float]]:
     """run -> {rank: communication share} over the live ranks that report the phase.
 
-    >>> from gpu_exporter.commands.diagnose import RunView
+    >>> from gpu_exporter.verdict.views import RunView
     >>> def view(rank, share):
     ...     return RunView("ddp", rank, {"communication": share}, 10.0, False, None, 0.0, 0.0)
     >>> communication_by_run([view("0", 0.7), view("1", 0.02)])
@@ -71,8 +71,7 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
         if straggler is None:  # its snapshots carry no GPU UUID: its own cause is not judged here
             return replace(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
                                               "GPU read here)")
-        own = sorted((g for g in straggler.findings if g.cause.kind != STRAGGLER),
-                     key=lambda g: (g.cause.kind != ALLOCATOR, -g.value))
+        own = sorted((g for g in straggler.findings if g.cause.kind != STRAGGLER), key=cause_order)
         return replace(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
 
     return [replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))

@@ -1,0 +1,94 @@
+"""``diagnose``'s renderings: the verdicts of the GPUs as text for people or JSON for tools.
+
+Both take the (view, verdict) pairs of :func:`gpu_exporter.verdict.ladder.judge`, the runs that
+could not be joined to a GPU, and the thresholds (for the target and low lines they quote).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.training.protocol import OTHER, STANDARD_PHASES
+from gpu_exporter.verdict import ranks
+from gpu_exporter.verdict.causes import Finding, pct
+from gpu_exporter.verdict.views import GpuView, Verdict
+
+NO_UUID_FIX = ("its snapshots carry no GPU UUID, so it cannot be joined to a GPU: start the job with "
+               "CUDA_VISIBLE_DEVICES=GPU-<uuid> (nvidia-smi -L lists the UUIDs) or pass "
+               "training.start(..., uuid=\"GPU-<uuid>\")")
+
+
+def _phase_order(shares: dict[str, float]) -> list[str]:
+    standard = [p for p in (*STANDARD_PHASES, OTHER) if p in shares]
+    return standard + sorted(p for p in shares if p not in standard)
+
+
+def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thresholds, out: TextIO,
+                unjoined: Sequence[tuple[str, str]] = ()) -> None:
+    """Readable report: one block per GPU, the runs without a GPU UUID, then a summary line."""
+    for view, verdict in results:
+        where = (f"  on {view.node}" if view.node else "") + (f"  in cluster {view.cluster}" if view.cluster else "")
+        out.write(f"GPU {view.gpu}  {view.name}  {view.uuid}{where}\n")
+        util = "n/a" if view.utilization is None else f"{view.utilization * 100:.1f}%"
+        memory = "n/a" if view.memory_used_ratio is None else pct(view.memory_used_ratio)
+        procs = f"{view.processes} process{'' if view.processes == 1 else 'es'}"
+        out.write(f"  utilization  {util} over {window} (target {pct(t.utilization_target)}, alert below "
+                  f"{pct(t.utilization_low_threshold)}), memory {memory} used, {procs}\n")
+        for pod in view.pods:
+            out.write(f"  pod          {pod}\n")
+        for r in view.runs:
+            phases = ", ".join(f"{p} {pct(r.shares[p])}" for p in _phase_order(r.shares)) or "no phase time yet"
+            basis = "since the run started" if r.since_start else "in the window"
+            batch = f", batch {r.batch_size:.0f}" if r.batch_size is not None else ""
+            state = " [sampled from the Python stack]" if r.source else ""
+            state += "" if r.live else "  [finished or not pushing: ignored]"
+            out.write(f"  run          {r.run} (rank {r.rank}): {phases} ({basis}){batch}{state}\n")
+        out.write(f"  verdict      {verdict.title}: {verdict.reason}\n")
+        if verdict.remedy:
+            first, *rest = verdict.remedy.split("\n")
+            out.write(f"  remedy       {first}\n")
+            out.write("".join(f"                 {line}\n" for line in rest))
+        if verdict.runbook:
+            out.write(f"  runbook      {verdict.runbook}\n")
+        out.write("\n")
+    for run, rank in unjoined:
+        out.write(f"Run {run} (rank {rank}) is not on any GPU above: {NO_UUID_FIX}.\n\n")
+    out.write(ranks.render_text(ranks.distributed_runs(results)))
+    below = sum(v.below_target for _, v in results)
+    target = pct(t.utilization_target)
+    out.write(f"{below} of {len(results)} GPU(s) below the {target} utilization target.\n" if below else
+              f"No GPU with work is below the {target} utilization target ({len(results)} GPU(s) checked).\n")
+
+
+def _finding_doc(f: Finding) -> dict[str, Any]:
+    doc = {"cause": f.cause.cause, "code": f.cause.code, "level": f.level, "value": round(f.value, 4),
+           "projected_utilization": None if f.projected is None else round(f.projected, 4)}
+    if f.straggler:
+        doc.update(straggler=f.straggler, straggler_cause=f.straggler_cause,
+                   projected_step_seconds=f.projected_step_seconds)
+    return doc
+
+
+def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_seconds: float, t: Thresholds,
+                out: TextIO, unjoined: Sequence[tuple[str, str]] = ()) -> None:
+    """Machine-readable report: the source, the window, the thresholds and every GPU with its verdict."""
+    doc = {
+        "source": source,
+        "window_seconds": window_seconds,
+        "utilization_target": t.utilization_target,
+        "utilization_low_threshold": t.utilization_low_threshold,
+        "gpus_below_target": sum(v.below_target for _, v in results),
+        "gpus": [{**{k: v for k, v in asdict(view).items() if k not in ("runs", "process_list")},
+                  "process_list": [asdict(p) for p in view.process_list],
+                  "runs": [{**{k: v for k, v in asdict(r).items() if k != "findings"},
+                            "causes": [_finding_doc(f) for f in r.findings]} for r in view.runs],
+                  "verdict": asdict(verdict)}
+                 for view, verdict in results],
+        "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
+        "distributed_runs": ranks.to_doc(ranks.distributed_runs(results)),
+    }
+    out.write(json.dumps(doc, indent=2) + "\n")

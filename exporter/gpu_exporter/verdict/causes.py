@@ -1,0 +1,427 @@
+"""Why a GPU is below its utilization target: one table of causes, and the pure judge that applies it.
+
+The same table (:data:`CAUSES`) is the single definition of every cause. ``monitoring/rules.py``
+turns it into the Prometheus recording rules ``run:gpu_training_cause:share`` and
+``run:gpu_training_cause:projected_utilization`` and the alerts that read only those series;
+:func:`find_causes` applies it in Python for ``gpu-exporter diagnose --url`` and the status page.
+A conformance test feeds the same cases to promtool and to :func:`find_causes` and requires the
+same verdicts, so the two cannot drift apart.
+
+The signals, per training run (and rank) on a GPU, over one window:
+
+* ``u``: the GPU's interval-mean utilization (busy seconds / wall seconds);
+* the run's phase shares (``data``, ``compute``, ``metrics``, ``checkpoint``, ... adding up to 1);
+* the share of GPU memory used; caching-allocator retries and OOMs in the window;
+* for a distributed run, the ``communication`` share of each of its live ranks: a rank whose
+  share exceeds the run's lowest by more than ``straggler_wait_share`` waits for that rank, the
+  straggler (ST). Its value is that excess (the wait), so the projections below hold for it too,
+  and the run's step time if the straggler kept up is this rank's step time times ``1 - wait``.
+
+Two levels: ``low`` (``u`` below ``utilization_low_threshold``: warning alerts) and ``target``
+(``u`` at or above that but below ``utilization_target``: one info alert). At or above the target
+no cause is named. The projection is an upper bound: hiding a phase of share ``s`` (overlapping it
+with compute) shortens the step to ``1 - s`` of its time with the same GPU work, so utilization
+can reach at most ``u / (1 - s)``; a launch-bound GPU (M3) can reach at most the compute share.
+
+>>> from gpu_exporter.thresholds import load_thresholds
+>>> t = load_thresholds()
+>>> [f.summary(0.08) for f in find_causes(0.08, 0.2, RunSignals({"data": 0.9, "compute": 0.1}), t)]
+['input-bound (M1): 8% now, at most ~80% if loading overlapped compute']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpu_exporter.verdict.levels import LOW, TARGET, level
+
+if TYPE_CHECKING:
+    from gpu_exporter.thresholds import Thresholds
+
+__all__ = ["ALLOCATOR", "BY_ID", "CAUSES", "EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "LAUNCH", "LOW", "MAIN_BUSY",
+           "PHASE", "STORAGE_WAIT", "STRAGGLER", "TARGET", "WORKERS_BUSY", "Cause", "Finding", "Hint",
+           "ProcessSignals", "RunSignals", "allocator_limit", "cause_order", "cores", "find_causes", "find_hints",
+           "hint_text", "level", "pct", "seconds", "straggler_of"]
+
+PHASE = "phase"
+"""A cause explained by the share of one phase of the step (M1, M2, checkpointing)."""
+LAUNCH = "launch"
+"""M3: the GPU is busy for only part of the compute phase (small batches, launch overhead)."""
+ALLOCATOR = "allocator"
+"""M4: the caching allocator retries or runs out of memory (counted, not timed)."""
+STRAGGLER = "straggler"
+"""ST: a rank of a distributed run waits in collectives for a slower rank of the same run."""
+
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One row of the cause table. ``keys`` are the thresholds.yml keys its condition reads."""
+
+    cause: str
+    code: str
+    title: str
+    alert: str
+    kind: str
+    phase: str
+    keys: tuple[str, ...]
+    doing: str
+    hidden: str
+    remedy: str
+    advice: str
+
+    @property
+    def label(self) -> str:
+        """``"input-bound (M1)"``."""
+        return f"{self.title} ({self.code})"
+
+    @property
+    def anchor(self) -> str:
+        """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
+        return self.alert.lower()
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause("input_bound", "M1", "input-bound", "GpuTrainingInputBound", PHASE, "data", ("input_bound_share",),
+          doing="waiting for the next batch", hidden="if loading overlapped compute",
+          remedy="more DataLoader workers, pinned memory, prefetch, cache the data set",
+          advice="M1: feed the GPU faster: DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
+                 "persistent_workers=True), preload or cache the data set, move augmentation to the GPU."),
+    Cause("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", PHASE, "metrics",
+          ("metrics_bound_share",),
+          doing="computing metrics", hidden="if metrics ran off the training path",
+          remedy="compute metrics every N steps or on the GPU, log asynchronously",
+          advice="M2: compute metrics every N steps or at epoch end, drop the ones nobody reads, keep them on "
+                 "the GPU without a .item()/.cpu() per step, log asynchronously."),
+    Cause("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", PHASE, "checkpoint",
+          ("checkpoint_share",),
+          doing="saving checkpoints", hidden="if checkpoints were written asynchronously",
+          remedy="save checkpoints asynchronously or less often",
+          advice="CK: save checkpoints less often (every N minutes, not every N steps), write them from a "
+                 "background thread or process (torch.distributed.checkpoint.async_save), copy the state "
+                 "to CPU memory first and write it off the training path, save to fast local disk."),
+    Cause("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", LAUNCH, "compute",
+          ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
+          doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",
+          remedy="raise the batch size while memory allows; fewer, larger kernels",
+          advice="M3: raise the batch size while memory allows (scale the learning rate with it) or "
+                 "accumulate gradients; fewer, larger kernels with torch.compile, CUDA graphs or mixed "
+                 "precision."),
+    Cause("allocator", "M4", "allocator trouble", "GpuMemoryAllocatorThrashing", ALLOCATOR, "",
+          ("allocator_window", "allocator_retries_threshold"),
+          doing="", hidden="",
+          remedy="expandable_segments, stable tensor shapes, no empty_cache() in the loop",
+          advice="M4: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, stable tensor shapes, no "
+                 "torch.cuda.empty_cache() in the loop; lower the batch size a little if memory is really "
+                 "too small."),
+    Cause("straggler", "ST", "waiting for a straggler", "GpuTrainingStraggler", STRAGGLER, "communication",
+          ("straggler_wait_share",),
+          doing="waiting in collectives for a slower rank", hidden="if the straggler kept up",
+          remedy="remove the straggler's own cause (its verdict names it); balance data and work across ranks",
+          advice="ST: this rank is fine; it waits for the straggler named above. Fix the straggler's own cause "
+                 "(input pipeline M1, metrics M2, checkpoints CK on one rank only, ...), give every rank the same "
+                 "share of the data and work (same batch size, sequence lengths, no rank-0-only work in the "
+                 "step), and check the straggler's GPU for throttling (gpu_clock_event_active)."),
+)
+"""Every cause, in the order diagnose breaks ties (the allocator first: it also explains the others)."""
+
+BY_ID: dict[str, Cause] = {c.cause: c for c in CAUSES}
+
+
+@dataclass(frozen=True)
+class RunSignals:
+    """What one training run (rank) on a GPU reported over the window.
+
+    ``allocator_retries`` / ``allocator_ooms`` count events within ``allocator_window`` (diagnose
+    scales a shorter window's limit, see :func:`find_causes`).
+    """
+
+    shares: Mapping[str, float]
+    allocator_retries: float = 0.0
+    allocator_ooms: float = 0.0
+    batch_size: float | None = None
+    communication: Mapping[str, float] | None = None
+    """ST: the ``communication`` share of every live rank of the same run (rank -> share, this one included)."""
+    step_seconds: float | None = None
+    """ST: this rank's mean step time over the window, for the run's projected step time."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One cause that applies: its level, the value that explains it and the projected utilization.
+
+    ``value`` is the share of the run's time the cause takes (for M4: allocator events in the
+    window); ``projected`` the utilization the GPU could reach if it were removed (None for M4).
+    """
+
+    cause: Cause
+    level: str
+    value: float
+    projected: float | None
+    batch_size: float | None = field(default=None, compare=False)
+    straggler: str = ""
+    """ST: the rank this one waits for (the run's rank with the least communication)."""
+    step_seconds: float | None = field(default=None, compare=False)
+    """ST: this rank's step time now; times ``1 - value`` it is the run's step time if the straggler kept up."""
+    straggler_cause: str = field(default="", compare=False)
+    """ST: what holds the straggler back, in words (diagnose fills it from the straggler's own verdict)."""
+
+    def summary(self, utilization: float) -> str:
+        """``"input-bound (M1): 8% now, at most ~90% if loading overlapped compute"``."""
+        return f"{self.cause.label}: {self.projection(utilization)}"
+
+    def projection(self, utilization: float) -> str:
+        """``"8% now, at most ~90% if loading overlapped compute"``."""
+        if self.projected is None:
+            return f"{pct(utilization)} now; no projection (allocator stalls are counted, not timed)"
+        if self.cause.kind == STRAGGLER:
+            step = ""
+            if self.step_seconds is not None:
+                step = (f"; the run's step would take ~{seconds(self.projected_step_seconds or 0.0)} instead of "
+                        f"{seconds(self.step_seconds)}")
+            return f"{pct(utilization)} now, at most ~{pct(self.projected)} if rank {self.straggler} kept up{step}"
+        return f"{pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
+
+    @property
+    def projected_step_seconds(self) -> float | None:
+        """ST: the run's step time if the straggler kept up (this rank's step time without its wait)."""
+        if self.cause.kind != STRAGGLER or self.step_seconds is None:
+            return None
+        return self.step_seconds * (1.0 - self.value)
+
+    def reason(self, run: str, rank: str) -> str:
+        """One sentence on what the run does, for diagnose."""
+        if self.cause.kind == ALLOCATOR:
+            return f"run {run} rank {rank}: the CUDA caching allocator had {self.value:.0f} retries/OOMs."
+        if self.cause.kind == STRAGGLER:
+            why = self.straggler_cause or f"rank {self.straggler} is slower"
+            return (f"run {run} rank {rank} is waiting for rank {self.straggler} (straggler): {why}. "
+                    f"{pct(self.value)} of rank {rank}'s time is that wait (its communication beyond rank "
+                    f"{self.straggler}'s).")
+        if self.cause.kind == LAUNCH:
+            batch = f" with batch size {self.batch_size:.0f}" if self.batch_size is not None else ""
+            return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(self.value)} of the "
+                    "step inside the compute phase (small kernels, launch overhead).")
+        return f"run {run} rank {rank} spends {pct(self.value)} of its time {self.cause.doing}."
+
+
+def pct(ratio: float) -> str:
+    """``0.084 -> "8%"``."""
+    return f"{ratio * 100:.0f}%"
+
+
+def seconds(value: float) -> str:
+    """``0.2634 -> "0.26 s"``, ``12.5 -> "12.5 s"``."""
+    return f"{value:.3g} s"
+
+
+def straggler_of(communication: Mapping[str, float]) -> tuple[str, float] | None:
+    """(rank, communication share) of the rank that waits least in a run of two or more ranks, else None.
+
+    Ties go to the lowest rank label (PromQL's ``bottomk`` picks any one of them).
+
+    >>> straggler_of({"0": 0.7, "1": 0.05, "2": 0.68})
+    ('1', 0.05)
+    """
+    if len(communication) < 2:
+        return None
+    rank = min(communication, key=lambda r: (communication[r], r))
+    return rank, communication[rank]
+
+
+def cause_order(finding: Finding) -> tuple[bool, float]:
+    """The one tie-break of findings (sort key): the allocator first (it also explains the others), then biggest.
+
+    >>> from gpu_exporter.thresholds import load_thresholds
+    >>> fs = find_causes(0.1, 0.3, RunSignals({"data": 0.6, "metrics": 0.2}, allocator_ooms=1), load_thresholds())
+    >>> [f.cause.code for f in sorted(fs, key=cause_order)]
+    ['M4', 'M1']
+    """
+    return finding.cause.kind != ALLOCATOR, -finding.value
+
+
+def allocator_limit(t: Thresholds, window_seconds: float) -> float:
+    """M4's retry limit for a window: ``allocator_retries_threshold`` per ``allocator_window``, never less.
+
+    The keys are the allocator row's own (:attr:`Cause.keys`: window, then retries per window).
+    """
+    window_key, retries_key = BY_ID["allocator"].keys
+    return _threshold(t, retries_key) * max(1.0, window_seconds / _threshold(t, window_key))
+
+
+def _threshold(t: Thresholds, key: str) -> float:
+    value = getattr(t, key)
+    assert isinstance(value, int | float)
+    return float(value)
+
+
+def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds,
+                retry_limit: float | None = None) -> list[Finding]:
+    """Every cause of :data:`CAUSES` that applies to ``run`` on a GPU at ``utilization``, biggest first.
+
+    Mirrors the generated PromQL exactly (the conformance test checks it). ``retry_limit`` is the
+    allocator retry limit for the window (default ``allocator_retries_threshold``, the limit per
+    ``allocator_window`` the rules use). Nothing at or above the target.
+
+    >>> from gpu_exporter.thresholds import load_thresholds
+    >>> t = load_thresholds()
+    >>> [f.cause.code for f in find_causes(0.4, 0.3, RunSignals({"data": 0.38, "metrics": 0.34}), t)]
+    ['M1', 'M2']
+    >>> find_causes(0.9, 0.3, RunSignals({"data": 0.5}), t)
+    []
+    """
+    lvl = level(utilization, t)
+    if lvl is None:
+        return []
+    limit = _threshold(t, BY_ID["allocator"].keys[1]) if retry_limit is None else retry_limit
+    found: list[Finding] = []
+    for cause in CAUSES:
+        if cause.kind == PHASE:
+            share = run.shares.get(cause.phase, 0.0)
+            if share > _threshold(t, cause.keys[0]):
+                projected = 1.0 if share >= 1.0 else min(1.0, utilization / (1.0 - share))
+                found.append(Finding(cause, lvl, share, projected))
+        elif cause.kind == STRAGGLER:
+            straggler = straggler_of(run.communication or {})
+            wait = run.shares.get(cause.phase, 0.0) - straggler[1] if straggler else 0.0
+            if straggler is not None and wait > _threshold(t, cause.keys[0]):
+                found.append(Finding(cause, lvl, wait, 1.0 if wait >= 1.0 else min(1.0, utilization / (1.0 - wait)),
+                                     straggler=straggler[0], step_seconds=run.step_seconds))
+        elif cause.kind == LAUNCH:
+            compute = run.shares.get(cause.phase, 0.0)
+            compute_key, busy_key, memory_key = cause.keys
+            if (compute > _threshold(t, compute_key) and utilization / compute < _threshold(t, busy_key)
+                    and memory_used_ratio is not None and memory_used_ratio < _threshold(t, memory_key)):
+                found.append(Finding(cause, lvl, compute - utilization, min(1.0, compute), run.batch_size))
+        elif cause.kind == ALLOCATOR and (run.allocator_ooms > 0 or run.allocator_retries > limit):
+            found.append(Finding(cause, lvl, run.allocator_retries + run.allocator_ooms, None))
+    return sorted(found, key=cause_order)
+
+
+# --- evidence for GPU processes nobody instrumented (collectors/evidence.py) -------------------------
+# A job that reports no phases still shows, from /proc, how its main process and its workers use
+# the CPU and whether its main thread waits on storage. HINTS is the table of what that evidence
+# points at; monitoring/evidence.py generates the recording rule process:gpu_process_hint:value and
+# the alert GpuUninstrumentedInputBound from it, find_hints applies it for diagnose.
+
+MAIN_BUSY = "main_busy"
+"""The main thread is runnable most of the time and the process has no worker process: it loads batches itself."""
+WORKERS_BUSY = "workers_busy"
+"""Every worker process uses most of a core: the input pipeline is at its limit."""
+STORAGE_WAIT = "storage_wait"
+"""The main thread is blocked on I/O (state D) for much of the time."""
+
+
+@dataclass(frozen=True)
+class ProcessSignals:
+    """What the node saw of one GPU process over the window (rates from the gpu_process_* counters).
+
+    ``cpu_cores``: CPU seconds per second of the process (1.0 = one whole core);
+    ``children_cpu_cores``: the same for its child processes; ``states``: share of the window its
+    main thread was running / sleeping / disk / other; ``read_bytes_per_second`` None without the
+    right to read /proc/PID/io.
+    """
+
+    pid: str
+    cpu_cores: float
+    children_cpu_cores: float
+    child_processes: int
+    states: Mapping[str, float]
+    read_bytes_per_second: float | None = None
+    name: str = ""
+
+    def describe(self) -> str:
+        """``"pid 4242 (python): the main process uses 98% of one core with 0 worker processes, ..."``."""
+        who = f"pid {self.pid}" + (f" ({self.name})" if self.name else "")
+        workers = (f"{self.child_processes} worker process{'' if self.child_processes == 1 else 'es'}"
+                   + (f" using {cores(self.children_cpu_cores)}" if self.child_processes else ""))
+        states = ", ".join(f"{_STATE_WORDS.get(s, s)} {pct(v)}" for s, v in
+                           sorted(self.states.items(), key=lambda sv: -sv[1]) if v >= 0.005)
+        reads = ("" if self.read_bytes_per_second is None else
+                 f"; it reads {self.read_bytes_per_second / 2**20:.1f} MiB/s from storage")
+        return (f"{who}: the main process uses {cores(self.cpu_cores)} with {workers}; its main thread is "
+                f"{states or 'not sampled yet'}{reads}")
+
+
+_STATE_WORDS = {"running": "runnable", "disk": "in disk wait"}
+
+
+def cores(value: float) -> str:
+    """``0.98 -> "98% of one core"``, ``3.9 -> "3.9 cores"``."""
+    return f"{pct(value)} of one core" if value < 1.5 else f"{value:.1f} cores"
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One row of the evidence table: a condition on a process's readings and what it points at."""
+
+    hint: str
+    code: str
+    title: str
+    keys: tuple[str, ...]
+    finding: str
+    advice: str
+
+    @property
+    def label(self) -> str:
+        """``"likely input-bound (M1)"``."""
+        return f"{self.title} ({self.code})"
+
+
+EVIDENCE_ALERT = "GpuUninstrumentedInputBound"
+"""The alert of every hint (label ``hint`` tells them apart); its runbook section explains the evidence."""
+
+HINTS: tuple[Hint, ...] = (
+    Hint(STORAGE_WAIT, "M1", "likely input-bound on storage", ("evidence_io_wait_share",),
+         finding="its main thread is blocked on I/O (state D) for {value} of the time",
+         advice="M1: the job waits for storage: copy or cache the data set on local disk or in memory, read "
+                "fewer larger files (shards), and overlap reading with compute with DataLoader(num_workers=N, "
+                "prefetch_factor=4); then instrument it to measure the data phase."),
+    Hint(MAIN_BUSY, "M1", "likely input-bound", ("evidence_busy_core_ratio",),
+         finding="its main thread is runnable (on a CPU or waiting for one) {value} of the time with 0 worker "
+                 "processes while the GPU waits",
+         advice="M1: the main process loads and decodes every batch itself: raise DataLoader(num_workers=N) "
+                "(N up to the cores the job may use), pin_memory=True, persistent_workers=True; instrument it "
+                "(gpu_exporter.training) to confirm the data phase."),
+    Hint(WORKERS_BUSY, "M1", "likely input-bound, workers saturated", ("evidence_busy_core_ratio",),
+         finding="each of its worker processes uses {value} (all busy) while the GPU waits",
+         advice="M1: every DataLoader worker is busy: more workers if the job has spare cores, cheaper decoding "
+                "or augmentation (on the GPU, e.g. DALI), or cache decoded samples; instrument it to confirm."),
+)
+"""Every hint, in the order diagnose prefers them."""
+
+HINTS_BY_ID: dict[str, Hint] = {h.hint: h for h in HINTS}
+
+
+def find_hints(p: ProcessSignals, t: Thresholds) -> list[tuple[Hint, float]]:
+    """Every hint of :data:`HINTS` the readings of ``p`` pass, with the value that passes (table order).
+
+    The caller applies them only to a GPU below target with no live reported run (the PromQL
+    of monitoring/evidence.py does the same; tests/test_evidence_rules.py checks they agree).
+
+    >>> from gpu_exporter.thresholds import load_thresholds
+    >>> t = load_thresholds()
+    >>> [h.hint for h, _ in find_hints(ProcessSignals("1", 0.98, 0.0, 0, {"running": 0.97, "sleeping": 0.03}), t)]
+    ['main_busy']
+    """
+    found: list[tuple[Hint, float]] = []
+    for hint in HINTS:
+        if hint.hint == STORAGE_WAIT:
+            value = p.states.get("disk", 0.0)
+            passes = value > t.evidence_io_wait_share
+        elif hint.hint == MAIN_BUSY:  # runnable, not CPU seconds: a loaded node must not hide a CPU-bound job
+            value = p.states.get("running", 0.0)
+            passes = p.child_processes == 0 and value >= t.evidence_busy_core_ratio
+        else:
+            value = p.children_cpu_cores / p.child_processes if p.child_processes else 0.0
+            passes = p.child_processes > 0 and value >= t.evidence_busy_core_ratio
+        if passes:
+            found.append((hint, value))
+    return found
+
+
+def hint_text(hint: Hint, value: float) -> str:
+    """The hint's finding with its value: ``"the main process uses 98% of one core with 0 worker ..."``."""
+    return hint.finding.format(value=cores(value) if hint.hint == WORKERS_BUSY else pct(value))

@@ -1,0 +1,254 @@
+"""The verdict ladder: every verdict a GPU can get, as one table, and the judge that walks it.
+
+:data:`LADDER` lists the rows in the order the judge tries them; the first row whose condition
+holds names the GPU's verdict. Each row carries its condition in words, the thresholds.yml keys
+it reads, the levels it applies at, its remedy, its runbook anchor and the shipped PromQL that
+expresses it (tests/test_causes_conformance.py feeds the same cases to promtool and to
+:func:`judge`). The causes (M1, M2, CK, M3, M4, ST) are rows too, one per row of
+:data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
+:func:`~gpu_exporter.verdict.causes.cause_order` wins.
+
+=================================  ==============================================================
+verdict                            when
+=================================  ==============================================================
+unknown                            NVML reports no utilization (GPUs in MIG mode)
+healthy                            utilization at or above ``utilization_target``
+unused                             no memory, process or live run on the GPU
+<cause> (M1, M2, CK, M3, M4, ST)   a cause of the table applies to a live run on the GPU: below
+                                   ``utilization_low_threshold`` the title is the cause
+                                   ("input-bound (M1)"), up to the target it reads
+                                   "below target: input-bound (M1)"; with its projection
+not instrumented (with a hint)     no live run, and /proc evidence passes a row of ``HINTS``
+idle but allocated                 below ``idle_utilization_threshold`` while work holds the GPU
+not instrumented                   below target, work on the GPU, but no live training run reports
+underutilized / below target       a live run reports, but no cause passes its threshold
+=================================  ==============================================================
+
+>>> [row.row for row in LADDER][:4]
+['unknown', 'healthy', 'unused', 'input_bound']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
+from gpu_exporter.verdict.levels import LEVELS, LOW, level
+from gpu_exporter.verdict.views import GpuView, RunView, Verdict
+
+INSTRUMENT_SNIPPET = """\
+from gpu_exporter import training
+run = training.start("my-run")                # pushes to $GPU_EXPORTER_URL (default http://127.0.0.1:9445)
+for batch in run.data(loader):                # time spent waiting for the batch is phase "data"
+    with run.phase("compute"): loss = train_step(batch)
+    run.step(samples=len(batch))"""
+"""The five lines that instrument a training loop (docs/training.md has the rest)."""
+
+BELOW = tuple(lv.level for lv in LEVELS)
+"""The levels below target: the rows that say why a GPU is below its target apply at these."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the ladder's conditions read of one GPU: its view, level, live runs and their top finding."""
+
+    view: GpuView
+    utilization: float | None
+    level: str | None
+    live: tuple[RunView, ...]
+    found: tuple[tuple[Finding, RunView], ...]
+    """Every finding of the live runs, in :func:`cause_order`."""
+
+    @property
+    def u(self) -> float:
+        """The utilization, for the rows below ``unknown`` (which take the GPUs without one)."""
+        assert self.utilization is not None
+        return self.utilization
+
+
+@dataclass(frozen=True)
+class Row:
+    """One verdict of the ladder. ``holds`` is its condition, ``say`` the verdict it gives."""
+
+    row: str
+    verdict: str
+    title: str
+    when: str
+    keys: tuple[str, ...]
+    levels: tuple[str, ...]
+    remedy: str
+    anchor: str
+    promql: str
+    """The shipped rule that expresses the row (an alert, or a recording rule with the value it has)."""
+    holds: Callable[[Facts, Thresholds], bool]
+    say: Callable[[Row, Facts, Thresholds], Verdict]
+
+    def titled(self, lvl: str | None) -> str:
+        """The title at level ``lvl``: ``"input-bound (M1)"`` or ``"below target: input-bound (M1)"``."""
+        return self.title if lvl in (None, LOW) else f"below target: {self.title}"
+
+    def runbook(self, t: Thresholds) -> str:
+        """The runbook link of this row ("" without a section)."""
+        return t.runbook_url(self.anchor) if self.anchor else ""
+
+
+# --- what each row says (the conditions are short enough to sit in the table) ----------------------
+
+def _unknown(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    return Verdict(row.verdict, row.title, "NVML reports no utilization for this GPU (MIG mode); "
+                   "look at gpu_sm_active_ratio (GPM) instead.")
+
+
+def _healthy(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    return Verdict(row.verdict, row.title, f"{pct(f.u)} utilization, at or above the "
+                                           f"{pct(t.utilization_target)} target.")
+
+
+def _unused(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    return Verdict(row.verdict, row.title, "no process, live training run or memory on the GPU: free capacity.")
+
+
+def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    (first, run), others = f.found[0], f.found[1:]
+    cause = first.cause
+    also = "".join(f" Also {g.cause.label}: {pct(g.value) if g.projected is not None else f'{g.value:.0f}'}"
+                   + (f" (at most ~{pct(g.projected)} without it)" if g.projected is not None else "") + "."
+                   for g, _ in others)
+    reason = f"{first.projection(f.u)}. {first.reason(run.run, run.rank)}{also}"
+    return _suggested(run, Verdict(row.verdict, row.titled(f.level), reason, row.remedy, row.runbook(t), True,
+                                   cause.code, f.level or "", first.projected))
+
+
+def _gone(f: Facts) -> str:
+    finished = [r.run for r in f.view.runs if not r.live]
+    return f" (run {', '.join(sorted(set(finished)))} finished or stopped pushing)" if finished else ""
+
+
+def _seen(f: Facts) -> str:
+    return f" {f.view.evidence_text}" if f.view.evidence_text else ""
+
+
+def _hinted(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    hint = HINTS_BY_ID[f.view.evidence_hint]
+    title = (f"not instrumented: {hint.label}" if f.level == LOW else
+             f"below target: not instrumented, {hint.label}")
+    reason = (f"{pct(f.u)} utilization (target {pct(t.utilization_target)}) and no live training run "
+              f"reports its phases{_gone(f)}. What /proc shows: {f.view.evidence_text} That points at {hint.label}.")
+    remedy = f"{hint.advice}\n{row.remedy}"
+    return Verdict(row.verdict, title, reason, remedy, row.runbook(t), True, hint.code, f.level or "")
+
+
+def _holder(view: GpuView, live: Sequence[RunView]) -> str:
+    parts = [f"training run {live[0].run}"] if live else []
+    parts += [f"pid {p.pid} {p.name} ({p.memory_bytes / 2**30:.1f} GiB)" for p in view.process_list]
+    if not parts:
+        return f"{pct(view.memory_used_ratio or 0.0)} of its memory"
+    return ", ".join(parts)
+
+
+def _idle(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    return _below(row, f, t, f"{pct(f.u)} utilization while {_holder(f.view, f.live)} holds the GPU."
+                             f"{_seen(f)}", title=row.title)
+
+
+def _uninstrumented(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    return _below(row, f, t, f"{pct(f.u)} utilization (target {pct(t.utilization_target)}) and no live "
+                             f"training run reports its phases{_gone(f)}.{_seen(f)}")
+
+
+def _underutilized(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    run = f.live[0]
+    biggest = max(((p, s) for p, s in run.shares.items() if p != "compute"), key=lambda x: x[1], default=None)
+    detail = f"; its largest phase besides compute is {biggest[0]} at {pct(biggest[1])}" if biggest else ""
+    return _below(row, f, t, f"{pct(f.u)} utilization (target {pct(t.utilization_target)}); no cause "
+                             f"passes its threshold for run {run.run}{detail}.",
+                  title=row.title if f.level == LOW else "below target: no single cause")
+
+
+def _below(row: Row, f: Facts, t: Thresholds, reason: str, title: str | None = None) -> Verdict:
+    return Verdict(row.verdict, title if title is not None else row.titled(f.level), reason, row.remedy,
+                   row.runbook(t), True, level=f.level or "")
+
+
+def _suggested(run: RunView, verdict: Verdict) -> Verdict:
+    """``verdict`` with the run's concrete remedy for its cause, first in the remedy and in the reason."""
+    if run.source:
+        verdict = replace(verdict, reason=f"{verdict.reason} (Phases sampled from the Python stack with py-spy, "
+                                          "not reported by the job.)")
+    text = run.suggestions.get(verdict.verdict, "")
+    if not text:
+        return verdict
+    return replace(verdict, reason=f"{verdict.reason} {verdict.title.split(': ')[-1]}: {text}.",
+                   remedy=f"{text}.\n{verdict.remedy}", suggestion=text)
+
+
+def _cause_row(cause: Cause) -> Row:
+    def holds(f: Facts, t: Thresholds) -> bool:
+        return bool(f.found) and f.found[0][0].cause is cause
+
+    return Row(cause.cause, cause.cause, cause.label,
+               f"the biggest finding of a live run on the GPU (allocator first) is {cause.label}", cause.keys, BELOW,
+               cause.advice, cause.anchor, f"{cause.alert} (run:gpu_training_cause:share{{cause=\"{cause.cause}\"}})",
+               holds, _cause)
+
+
+def _has_work(f: Facts, t: Thresholds) -> bool:
+    memory = f.view.memory_used_ratio
+    return bool(f.view.processes or f.live or (memory is not None and memory > t.work_memory_used_ratio))
+
+
+LADDER: tuple[Row, ...] = (
+    Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), (), "", "",
+        "absent(gpu:gpu_utilization:avg5m)", lambda f, t: f.utilization is None, _unknown),
+    Row("healthy", "healthy", "healthy", "utilization at or above the target", ("utilization_target",), (), "", "",
+        "no GpuUtilizationLow, GpuTrainingBelowTarget or cause alert", lambda f, t: f.level is None, _healthy),
+    Row("unused", "unused", "unused", "no process, no live run, memory at most work_memory_used_ratio",
+        ("work_memory_used_ratio",), BELOW, "", "", "gpu:gpu_has_work:bool == 0",
+        lambda f, t: not _has_work(f, t), _unused),
+    *(_cause_row(c) for c in CAUSES),
+    Row("not_instrumented_evidence", "not_instrumented", "not instrumented",
+        "no live run reports, and the processes' /proc evidence passes a row of HINTS",
+        tuple(dict.fromkeys(k for h in HINTS for k in h.keys)), BELOW,
+        f"Instrument it to confirm:\n{INSTRUMENT_SNIPPET}", EVIDENCE_ALERT.lower(),
+        f"{EVIDENCE_ALERT} (process:gpu_process_hint:value)",
+        lambda f, t: not f.live and bool(f.view.evidence_hint), _hinted),
+    Row("idle_but_allocated", "idle_but_allocated", "idle but allocated",
+        "utilization below idle_utilization_threshold while work holds the GPU", ("idle_utilization_threshold",),
+        BELOW, "Release the GPU (stop the idle notebook kernel or the finished job), or find what the job waits for: "
+               "its input pipeline or a collective with a dead rank.", "gpuidlebutallocated", "GpuIdleButAllocated",
+        lambda f, t: f.u < t.idle_utilization_threshold, _idle),
+    Row("not_instrumented", "not_instrumented", "not instrumented",
+        "below target with work on the GPU, and no live training run reports its phases",
+        ("utilization_low_threshold", "utilization_target"), BELOW,
+        "Instrument the job with gpu_exporter.training so the phases show the cause (input pipeline, metrics, "
+        f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}", "gpuutilizationlow",
+        "GpuUtilizationLow without a run label", lambda f, t: not f.live, _uninstrumented),
+    Row("underutilized", "underutilized", "underutilized",
+        "below target, a live run reports, but no cause passes its threshold",
+        ("utilization_low_threshold", "utilization_target"), BELOW,
+        "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
+        "inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow",
+        "GpuUtilizationLow with a run label and no run:gpu_training_cause:share", lambda f, t: True, _underutilized),
+)
+"""Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""
+
+BY_ROW: dict[str, Row] = {row.row: row for row in LADDER}
+
+
+def judge(view: GpuView, t: Thresholds) -> Verdict:
+    """The one verdict for ``view`` under thresholds ``t``: the first row of :data:`LADDER` that holds.
+
+    The causes of its live runs (``RunView.findings``) were found by the join
+    (:func:`gpu_exporter.verdict.join.build_views`); the first in :func:`cause_order` names the
+    verdict, the others are listed with it.
+    """
+    util = view.utilization
+    live = tuple(r for r in view.runs if r.live)
+    found = tuple(sorted(((f, r) for r in live for f in r.findings), key=lambda fr: cause_order(fr[0])))
+    facts = Facts(view, util, None if util is None else level(util, t), live, found)
+    for row in LADDER:
+        if row.holds(facts, t):
+            return row.say(row, facts, t)
+    raise AssertionError("the last row of the ladder always holds")  # pragma: no cover

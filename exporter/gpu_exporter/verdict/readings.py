@@ -1,0 +1,140 @@
+"""Readings from a node's own samples: two readings of an exporter (or of the collectors in process).
+
+The source side of the verdict for one node. :func:`from_snapshots` turns two
+:class:`~gpu_exporter.verdict.samples.Snapshot` s into :class:`~gpu_exporter.verdict.views.Readings`:
+utilization and run activity are the deltas between them. :class:`Keys` and :func:`instant` are
+shared with the Prometheus source (commands/diagnose_sources.py), which reads the same series
+from a fleet and keys GPUs by cluster as the rules do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpu_exporter import remedies
+from gpu_exporter.training.protocol import OTHER
+from gpu_exporter.verdict import evidence
+from gpu_exporter.verdict.samples import Labels, Snapshot
+from gpu_exporter.verdict.views import Process, Readings, RunKey
+
+STALE_SECONDS = 30.0
+"""A run that has not pushed for this long (or two windows, if longer) is not live."""
+
+Pairs = list[tuple[Labels, float]]
+
+INSTANT = ("gpu_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_process_memory_used_bytes",
+           "gpu_pod_info", "gpu_training_phase_seconds_total", "gpu_training_batch_size", "gpu_training_world_size")
+"""The series read as they are (no window): names, memory, processes, pods, run totals and sizes."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """How a sample's labels name its GPU: ``uuid``, or ``<cluster>/<uuid>`` with a ``cluster_label``.
+
+    >>> Keys("cluster").gpu({"cluster": "eu", "uuid": "GPU-1"}), Keys("").gpu({"cluster": "eu", "uuid": "GPU-1"})
+    ('eu/GPU-1', 'GPU-1')
+    """
+
+    cluster_label: str = ""
+
+    def gpu(self, labels: Labels) -> str:
+        uuid = labels.get("uuid", "")
+        cluster = labels.get(self.cluster_label, "") if self.cluster_label else ""
+        return f"{cluster}/{uuid}" if cluster and uuid else uuid
+
+    def relabel(self, pairs: Iterable[tuple[Labels, float]]) -> Pairs:
+        """``pairs`` with ``uuid`` set to the GPU key, so key-blind readers (evidence, remedies) keep clusters apart."""
+        if not self.cluster_label:
+            return list(pairs)
+        return [({**labels, "uuid": self.gpu(labels)} if labels.get("uuid") else labels, value)
+                for labels, value in pairs]
+
+    def run(self, labels: Labels) -> RunKey:
+        return labels.get("run", ""), labels.get("rank", ""), self.gpu(labels)
+
+    def phases(self, pairs: Iterable[tuple[Labels, float]]) -> dict[RunKey, dict[str, float]]:
+        out: dict[RunKey, dict[str, float]] = {}
+        for labels, value in pairs:
+            out.setdefault(self.run(labels), {})[labels.get("phase", OTHER)] = value
+        return out
+
+    def per_run(self, pairs: Iterable[tuple[Labels, float]]) -> dict[RunKey, float]:
+        return {self.run(labels): value for labels, value in pairs}
+
+    def per_gpu(self, pairs: Iterable[tuple[Labels, float]]) -> dict[str, float]:
+        return {self.gpu(labels): value for labels, value in pairs}
+
+    def sampled(self, pairs: Iterable[tuple[Labels, float]]) -> set[RunKey]:
+        """The runs whose phases the exporter sampled (label ``source="sampled"``, gpu_exporter.sampling)."""
+        return {self.run(labels) for labels, _ in pairs if labels.get("source") == "sampled"}
+
+
+def instant(readings: Readings, cur: Iterable[tuple[str, Pairs]], keys: Keys) -> Readings:
+    """Fill the instant parts of ``readings`` from (metric name, samples) pairs."""
+    for name, pairs in cur:
+        if name == "gpu_info":
+            readings.info = [labels for labels, _ in pairs]
+        elif name == "gpu_memory_used_bytes":
+            readings.memory_used = keys.per_gpu(pairs)
+        elif name == "gpu_memory_total_bytes":
+            readings.memory_total = keys.per_gpu(pairs)
+        elif name == "gpu_process_memory_used_bytes":
+            for labels, value in pairs:
+                readings.processes.setdefault(keys.gpu(labels), []).append(
+                    Process(labels.get("pid", ""), labels.get("process_name", ""), value))
+        elif name == "gpu_pod_info":
+            for labels, _ in pairs:
+                readings.pods.setdefault(keys.gpu(labels), set()).add(
+                    f"{labels.get('namespace', '')}/{labels.get('pod', '')}")
+        elif name == "gpu_training_phase_seconds_total":
+            readings.phase_total = keys.phases(pairs)
+        elif name == "gpu_training_batch_size":
+            readings.batch_size = keys.per_run(pairs)
+        elif name == "gpu_training_world_size":
+            readings.world_size = keys.per_run(pairs)
+    return readings
+
+
+def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
+    """Readings from two readings of one exporter: utilization and run activity are the deltas between them.
+
+    A run is live when it reports a current phase (it has not finished) and pushed within
+    ``max(STALE_SECONDS, 2 x window)`` of the second reading.
+    """
+    keys = Keys()
+    readings = instant(Readings(), ((name, cur.series(name)) for name in INSTANT), keys)
+    elapsed = cur.at - prev.at
+    before = keys.per_gpu(prev.series("gpu_busy_seconds_total"))
+    for uuid, after in keys.per_gpu(cur.series("gpu_busy_seconds_total")).items():
+        if uuid in before and elapsed > 0 and after >= before[uuid]:
+            readings.utilization[uuid] = min((after - before[uuid]) / elapsed, 1.0)
+    old_phases = keys.phases(prev.series("gpu_training_phase_seconds_total"))
+    for key, phases in readings.phase_total.items():
+        old = old_phases.get(key, {})
+        restarted = any(phases.get(p, 0.0) < v for p, v in old.items())
+        readings.phase_window[key] = {p: v - (0.0 if restarted else old.get(p, 0.0)) for p, v in phases.items()}
+    for counter, target in (("gpu_training_allocator_retries_total", readings.retries),
+                            ("gpu_training_allocator_ooms_total", readings.ooms)):
+        old_counts = keys.per_run(prev.series(counter))
+        for key, value in keys.per_run(cur.series(counter)).items():
+            base = old_counts.get(key, 0.0)
+            target[key] = value - base if value >= base else value
+    old_steps = keys.per_run(prev.series("gpu_training_steps_total"))
+    for key, steps in keys.per_run(cur.series("gpu_training_steps_total")).items():
+        wall = sum(v for v in readings.phase_window.get(key, {}).values() if v > 0)
+        if steps > old_steps.get(key, steps) and wall > 0:  # seconds per step: the run's own clock
+            readings.step_seconds[key] = wall / (steps - old_steps[key])
+    current = {key for key, value in keys.per_run(
+        (labels, value) for labels, value in cur.series("gpu_training_current_phase") if value == 1.0).items()}
+    stale = max(STALE_SECONDS, 2 * elapsed)
+    pushed = keys.per_run(cur.series("gpu_training_last_push_timestamp_seconds"))
+    readings.live = {key for key in current if cur.wall - pushed.get(key, cur.wall) <= stale}
+    readings.evidence = evidence.from_snapshots(prev, cur)
+    readings.contexts = remedies.read_contexts(cur.series)
+    readings.sampled = keys.sampled(cur.series("gpu_training_phase_seconds_total"))
+    return readings
+
+
+Query = Callable[[str], Pairs]
+"""A PromQL instant query answering (labels, value) pairs."""

@@ -1,0 +1,127 @@
+"""What the verdict reads and what it says: readings from a source, the joined views, the verdict.
+
+A source (:mod:`gpu_exporter.verdict.readings` for exporter scrapes and the collectors,
+:mod:`gpu_exporter.commands.diagnose_sources` for Prometheus) fills :class:`Readings`, keyed by
+GPU key and (run, rank, GPU key); :func:`gpu_exporter.verdict.join.build_views` joins them into one
+:class:`GpuView` per GPU with its :class:`RunView` s; :func:`gpu_exporter.verdict.ladder.judge`
+turns a view into a :class:`Verdict`.
+
+The GPU key is the ``uuid`` label, or ``<cluster>/<uuid>`` when the readings come from a fleet
+whose series carry the ``cluster_label`` of thresholds.yml (the rules keep clusters apart the
+same way); :attr:`GpuView.uuid` is always the plain UUID.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpu_exporter import remedies
+from gpu_exporter.verdict.causes import Finding, Hint, ProcessSignals
+from gpu_exporter.verdict.samples import Labels
+
+RunKey = tuple[str, str, str]
+"""(run, rank, GPU key)."""
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A training run (rank) on a GPU, over the window, with the causes that apply to it."""
+
+    run: str
+    rank: str
+    shares: dict[str, float]
+    seconds: float
+    since_start: bool
+    batch_size: float | None
+    allocator_retries: float
+    allocator_ooms: float
+    live: bool = True
+    findings: tuple[Finding, ...] = ()
+    world_size: int = 1
+    step_seconds: float | None = None
+    """Mean seconds per training step over the window (None: no step in it)."""
+    suggestions: dict[str, str] = field(default_factory=dict)
+    """Concrete remedy per cause id, from the run's reported context (gpu_exporter.remedies)."""
+    source: str = ""
+    """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.sampling)."""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process holding memory on a GPU."""
+
+    pid: str
+    name: str
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What the verdict knows about one GPU."""
+
+    uuid: str
+    gpu: str
+    name: str
+    node: str
+    utilization: float | None
+    memory_used_ratio: float | None
+    processes: int
+    pods: tuple[str, ...]
+    runs: tuple[RunView, ...]
+    process_list: tuple[Process, ...] = ()
+    evidence: tuple[ProcessSignals, ...] = ()
+    """What /proc showed of its processes (verdict/evidence.py); ``evidence_hint``: the first hint that
+    passed (an id of causes.HINTS) and ``evidence_finding`` its sentence; ``evidence_text`` all processes."""
+    evidence_hint: str = ""
+    evidence_finding: str = ""
+    evidence_text: str = ""
+    cluster: str = ""
+    """The GPU's ``cluster_label`` value in a fleet read from Prometheus ("" for one node)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The diagnosis of one GPU. ``projected`` is the utilization reachable without the cause."""
+
+    verdict: str
+    title: str
+    reason: str
+    remedy: str = ""
+    runbook: str = ""
+    below_target: bool = False
+    code: str = ""
+    level: str = ""
+    projected: float | None = None
+    suggestion: str = ""
+    """The concrete remedy, with the run's own numbers (gpu_exporter.remedies); "" without them."""
+
+
+@dataclass
+class Readings:
+    """Everything read from a source, keyed by GPU key or (run, rank, GPU key)."""
+
+    info: list[Labels] = field(default_factory=list)
+    utilization: dict[str, float] = field(default_factory=dict)
+    memory_used: dict[str, float] = field(default_factory=dict)
+    memory_total: dict[str, float] = field(default_factory=dict)
+    memory_ratio: dict[str, float] = field(default_factory=dict)
+    processes: dict[str, list[Process]] = field(default_factory=dict)
+    pods: dict[str, set[str]] = field(default_factory=dict)
+    phase_window: dict[RunKey, dict[str, float]] = field(default_factory=dict)
+    phase_total: dict[RunKey, dict[str, float]] = field(default_factory=dict)
+    retries: dict[RunKey, float] = field(default_factory=dict)
+    ooms: dict[RunKey, float] = field(default_factory=dict)
+    batch_size: dict[RunKey, float] = field(default_factory=dict)
+    world_size: dict[RunKey, float] = field(default_factory=dict)
+    step_seconds: dict[RunKey, float] = field(default_factory=dict)
+    live: set[RunKey] = field(default_factory=set)
+    findings: dict[RunKey, list[Finding]] | None = None
+    """Causes read from Prometheus' recording rules; None: judge here with the cause table."""
+    evidence: dict[str, list[ProcessSignals]] = field(default_factory=dict)
+    hints: dict[tuple[str, str], list[tuple[Hint, float]]] | None = None
+    """Evidence hints per (GPU key, pid) from the recording rules; None: apply causes.HINTS here."""
+    contexts: dict[RunKey, remedies.Context] = field(default_factory=dict)
+    sampled: set[RunKey] = field(default_factory=set)
+    """The runs whose phases the exporter sampled (label ``source="sampled"``)."""
+    cluster_label: str = ""
+    """The label the GPU keys were made with (verdict.readings.Keys); "" for one node."""
