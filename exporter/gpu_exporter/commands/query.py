@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
+from gpu_exporter import catalog
 from gpu_exporter.commands.metrics_client import (
     ExporterSource,
     MetricsError,
@@ -48,8 +49,8 @@ NOT_AVAILABLE = "[N/A]"
 GPU_LOST = "[GPU is lost]"
 """What nvidia-smi prints for a value of a GPU that NVML reports lost (NVML_ERROR_GPU_IS_LOST)."""
 _MIB = 1024 * 1024
-_RATIO_GAUGE = {"gpu_busy_seconds_total": "gpu_utilization_ratio",
-                "gpu_memory_busy_seconds_total": "gpu_memory_utilization_ratio"}
+_RATIO_GAUGE = {catalog.GPU_BUSY_SECONDS_TOTAL.name: catalog.GPU_UTILIZATION_RATIO.name,
+                catalog.GPU_MEMORY_BUSY_SECONDS_TOTAL.name: catalog.GPU_MEMORY_UTILIZATION_RATIO.name}
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class GpuRow:
 
     def info(self, label: str) -> str | None:
         """A label of the GPU's ``gpu_info`` series."""
-        found = self.cur.series("gpu_info", uuid=self.uuid)
+        found = self.cur.series(catalog.GPU_INFO.name, uuid=self.uuid)
         return found[0][0].get(label) if found else None
 
     def gauge(self, name: str) -> float | None:
@@ -138,7 +139,7 @@ def _percent(counter: str) -> Callable[[GpuRow], str | None]:
 
 
 def _average_power(row: GpuRow) -> str | None:
-    watts = row.rate("gpu_energy_joules_total")
+    watts = row.rate(catalog.GPU_ENERGY_JOULES_TOTAL.name)
     return None if watts is None else f"{watts:.2f}"
 
 
@@ -150,28 +151,31 @@ FIELDS: tuple[Field, ...] = (
     Field("uuid", "", lambda r: r.uuid, ("gpu_uuid",), "GPU UUID", identity=True),
     Field("pci.bus_id", "", lambda r: r.info("pci_bus_id"), ("gpu_bus_id",), "PCI bus id", identity=True),
     Field("index", "", lambda r: r.index, help="NVML index of the GPU", identity=True),
-    Field("utilization.gpu", "%", _percent("gpu_busy_seconds_total"),
+    Field("utilization.gpu", "%", _percent(catalog.GPU_BUSY_SECONDS_TOTAL.name),
           help="share of the interval in which a kernel ran (mean, not a sample)"),
-    Field("utilization.memory", "%", _percent("gpu_memory_busy_seconds_total"),
+    Field("utilization.memory", "%", _percent(catalog.GPU_MEMORY_BUSY_SECONDS_TOTAL.name),
           help="share of the interval in which device memory was read or written (mean)"),
-    Field("memory.total", "MiB", _mib("gpu_memory_total_bytes"), help="installed memory"),
-    Field("memory.reserved", "MiB", _mib("gpu_memory_reserved_bytes"), help="memory reserved by the driver"),
-    Field("memory.used", "MiB", _mib("gpu_memory_used_bytes"), help="memory in use"),
-    Field("memory.free", "MiB", _mib("gpu_memory_free_bytes"), help="memory free"),
-    Field("temperature.gpu", "", _scaled("gpu_temperature_celsius", 1.0, "%.0f"), help="die temperature, °C"),
-    Field("power.draw", "W", _scaled("gpu_power_watts", 1.0, "%.2f"), help="power draw (NVML's power usage)"),
+    Field("memory.total", "MiB", _mib(catalog.GPU_MEMORY_TOTAL_BYTES.name), help="installed memory"),
+    Field("memory.reserved", "MiB", _mib(catalog.GPU_MEMORY_RESERVED_BYTES.name), help="memory reserved by the driver"),
+    Field("memory.used", "MiB", _mib(catalog.GPU_MEMORY_USED_BYTES.name), help="memory in use"),
+    Field("memory.free", "MiB", _mib(catalog.GPU_MEMORY_FREE_BYTES.name), help="memory free"),
+    Field("temperature.gpu", "", _scaled(catalog.GPU_TEMPERATURE_CELSIUS.name, 1.0, "%.0f"),
+          help="die temperature, °C"),
+    Field("power.draw", "W", _scaled(catalog.GPU_POWER_WATTS.name, 1.0, "%.2f"),
+          help="power draw (NVML's power usage)"),
     Field("power.draw.average", "W", _average_power,
           help="mean power over the interval, from the energy counter ([N/A] on the first row)"),
-    Field("power.draw.instant", "W", _scaled("gpu_power_watts", 1.0, "%.2f"),
+    Field("power.draw.instant", "W", _scaled(catalog.GPU_POWER_WATTS.name, 1.0, "%.2f"),
           help="NVML's power usage reading, as power.draw"),
-    Field("power.limit", "W", _scaled("gpu_power_limit_watts", 1.0, "%.2f"),
+    Field("power.limit", "W", _scaled(catalog.GPU_POWER_LIMIT_WATTS.name, 1.0, "%.2f"),
           help="the enforced power limit (the exporter reads no separate software limit)"),
-    Field("enforced.power.limit", "W", _scaled("gpu_power_limit_watts", 1.0, "%.2f"),
+    Field("enforced.power.limit", "W", _scaled(catalog.GPU_POWER_LIMIT_WATTS.name, 1.0, "%.2f"),
           help="the power limit the driver enforces"),
-    Field("clocks.current.sm", "MHz", _scaled("gpu_sm_clock_hertz", 1e-6, "%.0f"), ("clocks.sm",), "SM clock"),
-    Field("clocks.current.memory", "MHz", _scaled("gpu_memory_clock_hertz", 1e-6, "%.0f"), ("clocks.mem",),
+    Field("clocks.current.sm", "MHz", _scaled(catalog.GPU_SM_CLOCK_HERTZ.name, 1e-6, "%.0f"), ("clocks.sm",),
+          "SM clock"),
+    Field("clocks.current.memory", "MHz", _scaled(catalog.GPU_MEMORY_CLOCK_HERTZ.name, 1e-6, "%.0f"), ("clocks.mem",),
           "memory clock"),
-    Field("fan.speed", "%", _scaled("gpu_fan_speed_ratio", 100.0, "%.0f"), help="fan speed"),
+    Field("fan.speed", "%", _scaled(catalog.GPU_FAN_SPEED_RATIO.name, 100.0, "%.0f"), help="fan speed"),
 )
 
 
@@ -184,7 +188,7 @@ class AppRow:
     cur: Snapshot
 
     def info(self, label: str) -> str | None:
-        found = self.cur.series("gpu_info", uuid=self.labels.get("uuid", ""))
+        found = self.cur.series(catalog.GPU_INFO.name, uuid=self.labels.get("uuid", ""))
         return found[0][0].get(label) if found else None
 
 
@@ -260,7 +264,7 @@ def select_gpus(snapshot: Snapshot, ids: str | None) -> list[tuple[str, str]]:
     """(index, uuid) of the GPUs to print, in index order; ``ids`` is ``--id`` (indexes, UUIDs, PCI bus
     ids in nvidia-smi's long form or short ``3b:00.0``)."""
     gpus = sorted(((labels.get("gpu", ""), labels.get("uuid", ""), labels.get("pci_bus_id", ""))
-                   for labels, _ in snapshot.series("gpu_info")),
+                   for labels, _ in snapshot.series(catalog.GPU_INFO.name)),
                   key=lambda g: (int(g[0]) if g[0].isdigit() else 1 << 30, g[0]))
     if ids is None:
         return [(index, uuid) for index, uuid, _ in gpus]
@@ -293,7 +297,7 @@ def format_rows(fields: Sequence[Field], prev: Snapshot | None, cur: Snapshot, g
                 units: bool, fresh: bool = True, first: Snapshot | None = None) -> list[str]:
     """One CSV line per GPU. A GPU gone from ``cur`` since ``first`` (the reading the GPUs were
     chosen from) prints its identity fields from ``first`` and ``[GPU is lost]`` elsewhere."""
-    present = {labels.get("uuid") for labels, _ in cur.series("gpu_info")}
+    present = {labels.get("uuid") for labels, _ in cur.series(catalog.GPU_INFO.name)}
     count = len(present)
     lines = []
     for index, uuid in gpus:
@@ -309,7 +313,7 @@ def format_rows(fields: Sequence[Field], prev: Snapshot | None, cur: Snapshot, g
 def format_apps(fields: Sequence[Field], cur: Snapshot, gpus: Sequence[tuple[str, str]], units: bool) -> list[str]:
     """One CSV line per process on the chosen GPUs (whole-GPU processes, by GPU index then pid)."""
     order = {uuid: i for i, (_, uuid) in enumerate(gpus)}
-    apps = [AppRow(labels, value, cur) for labels, value in cur.series("gpu_process_memory_used_bytes")
+    apps = [AppRow(labels, value, cur) for labels, value in cur.series(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)
             if labels.get("uuid") in order]
     apps.sort(key=lambda a: (order[a.labels.get("uuid", "")], int(a.labels.get("pid", "0") or 0)))
     return [_cells(fields, app, units) for app in apps]
