@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from gpu_exporter.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 
-from monitoring.model import Alert, Model, group_rules
+from monitoring.model import Alert, Model, Record
 from monitoring.model import indent as _indent
 from monitoring.rules import _wrap
 
@@ -50,17 +50,24 @@ def _condition(hint: Hint) -> str:
             ">= ${evidence_busy_core_ratio}")
 
 
-def evidence_recording_group() -> str:
+RECORDING = "gpu-process-evidence.recording"
+
+
+def evidence_records() -> list[Record]:
     """The ``gpu-process-evidence.recording`` group: rates, shares and one hint rule per row of HINTS."""
-    rules = [f"# {doc}\n- record: {name}\n  expr: |\n{_indent(expr, 4)}\n" for name, expr, doc in RATES]
+    rules = [Record(RECORDING, name, expr, comment=doc) for name, expr, doc in RATES]
     for hint in HINTS:
         expr = f"(\n{_indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{_indent(UNINSTRUMENTED, 2)}\n)\n"
-        rules.append(f"# {hint.label}: {hint.finding.format(value='<value>')}.\n"
-                     f"- record: process:gpu_process_hint:value\n  expr: |\n{_indent(expr, 4)}"
-                     f"  labels:\n    hint: {hint.hint}\n    code: {hint.code}\n")
-    body = group_rules(rules)
-    return ("  # Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py): what /proc shows of GPU processes\n"
-            "  # nobody instrumented.\n  - name: gpu-process-evidence.recording\n    rules:\n" + body)
+        rules.append(Record(RECORDING, "process:gpu_process_hint:value", expr,
+                            (("hint", hint.hint), ("code", hint.code)),
+                            f"{hint.label}: {hint.finding.format(value='<value>')}."))
+    return rules
+
+
+def evidence_recording_group(model: Model) -> str:
+    """The ``gpu-process-evidence.recording`` group, written from the model."""
+    return model.group_text(RECORDING, "Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py): what /proc "
+                            "shows of GPU processes\nnobody instrumented.")
 
 
 def _finding(hint: Hint) -> str:
@@ -93,15 +100,14 @@ def evidence_alerts() -> list[Alert]:
 
 def evidence_alert_group(model: Model) -> str:
     """The ``gpu-process-evidence.alerts`` group, written from the model's alerts."""
-    return ("  # Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py); they read only "
-            f"process:gpu_process_hint:value.\n  - name: {ALERTS}\n    rules:\n"
-            + group_rules([a.text() for a in model.group(ALERTS)]))
+    return model.group_text(ALERTS, "Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py); they read "
+                            "only process:gpu_process_hint:value.")
 
 
 def _recording_groups(model: Model) -> str:
     from monitoring.remedies import remedy_recording_group  # it imports monitoring.rules too
 
-    return evidence_recording_group() + "\n" + remedy_recording_group()
+    return evidence_recording_group(model) + "\n" + remedy_recording_group(model)
 
 
 GROUPS: dict[str, Callable[[Model], str]] = {

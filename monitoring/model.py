@@ -75,6 +75,25 @@ class Alert:
                 f"{indent(self.description, 6)}    runbook_url: ${{runbook_url_pattern:{self.anchor}}}\n")
 
 
+@dataclass(frozen=True)
+class Record:
+    """One recording rule: its name, expression (``${key}`` placeholders), labels and the comment before it."""
+
+    group: str
+    name: str
+    expr: str
+    labels: tuple[tuple[str, str], ...] = ()
+    comment: str = ""
+
+    def text(self) -> str:
+        """The rule as Prometheus YAML (an item of a group's ``rules:``, unindented)."""
+        comment = "".join(f"# {line}\n" for line in self.comment.splitlines())
+        expr = self.expr if self.expr.endswith("\n") else self.expr + "\n"
+        labels = "".join(f"    {key}: {value}\n" for key, value in self.labels)
+        labels = f"  labels:\n{labels}" if labels else ""
+        return f"{comment}- record: {self.name}\n  expr: |\n{indent(expr, 4)}{labels}"
+
+
 def group_rules(texts: Sequence[str]) -> str:
     """Rules (their YAML texts) as the body of a group's ``rules:``, a blank line between them."""
     return "".join(indent(text, 6) + "\n" for text in texts).rstrip("\n") + "\n"
@@ -82,11 +101,12 @@ def group_rules(texts: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Model:
-    """Everything the generators write, built once from one config: the generated alerts (in file order)
-    and the dashboards as Grafana JSON models (file name -> model)."""
+    """Everything the generators write, built once from one config: the generated alerts and recording
+    rules (in file order) and the dashboards as Grafana JSON models (file name -> model)."""
 
     config: ThresholdsFile
     alerts: tuple[Alert, ...]
+    records: tuple[Record, ...] = ()
     dashboards: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def alert(self, name: str) -> Alert:
@@ -100,9 +120,18 @@ class Model:
         """Every alert named ``name`` (a cause alert has one rule per cause)."""
         return [a for a in self.alerts if a.name == name]
 
-    def group(self, name: str) -> list[Alert]:
-        """The alerts of the Prometheus rule group ``name``."""
-        return [a for a in self.alerts if a.group == name]
+    def group(self, name: str) -> list[Alert | Record]:
+        """The rules of the Prometheus rule group ``name``."""
+        rules: list[Alert | Record] = [*self.records, *self.alerts]
+        return [r for r in rules if r.group == name]
+
+    def group_text(self, name: str, comment: str) -> str:
+        """The group ``name`` as Prometheus YAML (an item of ``groups:``), ``comment`` above it."""
+        rules = self.group(name)
+        if not rules:
+            raise KeyError(f"the model has no rules of group {name}")
+        head = "".join(f"  # {line}\n" for line in comment.splitlines())
+        return f"{head}  - name: {name}\n    rules:\n" + group_rules([r.text() for r in rules])
 
     def dashboard(self, uid: str) -> dict[str, Any]:
         """The dashboard model with ``uid`` (KeyError when there is none)."""
@@ -114,9 +143,10 @@ class Model:
 
 def build(config: ThresholdsFile | None = None) -> Model:
     """The model of ``config`` (default: the packaged thresholds.yml)."""
-    from monitoring import dashboards, evidence, rules, utilization  # they import this module
+    from monitoring import dashboards, evidence, remedies, rules, utilization  # they import this module
     from monitoring.panels import Config
 
     config = read_thresholds_file() if config is None else config
     alerts = (*utilization.alerts(), *rules.cause_alerts(), *evidence.evidence_alerts())
-    return Model(config, alerts, dashboards.build(Config.load(config)))
+    records = (*rules.cause_records(), *evidence.evidence_records(), *remedies.remedy_records())
+    return Model(config, alerts, records, dashboards.build(Config.load(config)))

@@ -26,7 +26,7 @@ from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, LOW, PHASE, STRAGGLER
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 
 from monitoring import straggler
-from monitoring.model import Alert, Model, build, group_rules
+from monitoring.model import Alert, Model, Record, build, group_rules
 from monitoring.model import indent as _indent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def generate(model: Model | ThresholdsFile | None = None) -> dict[Path, str]:
     values = model.config
     used: set[str] = set()
     outputs: dict[Path, str] = {}
-    generated = {"gpu-recording.rules.yml": lambda: cause_recording_group(),
+    generated = {"gpu-recording.rules.yml": lambda: cause_recording_group(model),
                  "gpu-alerts.rules.yml": lambda: cause_alert_group(model)}
     for template in sorted(TEMPLATES.glob("*.rules.yml.in")):
         name = template.name.removesuffix(".in")
@@ -144,34 +144,40 @@ def _condition(cause: Cause) -> str:
             f"and\n{LIVE}")
 
 
-def cause_recording_group() -> str:
+CAUSE_RECORDING = "gpu-cause.recording"
+
+
+def cause_records() -> list[Record]:
     """The ``gpu-cause.recording`` group: one share rule per cause and level, then the projections."""
     rules = []
     for cause in CAUSES:
         for lvl, condition in LEVELS.items():
             expr = f"(\n{_indent(_condition(cause), 2)}\n)\nand on ({C}, uuid)\n({condition})\n"
-            rules.append(
-                f"# {cause.label}, level {lvl}: value = "
+            rules.append(Record(
+                CAUSE_RECORDING, "run:gpu_training_cause:share", expr,
+                (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
+                f"{cause.label}, level {lvl}: value = "
                 + ("allocator retries + OOMs in ${allocator_window}" if cause.kind == ALLOCATOR else
-                   "the share of the step it takes") + ".\n"
-                f"- record: run:gpu_training_cause:share\n  expr: |\n{_indent(expr, 4)}"
-                f"  labels:\n    cause: {cause.cause}\n    code: {cause.code}\n"
-                f"    remedy: {cause.remedy}\n    level: {lvl}\n")
+                   "the share of the step it takes") + "."))
     phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER))
     launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
-    rules.append(
-        "# The utilization the GPU could reach without the cause (an upper bound). Hiding a phase of share s\n"
-        "# leaves the GPU work and shortens the step to 1 - s: u / (1 - s). A launch-bound GPU busy through\n"
-        "# its whole compute phase reaches the compute share: u + share.\n"
-        "- record: run:gpu_training_cause:projected_utilization\n  expr: |\n"
-        + _indent(f"clamp_max(\n    (\n        {UTIL}\n      / on ({C}, uuid) group_right ()\n"
-                  f'        (1 - run:gpu_training_cause:share{{cause=~"{phase_causes}"}})\n    )\n  or\n'
-                  f"    (\n        {UTIL}\n      + on ({C}, uuid) group_right ()\n"
-                  f'        run:gpu_training_cause:share{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n', 4))
-    rules += [straggler.projected_step_rule(c, C) for c in CAUSES if c.kind == STRAGGLER]
-    body = group_rules(rules)
-    return ("  # Generated from gpu_exporter.causes.CAUSES: why a live run's GPU is below target, per run and GPU.\n"
-            "  - name: gpu-cause.recording\n    rules:\n" + body)
+    rules.append(Record(
+        CAUSE_RECORDING, "run:gpu_training_cause:projected_utilization",
+        f"clamp_max(\n    (\n        {UTIL}\n      / on ({C}, uuid) group_right ()\n"
+        f'        (1 - run:gpu_training_cause:share{{cause=~"{phase_causes}"}})\n    )\n  or\n'
+        f"    (\n        {UTIL}\n      + on ({C}, uuid) group_right ()\n"
+        f'        run:gpu_training_cause:share{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n',
+        comment="The utilization the GPU could reach without the cause (an upper bound). Hiding a phase of share s\n"
+                "leaves the GPU work and shortens the step to 1 - s: u / (1 - s). A launch-bound GPU busy through\n"
+                "its whole compute phase reaches the compute share: u + share."))
+    rules += [straggler.projected_step_rule(c, C, CAUSE_RECORDING) for c in CAUSES if c.kind == STRAGGLER]
+    return rules
+
+
+def cause_recording_group(model: Model) -> str:
+    """The ``gpu-cause.recording`` group, written from the model."""
+    return model.group_text(CAUSE_RECORDING, "Generated from gpu_exporter.causes.CAUSES: why a live run's GPU is "
+                            "below target, per run and GPU.")
 
 
 def _projection(cause: Cause) -> str:
@@ -265,5 +271,5 @@ def cause_alerts() -> list[Alert]:
 
 def cause_alert_group(model: Model) -> str:
     """The ``gpu-cause.alerts`` group, written from the model's alerts."""
-    return ("  # Generated from gpu_exporter.causes.CAUSES; they read only run:gpu_training_cause:share.\n"
-            f"  - name: {CAUSE_ALERTS}\n    rules:\n" + group_rules([a.text() for a in model.group(CAUSE_ALERTS)]))
+    return model.group_text(CAUSE_ALERTS, "Generated from gpu_exporter.causes.CAUSES; they read only "
+                            "run:gpu_training_cause:share.")

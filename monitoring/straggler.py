@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, STRAGGLER, Cause
 
+from monitoring.model import Record
+
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
 STEP = "run:gpu_training_step_seconds:avg5m"
@@ -33,13 +35,14 @@ def condition(cause: Cause, share: str, live: str, c: str) -> str:
             f"> ${{{cause.keys[0]}}}\nand ignoring ({LABEL})\n{live}")
 
 
-def projected_step_rule(cause: Cause, c: str) -> str:
+def projected_step_rule(cause: Cause, c: str, group: str) -> Record:
     """The recording rule of the run's step time if the straggler kept up: step time x (1 - wait)."""
-    return (f"# The run's step time if rank {LABEL} kept up: the waiting rank's step time without its wait.\n"
-            f"- record: {PROJECTED_STEP}\n  expr: |\n"
-            f"    {STEP}\n    * on ({c}, run, rank, uuid) group_right ()\n"
-            f"    (1 - max by ({c}, run, rank, uuid, {LABEL}) "
-            f'(run:gpu_training_cause:share{{cause="{cause.cause}"}}))\n')
+    return Record(group, PROJECTED_STEP,
+                  f"{STEP}\n* on ({c}, run, rank, uuid) group_right ()\n"
+                  f"(1 - max by ({c}, run, rank, uuid, {LABEL}) "
+                  f'(run:gpu_training_cause:share{{cause="{cause.cause}"}}))\n',
+                  comment=f"The run's step time if rank {LABEL} kept up: the waiting rank's step time without its "
+                          "wait.")
 
 
 def _said(cause: Cause) -> str:
