@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter import catalog
 from gpu_exporter.causes import BY_ID, LAUNCH, PHASE, RunSignals, find_causes, pct
 from gpu_exporter.commands.metrics_client import (
     Labels,
@@ -51,6 +52,16 @@ from gpu_exporter.commands.metrics_client import (
     promql_duration,
 )
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
+
+_PHASES = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name
+_LAST_PUSH = catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.name
+_BUSY = catalog.GPU_BUSY_SECONDS_TOTAL.name
+_MEMORY_USED = catalog.GPU_MEMORY_USED_BYTES.name
+_MEMORY_TOTAL = catalog.GPU_MEMORY_TOTAL_BYTES.name
+_CURRENT_PHASE = catalog.GPU_TRAINING_CURRENT_PHASE.name
+_RETRIES = catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name
+_OOMS = catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name
+_BATCH = catalog.GPU_TRAINING_BATCH_SIZE.name
 
 RankKey = tuple[str, str]
 """(rank, uuid) of one process of the run."""
@@ -162,7 +173,7 @@ def _at(prom: Prometheus, when: float, expr: str) -> list[tuple[Labels, float]]:
 
 def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str) -> dict[RankKey, dict[str, float]]:
     out: dict[RankKey, dict[str, float]] = {}
-    expr = f"last_over_time(gpu_training_phase_seconds_total{{run={_quote(run)}}}[{lookback}])"
+    expr = f"last_over_time({_PHASES}{{run={_quote(run)}}}[{lookback}])"
     for labels, value in _at(prom, when, expr):
         out.setdefault(_key(labels), {})[labels.get("phase", "other")] = value
     return out
@@ -174,11 +185,11 @@ Totals = dict[RankKey, dict[str, float]]
 def lifetime(prom: Prometheus, run: str, now: float, lookback: str) -> tuple[float, float, Totals]:
     """(start, end, final phase seconds per rank) of ``run``: its last push, minus the wall time its phase
     timers add up to (the phases add up to wall time)."""
-    pushes = _at(prom, now, f"max_over_time(gpu_training_last_push_timestamp_seconds{{run={_quote(run)}}}"
+    pushes = _at(prom, now, f"max_over_time({_LAST_PUSH}{{run={_quote(run)}}}"
                             f"[{lookback}])")
     if not pushes:
         raise MetricsError(f"Prometheus at {prom.base} holds no training run {run!r} in the last {lookback}: "
-                           "check the name (gpu_training_last_push_timestamp_seconds{run=...}) or widen --lookback")
+                           f"check the name ({_LAST_PUSH}{{run=...}}) or widen --lookback")
     end = max(value for _, value in pushes)
     totals = _phase_totals(prom, now, run, lookback)
     wall = max((sum(v for v in phases.values() if v > 0) for phases in totals.values()), default=0.0)
@@ -196,7 +207,7 @@ def _deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str,
 
 def _busy(prom: Prometheus, uuids: Sequence[str], start: float, end: float) -> dict[str, float]:
     """Busy seconds of each GPU between its first and last sample in the range (the counter only grows)."""
-    sel = f"gpu_busy_seconds_total{{uuid=~{_quote('|'.join(uuids))}}}[{promql_duration(max(end - start, 1.0))}]"
+    sel = f"{_BUSY}{{uuid=~{_quote('|'.join(uuids))}}}[{promql_duration(max(end - start, 1.0))}]"
     return {labels.get("uuid", ""): value for labels, value in
             _at(prom, end, f"max by (uuid) (max_over_time({sel}) - min_over_time({sel}))")}
 
@@ -276,20 +287,20 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
     """The run over time: utilization per GPU, phase shares (all ranks), and when each cause applied."""
     sel = f"run={_quote(run)}"
     match = _quote("|".join(gpus) or "none")
-    phases = _range(prom, f"increase(gpu_training_phase_seconds_total{{{sel}}}[{window}])", start, end, step)
+    phases = _range(prom, f"increase({_PHASES}{{{sel}}}[{window}])", start, end, step)
     times = sorted({ts for _, series in phases for ts, _ in series})
     util = {labels.get("uuid", ""): _grid(series, times) for labels, series in _range(
-        prom, f"max by (uuid) (rate(gpu_busy_seconds_total{{uuid=~{match}}}[{window}]))", start, end, step)}
+        prom, f"max by (uuid) (rate({_BUSY}{{uuid=~{match}}}[{window}]))", start, end, step)}
     memory = {labels.get("uuid", ""): _grid(series, times) for labels, series in _range(
-        prom, f"max by (uuid) (gpu_memory_used_bytes{{uuid=~{match}}}) / max by (uuid) "
-              f"(gpu_memory_total_bytes{{uuid=~{match}}} > 0)", start, end, step)}
+        prom, f"max by (uuid) ({_MEMORY_USED}{{uuid=~{match}}}) / max by (uuid) "
+              f"({_MEMORY_TOTAL}{{uuid=~{match}}} > 0)", start, end, step)}
 
     def per_rank(expr: str) -> dict[RankKey, list[float | None]]:
         return {_key(labels): _grid(series, times) for labels, series in _range(prom, expr, start, end, step)}
-    live = per_rank(f"max by (rank, uuid) (gpu_training_current_phase{{{sel}}})")
-    retries = per_rank(f"max by (rank, uuid) (increase(gpu_training_allocator_retries_total{{{sel}}}[{window}]))")
-    ooms = per_rank(f"max by (rank, uuid) (increase(gpu_training_allocator_ooms_total{{{sel}}}[{window}]))")
-    batch = per_rank(f"max by (rank, uuid) (gpu_training_batch_size{{{sel}}})")
+    live = per_rank(f"max by (rank, uuid) ({_CURRENT_PHASE}{{{sel}}})")
+    retries = per_rank(f"max by (rank, uuid) (increase({_RETRIES}{{{sel}}}[{window}]))")
+    ooms = per_rank(f"max by (rank, uuid) (increase({_OOMS}{{{sel}}}[{window}]))")
+    batch = per_rank(f"max by (rank, uuid) ({_BATCH}{{{sel}}})")
     by_rank: dict[RankKey, dict[str, list[float | None]]] = {}
     for labels, series in phases:
         by_rank.setdefault(_key(labels), {})[labels.get("phase", "other")] = _grid(series, times)
