@@ -22,8 +22,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, LOW, PHASE, STRAGGLER, TARGET, Cause
+from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, PHASE, STRAGGLER, Cause
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
+from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
+from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
 
 from monitoring import straggler
 from monitoring.model import Alert, Model, Record, build, group_rules
@@ -116,10 +118,9 @@ def generate(model: Model | ThresholdsFile | None = None) -> dict[Path, str]:
 C = "${cluster_label}"
 UTIL = f"max by ({C}, uuid) (gpu:gpu_utilization:avg5m)"
 LIVE = "(max without (phase) (gpu_training_current_phase) == 1)"
-LEVELS = {
-    LOW: f"{UTIL} < ${{utilization_low_threshold}}",
-    TARGET: f"{UTIL} >= ${{utilization_low_threshold}} < ${{utilization_target}}",
-}
+LEVELS = {lv.level: f"{UTIL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
+          for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
+"""Each level's condition on the GPU, from the one table of levels (gpu_exporter.verdict.levels)."""
 
 
 def _share(phase: str) -> str:
@@ -218,7 +219,7 @@ UTIL_NOW = ('{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | 
 # alert of a cause exclude each other through the same held condition, so each keeps its identity and
 # its for: while utilization hovers around the low threshold or the target.
 HELD_LOW = (f"max by ({C}, uuid) (min_over_time(gpu:gpu_utilization:avg5m[${{alert_hold}}]))"
-            " < ${utilization_low_threshold}")
+            f" < ${{{BY_LEVEL[LOW].key}}}")
 
 
 def _held(cause: Cause) -> str:

@@ -8,12 +8,14 @@ join the workload (pod, run) for the text. ``monitoring.rules`` writes them into
 
 from __future__ import annotations
 
+from gpu_exporter.catalog import GPU_HAS_WORK_BOOL, GPU_UTILIZATION_AVG5M, GPU_WORKLOAD_INFO
+
 from monitoring.model import VALUE, Alert
 
 GROUP = "gpu-utilization.alerts"
 C = "${cluster_label}"
-WITH_WORK = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    (gpu:gpu_has_work:bool == 1)\n)\n"
-             f"* on ({C}, uuid) group_left (namespace, pod, container, run) gpu:gpu_workload:info\n")
+WITH_WORK = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    ({GPU_HAS_WORK_BOOL.name} == 1)\n)\n"
+             f"* on ({C}, uuid) group_left (namespace, pod, container, run) {GPU_WORKLOAD_INFO.name}\n")
 """A GPU's value while it holds memory, processes or a training run, with the workload's labels."""
 
 LOW_DESCRIPTION = (
@@ -42,12 +44,12 @@ def alerts() -> list[Alert]:
     """GpuUtilizationLow (the lowest 5m mean over alert_hold: hysteresis) and GpuIdleButAllocated."""
     warning = (("severity", "warning"),)
     return [
-        Alert(GROUP, "GpuUtilizationLow", "min_over_time(gpu:gpu_utilization:avg5m[${alert_hold}])",
+        Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", warning,
               "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
               "gpuutilizationlow", op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
               comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
-        Alert(GROUP, "GpuIdleButAllocated", "gpu:gpu_utilization:avg5m", "idle_for", warning,
+        Alert(GROUP, "GpuIdleButAllocated", GPU_UTILIZATION_AVG5M.name, "idle_for", warning,
               "A GPU is idle but allocated to a workload.", IDLE_DESCRIPTION, "gpuidlebutallocated",
               op="<", threshold="idle_utilization_threshold", shape=WITH_WORK),
     ]
