@@ -162,9 +162,9 @@ def test_headless_chromium_renders_and_updates_the_page(node: tuple[str, dict[st
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a real, non-blank picture
 
 
-def test_page_is_rendered_from_the_exposition_alone(tmp_path: Path) -> None:
-    """StatusPage reads nothing but the text /metrics serves: no NVML, no driver, no exporter needed."""
-    import gpu_exporter.commands.metrics_client  # noqa: F401  (loaded by the page on first use anyway)
+def test_page_is_rendered_from_the_collectors_families_alone(tmp_path: Path) -> None:
+    """StatusPage reads nothing but the metric families the collectors hold: no NVML, no driver, no exporter."""
+    from prometheus_client.parser import text_string_to_metric_families
 
     gib = 2 ** 30
     text = ("gpu_info{gpu=\"0\",uuid=\"GPU-x\",name=\"T\",pci_bus_id=\"0\",driver_version=\"1\"} 1\n"
@@ -176,7 +176,8 @@ def test_page_is_rendered_from_the_exposition_alone(tmp_path: Path) -> None:
             "gpu_exporter_last_sample_age_seconds 0\n")
     clock = [100.0]
     busy = [0.0]
-    page = StatusPage(lambda: (text % busy[0]).encode(), load_thresholds(), clock=lambda: clock[0], wall=lambda: 0.0)
+    page = StatusPage(lambda: text_string_to_metric_families(text % busy[0]), load_thresholds(),
+                      clock=lambda: clock[0], wall=lambda: 0.0)
     first = page.status()
     assert first["measured_seconds"] == 0 and first["gpus"][0]["utilization"] == 0.5  # the last poll's mean
     clock[0], busy[0] = 100.5, 0.0
@@ -186,5 +187,10 @@ def test_page_is_rendered_from_the_exposition_alone(tmp_path: Path) -> None:
     assert doc["measured_seconds"] == 10 and doc["gpus"][0]["utilization"] == 0.0
     assert doc["gpus"][0]["verdict"]["verdict"] == "idle_but_allocated"
     html = page.html().decode()
-    assert "<script>" in html and "{{" not in html and "idle but allocated" in html and "pid 7 <b>nb</b>" in html
+    assert "<script>" in html and "{{" not in html and "idle but allocated" in html
+    embedded = re.search(r'<script id="status-doc" type="application/json">(.*?)</script>', html, re.S)
+    assert embedded is not None and json.loads(embedded.group(1))["gpus"][0]["processes"][0]["name"] == "nb"
+    t = load_thresholds()
+    assert doc["levels"] == [{"level": "low", "key": "utilization_low_threshold", "below": t.utilization_low_threshold},
+                             {"level": "target", "key": "utilization_target", "below": t.utilization_target}]
     assert "pynvml" not in Path(status_page.__file__).read_text()

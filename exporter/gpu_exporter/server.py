@@ -40,14 +40,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import Metric
 
 from gpu_exporter import catalog
 from gpu_exporter.config import DEFAULTS, Config
-from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Body, ScrapeForecast, Source, exposition
+from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Body, ScrapeForecast, Source
 from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one definition, shared with the library
+
+if TYPE_CHECKING:
+    from gpu_exporter.status_page import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,8 @@ class MetricsServer(ThreadingHTTPServer):
         self.limits = limits or Limits.from_config(DEFAULTS)
         self.request_queue_size = self.limits.listen_backlog
         self._lock = threading.Lock()
+        self._page: StatusPage | None = None
+        self._page_lock = threading.Lock()
         self._connections: dict[socket.socket, _Connection] = {}
         self._slots = threading.BoundedSemaphore(self.limits.max_requests)
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
@@ -164,6 +169,17 @@ class MetricsServer(ThreadingHTTPServer):
                                "choose another with --web.listen-address") from None
         if ssl_context is not None:
             self.socket = ssl_context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def status_page(self) -> StatusPage:
+        """The status page of this server, created on first use (serving loads none of it until then)."""
+        with self._page_lock:
+            if self._page is None:
+                from gpu_exporter.status_page import StatusPage
+
+                sources = self.sources
+                self._page = StatusPage(lambda: [family for source in sources for family in source.collect()],
+                                        metrics_path=self.telemetry_path)
+            return self._page
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
@@ -479,11 +495,7 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Content-Encoding"] = encoding
             self._send(HTTPStatus.OK, body, CONTENT_TYPE_LATEST, headers)
         elif path in PAGE_PATHS:
-            from gpu_exporter import status_page
-
-            sources = self.server.sources
-            body, content_type = status_page.respond(self.server, path, lambda: exposition(sources),
-                                                         self.server.telemetry_path)
+            body, content_type = self.server.status_page().respond(path)
             self._send(HTTPStatus.OK, body, content_type, {"Cache-Control": "no-store"})
         else:
             self._send(HTTPStatus.NOT_FOUND, b"Not found\n")

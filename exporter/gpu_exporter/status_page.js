@@ -1,4 +1,5 @@
-// Polls the status JSON and redraws the GPU cards with the same markup status_page.py renders.
+// Draws the GPU cards from the status JSON (embedded in the page, then polled): the only place they are drawn.
+// Levels (names and lines) come from the JSON (gpu_exporter.verdict.levels), nothing is hard-coded here.
 (function () {
   "use strict";
   var main = document.getElementById("gpus");
@@ -9,10 +10,10 @@
     });
   }
   function pct(r) { return r === null || r === undefined ? "n/a" : Math.round(r * 100) + "%"; }
-  function level(u, t) {
+  function level(u, levels) {
     if (u === null) return "unknown";
-    if (u < t.utilization_low_threshold) return "low";
-    return u < t.utilization_target ? "below" : "ok";
+    for (var i = 0; i < levels.length; i++) if (u < levels[i].below) return levels[i].level;
+    return "ok";
   }
   function run(r) {
     var parts = "", legend = [];
@@ -25,12 +26,13 @@
     return '<div class="run"><span class="label">run <b>' + esc(r.run) + "</b> rank " + esc(r.rank) + state +
       '</span><div class="bar phases">' + parts + '</div><span class="legend">' + legend.join(" ") + "</span></div>";
   }
-  function gpuCard(g, t) {
+  function gpuCard(g, levels) {
     var u = g.utilization;
-    var bar = '<div class="bar util ' + level(u, t) + '"><span style="width:' + ((u || 0) * 100).toFixed(1) +
-      '%"></span><i class="line low" style="left:' + (t.utilization_low_threshold * 100).toFixed(1) +
-      '%" title="low: ' + pct(t.utilization_low_threshold) + '"></i><i class="line target" style="left:' +
-      (t.utilization_target * 100).toFixed(1) + '%" title="target: ' + pct(t.utilization_target) + '"></i></div>';
+    var bar = '<div class="bar util ' + level(u, levels) + '"><span style="width:' + ((u || 0) * 100).toFixed(1) +
+      '%"></span>' + levels.map(function (l) {
+        return '<i class="line ' + esc(l.level) + '" style="left:' + (l.below * 100).toFixed(1) + '%" title="' +
+          esc(l.level) + ": " + pct(l.below) + '"></i>';
+      }).join("") + "</div>";
     var memory = g.memory_used_bytes !== null && g.memory_total_bytes ?
       (g.memory_used_bytes / GIB).toFixed(1) + " of " + Math.round(g.memory_total_bytes / GIB) + " GiB (" +
       pct(g.memory_used_ratio) + ")" : "n/a";
@@ -70,10 +72,15 @@
       "<th>phases</th><th>step</th><th>verdict</th></tr>" + rows + "</table><p>" + esc(said) + "</p></section>";
   }
   function summary(doc) {
-    var t = doc.thresholds, m = doc.measured_seconds;
+    var m = doc.measured_seconds;
     var basis = m > 0 ? "mean over the last " + Math.round(m) + " s" : "the exporter's last poll interval";
-    return "Utilization: " + basis + " (up to " + Math.round(doc.window_seconds) + " s). Below " +
-      pct(t.utilization_low_threshold) + " is low; the target is " + pct(t.utilization_target) + ".";
+    return "Utilization: " + basis + " (up to " + Math.round(doc.window_seconds) + " s). Levels: " +
+      doc.levels.map(function (l) { return l.level + " below " + pct(l.below); }).join(", ") + ".";
+  }
+  function draw(doc) {
+    main.innerHTML = doc.gpus.map(function (g) { return gpuCard(g, doc.levels); }).join("");
+    document.getElementById("runs").innerHTML = (doc.distributed_runs || []).map(distributedRun).join("");
+    document.getElementById("summary").textContent = summary(doc);
   }
   function poll() {
     // location.origin carries no user:password (fetch refuses URLs with them); the browser still
@@ -81,9 +88,7 @@
     fetch(location.origin + main.dataset.status, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
       .then(function (doc) {
-        main.innerHTML = doc.gpus.map(function (g) { return gpuCard(g, doc.thresholds); }).join("");
-        document.getElementById("runs").innerHTML = (doc.distributed_runs || []).map(distributedRun).join("");
-        document.getElementById("summary").textContent = summary(doc);
+        draw(doc);
         document.getElementById("updated").textContent = "updated " + new Date(doc.generated_at * 1000)
           .toLocaleTimeString() + " (every " + main.dataset.poll / 1000 + " s)";
         document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
@@ -91,5 +96,6 @@
       .catch(function (e) { document.getElementById("updated").textContent = "update failed: " + e.message; })
       .finally(function () { setTimeout(poll, Number(main.dataset.poll)); });
   }
+  draw(JSON.parse(document.getElementById("status-doc").textContent));
   setTimeout(poll, Number(main.dataset.poll));
 })();

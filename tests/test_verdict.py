@@ -1,0 +1,109 @@
+"""The verdict package: its layering, its ladder table, and fleet keys (cluster, uuid) as the rules use.
+
+Fast tests: the layering one runs a child Python (imports only), the fleet one reads a fake
+Prometheus (a dict of PromQL expression -> samples) through diagnose's real source adapter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from gpu_exporter.commands.diagnose_sources import from_prometheus, from_prometheus_window
+from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.causes import CAUSES
+from gpu_exporter.verdict.join import build_views
+from gpu_exporter.verdict.ladder import LADDER, judge
+from gpu_exporter.verdict.levels import LEVELS, describe
+from servers import exporter_env
+
+T = load_thresholds()
+
+PROBE = """
+import sys
+import gpu_exporter.server, gpu_exporter.status_page
+from gpu_exporter.status_page import StatusPage
+from gpu_exporter.thresholds import load_thresholds
+StatusPage(lambda: [], load_thresholds()).status()
+print(" ".join(sorted(m for m in sys.modules if m.startswith("gpu_exporter"))))
+"""
+
+
+def test_the_server_and_the_status_page_import_no_command_module() -> None:
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=exporter_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stdout.split()
+    assert "gpu_exporter.verdict.ladder" in loaded  # the probe did judge
+    assert [m for m in loaded if m.startswith("gpu_exporter.commands")] == []
+
+
+def test_the_ladder_has_every_verdict_once_and_every_cause_as_a_row() -> None:
+    rows = [row.row for row in LADDER]
+    assert len(rows) == len(set(rows))
+    assert {c.cause for c in CAUSES} <= set(rows)
+    assert {"unknown", "healthy", "unused", "idle_but_allocated", "not_instrumented", "not_instrumented_evidence",
+            "underutilized"} <= set(rows)
+    for row in LADDER:  # every key a row names is a real threshold, every row below target has a runbook or none
+        for key in row.keys:
+            assert hasattr(T, key), (row.row, key)
+        assert row.promql, row.row
+    assert [d["level"] for d in describe(T)] == [lv.level for lv in LEVELS]
+    assert [d["below"] for d in describe(T)] == [T.utilization_low_threshold, T.utilization_target]
+
+
+class FakePrometheus:
+    """Answers instant queries from a table; anything else is empty (as Prometheus is without the series)."""
+
+    base = "http://prometheus.invalid"
+
+    def __init__(self, answers: dict[str, list[tuple[dict[str, str], float]]]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    def require(self, metric: str, window: str) -> None:
+        pass
+
+    def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        self.asked.append(expr)
+        return [(dict(labels), value) for labels, value in self.answers.get(expr, [])]
+
+
+def _gpu(cluster: str, **extra: str) -> dict[str, str]:
+    return {"cluster": cluster, "uuid": "GPU-same", "gpu": "0", "node": f"node-{cluster}", **extra}
+
+
+def _fleet() -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Two clusters, each with a GPU of the same UUID: busy in eu; in us input-bound run r holds it at 10%."""
+    run = _gpu("us", run="r", rank="0")
+    return {
+        "count(gpu:gpu_utilization:avg5m)": [({}, 2.0)],
+        "gpu_info": [(_gpu("eu", name="H100"), 1.0), (_gpu("us", name="H100"), 1.0)],
+        "gpu:gpu_utilization:avg5m": [(_gpu("eu"), 0.93), (_gpu("us"), 0.10)],
+        "rate(gpu_busy_seconds_total[600s])": [(_gpu("eu"), 0.93), (_gpu("us"), 0.10)],
+        "gpu:gpu_memory_used:ratio": [(_gpu("eu"), 0.6), (_gpu("us"), 0.5)],
+        "gpu_process_memory_used_bytes": [(_gpu("us", pid="7", process_name="python"), 2.0 ** 33)],
+        "run:gpu_training_phase:share5m": [({**run, "phase": "data"}, 0.85), ({**run, "phase": "compute"}, 0.15)],
+        "gpu_training_phase_seconds_total": [({**run, "phase": "data"}, 85.0), ({**run, "phase": "compute"}, 15.0)],
+        "increase(gpu_training_phase_seconds_total[600s])": [({**run, "phase": "data"}, 85.0),
+                                                           ({**run, "phase": "compute"}, 15.0)],
+        "max without (phase) (gpu_training_current_phase)": [(run, 1.0)],
+        "run:gpu_training_cause:share": [({**run, "cause": "input_bound", "level": "low"}, 0.85)],
+        "run:gpu_training_cause:projected_utilization": [({**run, "cause": "input_bound"}, 0.67)],
+    }
+
+
+def _verdicts(readings: Any) -> dict[str, tuple[str, str, int]]:
+    views = build_views(readings, T, 300.0)
+    return {v.cluster: (v.uuid, judge(v, T).verdict, len(v.runs)) for v in views}
+
+
+def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
+    prom: Any = FakePrometheus(_fleet())
+    expected = {"eu": ("GPU-same", "healthy", 0), "us": ("GPU-same", "input_bound", 1)}
+    assert _verdicts(from_prometheus(prom, T.cluster_label)) == expected
+    assert _verdicts(from_prometheus_window(prom, 600.0, T.cluster_label)) == expected
+    # Keyed by uuid alone (the old behaviour) the two GPUs would share one key: the test can tell.
+    merged = build_views(from_prometheus(prom, ""), T, 300.0)
+    assert {judge(v, T).verdict for v in merged} == {"input_bound"}
