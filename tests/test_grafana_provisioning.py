@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.causes import CAUSES
+from gpu_exporter.thresholds import read_thresholds_file
 
 REPO = Path(__file__).resolve().parents[1]
 GRAFANA = REPO / "grafana"
@@ -37,8 +38,7 @@ def load_yaml(path: Path) -> Any:
 
 
 def thresholds() -> dict[str, Any]:
-    data: dict[str, Any] = load_yaml(REPO / "prometheus" / "thresholds.yml")
-    return data
+    return dict(read_thresholds_file(REPO / "prometheus" / "thresholds.yml").values)
 
 
 def datasources() -> list[dict[str, Any]]:
@@ -210,3 +210,30 @@ def test_grafana_cause_alert_runs_the_prometheus_query(title: str) -> None:
         assert grafana["annotations"]["runbook_url"] == prom["annotations"]["runbook_url"]
     assert len(squash(query)) <= sum(len(squash(p["expr"])) + 8 for p in proms), "only the Prometheus queries"
 
+
+
+def test_prometheus_and_grafana_alerts_change_together_under_another_config() -> None:
+    """Both files are written from one in-memory model (monitoring.model): with another threshold and
+    pending period the Prometheus rule and its Grafana mirror change together, and Grafana's query is
+    the Prometheus one without the comparison, which Grafana's threshold expression makes instead."""
+    from monitoring import grafana_alerts, rules
+    from monitoring.model import build
+
+    model = build(read_thresholds_file().with_values(utilization_low_threshold=0.42, utilization_low_for="17m",
+                                                     idle_utilization_threshold=0.03, cause_for="7m"))
+    prom: dict[str, list[dict[str, Any]]] = {}
+    for text in rules.generate(model).values():
+        for group in yaml.safe_load(text)["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    prom.setdefault(rule["alert"], []).append(rule)
+    (text,) = grafana_alerts.generate(model).values()
+    grafana = {r["title"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
+    for title, value, after in (("GpuUtilizationLow", 0.42, "17m"), ("GpuIdleButAllocated", 0.03, "30m")):
+        (p,) = prom[title]
+        evaluator, query = condition_and_query(grafana[title])
+        assert evaluator == {"type": "lt", "params": [value]} and grafana[title]["for"] == p["for"] == after
+        assert f" < {value}" in p["expr"] and f"{value}" not in query
+        assert squash(query) == squash(p["expr"].replace(f" < {value}", "", 1))
+    below = grafana["GpuTrainingBelowTarget"]
+    assert below["for"] == "7m" and all(p["for"] == "7m" for p in prom["GpuTrainingBelowTarget"])

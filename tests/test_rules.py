@@ -205,3 +205,33 @@ def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:
 
 def test_anchor_helper_matches_github_style() -> None:
     assert anchors("## GpuUtilizationLow\n### Two words, here\n") == {"gpuutilizationlow", "two-words-here"}
+
+
+def test_generated_groups_hold_exactly_the_model_rules() -> None:
+    """The generated rule groups are written from the model's objects (monitoring.model), in order, and
+    each alert that compares keeps its comparison as a part (operator, thresholds.yml key), so the
+    Grafana mirror takes the bare query instead of cutting the comparison out of the text."""
+    from monitoring.model import Alert, build
+
+    model = build()
+    cfg = model.config
+    groups = {g["name"]: g["rules"] for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]}
+    generated = {a.group for a in model.alerts} | {r.group for r in model.records}
+    assert generated == {"gpu-utilization.alerts", "gpu-cause.alerts", "gpu-cause.recording",
+                         "gpu-process-evidence.alerts", "gpu-process-evidence.recording", "gpu-remedy.recording"}
+    for name in generated:
+        objects = model.group(name)
+        assert [r.get("alert") or r["record"] for r in groups[name]] == [o.name for o in objects], name
+        for rule, obj in zip(groups[name], objects, strict=True):
+            expr = obj.expr() if isinstance(obj, Alert) else obj.expr
+            assert rule["expr"].strip() == gen_render(expr, cfg).strip(), obj.name
+    compared = [a for a in model.alerts if a.op]
+    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuIdleButAllocated"}
+    for alert in compared:
+        comparison = f" {alert.op} {cfg.text(alert.threshold)}"
+        assert comparison in gen_render(alert.expr(), cfg)
+        assert gen_render(alert.expr(compared=False), cfg) == gen_render(alert.expr(), cfg).replace(comparison, "", 1)
+
+
+def gen_render(text: str, cfg: Any) -> str:
+    return str(load_generator().render(text, cfg))

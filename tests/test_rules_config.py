@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.causes import CAUSES
+from gpu_exporter.thresholds import read_thresholds_file
 from servers import free_port, http_get, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def test_configs_scrape_with_node_label_and_share_rules() -> None:
     assert compose["alerting"] == kube["alerting"]
     static = compose["scrape_configs"][0]["static_configs"][0]
     assert static["targets"] == ["exporter:9445"] and "node" in static["labels"]
-    job_regex = yaml.safe_load((PROM / "thresholds.yml").read_text())["exporter_job_regex"]
+    job_regex = read_thresholds_file(PROM / "thresholds.yml").text("exporter_job_regex")
     for cfg in (compose, kube):
         for job in cfg["scrape_configs"]:
             assert re.fullmatch(job_regex, job["job_name"]), f"{job['job_name']} escapes GpuExporterDown"
