@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from gpu_exporter.config import SETTINGS
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
+from gpu_exporter.verdict.levels import LEVELS, LOW, OK, TARGET
 from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, statetimeline, table
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import timeseries as ts
@@ -33,6 +34,9 @@ DATASOURCE_UID = "gpu-prometheus"
 """The provisioned Prometheus (grafana/provisioning/datasources/prometheus.yml) the dashboards default to."""
 DATASOURCE = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAG = "gpu-exporter"
+
+LEVEL_COLOURS = {LOW: "red", TARGET: "yellow", OK: "green"}
+"""The colour of a utilization level on every dashboard."""
 
 P = TypeVar("P", ts.Panel, stat.Panel, bargauge.Panel, statetimeline.Panel, table.Panel)
 
@@ -101,9 +105,12 @@ class Config:
         return f"on ({', '.join((self.cluster, *labels))})"
 
     def utilization_steps(self) -> dash.ThresholdsConfig:
-        """Red below ``utilization_low_threshold``, yellow below ``utilization_target``, green above."""
-        return steps(("red", None), ("yellow", self.num("utilization_low_threshold")),
-                     ("green", self.num("utilization_target")))
+        """Each level's colour (the levels of gpu_exporter.verdict.levels, lowest first) from the line of
+        the level below it: red below ``utilization_low_threshold``, yellow below ``utilization_target``,
+        green above."""
+        starts = [None, *(self.num(lv.key) for lv in LEVELS)]
+        colours = [*(LEVEL_COLOURS[lv.level] for lv in LEVELS), LEVEL_COLOURS[OK]]
+        return steps(*zip(colours, starts, strict=True))
 
 
 def _setting(name: str) -> float:
