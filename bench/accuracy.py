@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass
 
 import pynvml
-from gpu_exporter import simulate
+from gpu_exporter import catalog, simulate
 from gpu_exporter.collectors.base import PollingCollector
 from gpu_exporter.collectors.utilization import UtilizationCollector
 from gpu_exporter.nvml import Nvml
@@ -30,7 +30,7 @@ WINDOW = 300
 """The averaging window of the second comparison: rate(...[5m]) against avg_over_time(...[5m])."""
 START = 0.37
 """Simulated second of the first poll: off the burst edges, so polls see every sub-second phase."""
-METHODS = ("busy counter (gpu-exporter)", "gpu_utilization_ratio gauge (gpu-exporter)",
+METHODS = ("busy counter (gpu-exporter)", f"{catalog.GPU_UTILIZATION_RATIO.name} gauge (gpu-exporter)",
            "instant NVML gauge (nvitop-exporter)")
 
 
@@ -87,8 +87,8 @@ def _record(simulated_seconds: int) -> tuple[list[_Record], simulate.SimulatedNo
         for _ in range(simulated_seconds):
             clock.t += 1.0
             sampler.poll_once()
-            records.append(_Record(node.now(), _family_value(collector, "gpu_busy_seconds_total"),
-                                   _family_value(collector, "gpu_utilization_ratio"),
+            records.append(_Record(node.now(), _family_value(collector, catalog.GPU_BUSY_SECONDS_TOTAL.name),
+                                   _family_value(collector, catalog.GPU_UTILIZATION_RATIO.name),
                                    pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0))
     finally:
         nvml.shutdown()

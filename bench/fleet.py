@@ -37,6 +37,7 @@ for _path in (REPO / "tests", REPO / "exporter"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from gpu_exporter import catalog  # noqa: E402
 from gpu_exporter.thresholds import load_thresholds  # noqa: E402
 from servers import http_get, promql, run_exporter, run_prometheus, wait_until  # noqa: E402
 
@@ -185,7 +186,7 @@ def measure(nodes: int, seconds: float, scrape_interval: str) -> dict[str, Any]:
             run_agent("bench", exporters, receiver, scrape_interval=scrape_interval) as agent:
         node_series, gpu0_series = series_counts(next(iter(exporters.values())))
         gpus = nodes * len(yaml.safe_load(NODE_SCENARIO.read_text())["gpus"])
-        wait_until(lambda: promql(receiver, "node:gpu_utilization:avg5m"), 120, interval=1,
+        wait_until(lambda: promql(receiver, catalog.NODE_UTILIZATION_AVG5M.name), 120, interval=1,
                    what="rules to produce on the receiver")
         sent = [counter_total(agent, "prometheus_remote_storage_samples_total"),
                 counter_total(agent, "prometheus_remote_storage_bytes_total")]

@@ -71,6 +71,7 @@ def _get(url: str) -> str:
 
 def exporter_sample(url: str) -> dict[str, dict[str, Any]]:
     """uuid -> busy seconds, memory used (MiB) and processes, from one scrape of the exporter."""
+    from gpu_exporter import catalog
     from prometheus_client.parser import text_string_to_metric_families
 
     gpus: dict[str, dict[str, Any]] = {}
@@ -80,11 +81,11 @@ def exporter_sample(url: str) -> dict[str, dict[str, Any]]:
             if uuid is None:
                 continue
             gpu = gpus.setdefault(uuid, {"processes": []})
-            if s.name == "gpu_busy_seconds_total":
+            if s.name == catalog.GPU_BUSY_SECONDS_TOTAL.name:
                 gpu["busy_seconds"] = s.value
-            elif s.name == "gpu_memory_used_bytes":
+            elif s.name == catalog.GPU_MEMORY_USED_BYTES.name:
                 gpu["memory_used_mib"] = round(s.value / 2**20)
-            elif s.name == "gpu_process_memory_used_bytes":
+            elif s.name == catalog.GPU_PROCESS_MEMORY_USED_BYTES.name:
                 gpu["processes"].append({"pid": s.labels.get("pid"), "name": s.labels.get("process_name"),
                                          "memory_mib": round(s.value / 2**20)})
     return gpus

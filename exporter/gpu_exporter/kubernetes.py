@@ -186,7 +186,8 @@ class PodAttribution(Collector):
         try:
             return self._devices()
         except Exception as err:  # a broken inventory must not fail the scrape
-            log.warning("pod attribution: the device inventory failed (%s); gpu_pod_info is empty", err)
+            log.warning("pod attribution: the device inventory failed (%s); %s is empty", err,
+                        catalog.GPU_POD_INFO.name)
             return []
 
     def _run(self) -> None:

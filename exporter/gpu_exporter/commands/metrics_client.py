@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_exporter import catalog
 from gpu_exporter.verdict.samples import Labels as Labels
 from gpu_exporter.verdict.samples import Snapshot as Snapshot
 from gpu_exporter.verdict.samples import snapshot_of as snapshot_of
@@ -179,10 +180,11 @@ class ExporterSource:
             snapshot = snapshot_of(text_string_to_metric_families(body.decode("utf-8", "replace")), at, wall)
         except (ValueError, TypeError, IndexError):
             raise MetricsError(f"{self.url} does not serve Prometheus metrics: is it a gpu-exporter?") from None
-        if "gpu_exporter_build_info" not in snapshot.samples:
-            raise MetricsError(f"{self.url} serves no gpu-exporter metrics (gpu_exporter_build_info is missing): "
+        build_info = catalog.GPU_EXPORTER_BUILD_INFO.name
+        if build_info not in snapshot.samples:
+            raise MetricsError(f"{self.url} serves no gpu-exporter metrics ({build_info} is missing): "
                                "point --url at a gpu-exporter")
-        age = snapshot.value("gpu_exporter_last_sample_age_seconds")
+        age = snapshot.value(catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.name)
         interval = snapshot.value("gpu_exporter_poll_interval_seconds")
         if interval is not None and interval > 0:
             self.poll_interval = interval
