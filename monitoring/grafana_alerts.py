@@ -55,19 +55,21 @@ class Mirror:
     description: str
 
 
-def mirrors(cfg: Config) -> list[Mirror]:
+def mirrors(model: Model) -> list[Mirror]:
     """The utilization alerts, then one rule per cause (level low) and one for all causes below target."""
+    cfg = model.config
+    low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
     cause_text = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} "
                   "({{ $labels.uuid }}), node {{ $labels.node }}{{ with $labels.pod }}, pod "
                   "{{ $labels.namespace }}/{{ . }}{{ end }}: ")
     out = [
-        Mirror("GpuUtilizationLow", "gpu-fleet", "Underused GPUs: owner and likely cause",
+        Mirror(low.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} utilization (5m mean) for "
-               f"{cfg.text('utilization_low_for')} while it holds memory, processes or a training run. The "
+               f"{cfg.text(low.for_key)} while it holds memory, processes or a training run. The "
                "cause alerts, or the fleet dashboard's table, name the remedy when the job is instrumented."),
-        Mirror("GpuIdleButAllocated", "gpu-node", "GPU utilization (busy-time counter)",
+        Mirror(idle.name, "gpu-node", "GPU utilization (busy-time counter)",
                f"{WHERE} has been at {{{{ humanizePercentage $values.B.Value }}}} utilization for "
-               f"{cfg.text('idle_for')} while work is held on it. Release the GPU or find what the job waits on."),
+               f"{cfg.text(idle.for_key)} while work is held on it. Release the GPU or find what the job waits on."),
     ]
     for cause in CAUSES:
         out.append(Mirror(cause.alert, "gpu-training-run", "Likely causes",
@@ -157,7 +159,7 @@ def generate(source: Model | Config | None = None) -> dict[Path, str]:
     doc = {
         "apiVersion": 1,
         "groups": [{"orgId": 1, "name": "gpu-utilization", "folder": FOLDER, "interval": "1m",
-                    "rules": [grafana_rule(model, m) for m in mirrors(cfg)]}],
+                    "rules": [grafana_rule(model, m) for m in mirrors(model)]}],
         "contactPoints": [{"orgId": 1, "name": CONTACT_POINT, "receivers": [
             {"uid": "gpu-external-alertmanager", "type": "prometheus-alertmanager", "disableResolveMessage": False,
              "settings": {"url": "${ALERTMANAGER_URL}"}}]}],
