@@ -9,6 +9,7 @@ prometheus/tests/remedies.test.yml checks the rules against the Python formulas'
 
 from __future__ import annotations
 
+from gpu_exporter import catalog as m
 from gpu_exporter.causes import Cause
 
 from monitoring.model import Model, Record
@@ -18,33 +19,33 @@ C = "${cluster_label}"
 
 
 def _share(phase: str) -> str:
-    return f'max without (phase) (run:gpu_training_phase:share5m{{phase="{phase}"}})'
+    return f'max without (phase) ({m.RUN_TRAINING_PHASE_SHARE5M.name}{{phase="{phase}"}})'
 
 
 def _per_run(gpu_metric: str) -> str:
     """The GPU's NVML figure (> 0) as one series per run on the GPU (the fallback where a run reports none)."""
     return (f"(\n    max by ({C}, uuid) ({gpu_metric} > 0)\n"
-            f"  * on ({C}, uuid) group_right ()\n    (0 * gpu_training_batch_size + 1)\n)")
+            f"  * on ({C}, uuid) group_right ()\n    (0 * {m.GPU_TRAINING_BATCH_SIZE.name} + 1)\n)")
 
 
 def _min(a: str, b: str) -> str:
     return f"(\n    ({a})\n  <=\n    ({b})\n)\nor\n({b})"
 
 
-W = "gpu_training_loader_workers"
+W = m.GPU_TRAINING_LOADER_WORKERS.name
 S = _share("data")
 NEED = (f"ceil(\n  (\n      ({W} >= {S})\n    or\n      {S}\n  )\n  / (1 - ({S} < 1))\n  - 1e-9\n)\n"
         f"or\n({S} >= 1) * 0 + Inf")
 NEEDED = "run:gpu_training_remedy:workers_needed"
 AT_LEAST = f"({NEEDED} >= ({W} + 1))\nor\n({W} + 1)"
-SPARE = "floor(gpu_training_cpu_cores) - 1"
-USED = ("(gpu_training_allocator_peak_bytes > 0)\nor\n(gpu_training_memory_used_bytes > 0)\nor\n"
-        + _per_run("gpu_memory_used_bytes"))
-TOTAL = "(gpu_training_memory_total_bytes > 0)\nor\n" + _per_run("gpu_memory_total_bytes")
+SPARE = f"floor({m.GPU_TRAINING_CPU_CORES.name}) - 1"
+USED = (f"({m.GPU_TRAINING_ALLOCATOR_PEAK_BYTES.name} > 0)\nor\n({m.GPU_TRAINING_MEMORY_USED_BYTES.name} > 0)\nor\n"
+        + _per_run(m.GPU_MEMORY_USED_BYTES.name))
+TOTAL = f"({m.GPU_TRAINING_MEMORY_TOTAL_BYTES.name} > 0)\nor\n" + _per_run(m.GPU_MEMORY_TOTAL_BYTES.name)
 BUSY_LIMIT = (f"({_share('compute')} > 0)\n/ on ({C}, uuid) group_left ()\n"
-              f"max by ({C}, uuid) (gpu:gpu_utilization:avg5m)")
+              f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name})")
 K = _min(f"${{remedy_memory_target_ratio}} * (\n{_indent(TOTAL, 4)}\n) / (\n{_indent(USED, 4)}\n)", BUSY_LIMIT)
-BATCH = "(gpu_training_batch_size > 0)\nor\ngpu_training_loader_batch_size"
+BATCH = f"({m.GPU_TRAINING_BATCH_SIZE.name} > 0)\nor\n{m.GPU_TRAINING_LOADER_BATCH_SIZE.name}"
 FACTOR = f"2 ^ floor(log2(\n  (\n{_indent(K, 4)}\n  ) >= 2\n))"
 
 RULES = (
@@ -83,9 +84,9 @@ def _query(metric: str, extra: str = "") -> str:
 def annotation(cause: Cause) -> str:
     """The suggestion a cause alert's description carries (before the advice), or "" for other causes."""
     if cause.cause == "input_bound":
-        pin = _query("gpu_training_loader_pin_memory", " == 0")
-        persistent = _query("gpu_training_loader_persistent_workers", " == 0")
-        more = _query("run:gpu_training_remedy:num_workers", " > on (run, rank, uuid) gpu_training_loader_workers")
+        pin = _query(m.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
+        persistent = _query(m.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
+        more = _query("run:gpu_training_remedy:num_workers", f" > on (run, rank, uuid) {W}")
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")

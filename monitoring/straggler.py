@@ -15,13 +15,14 @@ the phase share expression) as arguments, so they are defined once, in monitorin
 
 from __future__ import annotations
 
+from gpu_exporter import catalog
 from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, STRAGGLER, Cause
 
 from monitoring.model import Record
 
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
-STEP = "run:gpu_training_step_seconds:avg5m"
+STEP = catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
 """Each rank's mean step time (recorded in prometheus/templates/gpu-recording.rules.yml.in)."""
 PROJECTED_STEP = "run:gpu_training_straggler:projected_step_seconds"
 """The run's step time if the straggler kept up, per waiting rank."""
