@@ -1,11 +1,13 @@
-"""The one in-memory model the monitoring generators share: the alerts as objects, and the dashboards.
+"""The one in-memory model the monitoring generators share: generated alerts and recording rules as
+objects, and the dashboards as built models.
 
 The problem: the Prometheus rules, the Grafana-managed alerts and the dashboards say the same things
 (which query, compared with which threshold, for how long, with which labels and runbook), and the
 Grafana generator used to learn them by regenerating the rules, re-parsing their YAML, cutting the
 comparison out of the PromQL by string replacement, and finding dashboards and panels by parsing JSON.
 Here every generated alert is an :class:`Alert` with its parts (the compared value, the comparison and
-its threshold key, the expression around it, ``for``, labels, annotations); ``monitoring.rules``
+its threshold key, the expression around it, ``for``, labels, annotations), every generated recording
+rule a :class:`Record` (the hand-written rules of prometheus/templates stay text); ``monitoring.rules``
 writes them as Prometheus YAML, ``monitoring.grafana_alerts`` takes the query without the comparison
 and the threshold straight from them, and both read the dashboards as built models (:class:`Model`).
 
