@@ -147,7 +147,7 @@ def test_sampling_is_off_by_default_and_when_on_gets_the_rate_ptrace_and_root(ch
 
 
 def test_sampling_without_host_pid_is_refused_with_the_reason(chart: Any) -> None:
-    with pytest.raises(Exception, match="sampling.rate needs hostPID: true"):
+    with pytest.raises(Exception, match=r"sampling\.rate needs hostPID: true"):
         render(chart, {"sampling": {"rate": 5}})
 
 
