@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gpu_exporter import catalog as m
 from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, PHASE, STRAGGLER, Cause
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
@@ -116,15 +117,15 @@ def generate(model: Model | ThresholdsFile | None = None) -> dict[Path, str]:
 # everywhere else; gpu_exporter.causes.find_causes is the same logic in Python.
 
 C = "${cluster_label}"
-UTIL = f"max by ({C}, uuid) (gpu:gpu_utilization:avg5m)"
-LIVE = "(max without (phase) (gpu_training_current_phase) == 1)"
+UTIL = f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name})"
+LIVE = f"(max without (phase) ({m.GPU_TRAINING_CURRENT_PHASE.name}) == 1)"
 LEVELS = {lv.level: f"{UTIL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
 """Each level's condition on the GPU, from the one table of levels (gpu_exporter.verdict.levels)."""
 
 
 def _share(phase: str) -> str:
-    return f'max without (phase) (run:gpu_training_phase:share5m{{phase="{phase}"}})'
+    return f'max without (phase) ({m.RUN_TRAINING_PHASE_SHARE5M.name}{{phase="{phase}"}})'
 
 
 def _condition(cause: Cause) -> str:
@@ -138,9 +139,10 @@ def _condition(cause: Cause) -> str:
         return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
                 f"and\n(\n    {UTIL}\n  / on ({C}, uuid) group_right ()\n    {compute}\n"
                 f"  < ${{batch_busy_ratio}}\n)\nand\n{LIVE}\n"
-                f"and on ({C}, uuid)\n(max by ({C}, uuid) (gpu:gpu_memory_used:ratio) < ${{batch_memory_used_ratio}})")
-    retries = "increase(gpu_training_allocator_retries_total[${allocator_window}])"
-    ooms = "increase(gpu_training_allocator_ooms_total[${allocator_window}])"
+                f"and on ({C}, uuid)\n(max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
+                " < ${batch_memory_used_ratio})")
+    retries = f"increase({m.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{allocator_window}}])"
+    ooms = f"increase({m.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{allocator_window}}])"
     return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{allocator_retries_threshold}} or {ooms} > 0)\n)\n"
             f"and\n{LIVE}")
 
@@ -209,7 +211,7 @@ def _what(cause: Cause) -> str:
 
 WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "
          "node {{ $labels.node }}{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}")
-UTIL_NOW = ('{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | query }}'
+UTIL_NOW = (f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{{uuid=%q}}" $labels.uuid | query }}}}'
             "{{ . | first | value | humanizePercentage }}{{ end }}")
 
 
@@ -218,7 +220,7 @@ UTIL_NOW = ('{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | 
 # whether the GPU was low at any time in the last ${alert_hold}. The warning (low) and info (target)
 # alert of a cause exclude each other through the same held condition, so each keeps its identity and
 # its for: while utilization hovers around the low threshold or the target.
-HELD_LOW = (f"max by ({C}, uuid) (min_over_time(gpu:gpu_utilization:avg5m[${{alert_hold}}]))"
+HELD_LOW = (f"max by ({C}, uuid) (min_over_time({m.GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}]))"
             f" < ${{{BY_LEVEL[LOW].key}}}")
 
 
@@ -231,7 +233,7 @@ def _held(cause: Cause) -> str:
 def _alert(name: str, cause: Cause, lvl: str, severity: str, summary: str, gap: str, runbook: str) -> Alert:
     keep = "and" if lvl == LOW else "unless"
     expr = (f"(\n    {_held(cause)}\n  {keep} on ({C}, uuid)\n    {HELD_LOW}\n)\n"
-            f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) gpu:gpu_workload:info\n")
+            f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     from monitoring.remedies import annotation  # the run's own numbers (it imports this module)
 
     description = (f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} "
