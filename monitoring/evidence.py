@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpu_exporter import catalog as m
 from gpu_exporter.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 
 from monitoring.model import Alert, Model, Record
@@ -20,20 +21,20 @@ from monitoring.model import indent as _indent
 from monitoring.rules import _wrap
 
 C = "${cluster_label}"
-UNINSTRUMENTED = (f"max by ({C}, uuid) (gpu:gpu_utilization:avg5m) < ${{utilization_target}}\n"
-                  f"unless on ({C}, uuid)\n(gpu_training_current_phase == 1)")
+UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{utilization_target}}\n"
+                  f"unless on ({C}, uuid)\n({m.GPU_TRAINING_CURRENT_PHASE.name} == 1)")
 """GPUs below target on which no live training run reports (the sampled phases of sampling.py count as one)."""
 
 RATES = (
-    ("process:gpu_process_cpu:rate5m", "rate(gpu_process_cpu_seconds_total[5m])",
+    ("process:gpu_process_cpu:rate5m", f"rate({m.GPU_PROCESS_CPU_SECONDS_TOTAL.name}[5m])",
      "CPU cores used by each GPU process (1 = one whole core)."),
-    ("process:gpu_process_children_cpu:rate5m", "rate(gpu_process_children_cpu_seconds_total[5m])",
+    ("process:gpu_process_children_cpu:rate5m", f"rate({m.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL.name}[5m])",
      "CPU cores used by each GPU process's child processes (DataLoader workers)."),
-    ("process:gpu_process_read_bytes:rate5m", "rate(gpu_process_read_bytes_total[5m])",
+    ("process:gpu_process_read_bytes:rate5m", f"rate({m.GPU_PROCESS_READ_BYTES_TOTAL.name}[5m])",
      "Bytes per second each GPU process and its live children read from storage."),
     ("process:gpu_process_main_thread_state:share5m",
-     "rate(gpu_process_main_thread_state_seconds_total[5m])\n/ ignoring (state) group_left ()\n"
-     "(sum without (state) (rate(gpu_process_main_thread_state_seconds_total[5m])) > 0)",
+     f"rate({m.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name}[5m])\n/ ignoring (state) group_left ()\n"
+     f"(sum without (state) (rate({m.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name}[5m])) > 0)",
      "Share of the window the main thread of each GPU process was running, sleeping, in disk wait, other."),
 )
 
@@ -45,8 +46,8 @@ def _condition(hint: Hint) -> str:
                 " > ${evidence_io_wait_share}")
     if hint.hint == MAIN_BUSY:
         return ('max without (state) (process:gpu_process_main_thread_state:share5m{state="running"})'
-                " >= ${evidence_busy_core_ratio}\nand\ngpu_process_child_processes == 0")
-    return ("process:gpu_process_children_cpu:rate5m\n/\n(gpu_process_child_processes > 0)\n"
+                f" >= ${{evidence_busy_core_ratio}}\nand\n{m.GPU_PROCESS_CHILD_PROCESSES.name} == 0")
+    return (f"process:gpu_process_children_cpu:rate5m\n/\n({m.GPU_PROCESS_CHILD_PROCESSES.name} > 0)\n"
             ">= ${evidence_busy_core_ratio}")
 
 
@@ -84,12 +85,12 @@ def evidence_alerts() -> list[Alert]:
     rules = []
     for hint in HINTS:
         expr = (f'process:gpu_process_hint:value{{hint="{hint.hint}"}}\n'
-                f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) gpu:gpu_workload:info\n")
+                f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
         description = (
             "Process {{ $labels.pid }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), node {{ $labels.node }}"
             "{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}, reports no training phases "
             f"(not instrumented), and {_finding(hint)}. The GPU is at "
-            '{{ with printf "gpu:gpu_utilization:avg5m{uuid=%q}" $labels.uuid | query }}'
+            f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{{uuid=%q}}" $labels.uuid | query }}}}'
             "{{ . | first | value | humanizePercentage }}{{ end }}, below the ${utilization_target|percent} "
             f"target: {hint.label}. {hint.advice}")
         rules.append(Alert(ALERTS, EVIDENCE_ALERT, expr, "cause_for", (("severity", "info"), ("hint", hint.hint)),

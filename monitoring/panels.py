@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gpu_exporter import catalog
 from gpu_exporter.config import SETTINGS
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 from gpu_exporter.verdict.levels import LEVELS, LOW, OK, TARGET
@@ -295,7 +296,7 @@ def dashboard(cfg: Config, uid: str, title: str, description: str, time_from: st
     """A dashboard with the shared frame: tag, links to its siblings, the data source and cluster
     variables (cluster values from ``gpu_exporter_build_info``), then ``variables``."""
     cluster = (dash.QueryVariable("cluster").label("Cluster").datasource(DATASOURCE)
-               .query({"query": f"label_values(gpu_exporter_build_info, {cfg.cluster})",
+               .query({"query": f"label_values({catalog.GPU_EXPORTER_BUILD_INFO.name}, {cfg.cluster})",
                        "refId": "cluster-variable", "qryType": 1})
                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
                .multi(True).include_all(True).all_value(".*")
