@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter import catalog as m
 from gpu_exporter.causes import CAUSES
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus
@@ -58,24 +59,24 @@ def fleet(cfg: Config) -> dash.Dashboard:
     low = cfg.text("utilization_low_threshold")
     pct = f"{cfg.num('utilization_low_threshold') * 100:g}%"
     c = cfg.cluster
-    util = cfg.sel("gpu:gpu_utilization:avg5m", "node")
-    under = cfg.sel("gpu:gpu_underutilized:bool5m", "node")
+    util = cfg.sel(m.GPU_UTILIZATION_AVG5M.name, "node")
+    under = cfg.sel(m.GPU_UNDERUTILIZED_BOOL5M.name, "node")
     below = f"({util} < {low})"
     time_steps = steps(("green", None), ("orange", cfg.num("dashboard_time_below_warn")),
                        ("red", cfg.num("dashboard_time_below_critical")))
     board = dashboard(cfg, "gpu-fleet", "GPU fleet overview",
                       f"Which GPUs run below {pct} utilization, for how long, who holds them and why.", "24h", [
-                          variable(cfg, "node", "Node", "gpu_info"),
-                          variable(cfg, "namespace", "Namespace", "gpu_pod_info"),
-                          variable(cfg, "pod", "Pod", "gpu_pod_info", "namespace"),
+                          variable(cfg, "node", "Node", m.GPU_INFO.name),
+                          variable(cfg, "namespace", "Namespace", m.GPU_POD_INFO.name),
+                          variable(cfg, "pod", "Pod", m.GPU_POD_INFO.name, "namespace"),
                       ])
     board = (board.with_row(dash.Row("Now"))
              .with_panel(stat_panel(
                  f"GPUs below {pct} now",
                  f"GPUs whose mean utilization over the last 5 minutes (busy-time counter) is below {pct}.",
                  query(f"sum({under})"), thresholds=steps(("green", None), ("orange", 1))))
-             .with_panel(stat_panel("GPUs monitored", "GPUs the exporters see now (gpu_info series).",
-                                    query(f"count({cfg.sel('gpu_info', 'node')})")))
+             .with_panel(stat_panel("GPUs monitored", f"GPUs the exporters see now ({m.GPU_INFO.name} series).",
+                                    query(f"count({cfg.sel(m.GPU_INFO.name, 'node')})")))
              .with_panel(stat_panel("Fleet utilization (5m)",
                                     "Mean utilization of all selected GPUs over the last 5 minutes.",
                                     query(f"avg({util})"), unit="percentunit", thresholds=cfg.utilization_steps()))
@@ -86,12 +87,12 @@ def fleet(cfg: Config) -> dash.Dashboard:
              .with_panel(stat_panel(
                  "Idle GPU-hours (last hour)",
                  f"GPU-hours spent below {pct} utilization in the last hour, all selected nodes "
-                 "(node:gpu_idle_hours:increase1h).",
-                 query(f"sum({cfg.sel('node:gpu_idle_hours:increase1h', 'node')})"), unit="h"))
+                 f"({m.NODE_IDLE_HOURS_INCREASE1H.name}).",
+                 query(f"sum({cfg.sel(m.NODE_IDLE_HOURS_INCREASE1H.name, 'node')})"), unit="h"))
              .with_panel(stat_panel(
                  "Idle GPU-hours (24h)",
                  f"GPU-hours spent below {pct} in the last 24 hours: each GPU's share of the day below {pct} "
-                 "times 24 h, summed (like node:gpu_idle_hours:increase1h, a GPU monitored for part of the "
+                 f"times 24 h, summed (like {m.NODE_IDLE_HOURS_INCREASE1H.name}, a GPU monitored for part of the "
                  "day counts as if that part were typical).",
                  query(f"sum(avg_over_time({under}[1d])) * 24"), unit="h"))
              .with_row(dash.Row("Utilization over time"))
@@ -104,23 +105,23 @@ def fleet(cfg: Config) -> dash.Dashboard:
              .with_panel(utilization_timeseries(
                  cfg, "Utilization by node (5m mean)",
                  f"Mean utilization of each node's GPUs; the line is the {pct} threshold.",
-                 [query(cfg.sel("node:gpu_utilization:avg5m", "node"), f"{{{{{c}}}}} {{{{node}}}}")]))
+                 [query(cfg.sel(m.NODE_UTILIZATION_AVG5M.name, "node"), f"{{{{{c}}}}} {{{{node}}}}")]))
              .with_panel(timeseries(
                  f"GPUs below {pct} by node", f"How many GPUs of each node were below {pct} over time.",
                  [query(f"sum {cfg.by('node')} ({under})", f"{{{{{c}}}}} {{{{node}}}}")],
                  unit="none", bars=True, stacked=True, fill=60))
              .with_panel(bar_gauge("Utilization by GPU model (5m mean)",
-                                   "Mean utilization per GPU model (name from gpu_info).",
-                                   query(cfg.sel("model:gpu_utilization:avg5m"), f"{{{{{c}}}}} {{{{name}}}}",
+                                   f"Mean utilization per GPU model (name from {m.GPU_INFO.name}).",
+                                   query(cfg.sel(m.MODEL_UTILIZATION_AVG5M.name), f"{{{{{c}}}}} {{{{name}}}}",
                                          instant=True), thresholds=cfg.utilization_steps()))
              .with_panel(bar_gauge(
                  "Utilization by namespace (5m mean)",
-                 "Mean utilization of the GPUs allocated to each Kubernetes namespace (from gpu_pod_info).",
-                 query(cfg.sel("namespace:gpu_utilization:avg5m", "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
+                 f"Mean utilization of the GPUs allocated to each Kubernetes namespace (from {m.GPU_POD_INFO.name}).",
+                 query(cfg.sel(m.NAMESPACE_UTILIZATION_AVG5M.name, "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
                        instant=True), thresholds=cfg.utilization_steps()))
              .with_panel(timeseries("Idle GPU-hours per hour by node",
                                     f"GPU-hours below {pct} in the trailing hour, per node.",
-                                    [query(cfg.sel("node:gpu_idle_hours:increase1h", "node"),
+                                    [query(cfg.sel(m.NODE_IDLE_HOURS_INCREASE1H.name, "node"),
                                            f"{{{{{c}}}}} {{{{node}}}}")], unit="h", w=8))
              .with_row(dash.Row("Underused GPUs"))
              .with_panel(table_panel(
@@ -130,11 +131,11 @@ def fleet(cfg: Config) -> dash.Dashboard:
                  "that explains it, and the utilization the GPU could reach without it; see docs/runbooks.md). "
                  "Click a GPU for its detail dashboard, a run for the training-run dashboard.",
                  [query(below, "", instant=True, table_format=True),
-                  query(f"max {cfg.by('node', 'gpu', 'uuid', 'name')} ({cfg.sel('gpu_info', 'node')}) "
+                  query(f"max {cfg.by('node', 'gpu', 'uuid', 'name')} ({cfg.sel(m.GPU_INFO.name, 'node')}) "
                         f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
-                  query(f"{cfg.sel('gpu:gpu_memory_used:ratio', 'node')} and {cfg.on('uuid')} {below}", "",
+                  query(f"{cfg.sel(m.GPU_MEMORY_USED_RATIO.name, 'node')} and {cfg.on('uuid')} {below}", "",
                         instant=True, table_format=True),
-                  query(f"{cfg.sel('gpu:gpu_workload:info', 'namespace', 'pod')} and {cfg.on('uuid')} {below}", "",
+                  query(f"{cfg.sel(m.GPU_WORKLOAD_INFO.name, 'namespace', 'pod')} and {cfg.on('uuid')} {below}", "",
                         instant=True, table_format=True),
                   query(f"max {cfg.by('uuid', 'code', 'remedy')} ({cfg.sel('run:gpu_training_cause:share')}) "
                         f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
@@ -184,26 +185,27 @@ def node_detail(cfg: Config) -> dash.Dashboard:
     board = dashboard(cfg, "gpu-node", "GPU node detail",
                       "Everything one node's GPUs report: utilization from busy-time counters, memory, power, "
                       "temperature, clocks and throttling, GPM activity, MIG, processes, pods and XID errors.", "3h", [
-                          variable(cfg, "node", "Node", "gpu_info", multi=False),
-                          variable(cfg, "gpu", "GPU", "gpu_info", "node"),
+                          variable(cfg, "node", "Node", m.GPU_INFO.name, multi=False),
+                          variable(cfg, "gpu", "GPU", m.GPU_INFO.name, "node"),
                       ])
     identity = cfg.by("node", "gpu", "uuid", "name", "driver_version", "cuda_version", "architecture", "mig_mode")
-    gpm = [("gpu_sm_active_ratio", "SM active"), ("gpu_sm_occupancy_ratio", "SM occupancy"),
-           ("gpu_tensor_active_ratio", "tensor active"), ("gpu_dram_bandwidth_utilization_ratio", "DRAM BW")]
+    gpm = [(m.GPU_SM_ACTIVE_RATIO.name, "SM active"), (m.GPU_SM_OCCUPANCY_RATIO.name, "SM occupancy"),
+           (m.GPU_TENSOR_ACTIVE_RATIO.name, "tensor active"), (m.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO.name, "DRAM BW")]
     board = (board.with_row(dash.Row("Utilization"))
              .with_panel(utilization_timeseries(
                  cfg, "GPU utilization (busy-time counter)",
-                 "rate(gpu_busy_seconds_total): the true mean share of time a kernel ran, integrated from NVML "
+                 f"rate({m.GPU_BUSY_SECONDS_TOTAL.name}): the true mean share of time a kernel ran, integrated "
+                 "from NVML "
                  f"samples polled faster than the scrape, so it does not alias. The line is {pct}.",
-                 [query(f"rate({sel('gpu_busy_seconds_total')}[$__rate_interval])", "GPU {{gpu}}"),
-                  query(sel("gpu:gpu_utilization:avg5m"), "GPU {{gpu}} (5m mean)")], w=16))
+                 [query(f"rate({sel(m.GPU_BUSY_SECONDS_TOTAL.name)}[$__rate_interval])", "GPU {{gpu}}"),
+                  query(sel(m.GPU_UTILIZATION_AVG5M.name), "GPU {{gpu}} (5m mean)")], w=16))
              .with_panel(stat_panel("Utilization, last hour", "Mean utilization per GPU over the last hour.",
-                                    query(sel("gpu:gpu_utilization:avg1h"), "GPU {{gpu}}"), unit="percentunit",
+                                    query(sel(m.GPU_UTILIZATION_AVG1H.name), "GPU {{gpu}}"), unit="percentunit",
                                     thresholds=cfg.utilization_steps(), w=8, h=8))
              .with_panel(timeseries(
                  "Memory-controller utilization",
-                 "rate(gpu_memory_busy_seconds_total): share of time the memory controller was busy.",
-                 [query(f"rate({sel('gpu_memory_busy_seconds_total')}[$__rate_interval])", "GPU {{gpu}}")],
+                 f"rate({m.GPU_MEMORY_BUSY_SECONDS_TOTAL.name}): share of time the memory controller was busy.",
+                 [query(f"rate({sel(m.GPU_MEMORY_BUSY_SECONDS_TOTAL.name)}[$__rate_interval])", "GPU {{gpu}}")],
                  unit="percentunit", h=7))
              .with_panel(timeseries(
                  "SM and tensor activity (GPM, Hopper and newer)",
@@ -218,63 +220,65 @@ def node_detail(cfg: Config) -> dash.Dashboard:
                   for kind in ("used", "reserved", "total")], unit="bytes", w=16, dashed=".*total"))
              .with_panel(bar_gauge(
                  "Memory used", "Used share of each GPU's memory.",
-                 query(sel("gpu:gpu_memory_used:ratio"), "GPU {{gpu}}", instant=True),
+                 query(sel(m.GPU_MEMORY_USED_RATIO.name), "GPU {{gpu}}", instant=True),
                  thresholds=steps(("green", None), ("orange", cfg.num("dashboard_memory_warn_ratio")),
                                   ("red", cfg.num("memory_nearly_full_ratio")))))
              .with_panel(timeseries(
                  "MIG instances: memory used", "Memory used by each MIG instance against its size "
-                 "(profile from gpu_mig_info).",
-                 [query(f"{sel('gpu_mig_memory_used_bytes')} * {cfg.on('mig_uuid')} group_left (profile) "
-                        f"max {cfg.by('mig_uuid', 'profile')} ({cfg.sel('gpu_mig_info')})",
+                 f"(profile from {m.GPU_MIG_INFO.name}).",
+                 [query(f"{sel(m.GPU_MIG_MEMORY_USED_BYTES.name)} * {cfg.on('mig_uuid')} group_left (profile) "
+                        f"max {cfg.by('mig_uuid', 'profile')} ({cfg.sel(m.GPU_MIG_INFO.name)})",
                         "GPU {{gpu}} {{profile}} GI {{gpu_instance}} used"),
-                  query(sel("gpu_mig_memory_total_bytes"), "GPU {{gpu}} GI {{gpu_instance}} total")],
+                  query(sel(m.GPU_MIG_MEMORY_TOTAL_BYTES.name), "GPU {{gpu}} GI {{gpu_instance}} total")],
                  unit="bytes", w=24, h=7, dashed=".*total"))
              .with_row(dash.Row("Power, temperature, clocks"))
              .with_panel(timeseries("Power vs limit", "Power draw and the enforced power limit.",
-                                    [query(sel("gpu_power_watts"), "GPU {{gpu}} draw"),
-                                     query(sel("gpu_power_limit_watts"), "GPU {{gpu}} limit")],
+                                    [query(sel(m.GPU_POWER_WATTS.name), "GPU {{gpu}} draw"),
+                                     query(sel(m.GPU_POWER_LIMIT_WATTS.name), "GPU {{gpu}} limit")],
                                     unit="watt", w=8, dashed=".*limit"))
              .with_panel(timeseries(
-                 "Temperature", "GPU die temperature.", series("gpu_temperature_celsius"), unit="celsius", w=8,
+                 "Temperature", "GPU die temperature.", series(m.GPU_TEMPERATURE_CELSIUS.name), unit="celsius", w=8,
                  thresholds=steps(("green", None), ("orange", cfg.num("dashboard_temperature_warn_celsius")),
                                   ("red", cfg.num("dashboard_temperature_critical_celsius"))),
                  threshold_style=cm.GraphThresholdsStyleMode.DASHED))
              .with_panel(timeseries("Energy per hour", "Energy drawn, from the energy counter (kWh per hour).",
-                                    [query(f"increase({sel('gpu_energy_joules_total')}[1h]) / 3.6e6", "GPU {{gpu}}")],
+                                    [query(f"increase({sel(m.GPU_ENERGY_JOULES_TOTAL.name)}[1h]) / 3.6e6",
+                                           "GPU {{gpu}}")],
                                     unit="kwatth", w=8))
              .with_panel(timeseries("Clocks", "Current SM and memory clocks.",
-                                    [query(sel("gpu_sm_clock_hertz"), "GPU {{gpu}} SM"),
-                                     query(sel("gpu_memory_clock_hertz"), "GPU {{gpu}} memory")], unit="hertz", w=8))
+                                    [query(sel(m.GPU_SM_CLOCK_HERTZ.name), "GPU {{gpu}} SM"),
+                                     query(sel(m.GPU_MEMORY_CLOCK_HERTZ.name), "GPU {{gpu}} memory")],
+                                    unit="hertz", w=8))
              .with_panel(state_timeline(
                  "Clock event (throttle) reasons",
                  "Which clock event reasons were active; gpu_idle is normal on an idle GPU, power and thermal "
-                 "reasons slow a busy one.", query(sel("gpu_clock_event_active"), "GPU {{gpu}} {{reason}}"),
+                 "reasons slow a busy one.", query(sel(m.GPU_CLOCK_EVENT_ACTIVE.name), "GPU {{gpu}} {{reason}}"),
                  unit="bool_on_off", thresholds=steps(("transparent", None), ("orange", 1)), w=8))
              .with_panel(timeseries("Fan speed", "Fan speed as a share of its maximum (absent on passively "
-                                    "cooled GPUs).", series("gpu_fan_speed_ratio"), unit="percentunit", w=8))
+                                    "cooled GPUs).", series(m.GPU_FAN_SPEED_RATIO.name), unit="percentunit", w=8))
              .with_panel(timeseries("PCIe throughput", "PCIe transmit (up) and receive (down).",
-                                    [query(sel("gpu_pcie_tx_bytes_per_second"), "GPU {{gpu}} tx"),
-                                     query(f"-{sel('gpu_pcie_rx_bytes_per_second')}", "GPU {{gpu}} rx")],
+                                    [query(sel(m.GPU_PCIE_TX_BYTES_PER_SECOND.name), "GPU {{gpu}} tx"),
+                                     query(f"-{sel(m.GPU_PCIE_RX_BYTES_PER_SECOND.name)}", "GPU {{gpu}} rx")],
                                     unit="Bps", h=7))
              .with_panel(timeseries(
                  "XID errors", "XID errors reported through the NVML event API, by code; see NVIDIA's XID table. "
                  "Any non-zero value deserves a look.",
-                 [query(f"sum {cfg.by('gpu', 'xid')} (increase({sel('gpu_xid_errors_total')}[$__rate_interval]))",
+                 [query(f"sum {cfg.by('gpu', 'xid')} (increase({sel(m.GPU_XID_ERRORS_TOTAL.name)}[$__rate_interval]))",
                         "GPU {{gpu}} XID {{xid}}")], unit="none", bars=True, h=7))
              .with_row(dash.Row("Who uses the GPU"))
              .with_panel(table_panel(
                  "Processes", "Compute processes on the selected GPUs: memory and SM share.",
-                 [query(sel("gpu_process_memory_used_bytes"), "", instant=True, table_format=True),
-                  query(sel("gpu_process_sm_utilization_ratio"), "", instant=True, table_format=True)],
+                 [query(sel(m.GPU_PROCESS_MEMORY_USED_BYTES.name), "", instant=True, table_format=True),
+                  query(sel(m.GPU_PROCESS_SM_UTILIZATION_RATIO.name), "", instant=True, table_format=True)],
                  unit="bytes", hide=("uuid",), order=("node", "gpu", "pid", "process_name", "Value #A", "Value #B"),
                  rename={"Value #A": "Memory used", "Value #B": "SM share"},
                  overrides=[override("SM share", unit="percentunit")]))
              .with_panel(table_panel(
                  "Kubernetes pods and GPU identity",
                  "The pod holding each GPU (kubelet pod-resources) and the GPU's static attributes.",
-                 [query(f"max {identity} ({sel('gpu_info')})", "", instant=True, table_format=True),
+                 [query(f"max {identity} ({sel(m.GPU_INFO.name)})", "", instant=True, table_format=True),
                   query(f"max {cfg.by('uuid', 'namespace', 'pod', 'container')} "
-                        f"({sel('gpu_pod_info', mig_uuid='')})", "", instant=True, table_format=True)],
+                        f"({sel(m.GPU_POD_INFO.name, mig_uuid='')})", "", instant=True, table_format=True)],
                  hide=("Value #A", "Value #B"), order=("node", "gpu", "name", "namespace", "pod", "container"),
                  rename={"name": "Model"})))
     return board
@@ -290,17 +294,17 @@ def training_run(cfg: Config) -> dash.Dashboard:
     def rate(metric: str) -> str:
         return f"rate({sel(metric)}[$__rate_interval])"
 
-    run_gpus = f"group {cfg.by('uuid', 'run', 'rank')} ({sel('gpu_training_steps_total')})"
+    run_gpus = f"group {cfg.by('uuid', 'run', 'rank')} ({sel(m.GPU_TRAINING_STEPS_TOTAL.name)})"
     board = dashboard(cfg, "gpu-training-run", "GPU training run",
                       "One instrumented training run: where each step's time goes, throughput, memory, and the "
                       "causes (M1-M4, CK, ST) that hold GPU utilization down; a distributed run's ranks side by side.",
                       "3h", [
-                          variable(cfg, "run", "Run", "gpu_training_steps_total", multi=False),
-                          variable(cfg, "rank", "Rank", "gpu_training_steps_total", "run"),
+                          variable(cfg, "run", "Run", m.GPU_TRAINING_STEPS_TOTAL.name, multi=False),
+                          variable(cfg, "rank", "Rank", m.GPU_TRAINING_STEPS_TOTAL.name, "run"),
                       ])
-    phase_share = (f"sum {cfg.by('phase')} (increase({sel('gpu_training_phase_seconds_total')}[$__range])) "
+    phase_share = (f"sum {cfg.by('phase')} (increase({sel(m.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)}[$__range])) "
                    f"/ ignoring (phase) group_left "
-                   f"sum {cfg.by()} (increase({sel('gpu_training_phase_seconds_total')}[$__range]))")
+                   f"sum {cfg.by()} (increase({sel(m.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)}[$__range]))")
     causes = cfg.sel("run:gpu_training_cause:share", "run")
     projected = cfg.sel("run:gpu_training_cause:projected_utilization", "run")
     cause_labels = cfg.by("uuid", "code", "cause", "remedy", "level", "straggler_rank")
@@ -310,15 +314,15 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "Share of the run's wall time spent in each phase (data, compute, metrics, checkpoint, other, "
                  "custom), averaged over the selected ranks, stacked to 100%. Much data time calls for M1, much "
                  "metrics time for M2.",
-                 [query(f"avg {cfg.by('phase')} ({sel('run:gpu_training_phase:share5m')})", "{{phase}}")],
+                 [query(f"avg {cfg.by('phase')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name)})", "{{phase}}")],
                  unit="percentunit", h=9, stacked=True, fill=70))
              .with_panel(utilization_timeseries(
                  cfg, "GPU utilization of the run's GPUs",
                  "Utilization (busy-time counter, 5m mean) of the GPUs this run pushes from (joined on uuid), "
                  f"beside the compute-phase share. The line is {pct}.",
-                 [query(f"{cfg.sel('gpu:gpu_utilization:avg5m')} * {cfg.on('uuid')} group_right (node, gpu) "
+                 [query(f"{cfg.sel(m.GPU_UTILIZATION_AVG5M.name)} * {cfg.on('uuid')} group_right (node, gpu) "
                         f"{run_gpus}", "GPU utilization rank {{rank}}"),
-                  query(f"avg {cfg.by('rank')} ({sel('run:gpu_training_phase:share5m', phase='compute')})",
+                  query(f"avg {cfg.by('rank')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name, phase='compute')})",
                         "compute share rank {{rank}}")], h=9, links=[gpu_link()]))
              .with_panel(bar_gauge("Phase shares over the selected range",
                                    "Share of each phase over the whole time range shown.",
@@ -345,8 +349,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "compute (run:gpu_training_remedy:num_workers), M3 the batch its memory and GPU allow "
                  "(run:gpu_training_remedy:batch_size). Empty where the run reports no DataLoader or memory.",
                  [query(f"max {cfg.by('rank')} ({sel(metric)})", "", instant=True, table_format=True)
-                  for metric in ("gpu_training_loader_workers", "gpu_training_cpu_cores",
-                                 "run:gpu_training_remedy:num_workers", "gpu_training_batch_size",
+                  for metric in (m.GPU_TRAINING_LOADER_WORKERS.name, m.GPU_TRAINING_CPU_CORES.name,
+                                 "run:gpu_training_remedy:num_workers", m.GPU_TRAINING_BATCH_SIZE.name,
                                  "run:gpu_training_remedy:batch_size")],
                  w=8, order=("rank", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E"),
                  rename={"rank": "Rank", "Value #A": "Workers", "Value #B": "Cores", "Value #C": "Try workers",
@@ -356,19 +360,19 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "Phases by rank", "Each rank's phase shares (5m) side by side. In a distributed run a rank with "
                  "much communication waits in collectives for the rank with little (the straggler, cause ST); "
                  "the straggler's own large phase is what to fix.",
-                 query(f"max {cfg.by('rank', 'phase')} ({sel('run:gpu_training_phase:share5m')} > 0)",
+                 query(f"max {cfg.by('rank', 'phase')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name)} > 0)",
                        "rank {{rank}} {{phase}}", instant=True), w=8, h=9))
              .with_panel(timeseries(
                  "Communication by rank", "Share of each rank's time in collectives (phase communication). "
                  "Ranks far above the lowest one wait for it (straggler, ST).",
-                 [query(f"max {cfg.by('rank')} ({sel('run:gpu_training_phase:share5m', phase='communication')})",
+                 [query(f"max {cfg.by('rank')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name, phase='communication')})",
                         "rank {{rank}}")], unit="percentunit", w=8, h=9))
              .with_panel(table_panel(
-                 "Ranks", "The run's ranks across nodes (run:gpu_training_rank:world_size): node, GPU index and "
+                 "Ranks", f"The run's ranks across nodes ({m.RUN_TRAINING_RANK_WORLD_SIZE.name}): node, GPU index and "
                  "uuid, the job's world size, and each rank's step time (5m).",
-                 [query(f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} ({sel('run:gpu_training_rank:world_size')})",
+                 [query(f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} ({sel(m.RUN_TRAINING_RANK_WORLD_SIZE.name)})",
                         "", instant=True, table_format=True),
-                  query(f"max {cfg.by('rank', 'uuid')} ({sel('run:gpu_training_step_seconds:avg5m')})", "",
+                  query(f"max {cfg.by('rank', 'uuid')} ({sel(m.RUN_TRAINING_STEP_SECONDS_AVG5M.name)})", "",
                         instant=True, table_format=True)],
                  w=8, h=9, order=("rank", "node", "gpu", "uuid", "Value #A", "Value #B"),
                  rename={"rank": "Rank", "node": "Node", "gpu": "GPU", "uuid": "GPU uuid", "Value #A": "World size",
@@ -376,24 +380,25 @@ def training_run(cfg: Config) -> dash.Dashboard:
              .with_row(dash.Row("Throughput"))
              .with_panel(timeseries(
                  "Step time", "Mean wall time per training step, per rank.",
-                 [query(f"sum {cfg.by('rank')} ({rate('gpu_training_phase_seconds_total')}) "
-                        f"/ sum {cfg.by('rank')} ({rate('gpu_training_steps_total')})", "rank {{rank}}")],
+                 [query(f"sum {cfg.by('rank')} ({rate(m.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)}) "
+                        f"/ sum {cfg.by('rank')} ({rate(m.GPU_TRAINING_STEPS_TOTAL.name)})", "rank {{rank}}")],
                  unit="s", w=8))
              .with_panel(timeseries(
                  "Samples per second", "Training throughput, per rank and in total.",
-                 [query(f"sum {cfg.by('rank')} ({rate('gpu_training_samples_total')})", "rank {{rank}}"),
-                  query(f"sum({rate('gpu_training_samples_total')})", "total")], unit="suffix: samples/s", w=8))
+                 [query(f"sum {cfg.by('rank')} ({rate(m.GPU_TRAINING_SAMPLES_TOTAL.name)})", "rank {{rank}}"),
+                  query(f"sum({rate(m.GPU_TRAINING_SAMPLES_TOTAL.name)})", "total")], unit="suffix: samples/s", w=8))
              .with_panel(timeseries("Batch size", "Batch size reported by each rank (M3: raise it while memory "
-                                    "allows).", [query(sel("gpu_training_batch_size"), "rank {{rank}}")],
+                                    "allows).", [query(sel(m.GPU_TRAINING_BATCH_SIZE.name), "rank {{rank}}")],
                                     unit="suffix: samples", w=8))
              .with_row(dash.Row("Memory and allocator"))
              .with_panel(timeseries(
                  "Allocator memory vs GPU memory",
                  "PyTorch caching-allocator allocated and reserved bytes, against the GPU's total memory. Reserved "
                  "far above allocated hints at fragmentation (M4).",
-                 [query(sel("gpu_training_allocator_allocated_bytes"), "rank {{rank}} allocated"),
-                  query(sel("gpu_training_allocator_reserved_bytes"), "rank {{rank}} reserved"),
-                  query(f"{cfg.sel('gpu_memory_total_bytes')} * {cfg.on('uuid')} group_right (node, gpu) {run_gpus}",
+                 [query(sel(m.GPU_TRAINING_ALLOCATOR_ALLOCATED_BYTES.name), "rank {{rank}} allocated"),
+                  query(sel(m.GPU_TRAINING_ALLOCATOR_RESERVED_BYTES.name), "rank {{rank}} reserved"),
+                  query(f"{cfg.sel(m.GPU_MEMORY_TOTAL_BYTES.name)} * {cfg.on('uuid')} "
+                        f"group_right (node, gpu) {run_gpus}",
                         "rank {{rank}} GPU total")], unit="bytes", dashed=".*GPU total"))
              .with_panel(timeseries(
                  "Allocator retries and OOMs", "cudaMalloc retries after freeing cached blocks, and out-of-memory "
@@ -404,7 +409,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
              .with_panel(stat_panel(
                  "Seconds since last push", "Age of each rank's newest snapshot; a stalled or finished run stops "
                  "pushing (the exporter drops it after ingest.stale_after_seconds).",
-                 query(f"time() - {sel('gpu_training_last_push_timestamp_seconds')}", "rank {{rank}}"), unit="s",
+                 query(f"time() - {sel(m.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.name)}", "rank {{rank}}"), unit="s",
                  w=6, h=8, thresholds=steps(("green", None), ("orange", cfg.num("dashboard_push_age_warn_seconds")),
                                             ("red", cfg.ingest_stale_after)))))
     return board
@@ -423,7 +428,7 @@ def exporter_health(cfg: Config) -> dash.Dashboard:
 
     board = dashboard(cfg, "gpu-exporter-health", "GPU exporter health",
                       "Is the exporter itself healthy: targets up, collectors succeeding, NVML errors, sample age, "
-                      "training ingest.", "6h", [variable(cfg, "node", "Node", "gpu_exporter_build_info")])
+                      "training ingest.", "6h", [variable(cfg, "node", "Node", m.GPU_EXPORTER_BUILD_INFO.name)])
     stale = cfg.stale_after
     legend = f"{{{{{c}}}}} {{{{node}}}}"
     board = (board
@@ -431,48 +436,49 @@ def exporter_health(cfg: Config) -> dash.Dashboard:
                  "Exporters up", f"Exporter scrape targets (job matching {cfg.exporter_job}) of the selected "
                  "nodes that answered the last scrape; other targets such as kubelets do not count.",
                  query(f"sum({jobsel('up')})"), w=6))
-             .with_panel(stat_panel("GPUs visible", "GPUs the exporters see now (gpu_exporter_gpus), all selected "
-                                    "nodes.", query(f"sum({sel('gpu_exporter_gpus')})"), w=6))
+             .with_panel(stat_panel("GPUs visible",
+                                    f"GPUs the exporters see now ({m.GPU_EXPORTER_GPUS.name}), all selected "
+                                    "nodes.", query(f"sum({sel(m.GPU_EXPORTER_GPUS.name)})"), w=6))
              .with_panel(stat_panel("Training runs tracked", "Training runs (run, rank) whose snapshots the "
-                                    "exporters hold.", query(f"sum({sel('gpu_exporter_training_runs')})"), w=6))
+                                    "exporters hold.", query(f"sum({sel(m.GPU_EXPORTER_TRAINING_RUNS.name)})"), w=6))
              .with_panel(stat_panel(
                  "Newest sample age", f"Age of the newest NVML sample; /readyz fails when it grows past "
                  f"stale_after ({stale:g} s by default); orange from half that.",
-                 query(f"max({sel('gpu_exporter_last_sample_age_seconds')})", "oldest node"), unit="s", w=6,
+                 query(f"max({sel(m.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.name)})", "oldest node"), unit="s", w=6,
                  thresholds=steps(("green", None), ("orange", stale / 2), ("red", stale))))
              .with_panel(state_timeline(
                  "Collector success", "1 while a collector's last run succeeded; a failing collector never fails "
-                 "the scrape, it shows here.", query(sel("gpu_exporter_collector_success"),
+                 "the scrape, it shows here.", query(sel(m.GPU_EXPORTER_COLLECTOR_SUCCESS.name),
                                                     f"{legend} {{{{collector}}}}"),
                  unit="bool_on_off", thresholds=steps(("red", None), ("green", 1))))
              .with_panel(timeseries("Collector duration", "Time each collector took on the last scrape.",
-                                    [query(sel("gpu_exporter_collector_duration_seconds"),
+                                    [query(sel(m.GPU_EXPORTER_COLLECTOR_DURATION_SECONDS.name),
                                            f"{legend} {{{{collector}}}}")], unit="s"))
              .with_panel(timeseries(
                  "NVML errors", "NVML calls that failed, by function and error, per interval.",
                  [query(f"sum {cfg.by('node', 'function', 'error')} "
-                        f"(increase({sel('gpu_exporter_nvml_errors_total')}[$__rate_interval]))",
+                        f"(increase({sel(m.GPU_EXPORTER_NVML_ERRORS_TOTAL.name)}[$__rate_interval]))",
                         f"{legend} {{{{function}}}}: {{{{error}}}}")], unit="none", bars=True))
              .with_panel(timeseries(
                  "Sample age and scrape duration", "Age of the newest NVML sample and the time Prometheus needed "
                  "to scrape each exporter (exporter jobs only).",
-                 [query(sel("gpu_exporter_last_sample_age_seconds"), f"{legend} sample age"),
+                 [query(sel(m.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.name), f"{legend} sample age"),
                   query(jobsel("scrape_duration_seconds"), f"{legend} scrape duration")], unit="s"))
              .with_panel(timeseries(
                  "Training ingest", "Snapshots pushed by training jobs per second, by outcome (accepted, or the "
                  "reason for rejection).",
                  [query(f"sum {cfg.by('node', 'outcome')} "
-                        f"(rate({sel('gpu_exporter_ingest_requests_total')}[$__rate_interval]))",
+                        f"(rate({sel(m.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.name)}[$__rate_interval]))",
                         f"{legend} {{{{outcome}}}}")], unit="reqps"))
              .with_panel(timeseries(
                  "HTTP authentication failures", "Requests rejected for bad credentials, per interval.",
                  [query(f"sum {cfg.by('node')} "
-                        f"(increase({sel('gpu_exporter_http_auth_failures_total')}[$__rate_interval]))", legend)],
+                        f"(increase({sel(m.GPU_EXPORTER_HTTP_AUTH_FAILURES_TOTAL.name)}[$__rate_interval]))", legend)],
                  unit="none", bars=True))
              .with_panel(table_panel(
                  "Build info", "Exporter, Python and nvidia-ml-py versions per node.",
                  [query(f"max {cfg.by('node', 'version', 'python_version', 'pynvml_version')} "
-                        f"({sel('gpu_exporter_build_info')})", "", instant=True, table_format=True)],
+                        f"({sel(m.GPU_EXPORTER_BUILD_INFO.name)})", "", instant=True, table_format=True)],
                  w=24, h=6, merge=False, hide=("Value",))))
     return board
 
