@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gpu_exporter.catalog import GPU_XID_ERRORS_TOTAL as XID
 from harness import scenario_path
 from prometheus_client.parser import text_string_to_metric_families
 from servers import http_get, http_status, run_exporter, wait_until
@@ -50,15 +51,20 @@ def push_training_snapshot(url: str) -> None:
     assert status in (200, 202), body
 
 
-def emitted() -> dict[str, tuple[str, set[str]]]:
+def scrape_text() -> str:
+    """/metrics of a simulated node that serves every family it can (tests/test_catalog.py uses it too)."""
     with run_exporter(["--simulate", str(scenario_path("doc-coverage.yaml")), "--poll-interval", "0.2"]) as url:
         push_training_snapshot(url)
 
         def scrape_with_xid() -> str | None:
             text = http_get(url + "/metrics")
-            return text if "gpu_xid_errors_total" in text else None
+            return text if XID.name in text else None
 
-        text = wait_until(scrape_with_xid, 15, what="an XID event")
+        return wait_until(scrape_with_xid, 15, what="an XID event")
+
+
+def emitted() -> dict[str, tuple[str, set[str]]]:
+    text = scrape_text()
     out: dict[str, tuple[str, set[str]]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

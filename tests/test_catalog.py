@@ -1,0 +1,152 @@
+"""gpu_exporter.catalog is the only place a metric name is written, and it says what the exporter emits.
+
+- The literal-name scan: no string literal in the Python source of exporter/gpu_exporter,
+  monitoring/ or bench/ equals or embeds a catalogued name (a family, with or without a
+  counter's ``_total``, or a recorded series), except in catalog.py itself. PromQL written
+  in Python counts (``"rate(gpu_busy_seconds_total[5m])"`` is a literal that embeds one).
+  Out of scope: docstrings and other bare string statements (documentation), comments, the
+  tests, docs/, and everything that is not Python: the rule templates (prometheus/templates/
+  *.in), the generated rules, dashboards and Helm copies (YAML/JSON), status_page.js/html.
+  A name assembled at run time from pieces (``f"gpu_memory_{attr}_bytes"``) is not caught.
+- The scan can fail: it is run on planted snippets.
+- A real scrape of a simulated exporter (with a training run pushing) has every family in the
+  catalog with the same HELP text and type, and docs/metrics.md lists the catalog's type, unit
+  and labels.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from gpu_exporter import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = (ROOT / "exporter" / "gpu_exporter", ROOT / "monitoring", ROOT / "bench")
+CATALOG_FILE = ROOT / "exporter" / "gpu_exporter" / "catalog.py"
+
+
+def name_pattern(names: Iterable[str]) -> re.Pattern[str]:
+    """A regex that finds any of ``names`` as a whole metric name (not inside a longer one)."""
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.compile(rf"(?<![A-Za-z0-9_:])(?:{alternatives})(?![A-Za-z0-9_])")
+
+
+def documentation_nodes(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are documentation: every bare string statement (docstrings included)."""
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def literal_names(source: str, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+    """(line, name) for each catalogued name that a non-documentation string literal of ``source`` holds."""
+    tree = ast.parse(source)
+    docs = documentation_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found.extend((node.lineno, m.group(0)) for m in pattern.finditer(node.value))
+    return sorted(found)
+
+
+PATTERN = name_pattern(catalog.names())
+
+SNAPSHOT_FIELDS = {"gpu_memory_used_bytes", "gpu_memory_total_bytes"}
+"""Fields of a training snapshot's ``context`` (the push protocol's wire format, training/protocol.py)
+that share a device family's name. The files that read and write the context may spell them; the
+gauges they become are gpu_training_memory_*_bytes."""
+SNAPSHOT_FILES = {"exporter/gpu_exporter/training/protocol.py", "exporter/gpu_exporter/training/context.py",
+                  "exporter/gpu_exporter/remedies.py"}
+
+
+def test_scan_finds_planted_literals() -> None:
+    snippet = '''
+"""Module docstring naming gpu_busy_seconds_total is documentation."""
+X = "gpu_busy_seconds_total"
+Y = f"rate(gpu_busy_seconds_total[{5}m]) > 0"
+Z = out.counter("gpu_energy_joules", "help")
+W = "avg_over_time(gpu:gpu_utilization:avg5m[1h])"
+def f():
+    """gpu_info in a docstring is fine."""
+    return {"q": "max by (uuid) (gpu_exporter_last_sample_age_seconds)"}
+ATTR = 1
+"""gpu_power_watts in an attribute docstring is fine."""
+# gpu_power_watts in a comment is fine
+NOT_A_NAME = ["gpu_process_memory_used_bytes_extra", "xgpu_info", "gpu_busy", "node:gpu_info_x"]
+'''
+    assert literal_names(snippet, PATTERN) == [
+        (3, "gpu_busy_seconds_total"),
+        (4, "gpu_busy_seconds_total"),
+        (5, "gpu_energy_joules"),
+        (6, "gpu:gpu_utilization:avg5m"),
+        (9, "gpu_exporter_last_sample_age_seconds"),
+    ]
+
+
+def test_no_metric_name_literal_outside_the_catalog() -> None:
+    offenders = []
+    for base in SCANNED:
+        for path in sorted(base.rglob("*.py")):
+            if path == CATALOG_FILE:
+                continue
+            where = str(path.relative_to(ROOT))
+            for line, name in literal_names(path.read_text(), PATTERN):
+                if where in SNAPSHOT_FILES and name in SNAPSHOT_FIELDS:
+                    continue
+                offenders.append(f"{where}:{line}: {name}")
+    assert not offenders, ("metric names written as literals; use gpu_exporter.catalog:\n  "
+                           + "\n  ".join(offenders))
+
+
+def test_catalog_names_are_unique_and_well_formed() -> None:
+    names = [f.name for f in catalog.FAMILIES]
+    assert len(names) == len(set(names))
+    for family in catalog.FAMILIES:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", family.name), family.name
+        assert family.name.endswith("_total") == (family.kind == catalog.COUNTER), family.name
+        assert catalog.family(family.name) is family and catalog.family(family.base) is family
+    for series in catalog.RECORDED:
+        assert re.fullmatch(r"[a-z]+:[a-z0-9_]+:[a-z0-9_]+", series.name), series.name
+        assert catalog.recorded(series.name) is series
+    with pytest.raises(KeyError, match="gpu_nope"):
+        catalog.family("gpu_nope")
+
+
+def test_recorded_series_are_the_shipped_recording_rules() -> None:
+    template = (ROOT / "prometheus" / "templates" / "gpu-recording.rules.yml.in").read_text()
+    shipped = set(re.findall(r"^\s*- record: (\S+)$", template, re.MULTILINE))
+    assert {s.name for s in catalog.RECORDED} == shipped
+
+
+DOC_ROW = re.compile(r"^\| ((?:gpu|process)_[a-z0-9_]+) \| (gauge|counter) \| ([^|]*) \|([^|]*)\|")
+
+
+def test_docs_list_the_catalog() -> None:
+    """docs/metrics.md has one row per catalogued family, with its type, unit and labels."""
+    rows = {}
+    for line in (ROOT / "docs" / "metrics.md").read_text().splitlines():
+        m = DOC_ROW.match(line)
+        if m:
+            labels = tuple(part.strip() for part in m.group(4).split(",") if part.strip())
+            rows[m.group(1)] = (m.group(2), m.group(3).strip(), labels)
+    assert rows == {f.name: (f.kind, f.unit, f.labels) for f in catalog.FAMILIES}
+
+
+@pytest.mark.slow
+def test_scrape_matches_catalog() -> None:
+    """Every family a real exporter serves is catalogued with the same HELP text and type."""
+    from test_metrics_doc import scrape_text
+
+    text = scrape_text()
+    served: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        if line.startswith(("# HELP ", "# TYPE ")):
+            _, field, name, rest = line.split(" ", 3)
+            served.setdefault(name, {})[field] = rest
+    assert len(served) > 60  # the simulated node serves nearly every family
+    for name, header in served.items():
+        family = catalog.family(name)
+        assert (family.name, family.kind, family.help) == (name, header["TYPE"], header["HELP"])
