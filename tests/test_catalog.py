@@ -45,7 +45,7 @@ def literal_names(source: str, pattern: re.Pattern[str]) -> list[tuple[int, str]
     """(line, name) for each catalogued name that a non-documentation string literal of ``source`` holds."""
     tree = ast.parse(source)
     docs = documentation_nodes(tree)
-    found = []
+    found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             found.extend((node.lineno, m.group(0)) for m in pattern.finditer(node.value))

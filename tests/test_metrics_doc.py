@@ -60,7 +60,8 @@ def scrape_text() -> str:
             text = http_get(url + "/metrics")
             return text if XID.name in text else None
 
-        return wait_until(scrape_with_xid, 15, what="an XID event")
+        text: str = wait_until(scrape_with_xid, 15, what="an XID event")
+    return text
 
 
 def emitted() -> dict[str, tuple[str, set[str]]]:
