@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from gpu_exporter import catalog
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -62,7 +64,7 @@ def judge_node(prev: Snapshot | None, cur: Snapshot, t: Thresholds, window_secon
     readings = from_snapshots(prev if prev is not None else cur, cur)
     if prev is None:
         readings.utilization = {labels.get("uuid", ""): min(max(value, 0.0), 1.0)
-                                for labels, value in cur.series("gpu_utilization_ratio")}
+                                for labels, value in cur.series(catalog.GPU_UTILIZATION_RATIO.name)}
     return [(view, judge(view, t)) for view in build_views(readings, t, window_seconds)]
 
 
@@ -79,8 +81,8 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
     gpus = []
     judged = judge_node(prev, cur, t, measured)
     for view, verdict in judged:
-        total = cur.value("gpu_memory_total_bytes", uuid=view.uuid)
-        used = cur.value("gpu_memory_used_bytes", uuid=view.uuid)
+        total = cur.value(catalog.GPU_MEMORY_TOTAL_BYTES.name, uuid=view.uuid)
+        used = cur.value(catalog.GPU_MEMORY_USED_BYTES.name, uuid=view.uuid)
         gpus.append({
             "index": view.gpu, "uuid": view.uuid, "name": view.name,
             "utilization": view.utilization,
@@ -128,7 +130,7 @@ class StatusPage:
 
         now, wall = self._clock(), self._wall()
         read = snapshot_of(self._read_families(), now, wall)
-        age = read.value("gpu_exporter_last_sample_age_seconds")
+        age = read.value(catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.name)
         return Snapshot(read.samples, at=now - (age or 0.0), wall=wall)
 
     def status(self) -> dict[str, Any]:

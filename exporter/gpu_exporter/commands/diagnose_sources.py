@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from gpu_exporter import catalog
 from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, promql_duration
 from gpu_exporter.remedies import read_contexts
 from gpu_exporter.verdict import evidence
@@ -37,7 +38,7 @@ class _Fleet:
 
 def _live(fleet: _Fleet) -> set[tuple[str, str, str]]:
     return {key for key, value in fleet.keys.per_run(
-        fleet.prom.query("max without (phase) (gpu_training_current_phase)")).items() if value == 1.0}
+        fleet.prom.query(f"max without (phase) ({catalog.GPU_TRAINING_CURRENT_PHASE.name})")).items() if value == 1.0}
 
 
 def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str = "") -> Readings:
@@ -48,15 +49,15 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
     W; the causes are then judged with the cause table (``findings`` None). Needs no rules loaded.
     """
     w = promql_duration(seconds)
-    prom.require("gpu_info", "15m")
+    prom.require(catalog.GPU_INFO.name, "15m")
     fleet = _Fleet(prom, cluster_label)
     keys = fleet.keys
     readings = instant(fleet.readings(), ((name, prom.query(name)) for name in INSTANT), keys)
-    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(prom.query(f"rate(gpu_busy_seconds_total[{w}])"))
-                            .items() if math.isfinite(v)}
-    readings.phase_window = keys.phases(prom.query(f"increase(gpu_training_phase_seconds_total[{w}])"))
-    readings.retries = keys.per_run(prom.query(f"increase(gpu_training_allocator_retries_total[{w}])"))
-    readings.ooms = keys.per_run(prom.query(f"increase(gpu_training_allocator_ooms_total[{w}])"))
+    busy = prom.query(f"rate({catalog.GPU_BUSY_SECONDS_TOTAL.name}[{w}])")
+    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(busy).items() if math.isfinite(v)}
+    readings.phase_window = keys.phases(prom.query(f"increase({catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name}[{w}])"))
+    readings.retries = keys.per_run(prom.query(f"increase({catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[{w}])"))
+    readings.ooms = keys.per_run(prom.query(f"increase({catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[{w}])"))
     readings.live = _live(fleet)
     return readings
 
@@ -67,20 +68,21 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "") -> Readings:
     Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
     ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series.
     """
-    prom.require("gpu_info", "15m")
-    if not prom.query("count(gpu:gpu_utilization:avg5m)"):
-        raise MetricsError(f"Prometheus at {prom.base} has no gpu:gpu_utilization:avg5m series: load the rules "
+    prom.require(catalog.GPU_INFO.name, "15m")
+    utilization = catalog.GPU_UTILIZATION_AVG5M.name
+    if not prom.query(f"count({utilization})"):
+        raise MetricsError(f"Prometheus at {prom.base} has no {utilization} series: load the rules "
                            "of prometheus/rules/*.rules.yml (rule_files) so diagnose can read the cause series")
     fleet = _Fleet(prom, cluster_label)
     keys = fleet.keys
     readings = instant(fleet.readings(), ((name, prom.query(name)) for name in INSTANT
-                                          if name != "gpu_training_phase_seconds_total"), keys)
-    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(prom.query("gpu:gpu_utilization:avg5m")).items()
+                                          if name != catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name), keys)
+    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(prom.query(utilization)).items()
                             if math.isfinite(v)}
-    readings.memory_ratio = keys.per_gpu(prom.query("gpu:gpu_memory_used:ratio"))
-    shares = prom.query("run:gpu_training_phase:share5m")
+    readings.memory_ratio = keys.per_gpu(prom.query(catalog.GPU_MEMORY_USED_RATIO.name))
+    shares = prom.query(catalog.RUN_TRAINING_PHASE_SHARE5M.name)
     readings.phase_window = readings.phase_total = keys.phases(shares)
-    readings.step_seconds = keys.per_run(prom.query("run:gpu_training_step_seconds:avg5m"))
+    readings.step_seconds = keys.per_run(prom.query(catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name))
     readings.live = _live(fleet)
     projected = {(*keys.run(labels), labels.get("cause", "")): value for labels, value in
                  prom.query("run:gpu_training_cause:projected_utilization")}

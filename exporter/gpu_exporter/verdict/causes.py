@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpu_exporter import catalog
 from gpu_exporter.verdict.levels import LOW, TARGET, level
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ CAUSES: tuple[Cause, ...] = (
           advice="ST: this rank is fine; it waits for the straggler named above. Fix the straggler's own cause "
                  "(input pipeline M1, metrics M2, checkpoints CK on one rank only, ...), give every rank the same "
                  "share of the data and work (same batch size, sequence lengths, no rank-0-only work in the "
-                 "step), and check the straggler's GPU for throttling (gpu_clock_event_active)."),
+                 f"step), and check the straggler's GPU for throttling ({catalog.GPU_CLOCK_EVENT_ACTIVE.name})."),
 )
 """Every cause, in the order diagnose breaks ties (the allocator first: it also explains the others)."""
 

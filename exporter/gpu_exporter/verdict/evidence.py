@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from gpu_exporter import catalog
 from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
 from gpu_exporter.verdict.samples import Labels, Snapshot
 
@@ -26,8 +27,8 @@ __all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "ProcessSignals", "explain", "from_s
 Key = tuple[str, str]
 """(GPU uuid, pid)."""
 
-_COUNTERS = ("gpu_process_cpu_seconds_total", "gpu_process_children_cpu_seconds_total",
-             "gpu_process_read_bytes_total")
+_COUNTERS = (catalog.GPU_PROCESS_CPU_SECONDS_TOTAL.name, catalog.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL.name,
+             catalog.GPU_PROCESS_READ_BYTES_TOTAL.name)
 
 
 def _key(labels: Labels) -> Key:
@@ -75,11 +76,12 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> dict[str, list[ProcessSigna
         before = _by_key(prev.series(name))
         rates.append({k: max(v - before[k], 0.0) / elapsed for k, v in _by_key(cur.series(name)).items()
                       if k in before})
-    old_states = _states(prev.series("gpu_process_main_thread_state_seconds_total"))
+    thread_states = catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name
+    old_states = _states(prev.series(thread_states))
     states = {k: {s: v - old_states.get(k, {}).get(s, 0.0) for s, v in d.items()}
-              for k, d in _states(cur.series("gpu_process_main_thread_state_seconds_total")).items() if k in old_states}
-    return _signals(rates[0], rates[1], _by_key(cur.series("gpu_process_child_processes")), rates[2], states,
-                    _names(cur.series("gpu_process_memory_used_bytes")))
+              for k, d in _states(cur.series(thread_states)).items() if k in old_states}
+    return _signals(rates[0], rates[1], _by_key(cur.series(catalog.GPU_PROCESS_CHILD_PROCESSES.name)), rates[2], states,
+                    _names(cur.series(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
 
 
 def from_series(query: Callable[[str], list[tuple[Labels, float]]]
@@ -90,10 +92,10 @@ def from_series(query: Callable[[str], list[tuple[Labels, float]]]
     """
     signals = _signals(_by_key(query("process:gpu_process_cpu:rate5m")),
                        _by_key(query("process:gpu_process_children_cpu:rate5m")),
-                       _by_key(query("gpu_process_child_processes")),
+                       _by_key(query(catalog.GPU_PROCESS_CHILD_PROCESSES.name)),
                        _by_key(query("process:gpu_process_read_bytes:rate5m")),
                        _states(query("process:gpu_process_main_thread_state:share5m")),
-                       _names(query("gpu_process_memory_used_bytes")))
+                       _names(query(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
     hints: dict[Key, list[tuple[Hint, float]]] = {}
     for labels, value in query("process:gpu_process_hint:value"):
         hint = HINTS_BY_ID.get(labels.get("hint", ""))

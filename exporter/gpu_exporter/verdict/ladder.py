@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
 from gpu_exporter.verdict.levels import LEVELS, LOW, level
@@ -98,7 +99,7 @@ class Row:
 
 def _unknown(row: Row, f: Facts, t: Thresholds) -> Verdict:
     return Verdict(row.verdict, row.title, "NVML reports no utilization for this GPU (MIG mode); "
-                   "look at gpu_sm_active_ratio (GPM) instead.")
+                   f"look at {catalog.GPU_SM_ACTIVE_RATIO.name} (GPM) instead.")
 
 
 def _healthy(row: Row, f: Facts, t: Thresholds) -> Verdict:
@@ -201,11 +202,11 @@ def _has_work(f: Facts, t: Thresholds) -> bool:
 
 LADDER: tuple[Row, ...] = (
     Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), (), "", "",
-        "absent(gpu:gpu_utilization:avg5m)", lambda f, t: f.utilization is None, _unknown),
+        f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None, _unknown),
     Row("healthy", "healthy", "healthy", "utilization at or above the target", ("utilization_target",), (), "", "",
         "no GpuUtilizationLow, GpuTrainingBelowTarget or cause alert", lambda f, t: f.level is None, _healthy),
     Row("unused", "unused", "unused", "no process, no live run, memory at most work_memory_used_ratio",
-        ("work_memory_used_ratio",), BELOW, "", "", "gpu:gpu_has_work:bool == 0",
+        ("work_memory_used_ratio",), BELOW, "", "", f"{catalog.GPU_HAS_WORK_BOOL.name} == 0",
         lambda f, t: not _has_work(f, t), _unused),
     *(_cause_row(c) for c in CAUSES),
     Row("not_instrumented_evidence", "not_instrumented", "not instrumented",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpu_exporter import remedies
+from gpu_exporter import catalog, remedies
 from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.samples import Labels, Snapshot
@@ -23,8 +23,10 @@ STALE_SECONDS = 30.0
 
 Pairs = list[tuple[Labels, float]]
 
-INSTANT = ("gpu_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_process_memory_used_bytes",
-           "gpu_pod_info", "gpu_training_phase_seconds_total", "gpu_training_batch_size", "gpu_training_world_size")
+INSTANT = tuple(f.name for f in (
+    catalog.GPU_INFO, catalog.GPU_MEMORY_USED_BYTES, catalog.GPU_MEMORY_TOTAL_BYTES,
+    catalog.GPU_PROCESS_MEMORY_USED_BYTES, catalog.GPU_POD_INFO, catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL, catalog.GPU_TRAINING_BATCH_SIZE,
+    catalog.GPU_TRAINING_WORLD_SIZE))
 """The series read as they are (no window): names, memory, processes, pods, run totals and sizes."""
 
 
@@ -73,25 +75,25 @@ class Keys:
 def instant(readings: Readings, cur: Iterable[tuple[str, Pairs]], keys: Keys) -> Readings:
     """Fill the instant parts of ``readings`` from (metric name, samples) pairs."""
     for name, pairs in cur:
-        if name == "gpu_info":
+        if name == catalog.GPU_INFO.name:
             readings.info = [labels for labels, _ in pairs]
-        elif name == "gpu_memory_used_bytes":
+        elif name == catalog.GPU_MEMORY_USED_BYTES.name:
             readings.memory_used = keys.per_gpu(pairs)
-        elif name == "gpu_memory_total_bytes":
+        elif name == catalog.GPU_MEMORY_TOTAL_BYTES.name:
             readings.memory_total = keys.per_gpu(pairs)
-        elif name == "gpu_process_memory_used_bytes":
+        elif name == catalog.GPU_PROCESS_MEMORY_USED_BYTES.name:
             for labels, value in pairs:
                 readings.processes.setdefault(keys.gpu(labels), []).append(
                     Process(labels.get("pid", ""), labels.get("process_name", ""), value))
-        elif name == "gpu_pod_info":
+        elif name == catalog.GPU_POD_INFO.name:
             for labels, _ in pairs:
                 readings.pods.setdefault(keys.gpu(labels), set()).add(
                     f"{labels.get('namespace', '')}/{labels.get('pod', '')}")
-        elif name == "gpu_training_phase_seconds_total":
+        elif name == catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name:
             readings.phase_total = keys.phases(pairs)
-        elif name == "gpu_training_batch_size":
+        elif name == catalog.GPU_TRAINING_BATCH_SIZE.name:
             readings.batch_size = keys.per_run(pairs)
-        elif name == "gpu_training_world_size":
+        elif name == catalog.GPU_TRAINING_WORLD_SIZE.name:
             readings.world_size = keys.per_run(pairs)
     return readings
 
@@ -105,34 +107,34 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     keys = Keys()
     readings = instant(Readings(), ((name, cur.series(name)) for name in INSTANT), keys)
     elapsed = cur.at - prev.at
-    before = keys.per_gpu(prev.series("gpu_busy_seconds_total"))
-    for uuid, after in keys.per_gpu(cur.series("gpu_busy_seconds_total")).items():
+    before = keys.per_gpu(prev.series(catalog.GPU_BUSY_SECONDS_TOTAL.name))
+    for uuid, after in keys.per_gpu(cur.series(catalog.GPU_BUSY_SECONDS_TOTAL.name)).items():
         if uuid in before and elapsed > 0 and after >= before[uuid]:
             readings.utilization[uuid] = min((after - before[uuid]) / elapsed, 1.0)
-    old_phases = keys.phases(prev.series("gpu_training_phase_seconds_total"))
+    old_phases = keys.phases(prev.series(catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name))
     for key, phases in readings.phase_total.items():
         old = old_phases.get(key, {})
         restarted = any(phases.get(p, 0.0) < v for p, v in old.items())
         readings.phase_window[key] = {p: v - (0.0 if restarted else old.get(p, 0.0)) for p, v in phases.items()}
-    for counter, target in (("gpu_training_allocator_retries_total", readings.retries),
-                            ("gpu_training_allocator_ooms_total", readings.ooms)):
+    for counter, target in ((catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name, readings.retries),
+                            (catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name, readings.ooms)):
         old_counts = keys.per_run(prev.series(counter))
         for key, value in keys.per_run(cur.series(counter)).items():
             base = old_counts.get(key, 0.0)
             target[key] = value - base if value >= base else value
-    old_steps = keys.per_run(prev.series("gpu_training_steps_total"))
-    for key, steps in keys.per_run(cur.series("gpu_training_steps_total")).items():
+    old_steps = keys.per_run(prev.series(catalog.GPU_TRAINING_STEPS_TOTAL.name))
+    for key, steps in keys.per_run(cur.series(catalog.GPU_TRAINING_STEPS_TOTAL.name)).items():
         wall = sum(v for v in readings.phase_window.get(key, {}).values() if v > 0)
         if steps > old_steps.get(key, steps) and wall > 0:  # seconds per step: the run's own clock
             readings.step_seconds[key] = wall / (steps - old_steps[key])
-    current = {key for key, value in keys.per_run(
-        (labels, value) for labels, value in cur.series("gpu_training_current_phase") if value == 1.0).items()}
+    phase_now = cur.series(catalog.GPU_TRAINING_CURRENT_PHASE.name)
+    current = set(keys.per_run((labels, value) for labels, value in phase_now if value == 1.0))
     stale = max(STALE_SECONDS, 2 * elapsed)
-    pushed = keys.per_run(cur.series("gpu_training_last_push_timestamp_seconds"))
+    pushed = keys.per_run(cur.series(catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.name))
     readings.live = {key for key in current if cur.wall - pushed.get(key, cur.wall) <= stale}
     readings.evidence = evidence.from_snapshots(prev, cur)
     readings.contexts = remedies.read_contexts(cur.series)
-    readings.sampled = keys.sampled(cur.series("gpu_training_phase_seconds_total"))
+    readings.sampled = keys.sampled(cur.series(catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name))
     return readings
 
 
