@@ -289,6 +289,9 @@ GPU_EXPORTER_NVML_ERRORS_TOTAL = _define(
 GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS = _define(
     "gpu_exporter_last_sample_age_seconds", GAUGE, "seconds", "Seconds since the newest complete NVML poll.", (),
     "exporter")
+GPU_EXPORTER_POLL_INTERVAL_SECONDS = _define(
+    "gpu_exporter_poll_interval_seconds", GAUGE, "seconds",
+    "Seconds between the exporter's NVML polls (poll_interval).", (), "exporter")
 GPU_EXPORTER_GPUS = _define("gpu_exporter_gpus", GAUGE, "1", "GPUs visible to the exporter now.", (), "exporter")
 GPU_EXPORTER_HTTP_AUTH_FAILURES_TOTAL = _define(
     "gpu_exporter_http_auth_failures_total", COUNTER, "1", "HTTP requests rejected for missing or wrong credentials.",

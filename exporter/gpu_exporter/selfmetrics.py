@@ -76,6 +76,7 @@ class SelfMetrics:
         age = self._sampler.sample_age()
         if age is not None:
             yield catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.new(age)
+        yield catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.new(self._sampler.poll_interval)
         yield catalog.GPU_EXPORTER_GPUS.new(len(self._sampler.gpus[1]))
         with self._lock:
             failures = self._auth_failures

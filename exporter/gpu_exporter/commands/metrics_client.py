@@ -185,7 +185,7 @@ class ExporterSource:
             raise MetricsError(f"{self.url} serves no gpu-exporter metrics ({build_info} is missing): "
                                "point --url at a gpu-exporter")
         age = snapshot.value(catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.name)
-        interval = snapshot.value("gpu_exporter_poll_interval_seconds")
+        interval = snapshot.value(catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.name)
         if interval is not None and interval > 0:
             self.poll_interval = interval
         return Snapshot(snapshot.samples, at=at - (age or 0.0), wall=wall)
