@@ -8,7 +8,9 @@
   tests, docs/, and everything that is not Python: the rule templates (prometheus/templates/
   *.in), the generated rules, dashboards and Helm copies (YAML/JSON), status_page.js/html.
   A name assembled at run time from pieces (``f"gpu_memory_{attr}_bytes"``) is not caught.
-- The scan can fail: it is run on planted snippets.
+- No literal holds a name shaped like ours (``gpu_*_seconds`` ...) that the catalog lacks: a typo
+  or a family the exporter never emits.
+- The scans can fail: they are run on planted snippets.
 - A real scrape of a simulated exporter (with a training run pushing) has every family in the
   catalog with the same HELP text and type, and docs/metrics.md lists the catalog's type, unit
   and labels.
@@ -99,6 +101,28 @@ def test_no_metric_name_literal_outside_the_catalog() -> None:
                 offenders.append(f"{where}:{line}: {name}")
     assert not offenders, ("metric names written as literals; use gpu_exporter.catalog:\n  "
                            + "\n  ".join(offenders))
+
+
+LOOKS_LIKE_OURS = re.compile(r"(?<![A-Za-z0-9_:./])(?:gpu|process)_[a-z0-9_]+_"
+                             r"(?:total|seconds|bytes|ratio|info|watts|celsius|hertz|joules)(?![A-Za-z0-9_])")
+"""A literal shaped like one of our metric names (prefix and unit suffix), catalogued or not."""
+
+
+def uncatalogued(source: str) -> list[tuple[int, str]]:
+    """(line, name) of metric-shaped literals that name no catalogued family (a typo, or a family never emitted)."""
+    return [(line, name) for line, name in literal_names(source, LOOKS_LIKE_OURS) if name not in catalog.names()]
+
+
+def test_uncatalogued_scan_finds_planted_names() -> None:
+    snippet = 'A = "rate(gpu_busy_second_total[5m])"\nB = "gpu_exporter_poll_interval_seconds"\nC = "gpu_busy"\n'
+    assert uncatalogued(snippet) == [(1, "gpu_busy_second_total")]
+
+
+def test_no_uncatalogued_metric_name() -> None:
+    """No literal reads a metric-shaped name the exporter does not emit (gpu_exporter_poll_interval_seconds was one)."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {name}" for base in SCANNED for path in sorted(base.rglob("*.py"))
+                 for line, name in uncatalogued(path.read_text())]
+    assert not offenders, "names that are not in gpu_exporter.catalog:\n  " + "\n  ".join(offenders)
 
 
 def test_catalog_names_are_unique_and_well_formed() -> None:
