@@ -223,7 +223,7 @@ def test_promql_and_judge_agree_on_every_case(tmp_path: Path) -> None:
 # ladder's order, so the first that holds names the GPU's verdict, as the judge's first row does.
 # Python side: the judge on the same GPU. Between the low line and the target no shipped PromQL
 # alerts on a GPU without a cause (GpuTrainingBelowTarget needs one), so there both sides must say
-# "none"; the evidence rows are checked against their PromQL by tests/test_evidence_rules.py.
+# "none"; the evidence rows are checked against their PromQL by tests/test_evidence.py.
 
 from gpu_exporter.verdict.ladder import BY_ROW, judge  # noqa: E402
 from gpu_exporter.verdict.levels import TARGET as TARGET_LEVEL  # noqa: E402

@@ -400,7 +400,7 @@ def find_hints(p: ProcessSignals, t: Thresholds) -> list[tuple[Hint, float]]:
     """Every hint of :data:`HINTS` the readings of ``p`` pass, with the value that passes (table order).
 
     The caller applies them only to a GPU below target with no live reported run (the PromQL
-    of monitoring/evidence.py does the same; tests/test_evidence_rules.py checks they agree).
+    of monitoring/evidence.py does the same; tests/test_evidence.py checks they agree).
 
     >>> from gpu_exporter.thresholds import load_thresholds
     >>> t = load_thresholds()
