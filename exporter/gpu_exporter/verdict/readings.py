@@ -25,8 +25,8 @@ Pairs = list[tuple[Labels, float]]
 
 INSTANT = tuple(f.name for f in (
     catalog.GPU_INFO, catalog.GPU_MEMORY_USED_BYTES, catalog.GPU_MEMORY_TOTAL_BYTES,
-    catalog.GPU_PROCESS_MEMORY_USED_BYTES, catalog.GPU_POD_INFO, catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL, catalog.GPU_TRAINING_BATCH_SIZE,
-    catalog.GPU_TRAINING_WORLD_SIZE))
+    catalog.GPU_PROCESS_MEMORY_USED_BYTES, catalog.GPU_POD_INFO, catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL,
+    catalog.GPU_TRAINING_BATCH_SIZE, catalog.GPU_TRAINING_WORLD_SIZE))
 """The series read as they are (no window): names, memory, processes, pods, run totals and sizes."""
 
 
