@@ -144,7 +144,7 @@ class StatusPage:
 
                 self._thresholds = load_thresholds()
             cur = self._read()
-            poll = cur.value("gpu_exporter_poll_interval_seconds") or 1.0
+            poll = cur.value(catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.name) or 1.0
             if self._history and cur.at - self._history[-1].at < poll / 2:
                 self._history.pop()  # the same poll as the newest reading: keep the newer reading of it
             self._history.append(cur)
