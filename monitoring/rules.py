@@ -135,15 +135,17 @@ def _condition(cause: Cause) -> str:
     if cause.kind == STRAGGLER:
         return straggler.condition(cause, _share(cause.phase), LIVE, C)
     if cause.kind == LAUNCH:
-        compute = f"({_share(cause.phase)} > ${{batch_compute_share}})"
+        compute_key, busy_key, memory_key = cause.keys
+        compute = f"({_share(cause.phase)} > ${{{compute_key}}})"
         return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
                 f"and\n(\n    {UTIL}\n  / on ({C}, uuid) group_right ()\n    {compute}\n"
-                f"  < ${{batch_busy_ratio}}\n)\nand\n{LIVE}\n"
+                f"  < ${{{busy_key}}}\n)\nand\n{LIVE}\n"
                 f"and on ({C}, uuid)\n(max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
-                " < ${batch_memory_used_ratio})")
-    retries = f"increase({m.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{allocator_window}}])"
-    ooms = f"increase({m.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{allocator_window}}])"
-    return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{allocator_retries_threshold}} or {ooms} > 0)\n)\n"
+                f" < ${{{memory_key}}})")
+    window_key, retries_key = cause.keys
+    retries = f"increase({m.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{{window_key}}}])"
+    ooms = f"increase({m.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{{window_key}}}])"
+    return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{{retries_key}}} or {ooms} > 0)\n)\n"
             f"and\n{LIVE}")
 
 
@@ -160,7 +162,7 @@ def cause_records() -> list[Record]:
                 CAUSE_RECORDING, "run:gpu_training_cause:share", expr,
                 (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
                 f"{cause.label}, level {lvl}: value = "
-                + ("allocator retries + OOMs in ${allocator_window}" if cause.kind == ALLOCATOR else
+                + (f"allocator retries + OOMs in ${{{cause.keys[0]}}}" if cause.kind == ALLOCATOR else
                    "the share of the step it takes") + "."))
     phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER))
     launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
@@ -196,13 +198,15 @@ def _projection(cause: Cause) -> str:
 
 def _what(cause: Cause) -> str:
     if cause.kind == ALLOCATOR:
+        window_key, retries_key = cause.keys
         return ("had {{ $value | humanize }} caching-allocator retries and out-of-memory errors in the last "
-                "${allocator_window} (the limit is ${allocator_retries_threshold} retries and no OOM); each "
+                f"${{{window_key}}} (the limit is ${{{retries_key}}} retries and no OOM); each "
                 "retry frees the cache and stalls the GPU.")
     if cause.kind == LAUNCH:
+        _, busy_key, memory_key = cause.keys
         return ("keeps its GPU idle for {{ $value | humanizePercentage }} of the step inside the compute phase: "
-                "the GPU is busy for less than ${batch_busy_ratio|percent} of the time the job computes while less "
-                "than ${batch_memory_used_ratio|percent} of its memory is used (small batches or kernels, launch "
+                f"the GPU is busy for less than ${{{busy_key}|percent}} of the time the job computes while less "
+                f"than ${{{memory_key}|percent}} of its memory is used (small batches or kernels, launch "
                 "overhead).")
     if cause.kind == STRAGGLER:
         return straggler.what(cause)
