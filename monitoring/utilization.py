@@ -9,6 +9,7 @@ join the workload (pod, run) for the text. ``monitoring.rules`` writes them into
 from __future__ import annotations
 
 from gpu_exporter.catalog import GPU_HAS_WORK_BOOL, GPU_UTILIZATION_AVG5M, GPU_WORKLOAD_INFO
+from gpu_exporter.causes import CAUSES
 
 from monitoring.model import VALUE, Alert
 
@@ -24,8 +25,8 @@ LOW_DESCRIPTION = (
     'has been below ${utilization_low_threshold|percent} utilization for ${utilization_low_for} (5m mean, down to\n'
     '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a training run. '
     '{{ with $labels.run }}Run {{ . }} reports its phases:\n'
-    'a cause alert (GpuTrainingInputBound, GpuTrainingMetricsBound, GpuTrainingCheckpointBound,\n'
-    'GpuBatchTooSmall, GpuMemoryAllocatorThrashing) names the remedy when one phase explains the gap;\n'
+    f'a cause alert ({", ".join(c.alert for c in CAUSES)})\n'
+    'names the remedy when one cause explains the gap;\n'
     '`gpu-exporter diagnose --run {{ . }}` shows all phases, `gpu-exporter report --run {{ . }}` what the\n'
     'run has cost so far and how much shorter it would be without its main cause.{{ else }}No training run '
     'reports from\n'
