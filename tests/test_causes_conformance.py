@@ -353,9 +353,6 @@ def test_promql_and_judge_agree_on_every_row_of_the_ladder(tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
-@pytest.mark.xfail(strict=True, reason="known disagreement: a finished run that still has a push series gives "
-                   "gpu:gpu_workload:info its run label, so GpuUtilizationLow's description says the run reports "
-                   "its phases (underutilized), while the judge calls the GPU not instrumented (no live run)")
 def test_a_gpu_whose_run_finished_is_not_instrumented_on_both_sides(tmp_path: Path) -> None:
     _promtool_ladder(tmp_path, [GpuCase("finished", 0.1, 0.5, shares={"data": 0.9, "compute": 0.1}, live=False)])
 
