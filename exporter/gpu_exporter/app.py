@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -94,8 +95,12 @@ class Exporter:
             return False, f"newest NVML sample is {age:.1f}s old (limit {self.config.stale_after:g}s)"
         return True, f"ok: newest sample {age:.1f}s old"
 
-    def start(self) -> None:
-        """Initialise NVML (failing fast without a driver), bind the server, start the threads."""
+    def start(self, before_serving: Callable[[], None] | None = None) -> None:
+        """Initialise NVML (failing fast without a driver), bind the server, start the threads.
+
+        ``before_serving`` runs once everything is up, just before the server answers its first
+        request (the CLI installs its signal handlers there, so no request is answered before them).
+        """
         self.nvml.init()
         ssl_context, check_auth, headers = None, None, {}
         if self.config.web_config_file:
@@ -123,6 +128,8 @@ class Exporter:
             self.pods.start()
         if self.phases is not None:
             self.phases.start()
+        if before_serving is not None:
+            before_serving()
         self.server.run_in_thread()
         port = self.server.server_address[1]
         scheme = "https" if ssl_context is not None else "http"

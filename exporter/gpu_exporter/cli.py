@@ -64,18 +64,22 @@ def _serve(args: argparse.Namespace) -> int:
     # hashing, TLS setup, a hanging file) ends at once instead of after the slow step returns.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    stop = threading.Event()
+
+    def handle_signals() -> None:
+        """From the first answered request on, SIGTERM and SIGINT stop the exporter cleanly (exit 0)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+
     try:
         exporter = Exporter(config)
-        exporter.start()
+        exporter.start(before_serving=handle_signals)
     except DriverNotFound as err:
         return _fail(str(err), 1)
     except AddressInUse as err:
         return _fail(str(err), 1)
     except ValueError as err:  # a bad scenario or web config file
         return _fail(str(err), 2)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         stop.wait()
     finally:
