@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import tempfile
 import time
@@ -136,9 +137,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += f" --output {args.output}"
     results = run(mode, command)
     output = DEFAULT_OUTPUT if args.update_docs else args.output or _temporary_document()
-    output.write_text(report.render(results))
+    old = output.read_text() if output.is_file() else ""
+    output.write_text(keep_sections(report.render(results), old))
     _say(f"wrote {output} in {results.elapsed_s:.0f} s")
     return 0
+
+
+SECTION = re.compile(r"^<!-- (?P<name>[\w.-]+): begin -->\n.*?^<!-- (?P=name): end -->\n", re.M | re.S)
+"""A section another bench writes (bench.integrations, bench.sampling): kept when this one rewrites the file."""
+
+
+def keep_sections(new: str, old: str) -> str:
+    """``new`` plus every marked section of ``old`` that ``new`` lacks, in their order, at its end.
+
+    >>> old = "# old\\n<!-- bench.x: begin -->\\n## X\\n<!-- bench.x: end -->\\ntail\\n"
+    >>> keep_sections("# new\\n", old)
+    '# new\\n\\n<!-- bench.x: begin -->\\n## X\\n<!-- bench.x: end -->\\n'
+    >>> keep_sections("# new\\n", "# nothing marked\\n")
+    '# new\\n'
+    """
+    present = {m["name"] for m in SECTION.finditer(new)}
+    kept = [m.group(0) for m in SECTION.finditer(old) if m["name"] not in present]
+    return new + "".join(f"\n{section}" for section in kept)
 
 
 def _temporary_document() -> Path:

@@ -104,3 +104,20 @@ def test_update_docs_and_output_exclude_each_other(capsys: pytest.CaptureFixture
         main(["--quick", "--update-docs", "--output", "x.md"])
     assert exit_info.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_rewrite_keeps_the_sections_other_benches_wrote() -> None:
+    from bench.run import keep_sections
+
+    doc = (REPO / "docs" / "benchmarks.md").read_text()
+    marked = re.findall(r"^<!-- ([\w.-]+): begin -->$", doc, re.M)
+    assert {"bench.integrations", "bench.sampling"} <= set(marked)
+    rewritten = keep_sections("# Benchmarks\n\nnew figures\n", doc)
+    for name in marked:
+        section = re.search(rf"^<!-- {re.escape(name)}: begin -->\n.*?^<!-- {re.escape(name)}: end -->\n", doc,
+                            re.M | re.S)
+        assert section is not None and section.group(0) in rewritten
+    assert "new figures" in rewritten and "## Headline" not in rewritten
+    # a section the new text writes itself is not doubled
+    again = keep_sections(rewritten, doc)
+    assert again == rewritten
