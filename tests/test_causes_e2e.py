@@ -29,8 +29,6 @@ docs/cli.md show them).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +38,8 @@ from typing import Any
 
 import pytest
 from cause_loops import PLANS, WOBBLE
-from servers import exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
+from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules
+from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow
@@ -62,36 +60,16 @@ EXPECTED = {  # loop -> (diagnose verdict, its title, the alerts that fire for i
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
     """The exporter, Prometheus with the shipped rules, and the five loops running; yields (exporter, prom)."""
-    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    files = shipped_fast_rules()
     with tempfile.TemporaryDirectory() as tmp, \
             run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-            run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom:
-        loops = [subprocess.Popen([sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"],
-                                  env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for name in PLANS]
-        try:
-            yield exporter, prom
-        finally:
-            for loop in loops:
-                loop.terminate()
-            for loop in loops:
-                _, err = loop.communicate(timeout=30)
-                assert loop.returncode in (0, -15), err[-2000:]
-
-
-def _firing(prom: str) -> dict[str, set[tuple[str, str]]]:
-    """uuid -> {(alertname, cause)} of the firing cause alerts."""
-    out: dict[str, set[tuple[str, str]]] = {}
-    for r in promql(prom, 'ALERTS{alertstate="firing", cause!=""}'):
-        out.setdefault(r["metric"]["uuid"], set()).add((r["metric"]["alertname"], r["metric"]["cause"]))
-    return out
+            run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom, \
+            running_jobs([[sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"] for name in PLANS]):
+        yield exporter, prom
 
 
 def _keep(name: str, text: str) -> None:
-    if os.environ.get("CAUSES_E2E_OUTPUT"):
-        path = Path(os.environ["CAUSES_E2E_OUTPUT"]) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    keep_output("CAUSES_E2E_OUTPUT", name, text)
 
 
 def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tuple[str, str]) -> None:
@@ -99,7 +77,7 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
     wanted = {f"GPU-e2e-{loop}": alerts for loop, (_, _, alerts) in EXPECTED.items() if alerts}
 
     def settled() -> dict[str, set[tuple[str, str]]] | None:
-        firing = _firing(prom)
+        firing = firing_causes(prom)
         return firing if all(firing.get(uuid, set()) >= alerts for uuid, alerts in wanted.items()) else None
     try:
         wait_until(settled, 120, interval=1.0, what="every loop's cause alert to fire")
@@ -107,11 +85,11 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
         shares = [(r["metric"]["run"], r["metric"]["phase"], r["value"][1])
                   for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
         util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
-        raise AssertionError(f"{err}: firing {_firing(prom)}; shares {shares}; utilization {util}") from None
+        raise AssertionError(f"{err}: firing {firing_causes(prom)}; shares {shares}; utilization {util}") from None
 
     # Alerts: each GPU fires exactly its expected causes (after a breath, none flaps in), the healthy one none.
     time.sleep(3)
-    firing = _firing(prom)
+    firing = firing_causes(prom)
     for loop, (_, _, alerts) in EXPECTED.items():
         assert firing.get(f"GPU-e2e-{loop}", set()) == alerts, (loop, firing)
     assert promql(prom, 'ALERTS{uuid="GPU-e2e-healthy"}') == []
@@ -122,7 +100,7 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
     while sides != {True, False} and time.monotonic() < deadline:
         (hover,) = promql(prom, 'gpu:gpu_utilization:avg5m{uuid="GPU-e2e-hover30"}')
         sides.add(float(hover["value"][1]) < 0.3)
-        assert ("GpuTrainingInputBound", "input_bound") in _firing(prom).get("GPU-e2e-hover30", set()), sides
+        assert ("GpuTrainingInputBound", "input_bound") in firing_causes(prom).get("GPU-e2e-hover30", set()), sides
         time.sleep(0.5)
     assert sides == {True, False}, "the hovering GPU never crossed 30%"
     below = promql(prom, 'ALERTS{alertname="GpuTrainingBelowTarget", alertstate="firing"}')

@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from e2e import shipped_fast_rules
 from servers import promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
 from test_diagnose import EXPECTED, RUNS, SCENARIOS, push_runs
 from test_query import run_cli
 
@@ -30,7 +30,7 @@ def prometheus() -> Iterator[str]:
         thread = threading.Thread(target=push_runs, args=(exporter, stop), daemon=True)
         thread.start()
         try:
-            files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+            files = shipped_fast_rules()
             with run_prometheus(scrape_config(exporter, "node-a"), files) as prom:
                 wait_until(lambda: len(promql(prom, "increase(gpu_training_phase_seconds_total[10s]) > 0"))
                            >= 4 * len(RUNS) and promql(prom, "count_over_time(gpu_info[10s]) > 7")

@@ -23,7 +23,6 @@ Set DISTRIBUTED_E2E_OUTPUT=DIR to keep the diagnose outputs and the alerts (docs
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -36,9 +35,9 @@ from typing import Any
 
 import pytest
 from ddp_loops import PLANS
+from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules
 from prometheus_client.parser import text_string_to_metric_families
 from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
 from test_status_page import _browser
 
@@ -56,36 +55,17 @@ EXPECTED = {  # GPU -> (diagnose verdict, the cause alerts that fire for it)
 
 
 def _keep(name: str, text: str) -> None:
-    if os.environ.get("DISTRIBUTED_E2E_OUTPUT"):
-        path = Path(os.environ["DISTRIBUTED_E2E_OUTPUT"]) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    keep_output("DISTRIBUTED_E2E_OUTPUT", name, text)
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
     """The exporter, Prometheus with the shipped rules, and both DDP jobs running; yields (exporter, prom)."""
-    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    files = shipped_fast_rules()
     with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-            run_prometheus(scrape_config(exporter, "ddp-node"), files) as prom:
-        jobs = [subprocess.Popen([sys.executable, str(LOOPS), job, exporter, "300"], env=exporter_env(),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for job in PLANS]
-        try:
-            yield exporter, prom
-        finally:
-            for job in jobs:
-                job.terminate()
-            for job in jobs:
-                _, err = job.communicate(timeout=60)
-                assert job.returncode in (0, -15), err[-2000:]
-
-
-def _firing(prom: str) -> dict[str, set[tuple[str, str]]]:
-    """uuid -> {(alertname, cause)} of the firing cause alerts."""
-    out: dict[str, set[tuple[str, str]]] = {}
-    for r in promql(prom, 'ALERTS{alertstate="firing", cause!=""}'):
-        out.setdefault(r["metric"]["uuid"], set()).add((r["metric"]["alertname"], r["metric"]["cause"]))
-    return out
+            run_prometheus(scrape_config(exporter, "ddp-node"), files) as prom, \
+            running_jobs([[sys.executable, str(LOOPS), job, exporter, "300"] for job in PLANS]):
+        yield exporter, prom
 
 
 def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: tuple[str, str],
@@ -95,7 +75,7 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
 
     def settled() -> dict[str, set[tuple[str, str]]] | None:
         assert not promql(prom, 'ALERTS{alertname="GpuBatchTooSmall"}'), "a rank was called M3"
-        firing = _firing(prom)
+        firing = firing_causes(prom)
         return firing if all(firing.get(uuid, set()) >= alerts for uuid, (_, alerts) in EXPECTED.items()) else None
     try:
         wait_until(settled, 150, interval=1.0, what="the straggler and input-bound alerts to fire")
@@ -103,11 +83,11 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
         shares = [(r["metric"]["uuid"], r["metric"]["phase"], r["value"][1])
                   for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
         util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
-        raise AssertionError(f"{err}: firing {_firing(prom)}; shares {shares}; utilization {util}") from None
+        raise AssertionError(f"{err}: firing {firing_causes(prom)}; shares {shares}; utilization {util}") from None
 
     # Alerts: each GPU fires exactly its expected causes; the waiting rank's alert names rank 1 and its cause.
     time.sleep(2)
-    firing = _firing(prom)
+    firing = firing_causes(prom)
     for uuid, (_, alerts) in EXPECTED.items():
         assert firing.get(uuid, set()) == alerts, (uuid, firing)
     (straggler,) = [a for a in json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]

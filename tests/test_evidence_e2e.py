@@ -17,7 +17,6 @@ hold here. Windows are shrunk 60-fold as in test_causes_e2e. EVIDENCE_E2E_OUTPUT
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e import keep_output, shipped_fast_rules
 from evidence_standins import direct_io_works
 from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow
@@ -38,16 +37,13 @@ EXPECTED = {"GPU-cpu": ("main_busy", "not instrumented: likely input-bound (M1)"
 
 
 def _keep(name: str, text: str) -> None:
-    if os.environ.get("EVIDENCE_E2E_OUTPUT"):
-        path = Path(os.environ["EVIDENCE_E2E_OUTPUT"]) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    keep_output("EVIDENCE_E2E_OUTPUT", name, text)
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
     """Stand-ins, exporter and Prometheus with the shipped rules; yields (exporter, prom)."""
-    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    files = shipped_fast_rules()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         data = d / "data.bin"

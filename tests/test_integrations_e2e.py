@@ -25,8 +25,8 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from e2e import shipped_fast_rules
 from servers import exporter_env, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
 from test_integrations import LOOPS
 from test_query import run_cli
 
@@ -46,7 +46,7 @@ JOBS = {  # integration -> (loop, run name, diagnose verdict, its title, the ale
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
     """The exporter, Prometheus with the shipped rules, and the three jobs running; yields (exporter, prom)."""
-    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    files = shipped_fast_rules()
     with tempfile.TemporaryDirectory() as tmp, \
             run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
             run_prometheus(scrape_config(exporter, "int-node"), files) as prom:

@@ -11,19 +11,17 @@ REMEDIES_E2E_OUTPUT=DIR keeps the outputs (docs/runbooks.md shows them).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e import keep_output, running_jobs, shipped_fast_rules
 from gpu_exporter.remedies import suggested_workers
 from gpu_exporter.training.context import cpu_cores
-from servers import exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
+from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow
@@ -40,31 +38,20 @@ SCENARIO = """gpus:
 
 
 def _keep(name: str, text: str) -> None:
-    if os.environ.get("REMEDIES_E2E_OUTPUT"):
-        path = Path(os.environ["REMEDIES_E2E_OUTPUT"]) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    keep_output("REMEDIES_E2E_OUTPUT", name, text)
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[str, str]]:
-    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    files = shipped_fast_rules()
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "remedies.yaml"
         scenario.write_text(SCENARIO)
         with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"]) as exporter, \
-                run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom:
-            loops = [subprocess.Popen([sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"],
-                                      env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                     for name in ("mixed", "batch2")]
-            try:
-                yield exporter, prom
-            finally:
-                for loop in loops:
-                    loop.terminate()
-                for loop in loops:
-                    _, err = loop.communicate(timeout=30)
-                    assert loop.returncode in (0, -15), err[-2000:]
+                run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom, \
+                running_jobs([[sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"]
+                              for name in ("mixed", "batch2")]):
+            yield exporter, prom
 
 
 def _descriptions(prom: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ from the rest of the loop: its ``other`` is compared with the loop's metrics + o
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e import keep_output, shipped_fast_rules
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.sampling import parse_raw, phase_of, pyspy_binary
 from prometheus_client.parser import text_string_to_metric_families
 from servers import exporter_env, free_port, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
 
 LOOPS = Path(__file__).with_name("cause_loops.py")
@@ -83,10 +82,7 @@ def _pyspy_works() -> str:
 
 
 def _keep(name: str, text: str) -> None:
-    if os.environ.get("SAMPLING_OUTPUT"):
-        path = Path(os.environ["SAMPLING_OUTPUT"]) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    keep_output("SAMPLING_OUTPUT", name, text)
 
 
 def _phase_seconds(url: str) -> dict[tuple[str, str], dict[str, float]]:
@@ -175,7 +171,7 @@ def test_sampled_phases_reach_the_rules_alerts_and_diagnose_from_prometheus(
     cause alert; diagnose --prometheus-url says it is sampled. The rules' windows are shrunk 60-fold, but
     the phase-share window to 20 s only: the sampler moves its estimates once per 5 s window."""
     url, pids = sampled_stack
-    files = {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+    files = shipped_fast_rules()
     recording = files["rules/gpu-recording.rules.yml"]
     files["rules/gpu-recording.rules.yml"] = recording.replace("gpu_training_phase_seconds_total[5s]",
                                                                "gpu_training_phase_seconds_total[20s]")

@@ -1,0 +1,56 @@
+"""Pieces the end-to-end tests share: the shipped rules shrunk for tests, the firing cause alerts,
+the training jobs they run, and where they keep the real output the docs quote.
+
+``fast_rules`` and ``shrink`` (tests/test_alerting_e2e.py) make the shipped rules fast; everything
+else about the rules stays as shipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from servers import exporter_env, promql
+from test_alerting_e2e import PROM, fast_rules
+
+
+def shipped_fast_rules() -> dict[str, str]:
+    """``{"rules/<name>": text}`` of every shipped rules file, durations shrunk (for run_prometheus)."""
+    return {f"rules/{p.name}": fast_rules(p) for p in sorted((PROM / "rules").glob("*.rules.yml"))}
+
+
+def firing_causes(prom: str) -> dict[str, set[tuple[str, str]]]:
+    """uuid -> {(alertname, cause)} of the firing cause alerts."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for r in promql(prom, 'ALERTS{alertstate="firing", cause!=""}'):
+        out.setdefault(r["metric"]["uuid"], set()).add((r["metric"]["alertname"], r["metric"]["cause"]))
+    return out
+
+
+def keep_output(variable: str, name: str, data: bytes | str) -> None:
+    """Write ``data`` to ``$variable/name`` when that variable is set (the docs quote these files)."""
+    folder = os.environ.get(variable)
+    if not folder:
+        return
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+@contextlib.contextmanager
+def running_jobs(commands: Sequence[Sequence[str]], timeout: float = 60) -> Iterator[list[subprocess.Popen[str]]]:
+    """Start each command (the exporter's environment, stderr kept); afterwards stop them and require that
+    each ended by itself (0) or by the SIGTERM sent here (-15), with its stderr in the message otherwise."""
+    jobs = [subprocess.Popen(list(c), env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True) for c in commands]
+    try:
+        yield jobs
+    finally:
+        for job in jobs:
+            job.terminate()
+        for job in jobs:
+            _, err = job.communicate(timeout=timeout)
+            assert job.returncode in (0, -15), err[-2000:]
