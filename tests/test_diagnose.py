@@ -144,7 +144,8 @@ def test_text_report_names_remedy_and_runbook(node: str) -> None:
         assert line in text
     assert text.rstrip().endswith("7 of 10 GPU(s) below the 85% utilization target.")
     # Every cause verdict states its projection; the idle one names the process holding the GPU.
-    assert "  verdict      input-bound (M1): 15% now, at most ~" in text
+    # the GPU runs at 15%; measured over two scrapes 3 s apart on a loaded machine it may read a point off
+    assert re.search(r"^  verdict      input-bound \(M1\): 1[3-7]% now, at most ~", text, re.M), text
     assert "if loading overlapped compute." in text
     assert "idle but allocated: 0% utilization while pid 71005 jupyter-kernel (30.0 GiB) holds the GPU." in text
 
