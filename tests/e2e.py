@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from servers import exporter_env, promql
+from servers import exporter_env, promql, wait_until
 from test_alerting_e2e import PROM, fast_rules
 
 
@@ -28,6 +28,24 @@ def firing_causes(prom: str) -> dict[str, set[tuple[str, str]]]:
     for r in promql(prom, 'ALERTS{alertstate="firing", cause!=""}'):
         out.setdefault(r["metric"]["uuid"], set()).add((r["metric"]["alertname"], r["metric"]["cause"]))
     return out
+
+
+def wait_for_causes(prom: str, wanted: Mapping[str, set[tuple[str, str]]], seconds: float, what: str,
+                    check: Callable[[], None] | None = None) -> None:
+    """Wait until every uuid of ``wanted`` fires at least its (alertname, cause) pairs; ``check`` runs at every
+    look. On time-out the error lists what fires, the phase shares and the utilization Prometheus sees."""
+    def settled() -> bool:
+        if check is not None:
+            check()
+        firing = firing_causes(prom)
+        return all(firing.get(uuid, set()) >= alerts for uuid, alerts in wanted.items())
+    try:
+        wait_until(settled, seconds, interval=1.0, what=what)
+    except TimeoutError as err:
+        shares = [(r["metric"].get("run"), r["metric"].get("uuid"), r["metric"]["phase"], r["value"][1])
+                  for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
+        util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
+        raise AssertionError(f"{err}: firing {firing_causes(prom)}; shares {shares}; utilization {util}") from None
 
 
 def keep_output(variable: str, name: str, data: bytes | str) -> None:

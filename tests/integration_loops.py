@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cause_loops import f1_macro
+
 FEATURES, CLASSES, HIDDEN = 32, 4, 64
 INTEGRATIONS = ("watch", "lightning", "transformers")
 
@@ -53,17 +55,6 @@ def time_box(seconds: float, work: Callable[[], object], phase: str | None = Non
     time.sleep(max(0.0, deadline - time.perf_counter()))
     if phase is not None:
         OWN[phase] += time.perf_counter() - start
-
-
-def f1_macro(predicted: list[int], actual: list[int]) -> float:
-    """Macro F1 in plain Python: the per-step metric that keeps a GPU waiting."""
-    scores = []
-    for c in range(CLASSES):
-        tp = sum(p == c and a == c for p, a in zip(predicted, actual, strict=True))
-        fp = sum(p == c and a != c for p, a in zip(predicted, actual, strict=True))
-        fn = sum(p != c and a == c for p, a in zip(predicted, actual, strict=True))
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    return sum(scores) / CLASSES
 
 
 def parts(loop: str) -> dict[str, Any]:

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 from cause_loops import PLANS, WOBBLE
-from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules
-from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules, wait_for_causes
+from servers import http_get, promql, run_exporter, run_prometheus, scrape_config
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow
@@ -76,16 +76,7 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tu
     exporter, prom = stack
     wanted = {f"GPU-e2e-{loop}": alerts for loop, (_, _, alerts) in EXPECTED.items() if alerts}
 
-    def settled() -> dict[str, set[tuple[str, str]]] | None:
-        firing = firing_causes(prom)
-        return firing if all(firing.get(uuid, set()) >= alerts for uuid, alerts in wanted.items()) else None
-    try:
-        wait_until(settled, 120, interval=1.0, what="every loop's cause alert to fire")
-    except TimeoutError as err:
-        shares = [(r["metric"]["run"], r["metric"]["phase"], r["value"][1])
-                  for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
-        util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
-        raise AssertionError(f"{err}: firing {firing_causes(prom)}; shares {shares}; utilization {util}") from None
+    wait_for_causes(prom, wanted, 120, "every loop's cause alert to fire")
 
     # Alerts: each GPU fires exactly its expected causes (after a breath, none flaps in), the healthy one none.
     time.sleep(3)

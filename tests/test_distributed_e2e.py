@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 from ddp_loops import PLANS
-from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules
+from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules, wait_for_causes
 from prometheus_client.parser import text_string_to_metric_families
-from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config
 from test_query import run_cli
 from test_status_page import _browser
 
@@ -73,17 +73,10 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
     exporter, prom = stack
     http_get(exporter + "/api/v1/status")  # the live page averages over the readings it saw since: start them
 
-    def settled() -> dict[str, set[tuple[str, str]]] | None:
+    def no_m3() -> None:
         assert not promql(prom, 'ALERTS{alertname="GpuBatchTooSmall"}'), "a rank was called M3"
-        firing = firing_causes(prom)
-        return firing if all(firing.get(uuid, set()) >= alerts for uuid, (_, alerts) in EXPECTED.items()) else None
-    try:
-        wait_until(settled, 150, interval=1.0, what="the straggler and input-bound alerts to fire")
-    except TimeoutError as err:
-        shares = [(r["metric"]["uuid"], r["metric"]["phase"], r["value"][1])
-                  for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
-        util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
-        raise AssertionError(f"{err}: firing {firing_causes(prom)}; shares {shares}; utilization {util}") from None
+    wait_for_causes(prom, {uuid: alerts for uuid, (_, alerts) in EXPECTED.items()}, 150,
+                    "the straggler and input-bound alerts to fire", check=no_m3)
 
     # Alerts: each GPU fires exactly its expected causes; the waiting rank's alert names rank 1 and its cause.
     time.sleep(2)
