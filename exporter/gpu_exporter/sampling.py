@@ -8,9 +8,16 @@ outermost recognised frame (:func:`phase_of`):
 * ``data``: DataLoader iteration and fetching (``torch/utils/data/``);
 * ``checkpoint``: ``torch/serialization.py`` (``torch.save``), ``torch/distributed/checkpoint/`` and the
   ``state_dict()`` of a module or optimizer (gathering what a checkpoint saves);
-* ``compute``: module forward and ``torch.nn.functional`` (``torch/nn/``), backward (``torch/_tensor.py``,
-  ``torch/autograd/``), the optimizer (``torch/optim/``);
-* ``other``: everything else (metrics, logging, the loop itself: the sampler cannot tell metrics apart).
+* ``compute``: any other frame of torch itself: module forward and ``torch.nn.functional``, backward,
+  the optimizer and the wrappers around them (``torch/_compile.py``, ``torch/_ops.py``), but not
+  ``torch/utils/`` (TensorBoard, decorators) or ``torch/distributed/`` (collectives wait, they do not compute);
+* ``other``: everything else (metrics, logging, the loop itself: the sampler cannot tell metrics apart,
+  nor a tensor operation called straight from the loop's own code, which has no torch frame).
+
+``--nonblocking`` reads a stack without pausing the process, so a read that races the process
+can come back torn (a few inner frames without the outer ones). A main thread's stack always
+starts at the same outermost frame (the script's ``<module>``); samples that start anywhere else
+are torn and dropped (:func:`parse_raw`).
 
 Each window's shares times its wall time are added to the process's phase seconds and stored in
 the training store as run ``pid-<pid>`` (rank 0) on the process's GPU, marked ``source="sampled"``:
@@ -45,7 +52,7 @@ WINDOW_SECONDS = 5
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("data", re.compile(r"[(/]torch/utils/data/")),
     ("checkpoint", re.compile(r"[(/]torch/(serialization\.py|distributed/checkpoint/)|state_dict \(torch/")),
-    ("compute", re.compile(r"[(/]torch/(nn/|autograd/|_tensor\.py|optim/)")),
+    ("compute", re.compile(r"[(/]torch/(?!utils/|distributed/)")),
 )
 """Phase -> pattern on a frame (``function (file:line)``), tried from the outermost frame inward."""
 
@@ -65,23 +72,26 @@ def parse_raw(text: str, pid: int) -> dict[str, int]:
     """Samples per phase of the main thread in ``py-spy record --format raw --threads`` output.
 
     The first frame names the thread: ``thread (TID): NAME``; the main thread's TID is the PID.
+    Samples whose outermost frame is not the one most samples start from are torn reads, dropped.
 
     >>> parse_raw("thread (7): MainThread;<module> (a.py:1);save (torch/serialization.py:9) 3\\n"
+    ...           "thread (7): MainThread;forward (torch/nn/modules/linear.py:9) 1\\n"
     ...           "thread (8): pusher;run (b.py:2) 5\\n", 7)
     {'checkpoint': 3}
     """
-    counts: dict[str, int] = {}
+    by_root: dict[str, dict[str, int]] = {}
     main = f"thread ({pid})"
     for line in text.splitlines():
         m = FRAME_LINE.match(line.strip())
         if m is None:
             continue
         frames = m["stack"].split(";")
-        if not frames[0].startswith(main) and not frames[0].endswith(": MainThread"):
+        if len(frames) < 2 or (not frames[0].startswith(main) and not frames[0].endswith(": MainThread")):
             continue
+        counts = by_root.setdefault(frames[1].split(" (")[0], {})
         phase = phase_of(frames[1:])
         counts[phase] = counts.get(phase, 0) + int(m["count"])
-    return counts
+    return max(by_root.values(), key=lambda c: sum(c.values()), default={})
 
 
 def pyspy_binary() -> str | None:
