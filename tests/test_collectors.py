@@ -78,6 +78,24 @@ def test_processes(default: Harness) -> None:
     assert sorted(s.labels["pid"] for s in mig_procs) == ["41304", "41305"]
 
 
+def test_process_lists_are_read_once_per_gpu_per_poll(default: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The processes and evidence collectors both want the list: they share one read per GPU (PollContext.processes).
+    assert {c.name for c in default.collectors} >= {"processes", "evidence"}
+    seen: list[tuple[str, str]] = []
+    real = Nvml.call
+
+    def counting(self: Nvml, key: str, function: str, *args: object, **kwargs: str) -> object:
+        if function.endswith("RunningProcesses"):
+            seen.append((key, function))
+        return real(self, key, function, *args, **kwargs)
+
+    monkeypatch.setattr(Nvml, "call", counting)
+    default.advance(1.0)
+    gpus = {g.uuid for g in default.sampler.gpus[1]}
+    assert len(gpus) == 4 and sorted(seen) == sorted((u, f) for u in gpus for f in (
+        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"))
+
+
 def test_mig_and_gpm(default: Harness) -> None:
     instances = default.samples("gpu_mig_info", gpu="3")
     assert sorted(s.labels["profile"] for s in instances) == ["1g.10gb", "2g.20gb", "3g.40gb"]

@@ -42,6 +42,24 @@ class PollContext:
     gpus: Sequence[Gpu]
     now: float
     lost: set[str] = field(default_factory=set)
+    _processes: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+
+    def processes(self, gpu: Gpu) -> dict[int, int]:
+        """PID -> GPU memory bytes (0 when NVML does not say) of the processes NVML lists on ``gpu``.
+
+        Read once per cycle: every collector that wants the list (``processes``, ``evidence``) shares it.
+        """
+        listed = self._processes.get(gpu.uuid)
+        if listed is None:
+            listed = {}
+            for function in self.PROCESS_LISTS:
+                for proc in self.nvml.call(gpu.uuid, function, gpu.handle) or ():
+                    used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
+                    listed[int(proc.pid)] = max(listed.get(int(proc.pid), 0), used)
+            self._processes[gpu.uuid] = listed
+        return listed
 
 
 class Rows:

@@ -184,9 +184,7 @@ class EvidenceCollector(PollingCollector):
         return super().poll(ctx)
 
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
-        pids: set[int] = set()
-        for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            pids.update(int(p.pid) for p in ctx.nvml.call(gpu.uuid, function, gpu.handle) or ())
+        pids = ctx.processes(gpu).keys()
         if not pids:
             return
         cpu = out.of(catalog.GPU_PROCESS_CPU_SECONDS_TOTAL)

@@ -26,11 +26,7 @@ class ProcessCollector(PollingCollector):
         self._seen_pids: set[int] = set()
 
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
-        memory: dict[int, int] = {}
-        for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            for proc in ctx.nvml.call(gpu.uuid, function, gpu.handle) or ():
-                used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
-                memory[int(proc.pid)] = max(memory.get(int(proc.pid), 0), used)
+        memory = ctx.processes(gpu)
         # No process listed, nothing to label: skip the per-process samples (one NVML call per GPU
         # per poll on an idle node). Buffered samples are read on the next poll that lists one.
         sm = self._sm_utilization(ctx, gpu) if memory else {}
