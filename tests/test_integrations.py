@@ -204,3 +204,33 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
             assert cause == EXPECTED_CAUSE[loop], (integration, loop, verdicts[loop])
         else:  # healthy: no warning-level cause (near the 85% target an info-level one may remain)
             assert "below target" in verdicts[loop][1] or cause is None, (integration, loop, verdicts[loop])
+
+
+@pytest.mark.slow  # imports Lightning and fits a model (about 15 s)
+def test_lightning_callback_reports_the_training_loader_settings() -> None:
+    import torch
+    from gpu_exporter.training import lightning as gl
+    from gpu_exporter.training.run import Run
+    from lightning.pytorch import LightningModule, Trainer
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    run = Run("lightning-loader", uuid="")
+    data = TensorDataset(torch.randn(12, 4), torch.randint(0, 2, (12,)))
+    trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[gl.LightningCallback(run=run)])
+    trainer.fit(Tiny(), DataLoader(data, batch_size=4, num_workers=0))
+    assert run.steps == 3
+    assert run._loader_settings == {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
+                                    "loader_batch_size": 4}

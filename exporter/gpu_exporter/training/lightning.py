@@ -15,6 +15,9 @@ into it by hand. This callback times the phases from Lightning's own hooks and o
   checkpoint callbacks' batch, epoch and validation-end hooks (choosing, saving, pruning files);
 * ``other``: the rest (logging, progress bar, other callbacks).
 
+The training DataLoader's settings (``num_workers``, ``pin_memory``, ...; the first loader when
+there are several) go with the run for concrete remedies, as ``run.data(loader)`` does.
+
 A step is one training batch (``on_train_batch_end``, with that batch's samples). The run lasts
 from ``on_train_start`` to ``on_train_end`` (the sanity check before it is not counted), rank =
 ``trainer.global_rank`` unless given. Both package names work: ``GpuExporterCallback`` subclasses
@@ -30,6 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import context as _context
 from .hooks import MethodTimer, _enable_distributed, batch_len, is_torchmetric, start_run, to_other
 from .run import Phase, Run
 
@@ -71,6 +75,9 @@ class _Hooks:
             if is_torchmetric(module):
                 self._undo.append(MethodTimer(module, self._metrics).undo)
         _enable_distributed(run, getattr(trainer.strategy, "model", None))
+        loader = first_loader(getattr(trainer, "train_dataloader", None))
+        if loader is not None:
+            _context.note_loader(run, loader)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
@@ -115,6 +122,25 @@ class _Hooks:
             to_other(self.run)
         if self.run is not None and self._owns_run:
             self.run.close()
+
+
+def first_loader(loaders: Any) -> Any:
+    """The first DataLoader of what ``trainer.train_dataloader`` holds (a loader, a list or a dict of them).
+
+    >>> class L: num_workers = 2
+    >>> type(first_loader({"a": [L()]})).__name__
+    'L'
+    """
+    for _ in range(4):  # nested lists/dicts, a few levels at most
+        if loaders is None or hasattr(loaders, "num_workers"):
+            return loaders
+        if isinstance(loaders, dict):
+            loaders = next(iter(loaders.values()), None)
+        elif isinstance(loaders, (list, tuple)):
+            loaders = loaders[0] if loaders else None
+        else:
+            return None
+    return None
 
 
 _classes: dict[str, type] = {}
