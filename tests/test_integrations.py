@@ -210,6 +210,7 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
 def test_lightning_callback_reports_the_training_loader_settings() -> None:
     import torch
     from gpu_exporter.training import lightning as gl
+    from gpu_exporter.training.context import snapshot_context
     from gpu_exporter.training.run import Run
     from lightning.pytorch import LightningModule, Trainer
     from torch.utils.data import DataLoader, TensorDataset
@@ -232,5 +233,6 @@ def test_lightning_callback_reports_the_training_loader_settings() -> None:
                       enable_progress_bar=False, enable_model_summary=False, callbacks=[gl.LightningCallback(run=run)])
     trainer.fit(Tiny(), DataLoader(data, batch_size=4, num_workers=0))
     assert run.steps == 3
-    assert run._loader_settings == {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
-                                    "loader_batch_size": 4}
+    context = snapshot_context(run, 0)  # what the run's pushes carry
+    assert {k: v for k, v in context.items() if k != "cpu_cores"} == {
+        "num_workers": 0, "pin_memory": False, "persistent_workers": False, "loader_batch_size": 4}
