@@ -137,6 +137,19 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
     _keep("status-page.html", page)
     # Never M3 on any GPU at any time of the run, not even for one evaluation of the recording rules.
     assert promql(prom, 'max_over_time(run:gpu_training_cause:share{cause="batch_too_small"}[1h])') == []
+    # The report over the run so far judges its ranks together at each step, as the rules do.
+    report = run_cli("report", "--prometheus-url", prom, "--run", "straggler", "--step", "1s", "--output", "json")
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)
+    causes = {c["cause"]: c for c in doc["causes"]}
+    assert "0" in causes["straggler"]["ranks"] and "1" not in causes["straggler"]["ranks"], causes
+    assert "1" in causes["input_bound"]["ranks"] and "batch_too_small" not in causes, causes
+    # Rank 1's loading (about 80% of its time) holds the run back: the projection takes rank 1's share, not the
+    # mean over both ranks; if the straggler is the main cause, the waiting rank's wait is about as large.
+    slow_data = next(r for r in doc["ranks"] if r["rank"] == "1")["shares"]["data"]
+    assert doc["main_cause"] in ("straggler", "input_bound"), doc["projection"]
+    assert doc["projection_share"] == pytest.approx(slow_data, abs=0.15), (doc["projection"], doc["ranks"])
+    _keep("report-straggler.json", report.stdout)
 
 
 def _doc_example() -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from gpu_exporter.causes import LAUNCH, PHASE
 from gpu_exporter.commands import report as rp
 
 
@@ -27,12 +26,24 @@ def sample() -> rp.Report:
                      phase_series={"data": [0.6] * 12, "compute": [0.3] * 12, "other": [0.1] * 12})
 
 
+def _span(cause: str, ranks: list[str]) -> rp.CauseSpan:
+    return rp.CauseSpan(cause, "", cause, 60.0, [(0.0, 60.0)], "", ranks)
+
+
 def test_projection_share_is_the_main_causes_share_of_the_wall_time() -> None:
-    shares = {"data": 0.6, "compute": 0.3}
-    assert rp._projection_share(PHASE, "data", shares, 0.25) == 0.6
-    assert rp._projection_share(LAUNCH, "compute", shares, 0.25) == pytest.approx(0.05)  # idle inside compute
-    assert rp._projection_share("allocator", "", shares, 0.25) is None
-    assert rp._projection_share(None, "", shares, 0.25) is None
+    one = {("0", "GPU-a"): {"data": 60.0, "compute": 30.0, "other": 10.0}}
+    assert rp._projection_share(_span("input_bound", ["0"]), one, 0.25) == pytest.approx(0.6)
+    assert rp._projection_share(_span("batch_too_small", ["0"]), one, 0.25) == pytest.approx(0.05)  # idle in compute
+    assert rp._projection_share(_span("allocator", ["0"]), one, 0.25) is None
+
+
+def test_projection_of_a_distributed_run_takes_the_ranks_the_cause_applied_to() -> None:
+    # Rank 1 loads 80% of the time; rank 0 waits for it in all-reduce (70% communication, 5% its own).
+    run = {("0", "GPU-a"): {"data": 5.0, "compute": 20.0, "communication": 75.0},
+           ("1", "GPU-b"): {"data": 80.0, "compute": 15.0, "communication": 5.0}}
+    assert rp._projection_share(_span("input_bound", ["1"]), run, 0.2) == pytest.approx(0.8)  # not the mean 0.425
+    assert rp._projection_share(_span("straggler", ["0"]), run, 0.2) == pytest.approx(0.7)  # 0.75 - rank 1's 0.05
+    assert rp._projection_share(_span("input_bound", ["0", "1"]), run, 0.2) == pytest.approx(0.425)
 
 
 def test_cause_stretches_and_durations() -> None:

@@ -10,13 +10,16 @@ reads one run (every rank and GPU) from Prometheus over its whole lifetime, or o
 * each cause of the cause table (:data:`gpu_exporter.causes.CAUSES`) with when it applied: the same
   signals as the recording rules (``rate(gpu_busy_seconds_total[W])``, the phases' ``increase``, memory,
   allocator events), judged at every step by :func:`gpu_exporter.causes.find_causes`, the judge the
-  conformance test holds equal to the generated rules;
+  conformance test holds equal to the generated rules (a distributed run's ranks are judged together at each
+  step, so a rank that waits for a straggler is told so: ST);
 * GPU-hours spent below ``utilization_target`` (per GPU: the share of its utilization points below the
   target, times the wall time);
 * the projected wall time without the main cause (the cause that applied longest): hiding a phase of
-  share ``s`` (over the range) shortens the run to ``wall x (1 - s)``; a launch-bound run (M3) whose
-  GPU were busy through its compute phase loses the idle part of it, ``s = compute share - mean
-  utilization``; allocator trouble (M4) has no projection (it is counted, not timed).
+  share ``s`` (over the range, on the ranks the cause applied to) shortens the run to ``wall x (1 - s)``;
+  a launch-bound run (M3) whose GPU were busy through its compute phase loses the idle part of it,
+  ``s = compute share - mean utilization``; for a straggler (ST) ``s`` is the waiting ranks' mean
+  communication share beyond the straggler's (the run's time if the straggler kept up); allocator
+  trouble (M4) has no projection (it is counted, not timed).
 
 Outputs: text, Markdown, JSON, and one self-contained HTML file with inline SVG plots (nothing is
 fetched to view it). Example::
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog
-from gpu_exporter.causes import BY_ID, LAUNCH, PHASE, RunSignals, find_causes, pct
+from gpu_exporter.causes import BY_ID, LAUNCH, PHASE, STRAGGLER, RunSignals, find_causes, pct, straggler_of
 from gpu_exporter.commands.metrics_client import (
     Labels,
     MetricsError,
@@ -257,13 +260,12 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
         below += wall * sum(v < t.utilization_target for v in points) / len(points) if points else 0.0
     causes = sorted(spans.values(), key=lambda c: (-c.seconds, -shares.get(BY_ID[c.cause].phase, 0.0)))
     main = causes[0].cause if causes else None
-    share = _projection_share(BY_ID[main].kind if main else None, BY_ID[main].phase if main else "", shares,
-                              mean_util)
     ranks = [{"rank": rank, "uuid": uuid, "wall_seconds": round(walls[(rank, uuid)], 3),
               "utilization": _round(util.get(uuid)),
               "shares": {p: round(v / walls[(rank, uuid)], 4) for p, v in sorted(phases.items(), key=lambda kv: -kv[1])
                          if walls[(rank, uuid)] > 0}}
              for (rank, uuid), phases in sorted(deltas.items())]
+    share = _projection_share(causes[0], deltas, mean_util) if causes else None
     return Report(run=run, source=prom.base, start=start, end=end, wall_seconds=wall, gpus=gpus, ranks=ranks,
                   mean_utilization=mean_util, shares=shares, gpu_hours=wall * max(len(gpus), 1) / 3600,
                   gpu_hours_below_target=below / 3600, causes=causes, main_cause=main,
@@ -272,12 +274,27 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
                   target=t.utilization_target, low=t.utilization_low_threshold)
 
 
-def _projection_share(kind: str | None, phase: str, shares: dict[str, float], util: float | None) -> float | None:
-    """The share of the wall time the main cause takes (docs/cli.md#gpu-exporter-report has the formula)."""
-    if kind == PHASE:
-        return min(shares.get(phase, 0.0), 1.0)
-    if kind == LAUNCH and util is not None:
-        return max(0.0, shares.get(phase, 0.0) - util)
+def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> float | None:
+    """The share of the wall time the main cause takes (docs/cli.md#gpu-exporter-report has the formula).
+
+    A phase's share is taken over the ranks the cause applied to (one slow rank of a distributed run
+    holds every rank back by its own share, not by the run's average).
+    """
+    cause = BY_ID[main.cause]
+    walls = {key: sum(phases.values()) for key, phases in deltas.items()}
+    if cause.kind == STRAGGLER:  # the waiting ranks' communication beyond the straggler's
+        communication = {rank: phases.get(cause.phase, 0.0) / walls[(rank, uuid)]
+                         for (rank, uuid), phases in deltas.items() if walls[(rank, uuid)] > 0}
+        straggler = straggler_of(communication)
+        waiting = [v for r, v in communication.items() if straggler and r != straggler[0]]
+        return max(0.0, sum(waiting) / len(waiting) - straggler[1]) if straggler and waiting else None
+    on = [key for key in deltas if key[0] in main.ranks]
+    total = sum(walls[key] for key in on)
+    share = sum(deltas[key].get(cause.phase, 0.0) for key in on) / total if total > 0 else 0.0
+    if cause.kind == PHASE:
+        return min(share, 1.0)
+    if cause.kind == LAUNCH and util is not None:
+        return max(0.0, share - util)
     return None
 
 
@@ -315,14 +332,20 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
         total = sum(seconds.values())
         for p in seconds:
             phase_sum.setdefault(p, [None] * len(times))[i] = seconds[p] / total if total > 0 else None
+        step_shares: dict[RankKey, dict[str, float]] = {}
         for key, ph in by_rank.items():
             rank_total = sum((v[i] or 0.0) for v in ph.values())
+            if rank_total > 0 and (live.get(key, [None] * len(times))[i] or 0.0) == 1.0:
+                step_shares[key] = {p: (v[i] or 0.0) / rank_total for p, v in ph.items()}
+        # ST: the communication share of every live rank at this step, as the rules join a run's ranks.
+        communication = {key[0]: shares.get("communication", 0.0) for key, shares in step_shares.items()}
+        for key, shares in step_shares.items():
             u = util.get(key[1], [None] * len(times))[i]
-            if rank_total <= 0 or u is None or (live.get(key, [None] * len(times))[i] or 0.0) != 1.0:
+            if u is None:
                 continue
-            signals = RunSignals({p: (v[i] or 0.0) / rank_total for p, v in ph.items()},
-                                 retries.get(key, [None] * len(times))[i] or 0.0,
-                                 ooms.get(key, [None] * len(times))[i] or 0.0, batch.get(key, [None] * len(times))[i])
+            signals = RunSignals(shares, retries.get(key, [None] * len(times))[i] or 0.0,
+                                 ooms.get(key, [None] * len(times))[i] or 0.0, batch.get(key, [None] * len(times))[i],
+                                 communication=communication)
             for finding in find_causes(u, memory.get(key[1], [None] * len(times))[i], signals, t, retry_limit):
                 applied.setdefault(finding.cause.cause, set()).add(ts)
                 on_ranks.setdefault(finding.cause.cause, set()).add(key[0])
