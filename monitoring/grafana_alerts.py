@@ -59,6 +59,7 @@ def mirrors(model: Model) -> list[Mirror]:
     """The utilization alerts, then one rule per cause (level low) and one for all causes below target."""
     cfg = model.config
     low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
+    below = model.alert("GpuUtilizationBelowTarget")
     cause_text = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} "
                   "({{ $labels.uuid }}), node {{ $labels.node }}{{ with $labels.pod }}, pod "
                   "{{ $labels.namespace }}/{{ . }}{{ end }}: ")
@@ -67,6 +68,11 @@ def mirrors(model: Model) -> list[Mirror]:
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} utilization (5m mean) for "
                f"{cfg.text(low.for_key)} while it holds memory, processes or a training run. The "
                "cause alerts, or the fleet dashboard's table, name the remedy when the job is instrumented."),
+        Mirror(below.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
+               f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} utilization (5m mean, below the "
+               f"{cfg.num(below.threshold) * 100:g}% target) for {cfg.text(below.for_key)} while it holds memory, "
+               "processes or a training run, and no cause explains it. Instrument the job with gpu_exporter.training "
+               "to get the cause; a run that reports: gpu-exporter diagnose --run RUN shows its phases."),
         Mirror(idle.name, "gpu-node", "GPU utilization (busy-time counter)",
                f"{WHERE} has been at {{{{ humanizePercentage $values.B.Value }}}} utilization for "
                f"{cfg.text(idle.for_key)} while work is held on it. Release the GPU or find what the job waits on."),

@@ -1,4 +1,5 @@
-"""The utilization alerts of the device (GpuUtilizationLow, GpuIdleButAllocated) as model objects.
+"""The utilization alerts of the device (GpuUtilizationLow, GpuUtilizationBelowTarget, GpuIdleButAllocated)
+as model objects.
 
 They judge one GPU's utilization against a threshold of thresholds.yml while work is held on it, and
 join the workload (pod, run) for the text. ``monitoring.rules`` writes them into the
@@ -12,12 +13,22 @@ from gpu_exporter.catalog import GPU_HAS_WORK_BOOL, GPU_UTILIZATION_AVG5M, GPU_W
 from gpu_exporter.causes import CAUSES
 
 from monitoring.model import VALUE, Alert
+from monitoring.rules import HELD_LOW
 
 GROUP = "gpu-utilization.alerts"
 C = "${cluster_label}"
 WITH_WORK = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    ({GPU_HAS_WORK_BOOL.name} == 1)\n)\n"
              f"* on ({C}, uuid) group_left (namespace, pod, container, run) {GPU_WORKLOAD_INFO.name}\n")
 """A GPU's value while it holds memory, processes or a training run, with the workload's labels."""
+HELD_CAUSE = f"max by ({C}, uuid) (last_over_time(run:gpu_training_cause:share[${{alert_hold}}]))"
+"""A cause applied to a live run on the GPU (at either level) at any time in the last ``alert_hold``: what
+the cause alerts read (monitoring.rules), so GpuTrainingBelowTarget and GpuUtilizationBelowTarget never
+take turns either."""
+BELOW_TARGET = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    ({GPU_HAS_WORK_BOOL.name} == 1)\n"
+                f"  unless on ({C}, uuid)\n    {HELD_LOW}\n  unless on ({C}, uuid)\n    {HELD_CAUSE}\n)\n"
+                f"* on ({C}, uuid) group_left (namespace, pod, container, run) {GPU_WORKLOAD_INFO.name}\n")
+"""WITH_WORK, less the GPUs GpuUtilizationLow covers (low at any time in the last alert_hold) and those
+whose live run has a cause (GpuTrainingBelowTarget, or a cause warning alert, names it)."""
 
 LOW_DESCRIPTION = (
     'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
@@ -33,6 +44,20 @@ LOW_DESCRIPTION = (
     'this GPU: instrument the job with gpu_exporter.training to get the cause, or check in this order:\n'
     'input pipeline (M1), metric computations (M2), checkpoints (CK), batch size (M3), allocator (M4).{{ end }}\n'
 )
+BELOW_TARGET_DESCRIPTION = (
+    'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
+    'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n'
+    'has been below the ${utilization_target|percent} utilization target (at or above\n'
+    '${utilization_low_threshold|percent}) for ${utilization_low_for} (5m mean, down to\n'
+    '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a\n'
+    'training run, and no cause explains it. {{ with $labels.run }}Run {{ . }} reports its phases, but none\n'
+    'passes its threshold (underutilized): `gpu-exporter diagnose --run {{ . }}` shows the largest phase\n'
+    'besides compute, `gpu-exporter report --run {{ . }}` what the run has cost so far; then look at the\n'
+    'batch size (M3). Inference servers: batch requests or share the GPU (MIG).{{ else }}No training run\n'
+    'reports from this GPU (not instrumented): instrument the job with gpu_exporter.training to get the\n'
+    'cause, or check in this order: input pipeline (M1), metric computations (M2), checkpoints (CK),\n'
+    'batch size (M3), allocator (M4).{{ end }}\n'
+)
 IDLE_DESCRIPTION = (
     'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
     'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n'
@@ -42,14 +67,24 @@ IDLE_DESCRIPTION = (
 
 
 def alerts() -> list[Alert]:
-    """GpuUtilizationLow (the lowest 5m mean over alert_hold: hysteresis) and GpuIdleButAllocated."""
-    warning = (("severity", "warning"),)
+    """GpuUtilizationLow (the lowest 5m mean over alert_hold: hysteresis), GpuUtilizationBelowTarget (the
+    same between the low line and the target, for GPUs without a cause) and GpuIdleButAllocated."""
+    warning, info = (("severity", "warning"),), (("severity", "info"),)
     return [
         Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", warning,
               "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
               "gpuutilizationlow", op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
               comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
+        Alert(GROUP, "GpuUtilizationBelowTarget", f"min_over_time({GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
+              "utilization_low_for", info,
+              "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
+              "is known.", BELOW_TARGET_DESCRIPTION, "gpuutilizationbelowtarget", op="<",
+              threshold="utilization_target", shape=BELOW_TARGET,
+              comment="The ladder's not_instrumented / underutilized rows up to the target "
+                      "(gpu_exporter.verdict.ladder).\n"
+                      "Hysteresis at both lines: below the target within alert_hold, unless low within it\n"
+                      "(GpuUtilizationLow's) or a cause applied within it (the cause alerts'), so none take turns."),
         Alert(GROUP, "GpuIdleButAllocated", GPU_UTILIZATION_AVG5M.name, "idle_for", warning,
               "A GPU is idle but allocated to a workload.", IDLE_DESCRIPTION, "gpuidlebutallocated",
               op="<", threshold="idle_utilization_threshold", shape=WITH_WORK),

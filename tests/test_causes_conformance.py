@@ -221,12 +221,15 @@ def test_promql_and_judge_agree_on_every_case(tmp_path: Path) -> None:
 # names in its ``promql`` field (the alerts' expressions read verbatim from the rules files, the
 # gpu:gpu_has_work:bool and cause recording rules), combined with ``or on (cluster, uuid)`` in the
 # ladder's order, so the first that holds names the GPU's verdict, as the judge's first row does.
-# Python side: the judge on the same GPU. Between the low line and the target no shipped PromQL
-# alerts on a GPU without a cause (GpuTrainingBelowTarget needs one), so there both sides must say
-# "none"; the evidence rows are checked against their PromQL by tests/test_evidence.py.
+# Python side: the judge on the same GPU. Rows not_instrumented and underutilized name one alert per
+# level (GpuUtilizationLow below the low line, GpuUtilizationBelowTarget between it and the target),
+# so both sides must agree at both levels; the evidence rows are checked against their PromQL by
+# tests/test_evidence.py.
 
 from gpu_exporter.verdict.ladder import BY_ROW, judge  # noqa: E402
+from gpu_exporter.verdict.levels import LOW as LOW_LEVEL  # noqa: E402
 from gpu_exporter.verdict.levels import TARGET as TARGET_LEVEL  # noqa: E402
+from gpu_exporter.verdict.levels import level  # noqa: E402
 from gpu_exporter.verdict.views import GpuView, Process, RunView  # noqa: E402
 
 CAUSE_IDS = {c.cause for c in CAUSES}
@@ -287,7 +290,7 @@ def ladder_verdict(case: GpuCase) -> str:
     verdict = judge(view, t)
     if verdict.verdict in CAUSE_IDS:
         return "cause"
-    if verdict.verdict == "healthy" or verdict.level == TARGET_LEVEL:
+    if verdict.verdict == "healthy":
         return "none"
     return verdict.verdict
 
@@ -301,11 +304,19 @@ def _alert_expr(name: str) -> str:
     raise AssertionError(f"no alert {name} in {RULES}")
 
 
+def row_alerts(row: str) -> list[str]:
+    """The alerts a ladder row's ``promql`` names before its qualifier ("A / B without a run label")."""
+    head = BY_ROW[row].promql.split(" with")[0]
+    return [name.strip() for name in head.split(" / ")]
+
+
 def ladder_promql() -> str:
     """The shipped expressions of the non-cause rows, first that holds wins (the ladder's order)."""
     idle = _alert_expr(BY_ROW["idle_but_allocated"].promql.split()[0])
-    low = _alert_expr(BY_ROW["not_instrumented"].promql.split()[0])
-    assert BY_ROW["underutilized"].promql.split()[0] == BY_ROW["not_instrumented"].promql.split()[0]
+    names = row_alerts("not_instrumented")
+    assert row_alerts("underutilized") == names == ["GpuUtilizationLow", "GpuUtilizationBelowTarget"], names
+    # One alert per level: the low line's and the target's, either names the row.
+    low = "\nor on (cluster, uuid)\n".join(f"group by (cluster, uuid) (\n{_alert_expr(n)}\n)" for n in names)
     has_work = BY_ROW["unused"].promql
     steps = [("cause", "run:gpu_training_cause:share"),
              ("idle_but_allocated", idle),
@@ -345,6 +356,13 @@ def gpu_series(index: int, case: GpuCase) -> list[dict[str, str]]:
 def test_gpu_cases_reach_every_non_cause_row() -> None:
     seen = {ladder_verdict(c) for c in GPU_CASES}
     assert seen == {"cause", "idle_but_allocated", "not_instrumented", "underutilized", "unused", "none"}
+    # ... at both levels below target: the PromQL side must then say the same at the target level.
+    by_name = {c.name: c for c in GPU_CASES}
+    t = load_thresholds()
+    for name, verdict in (("not_instrumented", "not_instrumented"), ("target_not_instrumented", "not_instrumented"),
+                          ("underutilized", "underutilized"), ("target_underutilized", "underutilized")):
+        assert ladder_verdict(by_name[name]) == verdict, name
+        assert level(by_name[name].utilization, t) == (TARGET_LEVEL if name.startswith("target_") else LOW_LEVEL)
 
 
 @pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")

@@ -31,7 +31,8 @@ CONTRACT_RECORDS = {
     "gpu:gpu_has_work:bool", "run:gpu_training_cause:share", "run:gpu_training_cause:projected_utilization",
 }
 EXPECTED_ALERTS = {
-    "GpuUtilizationLow", "GpuIdleButAllocated", "GpuTrainingInputBound", "GpuTrainingMetricsBound",
+    "GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated", "GpuTrainingInputBound",
+    "GpuTrainingMetricsBound",
     "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing", "GpuMemoryNearlyFull", "GpuExporterDown",
     "GpuTrainingCheckpointBound", "GpuTrainingBelowTarget",
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
@@ -192,6 +193,19 @@ def test_info_alert_carries_every_cause_below_target() -> None:
         assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_util" in rule["expr"]
 
 
+def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -> None:
+    """GpuUtilizationBelowTarget: the held 5m mean below the target, less the GPUs low within alert_hold
+    (GpuUtilizationLow's) and those with a cause within it (the cause alerts'), same for: as GpuUtilizationLow."""
+    found = alerts()
+    rule, low = found["GpuUtilizationBelowTarget"], found["GpuUtilizationLow"]
+    assert rule["labels"] == {"severity": "info"} and rule["for"] == low["for"]
+    assert rule["expr"].startswith("(\n    min_over_time(gpu:gpu_utilization:avg5m[10m]) < 0.85\n")
+    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_utilization:avg5m[10m]))" \
+        " < 0.3\n" in rule["expr"]
+    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (last_over_time(run:gpu_training_cause:share[10m]))" \
+        in rule["expr"]
+
+
 def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:
     gen = load_generator()
     values = gen.load_thresholds().with_values(cluster_label="region",
@@ -226,7 +240,7 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
             expr = obj.expr() if isinstance(obj, Alert) else obj.expr
             assert rule["expr"].strip() == gen_render(expr, cfg).strip(), obj.name
     compared = [a for a in model.alerts if a.op]
-    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuIdleButAllocated"}
+    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated"}
     for alert in compared:
         comparison = f" {alert.op} {cfg.text(alert.threshold)}"
         assert comparison in gen_render(alert.expr(), cfg)

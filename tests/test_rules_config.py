@@ -13,6 +13,7 @@ import pytest
 import yaml
 from gpu_exporter.causes import CAUSES
 from gpu_exporter.thresholds import read_thresholds_file
+from gpu_exporter.verdict.causes import EVIDENCE_ALERT
 from servers import free_port, http_get, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def test_kubernetes_relabeling_keeps_exporter_pods_and_sets_node(tmp_path: Path)
 def test_alertmanager_config_is_valid() -> None:
     proc = run([str(amtool), "check-config", str(AM_CONFIG)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
+    assert "3 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
 
 
 @needs_amtool
@@ -111,6 +112,7 @@ def test_alertmanager_config_is_valid() -> None:
     (["severity=warning", "alertname=GpuUtilizationLow"], "slack"),
     (["severity=info", "alertname=GpuMemoryNearlyFull"], "email"),
     (["severity=info", "alertname=GpuTrainingBelowTarget", "cause=metrics_bound"], "email"),  # the low-noise one
+    (["severity=info", "alertname=GpuUtilizationBelowTarget"], "email"),
     (["alertname=SomethingElse"], "default-webhook"),
 ])
 def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> None:
@@ -127,6 +129,10 @@ def test_alertmanager_groups_inhibits_and_reads_secrets_from_files() -> None:
     assert rule["equal"] == ["uuid"]
     source = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0])
     assert source is not None and causes <= set(source.group(1).split("|"))
+    # /proc evidence (a hint, tried before "not instrumented" by the verdict ladder) replaces the generic
+    # below-target notification of the same GPU.
+    (below,) = [r for r in cfg["inhibit_rules"] if r["target_matchers"] == ['alertname="GpuUtilizationBelowTarget"']]
+    assert below["source_matchers"] == [f'alertname="{EVIDENCE_ALERT}"'] and below["equal"] == ["uuid"]
     kinds = {key for receiver in cfg["receivers"] for key in receiver if key.endswith("_configs")}
     assert kinds == {"webhook_configs", "slack_configs", "email_configs"}
     text = AM_CONFIG.read_text()

@@ -21,7 +21,10 @@ unused                             no memory, process or live run on the GPU
 not instrumented (with a hint)     no live run, and /proc evidence passes a row of ``HINTS``
 idle but allocated                 below ``idle_utilization_threshold`` while work holds the GPU
 not instrumented                   below target, work on the GPU, but no live training run reports
-underutilized / below target       a live run reports, but no cause passes its threshold
+                                   (GpuUtilizationLow below the low line, GpuUtilizationBelowTarget up
+                                   to the target)
+underutilized / below target       a live run reports, but no cause passes its threshold (the same
+                                   two alerts, with a run label)
 =================================  ==============================================================
 
 >>> [row.row for row in LADDER][:4]
@@ -225,13 +228,15 @@ LADDER: tuple[Row, ...] = (
         ("utilization_low_threshold", "utilization_target"), BELOW,
         "Instrument the job with gpu_exporter.training so the phases show the cause (input pipeline, metrics, "
         f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}", "gpuutilizationlow",
-        "GpuUtilizationLow without a run label", lambda f, t: not f.live, _uninstrumented),
+        "GpuUtilizationLow / GpuUtilizationBelowTarget without a run label", lambda f, t: not f.live,
+        _uninstrumented),
     Row("underutilized", "underutilized", "underutilized",
         "below target, a live run reports, but no cause passes its threshold",
         ("utilization_low_threshold", "utilization_target"), BELOW,
         "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
         "inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow",
-        "GpuUtilizationLow with a run label and no run:gpu_training_cause:share", lambda f, t: True, _underutilized),
+        "GpuUtilizationLow / GpuUtilizationBelowTarget with a run label and no run:gpu_training_cause:share",
+        lambda f, t: True, _underutilized),
 )
 """Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""
 
