@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gpu_exporter.catalog import GPU_HAS_WORK_BOOL, GPU_UTILIZATION_AVG5M, GPU_WORKLOAD_INFO
 from gpu_exporter.causes import CAUSES
+from gpu_exporter.verdict.ladder import BELOW_TARGET_ANCHOR
 
 from monitoring.model import VALUE, Alert
 from monitoring.rules import HELD_LOW
@@ -79,7 +80,7 @@ def alerts() -> list[Alert]:
         Alert(GROUP, "GpuUtilizationBelowTarget", f"min_over_time({GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", info,
               "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
-              "is known.", BELOW_TARGET_DESCRIPTION, "gpuutilizationbelowtarget", op="<",
+              "is known.", BELOW_TARGET_DESCRIPTION, BELOW_TARGET_ANCHOR, op="<",
               threshold="utilization_target", shape=BELOW_TARGET,
               comment="The ladder's not_instrumented / underutilized rows up to the target "
                       "(gpu_exporter.verdict.ladder).\n"

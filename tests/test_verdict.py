@@ -107,3 +107,16 @@ def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
     # Keyed by uuid alone (the old behaviour) the two GPUs would share one key: the test can tell.
     merged = build_views(from_prometheus(prom, ""), T, 300.0)
     assert {judge(v, T).verdict for v in merged} == {"input_bound"}
+
+
+def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> None:
+    from gpu_exporter.verdict.views import GpuView, Process
+
+    from monitoring.model import build
+
+    model = build()
+    for utilization, alert in ((0.1, "GpuUtilizationLow"), (0.5, "GpuUtilizationBelowTarget")):
+        view = GpuView("GPU-x", "0", "NVIDIA H100", "n1", utilization, 0.5, 1, (), (), (Process("7", "python", 4e10),))
+        verdict = judge(view, T)
+        assert verdict.verdict == "not_instrumented", verdict
+        assert verdict.runbook == T.runbook_url(model.alert(alert).anchor), (utilization, verdict.runbook)

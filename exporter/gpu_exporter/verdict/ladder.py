@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
-from gpu_exporter.verdict.levels import LEVELS, LOW, level
+from gpu_exporter.verdict.levels import LEVELS, LOW, TARGET, level
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 INSTRUMENT_SNIPPET = """\
@@ -49,6 +49,9 @@ for batch in run.data(loader):                # time spent waiting for the batch
     with run.phase("compute"): loss = train_step(batch)
     run.step(samples=len(batch))"""
 """The five lines that instrument a training loop (docs/training.md has the rest)."""
+
+BELOW_TARGET_ANCHOR = "gpuutilizationbelowtarget"
+"""The runbook section of GpuUtilizationBelowTarget (monitoring/utilization.py uses it for the alert)."""
 
 BELOW = tuple(lv.level for lv in LEVELS)
 """The levels below target: the rows that say why a GPU is below its target apply at these."""
@@ -88,14 +91,17 @@ class Row:
     """The shipped rule that expresses the row (an alert, or a recording rule with the value it has)."""
     holds: Callable[[Facts, Thresholds], bool]
     say: Callable[[Row, Facts, Thresholds], Verdict]
+    target_anchor: str = ""
+    """The runbook section at level ``target``, where another alert than at ``low`` speaks for the row."""
 
     def titled(self, lvl: str | None) -> str:
         """The title at level ``lvl``: ``"input-bound (M1)"`` or ``"below target: input-bound (M1)"``."""
         return self.title if lvl in (None, LOW) else f"below target: {self.title}"
 
-    def runbook(self, t: Thresholds) -> str:
-        """The runbook link of this row ("" without a section)."""
-        return t.runbook_url(self.anchor) if self.anchor else ""
+    def runbook(self, t: Thresholds, lvl: str | None = None) -> str:
+        """The runbook link of this row at level ``lvl`` ("" without a section)."""
+        anchor = self.target_anchor if lvl == TARGET and self.target_anchor else self.anchor
+        return t.runbook_url(anchor) if anchor else ""
 
 
 # --- what each row says (the conditions are short enough to sit in the table) ----------------------
@@ -173,7 +179,7 @@ def _underutilized(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 def _below(row: Row, f: Facts, t: Thresholds, reason: str, title: str | None = None) -> Verdict:
     return Verdict(row.verdict, title if title is not None else row.titled(f.level), reason, row.remedy,
-                   row.runbook(t), True, level=f.level or "")
+                   row.runbook(t, f.level), True, level=f.level or "")
 
 
 def _suggested(run: RunView, verdict: Verdict) -> Verdict:
@@ -229,14 +235,14 @@ LADDER: tuple[Row, ...] = (
         "Instrument the job with gpu_exporter.training so the phases show the cause (input pipeline, metrics, "
         f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}", "gpuutilizationlow",
         "GpuUtilizationLow / GpuUtilizationBelowTarget without a run label", lambda f, t: not f.live,
-        _uninstrumented),
+        _uninstrumented, BELOW_TARGET_ANCHOR),
     Row("underutilized", "underutilized", "underutilized",
         "below target, a live run reports, but no cause passes its threshold",
         ("utilization_low_threshold", "utilization_target"), BELOW,
         "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
         "inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow",
         "GpuUtilizationLow / GpuUtilizationBelowTarget with a run label and no run:gpu_training_cause:share",
-        lambda f, t: True, _underutilized),
+        lambda f, t: True, _underutilized, BELOW_TARGET_ANCHOR),
 )
 """Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""
 
