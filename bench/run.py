@@ -52,11 +52,11 @@ class Mode:
 
 
 QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)),
-             scrape.Durations(warmup=1.0, idle=2.0, scrape=4.0, rate=4.0, burst=20, spaced=4),
+             scrape.Durations(warmup=1.0, idle=2.0, scrape=4.0, rate=4.0, burst=20, spaced=4, floor=3),
              accuracy_seconds=3600, micro_number=50_000, micro_repeat=5, training_pairs=3, training_seconds=0.7,
              profile_polls=5, load_seconds=12.0)
 FULL = Mode("full", (*((g, p) for g in (1, 8, 16) for p in (0, 64, 256)), (64, 512)),
-            scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0, burst=40, spaced=20),
+            scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0, burst=40, spaced=20, floor=20),
             accuracy_seconds=7200, micro_number=200_000, micro_repeat=9, training_pairs=8, training_seconds=2.5,
             profile_polls=20, load_seconds=300.0)
 

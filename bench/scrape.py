@@ -103,7 +103,7 @@ threading.Thread(target=_write, name="bench-simulation-meter", daemon=True).star
 @dataclass(frozen=True)
 class Durations:
     """Seconds of each measurement stage, the steady scrape rate (scrapes per second), and the
-    number of back-to-back (``burst``) and spaced scrapes (0: that stage is skipped)."""
+    number of back-to-back (``burst``), spaced and idle-floor scrapes (0: that stage is skipped)."""
 
     warmup: float
     idle: float
@@ -111,6 +111,8 @@ class Durations:
     rate: float
     burst: int = 0
     spaced: int = 0
+    floor: int = 0
+    """Spaced scrapes of a second start of gpu-exporter that polls once and never again (:func:`idle_floor`)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class ScrapeResult:
     """Median of the spaced scrapes, each after a fresh poll."""
     spaced_p99_ms: float = math.nan
     spaced_scrapes: int = 0
+    floor_p50_ms: float = math.nan
+    """Median of spaced scrapes when no poll happened since the last one: the cached body, at the spaced
+    scrapes' pace (an idle server's floor: see :func:`idle_floor`)."""
 
 
 def free_port() -> int:
@@ -265,6 +270,25 @@ def spaced(port: int, count: int, spacing: float = SPACING) -> list[float]:
     return latencies
 
 
+def idle_floor(spec: ExporterSpec, count: int) -> list[float]:
+    """Latencies (s) of ``count`` spaced scrapes of ``spec`` started to poll once only; [] if it cannot be told so.
+
+    The spaced scrapes of :func:`measure` arrive at a server that has been idle for a second, and
+    pay for that (the thread's wake-up, cold caches) whatever the body costs. Here the exporter's
+    poll interval is an hour, so every spaced scrape reads the body cached since the previous one:
+    what a scrape after a poll costs at best, at the same pace.
+    """
+    if "--poll-interval" not in spec.argv:
+        return []
+    argv = list(spec.argv)
+    argv[argv.index("--poll-interval") + 1] = "3600"
+    with started(ExporterSpec(spec.name, tuple(argv), spec.env, spec.meter)) as running:
+        back_to_back(running.port, 10)  # the serving path warmed up as in measure()
+        latencies = spaced(running.port, count)
+        running.check_alive("during the idle-floor scrapes")
+    return latencies
+
+
 def _cpu_seconds(proc: psutil.Process) -> float:
     """User+system seconds of the whole process, finished threads included (10 ms resolution)."""
     times = proc.cpu_times()
@@ -358,6 +382,7 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
     # Polling alone: per-thread schedstat (ns) where available, since no thread ends while idle.
     idle_rate = (_delta(s0, s1) if s1 else c1 - c0) / (t1 - t0)
     busy_rate = (c2 - c1) / (t2 - t1)
+    floor = [x * 1000 for x in idle_floor(spec, durations.floor)] if durations.floor else []
     text = gzip.decompress(body) if encoding == "gzip" else body
     series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
     ms = [x * 1000 for x in latencies]
@@ -370,7 +395,8 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
         rss_mb=rss, series=series, wire_bytes=len(body),
         burst_p50_ms=statistics.median(burst) if burst else math.nan,
         spaced_p50_ms=statistics.median(far) if far else math.nan,
-        spaced_p99_ms=percentile(far, 99) if far else math.nan, spaced_scrapes=len(far))
+        spaced_p99_ms=percentile(far, 99) if far else math.nan, spaced_scrapes=len(far),
+        floor_p50_ms=statistics.median(floor) if floor else math.nan)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, output: object, timeout: float = 60.0) -> None:

@@ -23,11 +23,11 @@ RANGE = re.compile(r"^\d+(\.\d+)?-\d+(\.\d+)?$")
 
 # heading -> (data rows, indexes of the columns that must hold a number)
 EXPECTED: dict[str, tuple[int, tuple[int, ...]]] = {
-    "### Goals": (11, ()),
+    "### Goals": (12, ()),
     "## Machine": (13, ()),
     "## Scrape cost side by side": (6, tuple(range(2, 16))),
     "### Ratios (nvitop-exporter ÷ gpu-exporter; above 1 means gpu-exporter is cheaper)": (3, (1, 2, 3, 4, 5, 6)),
-    "## Scrapes right after a poll": (6, (2, 3, 4, 5, 6)),
+    "## Scrapes right after a poll": (6, (2, 4, 5, 6, 8)),
     "### After a poll: gpu-exporter ÷ nvitop-exporter": (3, (1, 2, 3)),
     "## How cost grows with GPUs and processes": (6, (2, 3, 4)),
     "## Where gpu-exporter's polling time goes": (10, (1, 2)),
