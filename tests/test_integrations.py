@@ -207,6 +207,7 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
 
 
 @pytest.mark.slow  # imports Lightning and fits a model (about 15 s)
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")  # Lightning's own use of torch's pytree
 def test_lightning_callback_reports_the_training_loader_settings() -> None:
     import torch
     from gpu_exporter.training import lightning as gl
