@@ -15,6 +15,7 @@ them, from 1 GPU to 64 GPUs with 512 processes, and prints the section of docs/b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -158,8 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.spaced < 2 or args.burst < 1:
         parser.error("--spaced must be at least 2 and --burst at least 1")
-    durations = Durations(DURATIONS.warmup, DURATIONS.idle, DURATIONS.scrape, DURATIONS.rate, args.burst, args.spaced,
-                          args.spaced)
+    durations = dataclasses.replace(DURATIONS, burst=args.burst, spaced=args.spaced, floor=args.spaced)
     before = os.getloadavg()
     results = measure_nodes(args.nodes, durations, lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))
     after = os.getloadavg()

@@ -150,6 +150,8 @@ def _condition(cause: Cause) -> str:
 
 
 CAUSE_RECORDING = "gpu-cause.recording"
+CAUSE_SHARE = "run:gpu_training_cause:share"
+"""The recording series of the causes: what the cause alerts, the projections and the dashboards read."""
 
 
 def cause_records() -> list[Record]:
@@ -159,7 +161,7 @@ def cause_records() -> list[Record]:
         for lvl, condition in LEVELS.items():
             expr = f"(\n{_indent(_condition(cause), 2)}\n)\nand on ({C}, uuid)\n({condition})\n"
             rules.append(Record(
-                CAUSE_RECORDING, "run:gpu_training_cause:share", expr,
+                CAUSE_RECORDING, CAUSE_SHARE, expr,
                 (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
                 f"{cause.label}, level {lvl}: value = "
                 + (f"allocator retries + OOMs in ${{{cause.keys[0]}}}" if cause.kind == ALLOCATOR else
@@ -169,9 +171,9 @@ def cause_records() -> list[Record]:
     rules.append(Record(
         CAUSE_RECORDING, "run:gpu_training_cause:projected_utilization",
         f"clamp_max(\n    (\n        {UTIL}\n      / on ({C}, uuid) group_right ()\n"
-        f'        (1 - run:gpu_training_cause:share{{cause=~"{phase_causes}"}})\n    )\n  or\n'
+        f'        (1 - {CAUSE_SHARE}{{cause=~"{phase_causes}"}})\n    )\n  or\n'
         f"    (\n        {UTIL}\n      + on ({C}, uuid) group_right ()\n"
-        f'        run:gpu_training_cause:share{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n',
+        f'        {CAUSE_SHARE}{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n',
         comment="The utilization the GPU could reach without the cause (an upper bound). Hiding a phase of share s\n"
                 "leaves the GPU work and shortens the step to 1 - s: u / (1 - s). A launch-bound GPU busy through\n"
                 "its whole compute phase reaches the compute share: u + share."))
@@ -230,7 +232,7 @@ HELD_LOW = (f"max by ({C}, uuid) (min_over_time({m.GPU_UTILIZATION_AVG5M.name}[$
 
 def _held(cause: Cause) -> str:
     """The cause's latest share (M4: events) in the last ``alert_hold``, at either level."""
-    series = f'run:gpu_training_cause:share{{cause="{cause.cause}"}}'
+    series = f'{CAUSE_SHARE}{{cause="{cause.cause}"}}'
     return f"max without (level) (last_over_time({series}[${{alert_hold}}]))"
 
 
@@ -279,4 +281,4 @@ def cause_alerts() -> list[Alert]:
 def cause_alert_group(model: Model) -> str:
     """The ``gpu-cause.alerts`` group, written from the model's alerts."""
     return model.group_text(CAUSE_ALERTS, "Generated from gpu_exporter.causes.CAUSES; they read only "
-                            "run:gpu_training_cause:share.")
+                            f"{CAUSE_SHARE}.")

@@ -14,26 +14,34 @@ from gpu_exporter.causes import CAUSES
 from gpu_exporter.verdict.ladder import BELOW_TARGET_ANCHOR
 
 from monitoring.model import VALUE, Alert
-from monitoring.rules import HELD_LOW
+from monitoring.rules import CAUSE_SHARE, HELD_LOW, C
 
 GROUP = "gpu-utilization.alerts"
-C = "${cluster_label}"
-WITH_WORK = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    ({GPU_HAS_WORK_BOOL.name} == 1)\n)\n"
-             f"* on ({C}, uuid) group_left (namespace, pod, container, run) {GPU_WORKLOAD_INFO.name}\n")
+
+
+def _with_work(*unless: str) -> str:
+    """A GPU's value while it holds memory, processes or a training run, less the GPUs of ``unless``,
+    with the workload's labels."""
+    less = "".join(f"  unless on ({C}, uuid)\n    {expr}\n" for expr in unless)
+    return (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    ({GPU_HAS_WORK_BOOL.name} == 1)\n{less})\n"
+            f"* on ({C}, uuid) group_left (namespace, pod, container, run) {GPU_WORKLOAD_INFO.name}\n")
+
+
+WITH_WORK = _with_work()
 """A GPU's value while it holds memory, processes or a training run, with the workload's labels."""
-HELD_CAUSE = f"max by ({C}, uuid) (last_over_time(run:gpu_training_cause:share[${{alert_hold}}]))"
+HELD_CAUSE = f"max by ({C}, uuid) (last_over_time({CAUSE_SHARE}[${{alert_hold}}]))"
 """A cause applied to a live run on the GPU (at either level) at any time in the last ``alert_hold``: what
 the cause alerts read (monitoring.rules), so GpuTrainingBelowTarget and GpuUtilizationBelowTarget never
 take turns either."""
-BELOW_TARGET = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    ({GPU_HAS_WORK_BOOL.name} == 1)\n"
-                f"  unless on ({C}, uuid)\n    {HELD_LOW}\n  unless on ({C}, uuid)\n    {HELD_CAUSE}\n)\n"
-                f"* on ({C}, uuid) group_left (namespace, pod, container, run) {GPU_WORKLOAD_INFO.name}\n")
+BELOW_TARGET = _with_work(HELD_LOW, HELD_CAUSE)
 """WITH_WORK, less the GPUs GpuUtilizationLow covers (low at any time in the last alert_hold) and those
 whose live run has a cause (GpuTrainingBelowTarget, or a cause warning alert, names it)."""
+WHO = ('GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
+       'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n')
+"""The first two lines of each description: the GPU and its workload."""
 
 LOW_DESCRIPTION = (
-    'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
-    'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n'
+    WHO +
     'has been below ${utilization_low_threshold|percent} utilization for ${utilization_low_for} (5m mean, down to\n'
     '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a training run. '
     '{{ with $labels.run }}Run {{ . }} reports its phases:\n'
@@ -46,8 +54,7 @@ LOW_DESCRIPTION = (
     'input pipeline (M1), metric computations (M2), checkpoints (CK), batch size (M3), allocator (M4).{{ end }}\n'
 )
 BELOW_TARGET_DESCRIPTION = (
-    'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
-    'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n'
+    WHO +
     'has been below the ${utilization_target|percent} utilization target (at or above\n'
     '${utilization_low_threshold|percent}) for ${utilization_low_for} (5m mean, down to\n'
     '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a\n'
@@ -60,8 +67,7 @@ BELOW_TARGET_DESCRIPTION = (
     'batch size (M3), allocator (M4).{{ end }}\n'
 )
 IDLE_DESCRIPTION = (
-    'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
-    'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n'
+    WHO +
     'has been at {{ $value | humanizePercentage }} utilization for ${idle_for} while memory is held on it.\n'
     'The GPU is wasted: release it (stop the idle notebook or job) or find what the job waits on (M1, M2).\n'
 )

@@ -286,8 +286,10 @@ def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> fl
         communication = {rank: phases.get(cause.phase, 0.0) / walls[(rank, uuid)]
                          for (rank, uuid), phases in deltas.items() if walls[(rank, uuid)] > 0}
         straggler = straggler_of(communication)
-        waiting = [v for r, v in communication.items() if straggler and r != straggler[0]]
-        return max(0.0, sum(waiting) / len(waiting) - straggler[1]) if straggler and waiting else None
+        if straggler is None:
+            return None
+        waiting = [v for r, v in communication.items() if r != straggler[0]]
+        return max(0.0, sum(waiting) / len(waiting) - straggler[1]) if waiting else None
     on = [key for key in deltas if key[0] in main.ranks]
     total = sum(walls[key] for key in on)
     share = sum(deltas[key].get(cause.phase, 0.0) for key in on) / total if total > 0 else 0.0
@@ -326,27 +328,33 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
     applied: dict[str, set[float]] = {}
     on_ranks: dict[str, set[str]] = {}
     phase_sum: dict[str, list[float | None]] = {}
+    none: list[float | None] = [None] * len(times)
+
+    def at(series: dict[Any, list[float | None]], key: Any, i: int) -> float | None:
+        return series.get(key, none)[i]
+
     for i, ts in enumerate(times):
-        seconds = {p: sum((v[i] or 0.0) for ph in by_rank.values() for q, v in ph.items() if q == p)
-                   for ph in by_rank.values() for p in ph}
+        seconds: dict[str, float] = {}
+        for ph in by_rank.values():
+            for p, v in ph.items():
+                seconds[p] = seconds.get(p, 0.0) + (v[i] or 0.0)
         total = sum(seconds.values())
         for p in seconds:
             phase_sum.setdefault(p, [None] * len(times))[i] = seconds[p] / total if total > 0 else None
         step_shares: dict[RankKey, dict[str, float]] = {}
         for key, ph in by_rank.items():
             rank_total = sum((v[i] or 0.0) for v in ph.values())
-            if rank_total > 0 and (live.get(key, [None] * len(times))[i] or 0.0) == 1.0:
+            if rank_total > 0 and (at(live, key, i) or 0.0) == 1.0:
                 step_shares[key] = {p: (v[i] or 0.0) / rank_total for p, v in ph.items()}
         # ST: the communication share of every live rank at this step, as the rules join a run's ranks.
         communication = {key[0]: shares.get("communication", 0.0) for key, shares in step_shares.items()}
         for key, shares in step_shares.items():
-            u = util.get(key[1], [None] * len(times))[i]
+            u = at(util, key[1], i)
             if u is None:
                 continue
-            signals = RunSignals(shares, retries.get(key, [None] * len(times))[i] or 0.0,
-                                 ooms.get(key, [None] * len(times))[i] or 0.0, batch.get(key, [None] * len(times))[i],
+            signals = RunSignals(shares, at(retries, key, i) or 0.0, at(ooms, key, i) or 0.0, at(batch, key, i),
                                  communication=communication)
-            for finding in find_causes(u, memory.get(key[1], [None] * len(times))[i], signals, t, retry_limit):
+            for finding in find_causes(u, at(memory, key[1], i), signals, t, retry_limit):
                 applied.setdefault(finding.cause.cause, set()).add(ts)
                 on_ranks.setdefault(finding.cause.cause, set()).add(key[0])
     spans = {}
