@@ -155,7 +155,7 @@ def test_pusher_never_sends_a_phase_value_lower_than_before(recorder: _Recorder)
     run = Run("jitter", uuid="")
     readings = iter([{"other": 1.0, "compute": 5.0}, {"other": 2.0, "compute": 4.0},
                      {"other": 0.5, "compute": 6.0}, {"other": 3.0, "compute": 6.5}])
-    run.phase_seconds = lambda: dict(next(readings))  # type: ignore[method-assign]
+    run.phase_seconds = lambda finished=False: dict(next(readings))  # type: ignore[method-assign]
     pusher = Pusher(run, recorder.url + "/api/v1/training", None, interval=60, timeout=5)
     assert [pusher.push() for _ in range(4)] == [True] * 4
     sent = [body["phases"] for body in recorder.bodies]

@@ -422,7 +422,7 @@ class FakeNvmlLibrary:
     def samples(self, dev: _Target, sampling_type: Any, last_seen: Any, value_type: Any, count: Any,
                 buffer: Any) -> int:
         pattern = self._pattern_for_samples(dev, _value(sampling_type))
-        slots = self.node.recent_slots(dev.t, _value(last_seen))
+        slots = self.node.recent_slots(self.node.sample_time(dev.gpu.index, dev.t), _value(last_seen))
         if not slots:
             return ERROR_NOT_FOUND
         _out(value_type).value = VALUE_TYPE_UNSIGNED_INT
@@ -441,13 +441,14 @@ class FakeNvmlLibrary:
     def utilization_rates(self, dev: _Target, ref: Any) -> int:
         gpu_pattern = self._pattern_for_samples(dev, GPU_UTILIZATION_SAMPLES)
         util = _out(ref)
-        util.gpu = round(100 * self.node.instant(gpu_pattern, dev.t))
+        util.gpu = round(100 * self.node.instant(gpu_pattern, self.node.sample_time(dev.gpu.index, dev.t)))
         util.memory = round(100 * self.node.instant(dev.gpu.memory_utilization, dev.t))
         return SUCCESS
 
     def _busy(self, dev: _Target) -> float:
         """The GPU's current utilization ratio (also drives power, temperature, clocks)."""
-        return self.node.instant(self.node.utilization_pattern(dev.gpu.index), dev.t)
+        return self.node.instant(self.node.utilization_pattern(dev.gpu.index),
+                                 self.node.sample_time(dev.gpu.index, dev.t))
 
     # --- memory ----------------------------------------------------------------------------
 

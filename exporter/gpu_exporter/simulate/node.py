@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
+from gpu_exporter.simulate.device import SETTLE_SECONDS, DeviceTrace, channel_path
 from gpu_exporter.simulate.patterns import SLOT_SECONDS, Pattern, Timeline, integral, mean
 from gpu_exporter.simulate.scenario import GpuSpec, Scenario
 
@@ -47,6 +48,9 @@ class SimulatedNode:
         self.driver_loaded = True
         self._training_source: TrainingSource | None = None
         self._timelines = {g.index: Timeline(g.idle_utilization) for g in scenario.gpus if g.follow_training}
+        self._traces = {g.index: DeviceTrace(channel_path(g.uuid), origin=self._start)
+                        for g in scenario.gpus if g.device}
+        """Device GPUs: busy while the job's simulated device works (simulate/device.py, the channel)."""
         self._last_phases: dict[int, dict[str, float]] = {}
         self._refresher: threading.Thread | None = None
         self._closed = threading.Event()
@@ -134,7 +138,9 @@ class SimulatedNode:
         self.refresh_training()
 
     def refresh_training(self) -> None:
-        """Record the current training phase of every ``follow_training`` GPU."""
+        """Read what device GPUs' jobs did, and record the current training phase of ``follow_training`` GPUs."""
+        for trace in self._traces.values():
+            trace.refresh()
         source = self._training_source
         if source is None or not self._timelines:
             return
@@ -180,7 +186,14 @@ class SimulatedNode:
 
     def utilization_pattern(self, index: int) -> Pattern:
         """The pattern GPU ``index`` follows (its recorded timeline when it follows training)."""
-        return self._timelines.get(index) or self._gpu(index).utilization
+        return self._traces.get(index) or self._timelines.get(index) or self._gpu(index).utilization
+
+    def sample_time(self, index: int, t: float) -> float:
+        """The time up to which GPU ``index``'s samples are taken: a device GPU's lag :data:`SETTLE_SECONDS`.
+
+        (Its job writes busy intervals every few milliseconds; a sample must not be taken before they are in.)
+        """
+        return max(0.0, t - SETTLE_SECONDS) if index in self._traces else t
 
     def true_busy_seconds(self, index: int, t0: float, t1: float) -> float:
         """Exact seconds GPU ``index`` was busy between simulated times t0 and t1.

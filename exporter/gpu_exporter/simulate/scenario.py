@@ -29,7 +29,8 @@ is optional)::
                      memory_utilization: 0.3, type: compute, mig_instance: 0}]
         mig: {instances: [{profile: "3g.40gb", memory_gib: 40, memory_used_gib: 10,
                            gpu_instance_id: 1, compute_instance_id: 0, utilization: 0.5}]}
-        follow_training: false       # true: utilization follows the compute share of a live training job
+        device: false                # true: busy while a job's simulated device works (simulate/device.py)
+        follow_training: false       # true (demos only): utilization follows the compute share of a live job
         busy_utilization: 0.95       # how busy the GPU is while the job computes (0.25: launch-bound)
         idle_utilization: 0.01       # ... while it does anything else, or no job is live
         gpm: {occupancy_factor: 0.5, tensor_factor: 0.7}   # GPM metrics relative to SM activity
@@ -160,6 +161,7 @@ class GpuSpec:
     clock_event_reasons: tuple[str, ...] | None
     processes: tuple[ProcessSpec, ...]
     mig_instances: tuple[MigInstanceSpec, ...] | None
+    device: bool
     follow_training: bool
     busy_utilization: float
     idle_utilization: float
@@ -469,6 +471,7 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         fan_percent=r.level("fan_percent", None),
         pcie_tx_mib_s=pcie_tx or Level(0, 0), pcie_rx_mib_s=pcie_rx or Level(0, 0),
         clock_event_reasons=reasons, processes=tuple(processes), mig_instances=mig_instances,
+        device=r.boolean("device", False),
         follow_training=r.boolean("follow_training", False),
         busy_utilization=r.ratio("busy_utilization", 0.95), idle_utilization=r.ratio("idle_utilization", 0.01),
         gpm_occupancy_factor=occupancy_factor, gpm_tensor_factor=tensor_factor,

@@ -193,3 +193,19 @@ def synchronizer(device: int) -> Callable[[], None] | None:
         cuda.synchronize(device)
 
     return synchronize
+
+
+def timing_event_factory() -> Callable[[], Any] | None:
+    """A function that makes a timing CUDA event (``torch.cuda.Event(enable_timing=True)``), or None without CUDA.
+
+    >>> timing_event_factory() is None  # no CUDA on this machine
+    True
+    """
+    if not _torch_cuda_available():
+        return None
+    cuda = _torch().cuda
+
+    def new_event() -> Any:
+        return cuda.Event(enable_timing=True)
+
+    return new_event

@@ -29,9 +29,11 @@ Example::
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter
 from types import TracebackType
@@ -124,6 +126,100 @@ class _SyncPhase(Phase):
         Phase.__exit__(self, exc_type, exc, tb)
 
 
+class _EventPhase(Phase):
+    """A Phase that records a CUDA event at each phase change (GPU-truthful phases, :class:`GpuClock`)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:
+        run = self._run
+        before = run._current
+        Phase.__enter__(self)
+        if run._current is not before:
+            run._gpu.mark(self)  # type: ignore[union-attr]  # set whenever this class is used
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        run = self._run
+        before = run._current
+        Phase.__exit__(self, exc_type, exc, tb)
+        if run._current is not before:
+            run._gpu.mark(run._current)  # type: ignore[union-attr]
+
+
+class GpuClock:
+    """GPU-truthful phases: the GPU's time between two phase changes goes to the phase that began at the first.
+
+    The problem: CUDA is asynchronous. Kernels queued in ``compute`` run while the CPU is already in the
+    next phase, and a ``.item()`` in ``metrics`` waits for them, so the CPU's phase clock calls GPU work
+    ``metrics`` and hides the time the GPU sat idle while the CPU decoded a batch. The fix, without ever
+    synchronizing: a CUDA event is recorded on the current stream at every phase change (:meth:`mark`,
+    on the training thread, a few microseconds). The stream reaches an event once all the work queued
+    before it is done, so the GPU time between two consecutive events is the work queued between
+    them (the phase that began at the first), plus the time the GPU sat idle waiting for the CPU in
+    that phase. The pusher thread folds in completed events in order (:meth:`resolve`, ``query()``
+    then ``elapsed_time()``, neither of which waits), so:
+
+    * a phase that queues no work (loading a batch, Python metrics) gets exactly the time the GPU
+      sat idle while the CPU did it, and nothing while queued work kept the GPU busy;
+    * the CPU's wait in a ``.item()`` goes to the phase whose kernels it waited for;
+    * a collective's GPU time (under NCCL, the wait for the other ranks too) is ``communication``.
+
+    Resolved seconds only grow, and lag real time by the events not yet reached (usually less than
+    a step); :meth:`settle` attributes the rest by the CPU's clock when the run closes.
+    """
+
+    def __init__(self, new_event: Callable[[], Any], first: Phase, now: float) -> None:
+        self._new = new_event
+        self._free: list[Any] = []
+        self._pending: deque[tuple[Any, Phase, float]] = deque()
+        self._last: tuple[Any, Phase, float] | None = None
+        self._lock = threading.Lock()  # readers only (pusher, phase_seconds callers); mark() never takes it
+        self.seconds: dict[str, float] = {}
+        """GPU-attributed seconds per phase name, up to the last completed event."""
+        self.mark(first, now)
+
+    def mark(self, phase: Phase, now: float | None = None) -> None:
+        """A phase change to ``phase`` now (training thread)."""
+        event = self._free.pop() if self._free else self._new()
+        event.record()
+        self._pending.append((event, phase, perf_counter() if now is None else now))
+
+    def resolve(self) -> dict[str, float]:
+        """Fold in every event the stream has reached, in order (pusher thread; never waits)."""
+        with self._lock:
+            return dict(self._fold())
+
+    def _fold(self) -> dict[str, float]:
+        pending = self._pending
+        while pending:
+            event, phase, cpu = pending[0]
+            if not event.query():
+                break
+            pending.popleft()
+            last = self._last
+            if last is not None:
+                self.seconds[last[1].name] = self.seconds.get(last[1].name, 0.0) + last[0].elapsed_time(event) / 1e3
+                self._free.append(last[0])
+            self._last = (event, phase, cpu)
+        return self.seconds
+
+    def settle(self, now: float) -> dict[str, float]:
+        """:meth:`resolve`, then the phases not reached yet by the CPU's clock (the final snapshot)."""
+        with self._lock:
+            seconds = dict(self._fold())
+            return self._by_cpu_clock(seconds, now)
+
+    def _by_cpu_clock(self, seconds: dict[str, float], now: float) -> dict[str, float]:
+        if self._last is not None:
+            marks = [(self._last[1], self._last[2]), *((p, t) for _, p, t in list(self._pending)), (None, now)]
+            for (phase, t0), (_, t1) in itertools.pairwise(marks):
+                if phase is not None:
+                    seconds[phase.name] = seconds.get(phase.name, 0.0) + max(0.0, t1 - t0)
+        return seconds
+
+
 class Run:
     """Timing state of one training process (one run, one rank); create it with ``training.start``.
 
@@ -136,7 +232,7 @@ class Run:
     """
 
     def __init__(self, name: str, *, rank: str | int | None = None, uuid: str | None = None,
-                 device: int | None = None, sync_every: int = 0,
+                 device: int | None = None, sync_every: int = 0, gpu_timing: bool = True,
                  max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None) -> None:
         problem = check_label("run name", name)
         if problem is not None:
@@ -169,6 +265,7 @@ class Run:
         self._closed = False
         self._max_custom = max_custom_phases
         self._sync_now = False
+        self._phase_class: type[Phase] = Phase
         self._other = Phase(self, OTHER)
         self._phases: dict[str, Phase] = {OTHER: self._other}
         self._order: list[Phase] = [self._other]
@@ -180,6 +277,14 @@ class Run:
         """Clock reading of the last phase change; None while one is in progress (module docstring)."""
         self._sync_every = sync_every
         self._sync_fn: Callable[[], None] | None = None
+        new_event = _device.timing_event_factory() if gpu_timing and not sync_every else None
+        self._gpu: GpuClock | None = None
+        """GPU-truthful phases (CUDA, ``sync_every`` off): see :class:`GpuClock`."""
+        if new_event is not None:
+            self._gpu = GpuClock(new_event, self._other, self._start)
+            self._phase_class = _EventPhase
+            for phase in self._order:
+                phase.__class__ = _EventPhase
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
         self._pusher: Pusher | None = None
 
@@ -218,7 +323,7 @@ class Run:
         self._pusher = None
 
     def _add_phase(self, name: str) -> Phase:
-        phase = _SyncPhase(self, name) if self._sync_now else Phase(self, name)
+        phase = _SyncPhase(self, name) if self._sync_now else self._phase_class(self, name)
         self._phases[name] = phase
         self._order.append(phase)  # list.append is atomic: the pusher iterates a copy
         return phase
@@ -300,12 +405,28 @@ class Run:
                 self._identity = (uuid, index)
             return self._identity
 
-    def phase_seconds(self) -> dict[str, float]:
-        """Seconds per phase so far, the open phase included; they add up to wall time since start.
+    def phase_seconds(self, finished: bool = False) -> dict[str, float]:
+        """Seconds per phase so far, what the exporter's causes read; they add up to wall time since start.
+
+        On CUDA (with ``sync_every`` off) these are GPU-truthful (:class:`GpuClock`): up to the last phase
+        change the GPU has reached, or, with ``finished``, the rest by the CPU's clock. Otherwise they
+        are :meth:`cpu_phase_seconds`. Safe to call from any thread.
+
+        >>> sorted(Run("demo").phase_seconds())
+        ['checkpoint', 'communication', 'compute', 'data', 'metrics', 'other']
+        """
+        gpu = self._gpu
+        if gpu is None:
+            return self.cpu_phase_seconds()
+        attributed = gpu.settle(perf_counter()) if finished else gpu.resolve()
+        return {phase.name: attributed.get(phase.name, 0.0) for phase in list(self._order)}
+
+    def cpu_phase_seconds(self) -> dict[str, float]:
+        """Seconds per phase by the CPU's clock, the open phase included; they add up to wall time since start.
 
         Safe to call from any thread (see the module docstring).
 
-        >>> sorted(Run("demo").phase_seconds())
+        >>> sorted(Run("demo").cpu_phase_seconds())
         ['checkpoint', 'communication', 'compute', 'data', 'metrics', 'other']
         """
         while True:
@@ -334,7 +455,7 @@ class Run:
             "uuid": uuid,
             "started_at": self.started_at,
             "pid": self._pid,
-            "phases": self.phase_seconds(),
+            "phases": self.phase_seconds(finished),
             "current_phase": "" if finished else self._current.name,
             "steps": self.steps,
             "samples": self.samples,
@@ -342,6 +463,8 @@ class Run:
             "world_size": self.world_size,
             "finished": finished,
         }
+        if self._gpu is not None:
+            body["cpu_phases"] = self.cpu_phase_seconds()
         allocator = self._allocator(index)
         if allocator is not None:
             body["allocator"] = allocator

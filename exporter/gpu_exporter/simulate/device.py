@@ -1,0 +1,522 @@
+"""A simulated GPU that does its own work: its busy time comes from what the job hands it.
+
+The problem: a scenario GPU that follows the phases a job pushes (``follow_training``) agrees with
+the job's phase clock by construction, so a phase counted wrongly can never show up as a wrong
+verdict. A real CUDA GPU is asynchronous (kernels run after ``launch`` returns, and a ``.item()``
+waits for them), and CPU work inside a framework's step is not GPU work. This module is a device
+that behaves like that, in the job's process, and tells the exporter's simulated NVML when it was
+busy:
+
+* :class:`AsyncDevice` (**async mode**) stands in for a CUDA stream: :meth:`~AsyncDevice.launch`
+  returns at once and the kernel runs in order on the device's own clock, :meth:`~AsyncDevice.synchronize`
+  (what ``.item()``, ``.cpu()`` and ``torch.cuda.synchronize()`` do) blocks until the queue is done,
+  :meth:`~AsyncDevice.record` is a CUDA event, and :meth:`~AsyncDevice.all_reduce` is an emulated NCCL
+  collective that waits on the device for the slowest rank of its group.
+  ``gpu_exporter.simulate.torch_cuda`` installs the ``torch.cuda`` subset the training library uses
+  on top of it, so the library's CUDA code paths run on CPU-only machines.
+* :class:`OpsDevice` (**ops mode**) is for real framework jobs on a CPU: the GPU is busy while the
+  job's main thread is inside a torch operator (a ``TorchDispatchMode`` times each top-level aten op)
+  and idle during everything else, Python inside ``training_step`` included. ``python -m
+  gpu_exporter.simulate.device --uuid GPU-x -- train.py ARGS`` runs any script on one.
+
+**The channel.** Each device appends its busy intervals to ``DIR/<uuid>.busy``, one line
+``START END`` per interval, in seconds of ``CLOCK_MONOTONIC`` (``time.monotonic()``, one clock for
+every process of the machine). ``DIR`` is ``$GPU_SIM_DEVICE_DIR``, else ``<tempdir>/gpu-exporter-sim-device``.
+A scenario GPU with ``device: true`` reads that file (:class:`DeviceTrace`): its utilization is 1
+inside the intervals and 0 outside, and its NVML samples lag real time by :data:`SETTLE_SECONDS` so
+that intervals still being written are in when a sample is taken.
+
+**The truth.** A device also knows, exactly, how long it sat idle while the job's CPU did each
+thing: the job marks what its CPU does with :meth:`SimDevice.doing` (its own ground truth, apart
+from what any library reports), and :meth:`SimDevice.truth` returns the idle seconds per mark.
+
+>>> dev = AsyncDevice("GPU-doc", directory=_doc_dir())
+>>> dev.launch(0.02); dev.synchronize()
+>>> round(dev.busy_seconds(), 2)
+0.02
+>>> dev.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import contextlib
+import itertools
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHANNEL_ENV = "GPU_SIM_DEVICE_DIR"
+"""Environment variable naming the channel directory (both sides read it)."""
+SETTLE_SECONDS = 0.1
+"""How far behind real time a device GPU's NVML samples are taken (the writer flushes every 10 ms)."""
+FLUSH_SECONDS = 0.01
+MERGE_GAP_SECONDS = 20e-6
+"""Busy intervals closer than this are written as one (ops a few microseconds apart)."""
+
+
+def channel_dir(directory: str | Path | None = None) -> Path:
+    """The channel directory: ``directory``, else ``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in
+    the temp dir."""
+    if directory is not None:
+        return Path(directory)
+    env = os.environ.get(CHANNEL_ENV, "").strip()
+    return Path(env) if env else Path(tempfile.gettempdir()) / "gpu-exporter-sim-device"
+
+
+def channel_path(uuid: str, directory: str | Path | None = None) -> Path:
+    """``DIR/<uuid>.busy``, the file one simulated GPU's busy intervals go to."""
+    return channel_dir(directory) / f"{uuid}.busy"
+
+
+def _doc_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="gpu-sim-doc-"))
+
+
+class Intervals:
+    """Disjoint busy intervals as one sorted list of edges (even: starts, odd: ends), with exact integrals.
+
+    >>> iv = Intervals(); iv.add(1.0, 2.0); iv.add(1.5, 3.0); iv.add(5.0, 6.0)
+    >>> iv.points, iv.busy(0.0, 10.0), iv.value(5.5), iv.value(4.0)
+    ([1.0, 3.0, 5.0, 6.0], 3.0, 1.0, 0.0)
+    """
+
+    def __init__(self) -> None:
+        self.points: list[float] = []
+
+    def add(self, start: float, end: float) -> None:
+        if end <= start:
+            return
+        p = self.points
+        if not p or start > p[-1]:
+            p.extend((start, end))
+            return
+        if start >= p[-2]:  # overlaps or touches the last interval: extend it
+            p[-1] = max(p[-1], end)
+            return
+        lo = bisect.bisect_left(p, start)
+        hi = bisect.bisect_right(p, end)
+        merged = ([] if lo % 2 else [start]) + ([] if hi % 2 else [end])
+        p[lo:hi] = merged
+
+    def value(self, t: float) -> float:
+        return 1.0 if bisect.bisect_right(self.points, t) % 2 else 0.0
+
+    def edges(self, t0: float, t1: float) -> list[float]:
+        p = self.points
+        return p[bisect.bisect_right(p, t0):bisect.bisect_left(p, t1)]
+
+    def busy(self, t0: float, t1: float) -> float:
+        """Busy seconds within [t0, t1]."""
+        if t1 <= t0:
+            return 0.0
+        p = self.points
+        lo = bisect.bisect_right(p, t0)
+        hi = bisect.bisect_left(p, t1)
+        cuts = [t0] if lo % 2 else []
+        cuts += p[lo:hi]
+        if hi % 2:
+            cuts.append(t1)
+        return sum(cuts[i + 1] - cuts[i] for i in range(0, len(cuts) - 1, 2))
+
+
+class DeviceTrace:
+    """The exporter's side of the channel: a utilization pattern read from ``DIR/<uuid>.busy``.
+
+    ``origin`` is the ``time.monotonic()`` reading of simulated time 0. :meth:`refresh` reads the
+    lines appended since the last call (a partly written last line waits for the next call).
+    """
+
+    def __init__(self, path: Path, origin: float) -> None:
+        self.path = path
+        self.origin = origin
+        self._intervals = Intervals()
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:  # no job has used this GPU yet
+            return
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            return
+        with self._lock:
+            self._offset += end
+            for line in chunk[:end].splitlines():
+                try:
+                    start, stop = (float(x) - self.origin for x in line.split())
+                except ValueError:  # not two numbers: skip it, a trace must never break NVML
+                    continue
+                self._intervals.add(start, stop)
+
+    def value(self, t: float) -> float:
+        with self._lock:
+            return self._intervals.value(t)
+
+    def edges(self, t0: float, t1: float) -> list[float]:
+        with self._lock:
+            return self._intervals.edges(t0, t1)
+
+
+class _Channel:
+    """The job's side: buffers busy intervals and appends them to the channel file every FLUSH_SECONDS."""
+
+    def __init__(self, uuid: str, directory: str | Path | None) -> None:
+        self.path = channel_path(uuid, directory)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._pid = os.getpid()
+        self._pending: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, start: float, end: float) -> None:
+        if os.getpid() != self._pid:  # a forked DataLoader worker is not the device's owner
+            return
+        with self._lock:
+            pending = self._pending
+            if pending and start - pending[-1][1] <= MERGE_GAP_SECONDS and start >= pending[-1][0]:
+                pending[-1] = (pending[-1][0], max(end, pending[-1][1]))
+            else:
+                pending.append((start, end))
+
+    def flush(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            with self.path.open("a") as f:
+                f.write("".join(f"{s:.6f} {e:.6f}\n" for s, e in pending))
+
+
+class SimDevice:
+    """What both modes share: the channel, the record of busy intervals, the flusher and the truth."""
+
+    def __init__(self, uuid: str, directory: str | Path | None = None) -> None:
+        self.uuid = uuid
+        self._channel = _Channel(uuid, directory)
+        self.history = Intervals()
+        """Every busy interval so far (monotonic seconds): the device's own truth."""
+        self._marks: list[tuple[float, str]] = []
+        self._started = time.monotonic()
+        self._closed = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name=f"gpu-sim-{uuid}", daemon=True)
+        self._flusher.start()
+        atexit.register(self.close)
+
+    def _busy(self, start: float, end: float) -> None:
+        self.history.add(start, end)
+        self._channel.add(start, end)
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(FLUSH_SECONDS):
+            self._tick()
+            self._channel.flush()
+
+    def _tick(self) -> None:
+        """Work the flusher does each round besides flushing (the async device resolves collectives)."""
+
+    def doing(self, what: str) -> None:
+        """Mark what the job's CPU does from now on (``"data"``, ``"compute"``, ...): the truth's phases."""
+        self._marks.append((time.monotonic(), what))
+
+    @contextlib.contextmanager
+    def marked(self, what: str) -> Iterator[None]:
+        """``with dev.marked("metrics"):`` marks ``what`` and returns to the previous mark afterwards."""
+        before = self._marks[-1][1] if self._marks else "other"
+        self.doing(what)
+        try:
+            yield
+        finally:
+            self.doing(before)
+
+    def busy_seconds(self, t0: float | None = None, t1: float | None = None) -> float:
+        """Seconds the device was busy between monotonic times t0 (its start) and t1 (now)."""
+        return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
+
+    def truth(self, until: float | None = None) -> dict[str, Any]:
+        """The device's own account up to ``until`` (now): wall, busy, and idle seconds per marked CPU phase.
+
+        Time before the first mark counts as ``other``.
+        """
+        end = time.monotonic() if until is None else until
+        spans = [(self._started, "other"), *self._marks, (end, "")]
+        idle: dict[str, float] = {}
+        cpu: dict[str, float] = {}
+        for (a, what), (b, _) in itertools.pairwise(spans):
+            b = min(b, end)
+            if b <= a:
+                continue
+            cpu[what] = cpu.get(what, 0.0) + (b - a)
+            idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b)
+        return {"wall": end - self._started, "busy": self.history.busy(self._started, end),
+                "idle": idle, "cpu": cpu}
+
+    def close(self) -> None:
+        """Stop the flusher and write what is left (also at exit)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        atexit.unregister(self.close)
+        if self._flusher is not threading.current_thread():
+            self._flusher.join(timeout=1.0)
+        self._tick()
+        self._channel.flush()
+
+
+@dataclass
+class _Op:
+    launched: float
+    seconds: float
+    kind: str  # "kernel", "copy" or "collective"
+    seq: int = 0
+
+
+class DeviceEvent:
+    """A CUDA event on an :class:`AsyncDevice`: done when the stream has run everything queued before it."""
+
+    def __init__(self, device: AsyncDevice) -> None:
+        self._device = device
+        self.time: float | None = None
+        """Monotonic seconds at which the event completed (None until the stream reaches it)."""
+        self._after = -1
+
+    def record(self) -> None:
+        self._device._record(self)
+
+    def query(self) -> bool:
+        self._device.advance()
+        return self.time is not None and self.time <= time.monotonic()
+
+    def synchronize(self) -> None:
+        while not self.query():
+            self._device._wait_a_little(self.time)
+
+    def elapsed_time(self, end: DeviceEvent) -> float:
+        """Milliseconds from this event to ``end``; both must be complete (as in CUDA)."""
+        if self.time is None or end.time is None or not (self.query() and end.query()):
+            raise RuntimeError("elapsed_time: both events must have completed (query() is True)")
+        return (end.time - self.time) * 1000.0
+
+
+class AsyncDevice(SimDevice):
+    """A stand-in for a CUDA stream on one GPU: asynchronous kernels, copies, events and collectives.
+
+    ``group``/``rank``/``world`` make :meth:`all_reduce` an emulated NCCL collective: the ranks of a
+    group (one device each, any processes) meet through files in the channel directory. The device
+    is busy while a kernel or a collective's transfer runs; a copy (``.cpu()``, ``.to("cuda")``)
+    holds the stream but is not busy (NVML counts kernels only), and so is a collective's wait for
+    the slowest rank unless ``wait_busy`` (NCCL's kernel spins while it waits).
+    """
+
+    def __init__(self, uuid: str, directory: str | Path | None = None, *, group: str = "", rank: int = 0,
+                 world: int = 1, wait_busy: bool = False) -> None:
+        self._lock = threading.RLock()
+        self._queue: list[_Op] = []
+        """Ops not yet placed on the device's clock (only behind a collective whose peers have not arrived)."""
+        self._tail = 0.0
+        """When the last placed op ends (monotonic seconds)."""
+        self._events: list[tuple[int, float, DeviceEvent]] = []
+        self._launched = 0
+        self._placed = 0
+        self._collectives = 0
+        self.group, self.rank, self.world, self.wait_busy = group, rank, world, wait_busy
+        self.synchronize_calls = 0
+        """How often the job waited for the whole queue (``torch.cuda.synchronize()``, ``.item()``)."""
+        self.torch_synchronize_calls = 0
+        """How often ``torch.cuda.synchronize()`` was called (simulate/torch_cuda.py installs it)."""
+        super().__init__(uuid, directory)
+        self._meeting = self._channel.path.parent / f"collectives-{group or uuid}"
+        if world > 1:
+            self._meeting.mkdir(parents=True, exist_ok=True)
+
+    # --- what the job does --------------------------------------------------------------------
+
+    def launch(self, seconds: float, cpu_seconds: float = 0.0) -> None:
+        """Queue a kernel of ``seconds`` GPU time; issuing it costs ``cpu_seconds`` of CPU first (launch overhead)."""
+        if cpu_seconds > 0:
+            spin(cpu_seconds)
+        self._enqueue(_Op(time.monotonic(), seconds, "kernel"))
+
+    def copy(self, seconds: float) -> None:
+        """Queue a copy between host and device (holds the stream, not counted busy)."""
+        self._enqueue(_Op(time.monotonic(), seconds, "copy"))
+
+    def all_reduce(self, seconds: float) -> None:
+        """Queue an emulated NCCL all-reduce whose transfer takes ``seconds`` once every rank's stream reached it."""
+        self._collectives += 1
+        self._enqueue(_Op(time.monotonic(), seconds, "collective", self._collectives))
+
+    def synchronize(self) -> None:
+        """Block until everything queued so far has run (``torch.cuda.synchronize()``)."""
+        self.synchronize_calls += 1
+        event = DeviceEvent(self)
+        event.record()
+        event.synchronize()
+
+    def item(self, cpu_seconds: float = 0.0) -> None:
+        """``tensor.item()`` / ``.cpu()``: wait for the queue, then a tiny copy; ``cpu_seconds`` of CPU after."""
+        self.synchronize()
+        if cpu_seconds > 0:
+            spin(cpu_seconds)
+
+    def record(self) -> DeviceEvent:
+        """A new event recorded now on the stream."""
+        event = DeviceEvent(self)
+        event.record()
+        return event
+
+    # --- the device's clock -------------------------------------------------------------------
+
+    def _enqueue(self, op: _Op) -> None:
+        with self._lock:
+            self._launched += 1
+            self._queue.append(op)
+            self.advance()
+
+    def _record(self, event: DeviceEvent) -> None:
+        with self._lock:
+            now = time.monotonic()
+            event.time = None
+            if not self._queue:
+                event.time = max(now, self._tail)
+            else:
+                self._events.append((self._launched, now, event))
+
+    def advance(self) -> None:
+        """Place every op that can be placed on the device's clock (never blocks)."""
+        with self._lock:
+            while self._queue:
+                op = self._queue[0]
+                start = max(op.launched, self._tail)
+                if op.kind == "collective":
+                    arrived = self._meet(op.seq, start)
+                    if arrived is None:
+                        break
+                    transfer_start = max(arrived)
+                    if self.wait_busy:
+                        self._busy(start, transfer_start)
+                    start = transfer_start
+                end = start + op.seconds
+                if op.kind != "copy":
+                    self._busy(start, end)
+                self._tail = end
+                self._queue.pop(0)
+                self._placed += 1
+                waiting = [(n, t, e) for n, t, e in self._events if n <= self._placed]
+                for _, recorded, event in waiting:
+                    event.time = max(recorded, self._tail)
+                self._events = [(n, t, e) for n, t, e in self._events if n > self._placed]
+
+    def _meet(self, seq: int, arrival: float) -> list[float] | None:
+        """Post this rank's arrival at collective ``seq``; every rank's arrival once all have posted."""
+        if self.world <= 1:
+            return [arrival]
+        mine = self._meeting / f"{seq}.{self.rank}"
+        if not mine.exists():
+            tmp = mine.with_suffix(f".{self.rank}.tmp")
+            tmp.write_text(repr(arrival))
+            tmp.replace(mine)
+        times: list[float] = []
+        for rank in range(self.world):
+            try:
+                times.append(float((self._meeting / f"{seq}.{rank}").read_text()))
+            except (OSError, ValueError):
+                return None
+        return times
+
+    def _tick(self) -> None:
+        self.advance()
+
+    def _wait_a_little(self, until: float | None) -> None:
+        now = time.monotonic()
+        time.sleep(min(0.001, max(0.0, until - now)) if until is not None else 0.0005)
+
+
+def spin(seconds: float) -> None:
+    """Use the CPU for ``seconds`` (wall clock) in Python: CPU work that is not GPU work."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+class OpsDevice(SimDevice):
+    """Busy while this process's main thread is inside a torch operator; idle otherwise.
+
+    :meth:`start` enters a ``TorchDispatchMode`` that times each top-level aten operator (the ones
+    autograd runs in ``backward()`` too); collectives (``c10d``) are communication, not GPU work.
+    """
+
+    SKIP_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+    def __init__(self, uuid: str, directory: str | Path | None = None) -> None:
+        super().__init__(uuid, directory)
+        self._mode: Any = None
+
+    def start(self) -> OpsDevice:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        device = self
+        clock = time.monotonic
+        skip = self.SKIP_NAMESPACES
+
+        class _Busy(TorchDispatchMode):  # type: ignore[no-untyped-call]
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if func.namespace in skip:
+                    return func(*args, **(kwargs or {}))
+                t0 = clock()
+                try:
+                    return func(*args, **(kwargs or {}))
+                finally:
+                    device._busy(t0, clock())
+
+        self._mode = _Busy()  # type: ignore[no-untyped-call]
+        self._mode.__enter__()
+        return self
+
+    def close(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            with contextlib.suppress(Exception):
+                mode.__exit__(None, None, None)
+        super().close()
+
+
+def run_script(argv: list[str]) -> int:
+    """``python -m gpu_exporter.simulate.device --uuid GPU-x [--dir DIR] [--truth FILE] -- script.py ARGS``."""
+    import argparse
+    import json
+    import runpy
+
+    parser = argparse.ArgumentParser(prog="python -m gpu_exporter.simulate.device",
+                                     description="Run a Python training script on an ops-mode simulated GPU "
+                                                 "(busy while the script is inside torch operators).")
+    parser.add_argument("--uuid", required=True, help="the simulated GPU's UUID (a scenario GPU with device: true)")
+    parser.add_argument("--dir", default=None, help=f"channel directory (default ${CHANNEL_ENV} or the temp dir)")
+    parser.add_argument("--truth", default=None, help="write the device's own account (JSON) here at exit")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    ns = parser.parse_args(argv)
+    device = OpsDevice(ns.uuid, ns.dir).start()
+    sys.argv = [ns.script, *ns.args]
+    try:
+        runpy.run_path(ns.script, run_name="__main__")
+    finally:
+        device.close()
+        if ns.truth:
+            Path(ns.truth).write_text(json.dumps(device.truth()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(sys.argv[1:]))
