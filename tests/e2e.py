@@ -59,10 +59,11 @@ def keep_output(variable: str, name: str, data: bytes | str) -> None:
 
 
 @contextlib.contextmanager
-def running_jobs(commands: Sequence[Sequence[str]], timeout: float = 60) -> Iterator[list[subprocess.Popen[str]]]:
-    """Start each command (the exporter's environment, stderr kept); afterwards stop them and require that
-    each ended by itself (0) or by the SIGTERM sent here (-15), with its stderr in the message otherwise."""
-    jobs = [subprocess.Popen(list(c), env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+def running_jobs(commands: Sequence[Sequence[str]], timeout: float = 60,
+                 env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[str]]]:
+    """Start each command (the exporter's environment plus ``env``, stderr kept); afterwards stop them and require
+    that each ended by itself (0) or by the SIGTERM sent here (-15), with its stderr in the message otherwise."""
+    jobs = [subprocess.Popen(list(c), env=exporter_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True) for c in commands]
     try:
         yield jobs

@@ -2,7 +2,7 @@
 
 A real PyTorch run of two ranks (tests/cause_loops.py ``mixed``: data ~54%, metrics ~29%, compute ~17%;
 one process per rank, each on its own simulated GPU that follows its compute share,
-tests/scenarios/causes-e2e.yaml) reports to a real exporter that Prometheus scrapes every second; the
+tests/scenarios/cause-loops-followed.yaml) reports to a real exporter that Prometheus scrapes every second; the
 ranks end (``run.close()``), then ``report`` reads the run. Its figures are checked against the
 ranks' own timers (perf_counter around the run and each phase):
 wall time within 2%, phase shares within 0.05, and the projection by the documented formula
@@ -31,7 +31,7 @@ from test_query import run_cli
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = Path(__file__).parent / "scenarios" / "causes-e2e.yaml"
+SCENARIO = Path(__file__).parent / "scenarios" / "cause-loops-followed.yaml"
 LOOPS = Path(__file__).with_name("cause_loops.py")
 SECONDS = 20
 GPUS = ("GPU-e2e-mixed", "GPU-e2e-checkpoint")

@@ -207,6 +207,10 @@ class SimDevice:
         self._channel = _Channel(uuid, directory)
         self.history = Intervals()
         """Every busy interval so far (monotonic seconds): the device's own truth."""
+        self.collectives = Intervals()
+        """When the stream was in a collective (waiting for the other ranks, then transferring)."""
+        self.waits = Intervals()
+        """When the stream waited, idle, for the other ranks of a collective."""
         self._marks: list[tuple[float, str]] = []
         self._started = time.monotonic()
         self._closed = threading.Event()
@@ -244,13 +248,16 @@ class SimDevice:
         """Seconds the device was busy between monotonic times t0 (its start) and t1 (now)."""
         return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
 
-    def truth(self, until: float | None = None) -> dict[str, Any]:
-        """The device's own account up to ``until`` (now): wall, busy, and idle seconds per marked CPU phase.
+    def truth(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
+        """The device's own account up to ``until`` (now): wall, busy, idle seconds per marked CPU phase, and
+        ``collective``, the seconds the stream spent in collectives (its idle wait there is not in ``idle``).
 
-        Time before the first mark counts as ``other``.
+        From ``since`` (the device's start) on; time before the first mark counts as ``other``.
         """
         end = time.monotonic() if until is None else until
-        spans = [(self._started, "other"), *self._marks, (end, "")]
+        begin = self._started if since is None else since
+        before = [what for t, what in self._marks if t <= begin]
+        spans = [(begin, before[-1] if before else "other"), *((t, w) for t, w in self._marks if t > begin), (end, "")]
         idle: dict[str, float] = {}
         cpu: dict[str, float] = {}
         for (a, what), (b, _) in itertools.pairwise(spans):
@@ -258,9 +265,9 @@ class SimDevice:
             if b <= a:
                 continue
             cpu[what] = cpu.get(what, 0.0) + (b - a)
-            idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b)
-        return {"wall": end - self._started, "busy": self.history.busy(self._started, end),
-                "idle": idle, "cpu": cpu}
+            idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b) - self.waits.busy(a, b)
+        return {"wall": end - begin, "busy": self.history.busy(begin, end),
+                "idle": idle, "cpu": cpu, "collective": self.collectives.busy(begin, end)}
 
     def close(self) -> None:
         """Stop the flusher and write what is left (also at exit)."""
@@ -404,8 +411,8 @@ class AsyncDevice(SimDevice):
                     if arrived is None:
                         break
                     transfer_start = max(arrived)
-                    if self.wait_busy:
-                        self._busy(start, transfer_start)
+                    (self._busy if self.wait_busy else self.waits.add)(start, transfer_start)
+                    self.collectives.add(start, transfer_start + op.seconds)
                     start = transfer_start
                 end = start + op.seconds
                 if op.kind != "copy":
