@@ -82,7 +82,8 @@ def measure(steps: int, repeats: int) -> dict[str, float]:
         plain.append(_run(False, steps))
         timed.append(_run(True, steps))
     a, b = statistics.median(plain), statistics.median(timed)
-    return {"plain_us": a * 1e6, "events_us": b * 1e6, "added_us": (b - a) * 1e6, "added_percent": (b - a) / 0.001 * 100}
+    return {"plain_us": a * 1e6, "events_us": b * 1e6, "added_us": (b - a) * 1e6,
+            "added_percent": (b - a) / 0.001 * 100}
 
 
 def main() -> None:
