@@ -1,21 +1,23 @@
 """End to end: real two-rank DDP jobs (gloo, CPU) -> real exporter (--simulate) -> real Prometheus with the
-shipped rules -> the straggler, from the alerts and from both diagnose paths.
+shipped rules -> the straggler and communication-bound causes, from the alerts and from both diagnose paths.
 
-Two jobs of tests/ddp_loops.py run side by side, each rank reporting from its own simulated GPU
-(tests/scenarios/ddp-e2e.yaml), which follows the rank's compute share:
+Two jobs of tests/ddp_loops.py run side by side, each rank on its own ops-mode simulated GPU
+(tests/scenarios/ddp-e2e.yaml, ``device: true``): busy while the rank is inside torch operators, idle
+while it waits for data or in gloo collectives, whatever the library reports.
 
 =========  =================================================  =============================================
-job        per step (wall-clock time boxes around real work)  expected
+job        per step (real work)                               expected
 =========  =================================================  =============================================
 straggler  rank 1 loads each batch in 0.2 s, rank 0 in 0.01   rank 0: waiting for rank 1 (ST, naming rank 1
            s; both compute 0.04 s after a real DDP step       input-bound); rank 1: input-bound (M1)
-balanced   both ranks load in 0.2 s                           both input-bound (M1); no straggler
+allreduce  both load in 0.01 s, compute 0.03 s, then all-     both communication-bound; no straggler, never
+           reduce 16 MiB 8 times (most of the step)           M3 or ST
 =========  =================================================  =============================================
 
-Every GPU uses little memory, so the waiting rank would read as batch too small (M3) if its wait
-were compute: the test checks it never does, at any time of the run. The rules are the shipped
-files shrunk 60-fold (test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``).
-A second test runs the DDP example of docs/training.md under torchrun.
+Every GPU uses little memory, so a rank whose wait were compute would read as batch too small (M3):
+the test checks it never does, at any time of the run. The rules are the shipped files shrunk 60-fold
+(test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``). A second test runs the DDP
+example of docs/training.md under torchrun.
 
 Set DISTRIBUTED_E2E_OUTPUT=DIR to keep the diagnose outputs and the alerts (docs/runbooks.md shows them).
 """
@@ -49,8 +51,8 @@ WAITING, SLOW = "GPU-ddp-straggler-0", "GPU-ddp-straggler-1"
 EXPECTED = {  # GPU -> (diagnose verdict, the cause alerts that fire for it)
     WAITING: ("straggler", {("GpuTrainingStraggler", "straggler")}),
     SLOW: ("input_bound", {("GpuTrainingInputBound", "input_bound")}),
-    "GPU-ddp-balanced-0": ("input_bound", {("GpuTrainingInputBound", "input_bound")}),
-    "GPU-ddp-balanced-1": ("input_bound", {("GpuTrainingInputBound", "input_bound")}),
+    "GPU-ddp-allreduce-0": ("communication_bound", {("GpuTrainingCommunicationBound", "communication_bound")}),
+    "GPU-ddp-allreduce-1": ("communication_bound", {("GpuTrainingCommunicationBound", "communication_bound")}),
 }
 
 
@@ -62,10 +64,12 @@ def _keep(name: str, text: str) -> None:
 def stack() -> Iterator[tuple[str, str]]:
     """The exporter, Prometheus with the shipped rules, and both DDP jobs running; yields (exporter, prom)."""
     files = shipped_fast_rules()
-    with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-            run_prometheus(scrape_config(exporter, "ddp-node"), files) as prom, \
-            running_jobs([[sys.executable, str(LOOPS), job, exporter, "300"] for job in PLANS]):
-        yield exporter, prom
+    with tempfile.TemporaryDirectory() as tmp:
+        channel = {"GPU_SIM_DEVICE_DIR": tmp}
+        with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"], env=channel) as exporter, \
+                run_prometheus(scrape_config(exporter, "ddp-node"), files) as prom, \
+                running_jobs([[sys.executable, str(LOOPS), job, exporter, "300"] for job in PLANS], env=channel):
+            yield exporter, prom
 
 
 def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: tuple[str, str],
@@ -76,7 +80,7 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
     def no_m3() -> None:
         assert not promql(prom, 'ALERTS{alertname="GpuBatchTooSmall"}'), "a rank was called M3"
     wait_for_causes(prom, {uuid: alerts for uuid, (_, alerts) in EXPECTED.items()}, 150,
-                    "the straggler and input-bound alerts to fire", check=no_m3)
+                    "the straggler, input-bound and communication-bound alerts to fire", check=no_m3)
 
     # Alerts: each GPU fires exactly its expected causes; the waiting rank's alert names rank 1 and its cause.
     time.sleep(2)
@@ -113,7 +117,7 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
         assert "is waiting for rank 1 (straggler): rank 1 is input-bound (M1)" in reason, (flag, reason)
         assert " if rank 1 kept up; the run's step would take ~" in reason, (flag, reason)
         runs = {r["run"]: r for r in doc["distributed_runs"]}
-        assert runs["straggler"]["straggler"] == "1" and runs["balanced"]["straggler"] is None, (flag, runs)
+        assert runs["straggler"]["straggler"] == "1" and runs["allreduce"]["straggler"] is None, (flag, runs)
         assert [r["rank"] for r in runs["straggler"]["ranks"]] == ["0", "1"]
         assert runs["straggler"]["world_size"] == 2
         # The projection: the run's step time without rank 0's wait, well below what it is now.
@@ -123,9 +127,12 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
     waiting, slow = gpus[WAITING]["runs"][0]["shares"], gpus[SLOW]["runs"][0]["shares"]
     assert waiting["communication"] > 0.55 and waiting["compute"] < 0.35, waiting
     assert slow["data"] > 0.55 and slow["communication"] < 0.1, slow
+    for rank in ("0", "1"):  # the all-reduce job: every rank's step is mostly communication, alike
+        assert gpus[f"GPU-ddp-allreduce-{rank}"]["runs"][0]["shares"]["communication"] > 0.4, gpus
+    assert not promql(prom, 'ALERTS{alertname="GpuTrainingStraggler", run="allreduce"}')
     # The live page shows the run's ranks side by side, judged like diagnose --url, also after its script redraws.
     status = {d["run"]: d for d in json.loads(http_get(exporter + "/api/v1/status"))["distributed_runs"]}
-    assert status["straggler"]["straggler"] == "1" and status["balanced"]["straggler"] is None, status
+    assert status["straggler"]["straggler"] == "1" and status["allreduce"]["straggler"] is None, status
     assert status["straggler"]["straggler_cause"].startswith("rank 1 is input-bound (M1), "), status
     dom = _browser(["--virtual-time-budget=5000", "--dump-dom", exporter + "/"], tmp_path / "profile")
     page = dom.stdout.split("<script>")[0]
