@@ -297,7 +297,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
     run_gpus = f"group {cfg.by('uuid', 'run', 'rank')} ({sel(m.GPU_TRAINING_STEPS_TOTAL.name)})"
     board = dashboard(cfg, "gpu-training-run", "GPU training run",
                       "One instrumented training run: where each step's time goes, throughput, memory, and the "
-                      "causes (M1-M4, CK, ST) that hold GPU utilization down; a distributed run's ranks side by side.",
+                      "causes (M1-M4, CK, ST, CM) that hold GPU utilization down; a distributed run's ranks side by "
+                      "side.",
                       "3h", [
                           variable(cfg, "run", "Run", m.GPU_TRAINING_STEPS_TOTAL.name, multi=False),
                           variable(cfg, "rank", "Rank", m.GPU_TRAINING_STEPS_TOTAL.name, "run"),
@@ -313,7 +314,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "Phase shares (5m)",
                  "Share of the run's wall time spent in each phase (data, compute, metrics, checkpoint, other, "
                  "custom), averaged over the selected ranks, stacked to 100%. Much data time calls for M1, much "
-                 "metrics time for M2.",
+                 "metrics time (CPU work in the step) for M2.",
                  [query(f"avg {cfg.by('phase')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name)})", "{{phase}}")],
                  unit="percentunit", h=9, stacked=True, fill=70))
              .with_panel(utilization_timeseries(
@@ -364,7 +365,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
                        "rank {{rank}} {{phase}}", instant=True), w=8, h=9))
              .with_panel(timeseries(
                  "Communication by rank", "Share of each rank's time in collectives (phase communication). "
-                 "Ranks far above the lowest one wait for it (straggler, ST).",
+                 "Ranks far above the lowest one wait for it (straggler, ST); all of them high together is "
+                 "communication-bound (CM): the lowest line is what every rank pays.",
                  [query(f"max {cfg.by('rank')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name, phase='communication')})",
                         "rank {{rank}}")], unit="percentunit", w=8, h=9))
              .with_panel(table_panel(

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from gpu_exporter import catalog as m
-from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, PHASE, STRAGGLER, Cause
+from gpu_exporter.causes import ALLOCATOR, CAUSES, COLLECTIVE, LAUNCH, PHASE, STRAGGLER, Cause
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
@@ -134,6 +134,8 @@ def _condition(cause: Cause) -> str:
         return f"{_share(cause.phase)} > ${{{cause.keys[0]}}}\nand\n{LIVE}"
     if cause.kind == STRAGGLER:
         return straggler.condition(cause, _share(cause.phase), LIVE, C)
+    if cause.kind == COLLECTIVE:
+        return straggler.common_condition(cause, _share(cause.phase), LIVE, C)
     if cause.kind == LAUNCH:
         compute_key, busy_key, memory_key = cause.keys
         compute = f"({_share(cause.phase)} > ${{{compute_key}}})"
@@ -166,7 +168,7 @@ def cause_records() -> list[Record]:
                 f"{cause.label}, level {lvl}: value = "
                 + (f"allocator retries + OOMs in ${{{cause.keys[0]}}}" if cause.kind == ALLOCATOR else
                    "the share of the step it takes") + "."))
-    phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER))
+    phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER, COLLECTIVE))
     launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
     rules.append(Record(
         CAUSE_RECORDING, "run:gpu_training_cause:projected_utilization",
@@ -212,6 +214,8 @@ def _what(cause: Cause) -> str:
                 "overhead).")
     if cause.kind == STRAGGLER:
         return straggler.what(cause)
+    if cause.kind == COLLECTIVE:
+        return straggler.common_what(cause)
     return f"spends {{{{ $value | humanizePercentage }}}} of its time {cause.doing}."
 
 

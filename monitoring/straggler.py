@@ -1,4 +1,5 @@
-"""The straggler cause (ST) in PromQL and alert text, for the generator in monitoring/rules.py.
+"""The causes of a distributed run, straggler (ST) and communication-bound (CM), in PromQL and alert text,
+for the generator in monitoring/rules.py.
 
 The problem: the other causes are judged per rank, from that rank's own phases. A straggler is a
 relation between the ranks of one run: a rank waits in collectives (phase ``communication``)
@@ -9,6 +10,11 @@ cause by reading the straggler's ``run:gpu_training_cause:share`` series. The Py
 (gpu_exporter.causes.find_causes) applies the same rule; tests/test_causes_conformance.py checks
 that the two agree.
 
+Communication-bound (CM) is the other half of the same comparison: the run's lowest live
+communication share (``min by (cluster, run)``) is what every rank pays, and a rank's series of CM
+carries it. A waiting rank's communication is thus split once: the common part (CM) and its excess
+over it (ST), never the same time twice.
+
 The pieces take the generator's shared fragments (cluster label placeholder, the live-run filter,
 the phase share expression) as arguments, so they are defined once, in monitoring/rules.py.
 """
@@ -16,7 +22,7 @@ the phase share expression) as arguments, so they are defined once, in monitorin
 from __future__ import annotations
 
 from gpu_exporter import catalog
-from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, STRAGGLER, Cause
+from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, RUN_WIDE, Cause
 
 from monitoring.model import Record
 
@@ -34,6 +40,19 @@ def condition(cause: Cause, share: str, live: str, c: str) -> str:
               f'      "{LABEL}", "$1", "rank", "(.*)"\n    )')
     return (f"(\n    {share}\n  - on ({c}, run) group_left ({LABEL})\n    {lowest}\n)\n"
             f"> ${{{cause.keys[0]}}}\nand ignoring ({LABEL})\n{live}")
+
+
+def common_condition(cause: Cause, share: str, live: str, c: str) -> str:
+    """Every live rank of a run: the run's lowest live communication share, above ``communication_bound_share``."""
+    return (f"(\n    0 * {share}\n  + on ({c}, run) group_left ()\n    min by ({c}, run) ({share} and {live})\n)\n"
+            f"> ${{{cause.keys[0]}}}\nand\n{live}")
+
+
+def common_what(cause: Cause) -> str:
+    """The alert text of CM: the share every rank pays, and why it is no straggler."""
+    return ("spends {{ $value | humanizePercentage }} of its time in collectives (phase communication) that "
+            "every live rank of the run pays (the run's least-communicating rank spends as much, so no straggler "
+            "explains it): the gradient exchange itself is slow.")
 
 
 def projected_step_rule(cause: Cause, c: str, group: str) -> Record:
@@ -57,10 +76,11 @@ def _said(cause: Cause) -> str:
 
 def what(cause: Cause) -> str:
     """The alert text: which rank this one waits for, how much, and the straggler's own cause."""
+    run_wide = "|".join(c.cause for c in CAUSES if c.kind in RUN_WIDE)  # not the straggler's own cause
     query = (f'printf "topk(1, max without (level) (run:gpu_training_cause:share{{run=%q,rank=%q,'
-             f'cause!=\\"{cause.cause}\\"}}))" $labels.run $labels.{LABEL}')
+             f'cause!~\\"{run_wide}\\"}}))" $labels.run $labels.{LABEL}')
     chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $c "{other.cause}" }}}}{_said(other)}'
-                    for i, other in enumerate(c for c in CAUSES if c.kind != STRAGGLER))
+                    for i, other in enumerate(c for c in CAUSES if c.kind not in RUN_WIDE))
     return (f"is waiting for rank {{{{ $labels.{LABEL} }}}} (straggler): {{{{ with {query} | query }}}}"
             f'{{{{ $c := . | first | label "cause" }}}}{{{{ $v := . | first | value }}}}'
             f"rank {{{{ $labels.{LABEL} }}}} is {chain}{{{{ else }}}}{{{{ $c }}}}{{{{ end }}}}"

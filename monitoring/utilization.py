@@ -51,7 +51,8 @@ LOW_DESCRIPTION = (
     'run has cost so far and how much shorter it would be without its main cause.{{ else }}No training run '
     'reports from\n'
     'this GPU: instrument the job with gpu_exporter.training to get the cause, or check in this order:\n'
-    'input pipeline (M1), metric computations (M2), checkpoints (CK), batch size (M3), allocator (M4).{{ end }}\n'
+    'input pipeline (M1), CPU work in the step such as metrics and logging (M2), checkpoints (CK), batch size\n'
+    '(M3), allocator (M4).{{ end }}\n'
 )
 BELOW_TARGET_DESCRIPTION = (
     WHO +
@@ -63,8 +64,8 @@ BELOW_TARGET_DESCRIPTION = (
     'besides compute, `gpu-exporter report --run {{ . }}` what the run has cost so far; then look at the\n'
     'batch size (M3). Inference servers: batch requests or share the GPU (MIG).{{ else }}No training run\n'
     'reports from this GPU (not instrumented): instrument the job with gpu_exporter.training to get the\n'
-    'cause, or check in this order: input pipeline (M1), metric computations (M2), checkpoints (CK),\n'
-    'batch size (M3), allocator (M4).{{ end }}\n'
+    'cause, or check in this order: input pipeline (M1), CPU work in the step such as metrics and logging\n'
+    '(M2), checkpoints (CK), batch size (M3), allocator (M4).{{ end }}\n'
 )
 IDLE_DESCRIPTION = (
     WHO +

@@ -11,7 +11,9 @@ events, live or finished, optional cluster label). The same cases are fed to
 promtool fails the test on any disagreement in either direction. The cases cover every cause at
 both levels, the healthy band, finished runs, thresholds not passed, two clusters that reuse
 one GPU UUID, and distributed runs (cases sharing a ``run``, one per rank): a straggler whose
-waiting ranks are named ST (never M3, even with little memory used), and balanced ranks that are not.
+waiting ranks are named ST (never M3, even with little memory used), and balanced ranks that are not;
+balanced ranks that all sit in collectives (communication-bound, CM, on every rank), and a straggler
+run whose common communication is CM and whose waiting ranks' excess is ST (the same time never both).
 """
 
 from __future__ import annotations
@@ -87,6 +89,17 @@ CASES = [
     Case("ddp_balanced0", 0.2, 0.5, {"data": 0.5, "compute": 0.3, "communication": 0.2}, run="ddp_balanced", rank="0"),
     Case("ddp_balanced1", 0.2, 0.5, {"data": 0.55, "compute": 0.3, "communication": 0.15}, run="ddp_balanced",
          rank="1"),
+    # Communication-bound: both ranks spend about 2/3 of the step in the all-reduce, no straggler (CM on each).
+    Case("comm0", 0.2, 0.1, {"data": 0.04, "compute": 0.3, "communication": 0.66}, run="comm", rank="0"),
+    Case("comm1", 0.2, 0.1, {"data": 0.05, "compute": 0.3, "communication": 0.65}, run="comm", rank="1"),
+    Case("comm_target0", 0.5, 0.5, {"compute": 0.6, "communication": 0.4}, run="comm_target", rank="0"),
+    Case("comm_target1", 0.5, 0.5, {"compute": 0.62, "communication": 0.38}, run="comm_target", rank="1"),
+    Case("comm_single", 0.2, 0.5, {"compute": 0.5, "communication": 0.5}, run="comm_single"),
+    # A straggler (rank 2, input-bound) in a run whose all-reduce costs every rank 35%: the waiting ranks'
+    # 85% splits into that common part (CM) and the wait for rank 2 beyond it (ST).
+    Case("comm_wait0", 0.1, 0.5, {"compute": 0.15, "communication": 0.85}, run="comm_wait", rank="0"),
+    Case("comm_wait1", 0.1, 0.5, {"compute": 0.15, "communication": 0.85}, run="comm_wait", rank="1"),
+    Case("comm_slow2", 0.1, 0.5, {"data": 0.5, "compute": 0.15, "communication": 0.35}, run="comm_wait", rank="2"),
 ]
 
 MINUTES = 20
@@ -193,6 +206,27 @@ def test_waiting_ranks_name_the_straggler_and_are_never_launch_bound() -> None:
     assert [f.cause.code for c in ("ddp_balanced0", "ddp_balanced1") for f in judged(by_name[c])] == ["M1", "M1"]
     (target,) = judged(by_name["ddp_target0"])
     assert (target.cause.code, target.level, target.straggler) == ("ST", TARGET, "1")
+
+
+def test_communication_bound_is_what_every_rank_pays_and_never_the_straggler_wait() -> None:
+    by_name = {c.name: c for c in CASES}
+    # Balanced: CM on every rank, valued at the run's lowest share, no ST.
+    for name in ("comm0", "comm1"):
+        (found,) = judged(by_name[name])
+        assert (found.cause.code, found.level, found.value, found.straggler) == ("CM", LOW, 0.65, "")
+        assert found.projected == pytest.approx(0.2 / 0.35)
+    assert [(f.cause.code, f.level) for c in ("comm_target0", "comm_target1") for f in judged(by_name[c])] == [
+        ("CM", TARGET), ("CM", TARGET)]
+    assert [(f.cause.code, f.value) for f in judged(by_name["comm_single"])] == [("CM", 0.5)]
+    # A straggler run where the straggler waits little: no CM anywhere (its lowest share is 8%).
+    assert not [f for c in CASES if c.run == "ddp" for f in judged(c) if f.cause.code == "CM"]
+    # Straggler and common communication: the waiting ranks' share is split once, CM + ST = their share.
+    for name in ("comm_wait0", "comm_wait1"):
+        codes = {f.cause.code: f for f in judged(by_name[name])}
+        assert sorted(codes) == ["CM", "ST"] and codes["ST"].straggler == "2"
+        assert codes["CM"].value == 0.35
+        assert codes["CM"].value + codes["ST"].value == pytest.approx(by_name[name].shares["communication"])
+    assert [f.cause.code for f in judged(by_name["comm_slow2"])] == ["M1", "CM"]
 
 
 def test_judge_names_the_biggest_cause_first_with_its_projection() -> None:

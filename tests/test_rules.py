@@ -36,11 +36,12 @@ EXPECTED_ALERTS = {
     "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing", "GpuMemoryNearlyFull", "GpuExporterDown",
     "GpuTrainingCheckpointBound", "GpuTrainingBelowTarget",
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
-    "GpuMissing", "GpuTrainingStraggler",
+    "GpuMissing", "GpuTrainingStraggler", "GpuTrainingCommunicationBound",
     "GpuUninstrumentedInputBound",
 }
 CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
-                  "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK", "GpuTrainingStraggler": "ST"}
+                  "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK", "GpuTrainingStraggler": "ST",
+                  "GpuTrainingCommunicationBound": "CM"}
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")

@@ -59,6 +59,7 @@ class Thresholds:
     batch_busy_ratio: float
     batch_memory_used_ratio: float
     straggler_wait_share: float
+    communication_bound_share: float
     allocator_window: float
     allocator_retries_threshold: int
     memory_nearly_full_ratio: float
@@ -92,9 +93,9 @@ KINDS: dict[str, str] = {
     **dict.fromkeys(("utilization_low_threshold", "utilization_target", "work_memory_used_ratio",
                      "idle_utilization_threshold", "input_bound_share", "metrics_bound_share", "checkpoint_share",
                      "batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio", "straggler_wait_share",
-                     "memory_nearly_full_ratio", "evidence_busy_core_ratio", "evidence_io_wait_share",
-                     "remedy_memory_target_ratio", "dashboard_time_below_warn", "dashboard_time_below_critical",
-                     "dashboard_memory_warn_ratio"), RATIO),
+                     "communication_bound_share", "memory_nearly_full_ratio", "evidence_busy_core_ratio",
+                     "evidence_io_wait_share", "remedy_memory_target_ratio", "dashboard_time_below_warn",
+                     "dashboard_time_below_critical", "dashboard_memory_warn_ratio"), RATIO),
     **dict.fromkeys(("utilization_low_for", "alert_hold", "idle_for", "cause_for", "allocator_window",
                      "memory_nearly_full_for", "exporter_down_for", "collector_failing_for", "sample_stale_for",
                      "xid_window", "thermal_for", "gpu_missing_lookback", "gpu_missing_for"), DURATION),

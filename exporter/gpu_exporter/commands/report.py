@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog
-from gpu_exporter.causes import BY_ID, LAUNCH, PHASE, STRAGGLER, RunSignals, find_causes, pct, straggler_of
+from gpu_exporter.causes import BY_ID, COLLECTIVE, LAUNCH, PHASE, STRAGGLER, RunSignals, find_causes, pct, straggler_of
 from gpu_exporter.commands.metrics_client import (
     Labels,
     MetricsError,
@@ -282,9 +282,12 @@ def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> fl
     """
     cause = BY_ID[main.cause]
     walls = {key: sum(phases.values()) for key, phases in deltas.items()}
-    if cause.kind == STRAGGLER:  # the waiting ranks' communication beyond the straggler's
+    if cause.kind in (STRAGGLER, COLLECTIVE):
         communication = {rank: phases.get(cause.phase, 0.0) / walls[(rank, uuid)]
                          for (rank, uuid), phases in deltas.items() if walls[(rank, uuid)] > 0}
+        if cause.kind == COLLECTIVE:  # the communication every rank pays: the run's lowest share
+            return min(communication.values()) if communication else None
+        # ST: the waiting ranks' communication beyond the straggler's
         straggler = straggler_of(communication)
         if straggler is None:
             return None

@@ -16,6 +16,10 @@ The signals, per training run (and rank) on a GPU, over one window:
   share exceeds the run's lowest by more than ``straggler_wait_share`` waits for that rank, the
   straggler (ST). Its value is that excess (the wait), so the projections below hold for it too,
   and the run's step time if the straggler kept up is this rank's step time times ``1 - wait``.
+  The part every rank pays, the run's lowest live communication share (a single rank's own share),
+  is communication-bound (CM) above ``communication_bound_share``: a balanced run whose ranks all sit
+  in the all-reduce has no straggler, yet the collectives hold every GPU down. A waiting rank's
+  share splits in two: the common part (CM) and its excess over it (ST), never counted twice.
 
 Two levels: ``low`` (``u`` below ``utilization_low_threshold``: warning alerts) and ``target``
 (``u`` at or above that but below ``utilization_target``: one info alert). At or above the target
@@ -41,20 +45,23 @@ from gpu_exporter.verdict.levels import LOW, TARGET, level
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["ALLOCATOR", "BY_ID", "CAUSES", "EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "LAUNCH", "LOW", "MAIN_BUSY",
-           "PHASE", "STORAGE_WAIT", "STRAGGLER", "TARGET", "WORKERS_BUSY", "Cause", "Finding", "Hint",
-           "ProcessSignals", "RunSignals", "allocator_limit", "cause_order", "cores", "find_causes", "find_hints",
-           "hint_text", "level", "pct", "seconds", "straggler_of"]
+__all__ = ["ALLOCATOR", "BY_ID", "CAUSES", "COLLECTIVE", "EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "LAUNCH", "LOW",
+           "MAIN_BUSY", "PHASE", "RUN_WIDE", "STORAGE_WAIT", "STRAGGLER", "TARGET", "WORKERS_BUSY", "Cause", "Finding",
+           "Hint", "ProcessSignals", "RunSignals", "allocator_limit", "cause_order", "common_communication", "cores",
+           "find_causes", "find_hints", "hint_text", "level", "pct", "seconds", "straggler_of"]
 
 PHASE = "phase"
-"""A cause explained by the share of one phase of the step (M1, M2, checkpointing)."""
+"""A cause explained by the share of one phase of the step (M1, M2, CK)."""
 LAUNCH = "launch"
 """M3: the GPU is busy for only part of the compute phase (small batches, launch overhead)."""
 ALLOCATOR = "allocator"
 """M4: the caching allocator retries or runs out of memory (counted, not timed)."""
 STRAGGLER = "straggler"
 """ST: a rank of a distributed run waits in collectives for a slower rank of the same run."""
-
+COLLECTIVE = "collective"
+"""CM: every rank of a run spends much of the step in collectives (the run's lowest communication share)."""
+RUN_WIDE = (STRAGGLER, COLLECTIVE)
+"""The kinds judged across the ranks of a run: never a rank's own cause (what a straggler is named for)."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +99,15 @@ CAUSES: tuple[Cause, ...] = (
                  "persistent_workers=True), preload or cache the data set, move augmentation to the GPU."),
     Cause("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", PHASE, "metrics",
           ("metrics_bound_share",),
-          doing="computing metrics", hidden="if metrics ran off the training path",
-          remedy="compute metrics every N steps or on the GPU, log asynchronously",
-          advice="M2: compute metrics every N steps or at epoch end, drop the ones nobody reads, keep them on "
-                 "the GPU without a .item()/.cpu() per step, log asynchronously."),
+          doing="on CPU work in the step that is not GPU work (metrics, logging, .item()/.cpu(), host-side "
+                "preprocessing)",
+          hidden="if metrics ran off the training path",
+          remedy="move CPU work out of the step (metrics every N steps or on the GPU, async logging, no per-step "
+                 ".item())",
+          advice="M2: the step does CPU work that is not GPU work (Python metrics, logging, a .item()/.cpu() per "
+                 "step, host-side preprocessing inside training_step): compute metrics every N steps or at epoch "
+                 "end and keep them on the GPU (torchmetrics), drop the ones nobody reads, avoid .item()/.cpu() per "
+                 "step, log asynchronously, and move preprocessing into the DataLoader's workers or onto the GPU."),
     Cause("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", PHASE, "checkpoint",
           ("checkpoint_share",),
           doing="saving checkpoints", hidden="if checkpoints were written asynchronously",
@@ -106,10 +118,14 @@ CAUSES: tuple[Cause, ...] = (
     Cause("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", LAUNCH, "compute",
           ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
           doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",
-          remedy="raise the batch size while memory allows; fewer, larger kernels",
+          remedy="raise the batch size while memory allows; fewer, larger kernels (launch overhead; Python work "
+                 "in the step is M2)",
           advice="M3: raise the batch size while memory allows (scale the learning rate with it) or "
                  "accumulate gradients; fewer, larger kernels with torch.compile, CUDA graphs or mixed "
-                 "precision."),
+                 "precision. M3 is launch overhead, the CPU inside torch operators issuing many small kernels while "
+                 "the GPU idles; Python or CPU work in the step that is not GPU work is M2 instead, told apart by the "
+                 "phase shares (that time counts as metrics, not compute) or sampled stacks (frames in your own "
+                 "code, not in torch operators)."),
     Cause("allocator", "M4", "allocator trouble", "GpuMemoryAllocatorThrashing", ALLOCATOR, "",
           ("allocator_window", "allocator_retries_threshold"),
           doing="", hidden="",
@@ -125,6 +141,17 @@ CAUSES: tuple[Cause, ...] = (
                  "(input pipeline M1, metrics M2, checkpoints CK on one rank only, ...), give every rank the same "
                  "share of the data and work (same batch size, sequence lengths, no rank-0-only work in the "
                  f"step), and check the straggler's GPU for throttling ({catalog.GPU_CLOCK_EVENT_ACTIVE.name})."),
+    Cause("communication_bound", "CM", "communication-bound", "GpuTrainingCommunicationBound", COLLECTIVE,
+          "communication", ("communication_bound_share",),
+          doing="in collectives that every rank of the run pays", hidden="if communication overlapped compute",
+          remedy="fewer all-reduces (gradient accumulation), larger DDP buckets overlapping backward, gradient "
+                 "compression, a faster interconnect",
+          advice="CM: every rank of the run waits this long in collectives (the part no straggler explains): the "
+                 "gradient exchange itself takes the time. Accumulate gradients over N micro-batches (DDP "
+                 "no_sync(): one all-reduce per N samples' worth), raise DDP(bucket_cap_mb=...) so fewer, larger "
+                 "all-reduces overlap the backward pass, compress gradients (register_comm_hook with PowerSGD or "
+                 "fp16_compress_hook), and use a faster interconnect (NVLink, InfiniBand; NCCL_DEBUG=INFO shows "
+                 "which one NCCL picked, NCCL_IB_HCA / NCCL_SOCKET_IFNAME choose it)."),
 )
 """Every cause, in the order diagnose breaks ties (the allocator first: it also explains the others)."""
 
@@ -144,7 +171,7 @@ class RunSignals:
     allocator_ooms: float = 0.0
     batch_size: float | None = None
     communication: Mapping[str, float] | None = None
-    """ST: the ``communication`` share of every live rank of the same run (rank -> share, this one included)."""
+    """ST, CM: the ``communication`` share of every live rank of the same run (rank -> share, this one included)."""
     step_seconds: float | None = None
     """ST: this rank's mean step time over the window, for the run's projected step time."""
 
@@ -201,6 +228,10 @@ class Finding:
             return (f"run {run} rank {rank} is waiting for rank {self.straggler} (straggler): {why}. "
                     f"{pct(self.value)} of rank {rank}'s time is that wait (its communication beyond rank "
                     f"{self.straggler}'s).")
+        if self.cause.kind == COLLECTIVE:
+            return (f"run {run} rank {rank} spends {pct(self.value)} of its time in collectives that every live rank "
+                    "of the run pays (the run's least-communicating rank spends as much, so no straggler explains "
+                    "it): the gradient exchange itself is slow.")
         if self.cause.kind == LAUNCH:
             batch = f" with batch size {self.batch_size:.0f}" if self.batch_size is not None else ""
             return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(self.value)} of the "
@@ -230,6 +261,22 @@ def straggler_of(communication: Mapping[str, float]) -> tuple[str, float] | None
         return None
     rank = min(communication, key=lambda r: (communication[r], r))
     return rank, communication[rank]
+
+
+def common_communication(own: float, communication: Mapping[str, float] | None) -> float:
+    """CM: the communication share every rank of the run pays, the lowest of its live ranks (``own`` included).
+
+    A single rank's is its own share; a waiting rank's excess over it is ST's wait, not this.
+
+    >>> common_communication(0.7, {"0": 0.7, "1": 0.05, "2": 0.68}), common_communication(0.4, None)
+    (0.05, 0.4)
+    """
+    return min([own, *(communication or {}).values()])
+
+
+def _hidden(utilization: float, share: float) -> float:
+    """The utilization if a share ``share`` of the step were hidden: ``u / (1 - s)``, at most 1."""
+    return 1.0 if share >= 1.0 else min(1.0, utilization / (1.0 - share))
 
 
 def cause_order(finding: Finding) -> tuple[bool, float]:
@@ -282,14 +329,17 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
         if cause.kind == PHASE:
             share = run.shares.get(cause.phase, 0.0)
             if share > _threshold(t, cause.keys[0]):
-                projected = 1.0 if share >= 1.0 else min(1.0, utilization / (1.0 - share))
-                found.append(Finding(cause, lvl, share, projected))
+                found.append(Finding(cause, lvl, share, _hidden(utilization, share)))
         elif cause.kind == STRAGGLER:
             straggler = straggler_of(run.communication or {})
             wait = run.shares.get(cause.phase, 0.0) - straggler[1] if straggler else 0.0
             if straggler is not None and wait > _threshold(t, cause.keys[0]):
-                found.append(Finding(cause, lvl, wait, 1.0 if wait >= 1.0 else min(1.0, utilization / (1.0 - wait)),
-                                     straggler=straggler[0], step_seconds=run.step_seconds))
+                found.append(Finding(cause, lvl, wait, _hidden(utilization, wait), straggler=straggler[0],
+                                     step_seconds=run.step_seconds))
+        elif cause.kind == COLLECTIVE and cause.phase in run.shares:
+            common = common_communication(run.shares[cause.phase], run.communication)
+            if common > _threshold(t, cause.keys[0]):
+                found.append(Finding(cause, lvl, common, _hidden(utilization, common)))
         elif cause.kind == LAUNCH:
             compute = run.shares.get(cause.phase, 0.0)
             compute_key, busy_key, memory_key = cause.keys

@@ -4,7 +4,7 @@
 holds names the GPU's verdict. Each row carries its condition in words, the thresholds.yml keys
 it reads, the levels it applies at, its remedy, its runbook anchor and the shipped PromQL that
 expresses it (tests/test_causes_conformance.py feeds the same cases to promtool and to
-:func:`judge`). The causes (M1, M2, CK, M3, M4, ST) are rows too, one per row of
+:func:`judge`). The causes (M1, M2, CK, M3, M4, ST, CM) are rows too, one per row of
 :data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
 :func:`~gpu_exporter.verdict.causes.cause_order` wins.
 
@@ -14,7 +14,7 @@ verdict                            when
 unknown                            NVML reports no utilization (GPUs in MIG mode)
 healthy                            utilization at or above ``utilization_target``
 unused                             no memory, process or live run on the GPU
-<cause> (M1, M2, CK, M3, M4, ST)   a cause of the table applies to a live run on the GPU: below
+<cause> (M1-M4, CK, ST, CM)        a cause of the table applies to a live run on the GPU: below
                                    ``utilization_low_threshold`` the title is the cause
                                    ("input-bound (M1)"), up to the target it reads
                                    "below target: input-bound (M1)"; with its projection

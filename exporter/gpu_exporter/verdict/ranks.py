@@ -2,10 +2,10 @@
 
 The problem: diagnose judges one GPU at a time, but in a distributed run one rank's cause shows on
 the other ranks' GPUs (they wait for it in collectives). This module gives diagnose the run-level
-view: the ``communication`` share of each live rank of a run (what the straggler cause ST of
-:mod:`gpu_exporter.verdict.causes` compares), the straggler's own cause in words for the waiting ranks'
-verdicts, and a table of the run's ranks (rank, node, GPU, phases, verdict) with the run's step
-time and the step time if the straggler kept up. Example::
+view: the ``communication`` share of each live rank of a run (what the straggler cause ST and the
+communication-bound cause CM of :mod:`gpu_exporter.verdict.causes` compare), the straggler's own
+cause in words for the waiting ranks' verdicts, and a table of the run's ranks (rank, node, GPU,
+phases, verdict) with the run's step time and the step time if the straggler kept up. Example::
 
     comm = communication_by_run(views)                 # {"ddp": {"0": 0.71, "1": 0.02}}
     views = name_straggler_causes(views, utilization)  # fills Finding.straggler_cause
@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.training.protocol import COMMUNICATION
-from gpu_exporter.verdict.causes import ALLOCATOR, LAUNCH, STRAGGLER, Finding, cause_order, pct, seconds
+from gpu_exporter.verdict.causes import ALLOCATOR, LAUNCH, RUN_WIDE, STRAGGLER, Finding, cause_order, pct, seconds
 
 if TYPE_CHECKING:
     from gpu_exporter.verdict.views import GpuView, RunView, Verdict
@@ -71,7 +71,8 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
         if straggler is None:  # its snapshots carry no GPU UUID: its own cause is not judged here
             return replace(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
                                               "GPU read here)")
-        own = sorted((g for g in straggler.findings if g.cause.kind != STRAGGLER), key=cause_order)
+        # Its own cause: not what every rank pays (CM) nor a wait (ST), the same as the alert's text.
+        own = sorted((g for g in straggler.findings if g.cause.kind not in RUN_WIDE), key=cause_order)
         return replace(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
 
     return [replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))
