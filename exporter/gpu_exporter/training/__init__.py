@@ -58,7 +58,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def start(name: str, *, url: str | None = None, token: str | None = None, rank: str | int | None = None,
           uuid: str | None = None, device: int | None = None, push_interval: float = 5.0,
-          timeout: float = 2.0, sync_every: int = 0,
+          timeout: float = 2.0, sync_every: int = 0, gpu_timing: bool = True,
           max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None) -> Run:
     """Start timing run ``name`` and push its snapshots to the exporter in the background.
 
@@ -67,7 +67,8 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     ``$LOCAL_RANK`` / 0; ``uuid``: GPU UUID (default: found from CUDA_VISIBLE_DEVICES, torch or
     NVML); ``device``: CUDA device index; ``sync_every``: call ``torch.cuda.synchronize()`` at
     phase boundaries on every N-th step so queued GPU work is counted in the phase that issued it
-    (0 = never, the default); ``world_size``: ranks in the job (default ``$WORLD_SIZE``, the process
+    (0 = never, the default; a diagnostic); ``gpu_timing``: on CUDA, GPU-truthful phases from an event
+    at every phase change (the default; see :class:`~gpu_exporter.training.run.GpuClock`); ``world_size``: ranks in the job (default ``$WORLD_SIZE``, the process
     group's size, else 1; rank too comes from the process group when ``$RANK`` is unset). When
     torch.distributed is initialized, its collectives are timed as phase ``communication``
     (:func:`watch_distributed`; pass it your DDP model to time the gradient all-reduce too).
@@ -85,7 +86,7 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     from .pusher import Pusher
     from .run import Run
 
-    run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every,
+    run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every, gpu_timing=gpu_timing,
               max_custom_phases=max_custom_phases, world_size=world_size)
     base = (url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL).rstrip("/")
     if not base.startswith(("http://", "https://")):

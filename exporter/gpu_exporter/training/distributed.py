@@ -30,10 +30,10 @@ Two things are timed, both only while the run is open:
   The hook runs on the autograd thread while the training thread waits in ``backward()``, so the
   run's single-writer timing state still has one writer at a time.
 
-Honest timing under CUDA: ``communication`` is a phase like the others, so with
-``training.start(..., sync_every=N)`` every N-th step synchronizes the device when the phase
-starts and ends, and the collective's GPU time (the NCCL kernels, the wait for the other ranks)
-is counted in ``communication`` rather than in whichever phase synchronizes next.
+Honest timing under CUDA: ``communication`` is a phase like the others, so the library's
+GPU-truthful phases (an event at every phase change, training/run.py ``GpuClock``) count the
+collective's GPU time (the NCCL kernels, the wait for the other ranks) in ``communication``, not in
+whichever phase synchronizes next; ``sync_every=N`` does the same on every N-th step by synchronizing.
 
 Rank and world size: ``rank=`` / ``world_size=`` given to ``training.start``, else ``$RANK`` /
 ``$WORLD_SIZE`` (set by torchrun), else the initialized default process group, else
