@@ -69,8 +69,9 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     phase boundaries on every N-th step so queued GPU work is counted in the phase that issued it
     (0 = never, the default; a diagnostic); ``gpu_timing``: on CUDA, GPU-truthful phases from an event
     at every phase change (the default; see :class:`~gpu_exporter.training.run.GpuClock`);
-    ``world_size``: ranks in the job (default ``$WORLD_SIZE``, the process group's size, else 1; rank too comes from the process group when ``$RANK`` is unset). When
-    torch.distributed is initialized, its collectives are timed as phase ``communication``
+    ``world_size``: ranks in the job (default ``$WORLD_SIZE``, the process group's size, else 1;
+    rank too comes from the process group when ``$RANK`` is unset). When torch.distributed is
+    initialized, its collectives are timed as phase ``communication``
     (:func:`watch_distributed`; pass it your DDP model to time the gradient all-reduce too).
     Raises ValueError on a bad name or setting.
 
