@@ -65,8 +65,15 @@ def test_release_builds_the_image_tar_and_the_chart_package(tmp_path: Path) -> N
         assert (out / f"{distribution}-{version}-py3-none-any.whl").is_file(), distribution
 
 
+def _build_dirs() -> dict[str, list[tuple[str, int]] | None]:
+    """What the checkout's build/ folders hold now (a user's own `pip install .` may have left them)."""
+    return {str(d): sorted((str(p), p.stat().st_mtime_ns) for p in d.rglob("*")) if d.exists() else None
+            for d in (REPO / "build", REPO / "exporter" / "build")}
+
+
 def test_wheels_only_builds_the_two_wheels_without_podman_or_helm(tmp_path: Path) -> None:
     out = tmp_path / "dist"
+    before = _build_dirs()
     result = subprocess.run([sys.executable, str(SCRIPT), "--wheels-only", "--out", str(out)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -75,4 +82,4 @@ def test_wheels_only_builds_the_two_wheels_without_podman_or_helm(tmp_path: Path
     assert names == [f"gpu_utilization_exporter-{version}-py3-none-any.whl",
                      f"gpu_utilization_exporter_training-{version}-py3-none-any.whl"]
     assert [line.split()[0] for line in result.stdout.splitlines()] == [str(out / n) for n in names]
-    assert not (REPO / "build").exists() and not (REPO / "exporter" / "build").exists()  # built from copies
+    assert _build_dirs() == before  # built from copies: the checkout's build/ folders are left as they were
