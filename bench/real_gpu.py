@@ -606,7 +606,10 @@ def measure(url: str, run: str, window: float, simulate: bool) -> dict[str, Any]
     while proc.poll() is None:
         time.sleep(1.0)
         now, t1 = exporter_busy(url), time.monotonic()
-        sample = {} if simulate else nvidia_smi_sample()
+        sample: dict[str, dict[str, float]] = {}
+        if not simulate:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):  # one missed reading is not a failure
+                sample = nvidia_smi_sample()
         rows.append({"t": round(t1, 1), "exporter": {u: round((b - before.get(u, b)) / (t1 - t0), 3)
                                                      for u, b in now.items()},
                      "nvidia_smi": {u: s["utilization"] for u, s in sample.items()}})
