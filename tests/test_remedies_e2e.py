@@ -2,9 +2,11 @@
 (--simulate) -> real Prometheus with the shipped rules -> the concrete remedy, with the loops' own numbers, in
 the cause alerts' descriptions and in both diagnose paths.
 
-``mixed`` waits for data 54% of each step with ``num_workers=0`` on this machine's cores: M1, and the
-suggestion is the formula of gpu_exporter.remedies for those numbers. ``batch2`` computes batches of 2 on a
-GPU busy a quarter of its compute time with 4 of 80 GiB used: M3, and the suggestion is a larger batch.
+Each loop runs on an ops-mode simulated GPU (``device: true``): busy exactly while the loop is inside torch
+operators, whatever it reports. ``mixed`` waits for data 54% of each step with ``num_workers=0`` on this
+machine's cores: M1, and the suggestion is the formula of gpu_exporter.remedies for those numbers. ``batch2``
+computes batches of 2, a step mostly Python around small operators (its GPU is busy about a third of its compute
+time), with 4 of 80 GiB used: M3, and the suggestion is a larger batch.
 REMEDIES_E2E_OUTPUT=DIR keeps the outputs (docs/runbooks.md shows them).
 """
 
@@ -28,11 +30,9 @@ pytestmark = pytest.mark.slow
 
 LOOPS = Path(__file__).with_name("cause_loops.py")
 SCENARIO = """gpus:
-  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-mixed",
-     follow_training: true, busy_utilization: 0.97, idle_utilization: 0.01,
+  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-mixed", device: true,
      processes: [{pid: 74101, name: "python train.py", memory_gib: 30}]}
-  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-batch2",
-     follow_training: true, busy_utilization: 0.25, idle_utilization: 0.01,
+  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-batch2", device: true,
      processes: [{pid: 74103, name: "python train.py --batch-size 2", memory_gib: 4}]}
 """
 
@@ -47,10 +47,11 @@ def stack() -> Iterator[tuple[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "remedies.yaml"
         scenario.write_text(SCENARIO)
-        with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"]) as exporter, \
+        channel = {"GPU_SIM_DEVICE_DIR": tmp}  # the loops' devices write their busy intervals here
+        with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"], env=channel) as exporter, \
                 run_prometheus(scrape_config(exporter, "e2e-node"), files) as prom, \
                 running_jobs([[sys.executable, str(LOOPS), name, exporter, f"{tmp}/{name}.pt", "300"]
-                              for name in ("mixed", "batch2")]):
+                              for name in ("mixed", "batch2")], env=channel):
             yield exporter, prom
 
 

@@ -1,13 +1,13 @@
 """``gpu-exporter report`` on a real, finished CPU training run recorded by a real Prometheus.
 
 A real PyTorch run of two ranks (tests/cause_loops.py ``mixed``: data ~54%, metrics ~29%, compute ~17%;
-one process per rank, each on its own simulated GPU that follows its compute share,
-tests/scenarios/cause-loops-followed.yaml) reports to a real exporter that Prometheus scrapes every second; the
-ranks end (``run.close()``), then ``report`` reads the run. Its figures are checked against the
-ranks' own timers (perf_counter around the run and each phase):
-wall time within 2%, phase shares within 0.05, and the projection by the documented formula
-(wall x (1 - share of the main cause)). Every format is rendered; the HTML must be self-contained,
-and headless Chromium renders it to a PNG.
+one process per rank, each on its own ops-mode simulated GPU, ``device: true``: busy exactly while the rank
+is inside torch operators, whatever it reports) reports to a real exporter that Prometheus scrapes every
+second; the ranks end (``run.close()``), then ``report`` reads the run. Its figures are checked against the
+ranks' own timers (perf_counter around the run and each phase) and their devices' own account:
+wall time within 2%, phase shares within 0.05, utilization within 0.04 of the device's busy share, and the
+projection by the documented formula (wall x (1 - share of the main cause)). Every format is rendered;
+the HTML must be self-contained, and headless Chromium renders it to a PNG.
 
 Set REPORT_OUTPUT=DIR to keep every format and the screenshot (docs/cli.md and
 docs/screenshots/report.png show them).
@@ -31,7 +31,12 @@ from test_query import run_cli
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = Path(__file__).parent / "scenarios" / "cause-loops-followed.yaml"
+SCENARIO = """gpus:
+  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-mixed", device: true,
+     processes: [{pid: 74001, name: "python train.py --slow-loader --f1-every-step", memory_gib: 30}]}
+  - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-checkpoint", device: true,
+     processes: [{pid: 74002, name: "python train.py --slow-loader --f1-every-step", memory_gib: 30}]}
+"""
 LOOPS = Path(__file__).with_name("cause_loops.py")
 SECONDS = 20
 GPUS = ("GPU-e2e-mixed", "GPU-e2e-checkpoint")
@@ -42,21 +47,30 @@ GPUS = ("GPU-e2e-mixed", "GPU-e2e-checkpoint")
 def recorded() -> Iterator[tuple[str, dict[str, Any], Path]]:
     """Prometheus holding the finished two-rank run ``mixed``; yields (Prometheus URL, the ranks' timers by
     GPU, a temp dir)."""
-    with tempfile.TemporaryDirectory() as tmp, \
-            run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-            run_prometheus(scrape_config(exporter, "report-node", rule_files=())) as prom:
-        loops = {uuid: subprocess.Popen(
-            [sys.executable, str(LOOPS), "mixed", exporter, f"{tmp}/ckpt{rank}.pt", str(SECONDS),
-             f"{tmp}/timers{rank}.json"], env=exporter_env({"RANK": str(rank), "CAUSE_LOOP_UUID": uuid}),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank, uuid in enumerate(GPUS)}
-        for loop in loops.values():
-            _, err = loop.communicate(timeout=120)
-            assert loop.returncode == 0, err[-2000:]
-        # The final snapshots (no current phase) have been scraped: the run is over in Prometheus too.
-        wait_until(lambda: len(promql(prom, 'max by (rank) (gpu_training_current_phase{run="mixed"}) == 0')) == 2,
-                   20, what="the finished ranks' last snapshots in Prometheus")
-        yield prom, {uuid: json.loads(Path(f"{tmp}/timers{rank}.json").read_text())
-                     for rank, uuid in enumerate(GPUS)}, Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp:
+        scenario = Path(tmp) / "report.yaml"
+        scenario.write_text(SCENARIO)
+        # The ranks' devices write their busy intervals to the channel directory tmp (_run gives them it too).
+        with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"],
+                          env={"GPU_SIM_DEVICE_DIR": tmp}) as exporter, \
+                run_prometheus(scrape_config(exporter, "report-node", rule_files=())) as prom:
+            yield prom, _run(exporter, prom, Path(tmp)), Path(tmp)
+
+
+def _run(exporter: str, prom: str, tmp: Path) -> dict[str, Any]:
+    """Run both ranks of ``mixed`` to their end; their timers by GPU, once Prometheus holds their last snapshots."""
+    loops = {uuid: subprocess.Popen(
+        [sys.executable, str(LOOPS), "mixed", exporter, f"{tmp}/ckpt{rank}.pt", str(SECONDS),
+         f"{tmp}/timers{rank}.json"],
+        env=exporter_env({"RANK": str(rank), "CAUSE_LOOP_UUID": uuid, "GPU_SIM_DEVICE_DIR": str(tmp)}),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank, uuid in enumerate(GPUS)}
+    for loop in loops.values():
+        _, err = loop.communicate(timeout=120)
+        assert loop.returncode == 0, err[-2000:]
+    # The final snapshots (no current phase) have been scraped: the run is over in Prometheus too.
+    wait_until(lambda: len(promql(prom, 'max by (rank) (gpu_training_current_phase{run="mixed"}) == 0')) == 2,
+               20, what="the finished ranks' last snapshots in Prometheus")
+    return {uuid: json.loads((tmp / f"timers{rank}.json").read_text()) for rank, uuid in enumerate(GPUS)}
 
 
 def _report(prom: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -83,8 +97,11 @@ def test_report_figures_match_the_runs_own_timers(recorded: tuple[str, dict[str,
         assert rank["wall_seconds"] == pytest.approx(own["wall"], rel=0.02), rank
         for phase in ("data", "compute", "metrics"):
             assert rank["shares"][phase] == pytest.approx(own["phases"][phase] / own["wall"], abs=0.05), (rank, phase)
-        # The simulated GPU is busy while the rank computes: utilization follows its compute share.
-        assert rank["utilization"] == pytest.approx(0.97 * rank["shares"]["compute"], abs=0.06), rank
+        # The simulated GPU is busy while the rank is inside torch operators: the report reads the device's busy share,
+        # and the device is busy only while the rank computes.
+        device = own["device"]
+        assert rank["utilization"] == pytest.approx(device["busy"] / device["wall"], abs=0.04), (rank, device)
+        assert device["busy"] <= device["cpu"]["compute"] - device["idle"]["compute"] + 0.01 * device["wall"], device
     wall = max(own["wall"] for own in ranks.values())
     data = sum(own["phases"]["data"] for own in ranks.values()) / sum(own["wall"] for own in ranks.values())
     assert doc["wall_seconds"] == pytest.approx(wall, rel=0.02)
