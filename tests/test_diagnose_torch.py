@@ -1,14 +1,15 @@
 """``gpu-exporter diagnose`` on real (CPU) PyTorch training loops instrumented with gpu_exporter.training.
 
-Two loops run side by side, each reporting from its own simulated GPU whose utilization follows
-the loop's phase (tests/scenarios/diagnose-torch.yaml): one with an injected slow data loader, one
-that computes an F1 score in Python after every step. diagnose must call the first input-bound
-(M1) and the second metrics-bound (M2).
+Two loops run side by side (one thread each), each on its own ops-mode simulated GPU
+(tests/scenarios/diagnose-torch.yaml, ``device: true``): busy exactly while the loop's thread is inside torch
+operators, whatever the loop reports. One has an injected slow data loader, one computes an F1 score in Python
+after every step. diagnose must call the first input-bound (M1) and the second metrics-bound (M2).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 import torch
 from cause_loops import f1_macro
 from gpu_exporter import training
+from gpu_exporter.simulate import device as sim_device
+from gpu_exporter.simulate.device import OpsDevice
 from servers import http_get, run_exporter, wait_until
 from test_query import run_cli
 from torch.utils.data import DataLoader, Dataset
@@ -28,10 +31,12 @@ FEATURES, CLASSES = 64, 4
 
 
 class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Random samples; ``delay`` seconds per sample stand in for reading and decoding from slow storage."""
+    """Random samples, a few made once (making them is CPU work, not the GPU's); ``delay`` seconds per sample stand
+    in for reading and decoding from slow storage."""
 
     def __init__(self, size: int, delay: float) -> None:
         self.size, self.delay = size, delay
+        self.samples = [(torch.randn(FEATURES), torch.tensor(i % CLASSES)) for i in range(64)]
 
     def __len__(self) -> int:
         return self.size
@@ -39,15 +44,18 @@ class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.delay:
             time.sleep(self.delay)
-        return torch.randn(FEATURES), torch.tensor(index % CLASSES)
+        return self.samples[index % len(self.samples)]
 
 
-def train(url: str, name: str, uuid: str, loader_delay: float, metric_repeats: int, stop: threading.Event) -> None:
-    """A small classifier trained until ``stop``; every phase reported through gpu_exporter.training."""
+def train(url: str, name: str, uuid: str, loader_delay: float, metric_repeats: int, stop: threading.Event,
+          channel: str) -> None:
+    """A small classifier trained until ``stop``; every phase reported through gpu_exporter.training. The thread's
+    torch operators make simulated GPU ``uuid`` busy (an ops-mode device writing to ``channel``)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 128), torch.nn.ReLU(), torch.nn.Linear(128, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SlowDataset(100_000, loader_delay), batch_size=16)
+    device = OpsDevice(uuid, channel).start()  # this thread's operators only
     history: list[tuple[list[int], list[int]]] = []
     run = training.start(name, url=url, uuid=uuid, push_interval=0.2)
     try:
@@ -66,14 +74,22 @@ def train(url: str, name: str, uuid: str, loader_delay: float, metric_repeats: i
                 break
     finally:
         run.close()
+        device.close()
 
 
-def test_slow_loader_is_input_bound_and_heavy_metrics_are_metrics_bound() -> None:
+def test_slow_loader_is_input_bound_and_heavy_metrics_are_metrics_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
-    with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as url:
+    # Every operator its own busy interval: merged 20 us apart (the device's default), the small model's operators
+    # and the Python between them read as one busy stretch (tests/cause_loops.py).
+    monkeypatch.setattr(sim_device, "MERGE_GAP_SECONDS", 0.0)
+    with tempfile.TemporaryDirectory() as channel, \
+            run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"],
+                         env={"GPU_SIM_DEVICE_DIR": channel}) as url:
         stop = threading.Event()
-        loops = [threading.Thread(target=train, args=(url, "slow-loader", "GPU-torch-slow-loader", 0.002, 0, stop)),
-                 threading.Thread(target=train, args=(url, "heavy-metrics", "GPU-torch-heavy-metrics", 0.0, 400, stop))]
+        loops = [threading.Thread(target=train, args=(url, "slow-loader", "GPU-torch-slow-loader", 0.002, 0, stop,
+                                                      channel)),
+                 threading.Thread(target=train, args=(url, "heavy-metrics", "GPU-torch-heavy-metrics", 0.0, 400, stop,
+                                                      channel))]
         for loop in loops:
             loop.start()
         try:
@@ -92,5 +108,5 @@ def test_slow_loader_is_input_bound_and_heavy_metrics_are_metrics_bound() -> Non
     assert heavy["verdict"]["verdict"] == "metrics_bound", heavy
     assert slow["runs"][0]["run"] == "slow-loader" and slow["runs"][0]["shares"]["data"] > 0.5
     assert heavy["runs"][0]["shares"]["metrics"] > 0.4
-    # the simulated GPUs follow the loops: busy only while they compute, so both are below target
+    # the simulated GPUs are busy only inside the loops' torch operators, so both are below target
     assert slow["utilization"] < 0.3 and heavy["utilization"] < 0.3
