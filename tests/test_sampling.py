@@ -7,8 +7,9 @@ inside a phase, no tensor work in the loop's own frame: tests/cause_loops.py). S
 the shares and diagnose's text.
 
 Each loop reports its own phases (the truth) under GPU-e2e-<loop>; the simulated GPU GPU-s-<loop> lists the
-loop's real pid and has no reported run, so only the sampler speaks for it. The sampler cannot tell metrics
-from the rest of the loop: its ``other`` is compared with the loop's metrics + other.
+loop's real pid and has no reported run, so only the sampler speaks for it. It is the loop's ops-mode device GPU
+(``device: true``, ``$CAUSE_LOOP_DEVICE``): busy exactly while the loop is inside torch operators. The sampler
+cannot tell metrics from the rest of the loop: its ``other`` is compared with the loop's metrics + other.
 """
 
 from __future__ import annotations
@@ -111,17 +112,19 @@ def sampled_stack() -> Iterator[tuple[str, dict[str, int]]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
+        channel = {"GPU_SIM_DEVICE_DIR": tmp}  # the loops' devices write their busy intervals here
         loops = {name: subprocess.Popen([sys.executable, str(LOOPS), name, url, f"{tmp}/{name}.pt", "300"],
-                                        env=exporter_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True) for name in NAMES}
+                                        env=exporter_env({**channel, "CAUSE_LOOP_DEVICE": f"GPU-s-{name}"}),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for name in NAMES}
         scenario = Path(tmp) / "sampled.yaml"
         scenario.write_text("gpus:\n" + "".join(
             f"  - {{name: NVIDIA H100 80GB HBM3, architecture: hopper, memory_gib: 80, uuid: GPU-s-{name}, "
-            f"utilization: {{constant: 0.1}}, processes: [{{pid: {p.pid}, name: python, memory_gib: 20}}]}}\n"
+            f"device: true, processes: [{{pid: {p.pid}, name: python, memory_gib: 20}}]}}\n"
             for name, p in loops.items()))
         try:
             with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.5", "--sampling.rate", "50"],
-                              port=port) as exporter:
+                              env=channel, port=port) as exporter:
                 yield exporter, {name: p.pid for name, p in loops.items()}
         except BaseException:
             for p in loops.values():
