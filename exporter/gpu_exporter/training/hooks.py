@@ -39,6 +39,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
@@ -88,6 +89,177 @@ def to_other(run: Run) -> None:
         current = run._current
         current._depth = 0
         current.__exit__(None, None, None)
+
+
+class PhaseStack:
+    """Phase changes for the framework callbacks: one phase open at a time, and a stack of where to return.
+
+    The callbacks' timers nest in any order (a model forward inside ``training_step``, a ``torch.save``
+    inside another callback's hook, a metric inside a forward), and :class:`Phase` objects nest only
+    while none is entered again below the top (its ``_prev`` would be overwritten). Here every change
+    leaves the open phase and enters the next (:meth:`switch`), and the phases to return to are this
+    object's own list, so entering a phase that is further down is one more entry like any other.
+
+    >>> from gpu_exporter.training.run import Run
+    >>> run = Run("doc", uuid=""); stack = PhaseStack(run)
+    >>> compute, metrics = run.phase("compute"), run.phase("metrics")
+    >>> with stack.timed(metrics), stack.timed(compute), stack.timed(metrics):
+    ...     run._current.name
+    'metrics'
+    >>> run._current.name
+    'other'
+    """
+
+    __slots__ = ("_stack", "run")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self._stack: list[Phase] = []
+
+    def switch(self, phase: Phase) -> None:
+        """Make ``phase`` the open phase (``run._other``: none)."""
+        run = self.run
+        if run._current is not phase:
+            to_other(run)
+            if phase is not run._other:
+                phase.__enter__()
+
+    def base(self, phase: Phase) -> None:
+        """Switch to ``phase`` and forget where to return (at the loop's fixed points: a batch starts or ends)."""
+        self._stack.clear()
+        self.switch(phase)
+
+    def push(self, phase: Phase) -> None:
+        self._stack.append(self.run._current)
+        self.switch(phase)
+
+    def pop(self) -> None:
+        self.switch(self._stack.pop() if self._stack else self.run._other)
+
+    def timed(self, phase: Phase) -> _Pushed:
+        """A reusable context manager: ``phase`` while inside it, then back to what was open before."""
+        return _Pushed(self, phase)
+
+
+class _Pushed:
+    __slots__ = ("_phase", "_stack")
+
+    def __init__(self, stack: PhaseStack, phase: Phase) -> None:
+        self._stack, self._phase = stack, phase
+
+    def __enter__(self) -> None:
+        self._stack.push(self._phase)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.pop()
+
+
+def time_forward(modules: Iterable[Any], stack: PhaseStack, phase: Phase) -> Callable[[], None]:
+    """A call of any of ``modules`` (torch modules) counts as ``phase``: forward pre- and post-hooks; returns undo.
+
+    The post-hook is ``always_call``, so a forward that raises still ends the phase. Hooks go on
+    these modules only (not every submodule): a module with hooks leaves torch's fast call path.
+    """
+    def pre(module: Any, args: Any) -> None:
+        stack.push(phase)
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        stack.pop()
+
+    handles = []
+    for module in modules:
+        handles.append(module.register_forward_pre_hook(pre, prepend=True))
+        handles.append(module.register_forward_hook(post, always_call=True))
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return undo
+
+
+def model_parts(model: Any) -> list[Any]:
+    """The modules whose calls are the model's forward: ``model`` and its direct children, less torchmetrics.
+
+    A framework step calls the model (Hugging Face) or a few of its children (a LightningModule's
+    ``training_step`` calls ``self.net(x)``); deeper submodules run inside those.
+    """
+    if not hasattr(model, "register_forward_pre_hook"):
+        return []
+    return [m for m in (model, *model.children()) if not is_torchmetric(m)]
+
+
+def time_optimizer_step(optimizers: Iterable[Any], stack: PhaseStack, phase: Phase, *,
+                        pre: bool = True) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``optimizer.step`` of each torch optimizer counts as ``phase``; returns (open, undo).
+
+    With ``pre``, a step pre-hook opens the phase; without, the caller opens it with ``open()`` (Lightning
+    runs its closure, ``training_step`` and backward included, inside ``optimizer.step`` and says when
+    the update itself begins with ``on_before_optimizer_step``). The post-hook closes what was opened.
+    """
+    state = [False]
+
+    def open_step(*_: Any) -> None:
+        if not state[0]:
+            state[0] = True
+            stack.push(phase)
+
+    def close_step(*_: Any) -> None:
+        if state[0]:
+            state[0] = False
+            stack.pop()
+
+    handles = []
+    for opt in _as_list(list(optimizers)):
+        if pre:
+            handles.append(opt.register_step_pre_hook(open_step))
+        handles.append(opt.register_step_post_hook(close_step))
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+        state[0] = False
+
+    return open_step, undo
+
+
+def torchmetrics_in(objects: Iterable[Any]) -> list[Any]:
+    """The torchmetrics metrics in ``objects``: torch modules (all their submodules) and, for other objects
+    (callbacks), their attributes that are metrics, modules, or lists, tuples and dicts of them.
+
+    >>> torchmetrics_in([object(), [1, 2], {"a": None}])
+    []
+    """
+    found: dict[int, Any] = {}
+
+    def visit(value: Any, depth: int) -> None:
+        if is_torchmetric(value):
+            found.setdefault(id(value), value)
+        elif hasattr(value, "modules") and hasattr(value, "register_forward_pre_hook"):
+            for m in value.modules():
+                if is_torchmetric(m):
+                    found.setdefault(id(m), m)
+        elif depth and isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, depth - 1)
+        elif depth and isinstance(value, dict):
+            for v in list(value.values()):
+                visit(v, depth - 1)
+
+    for obj in objects:
+        visit(obj, 1)
+        if not hasattr(obj, "register_forward_pre_hook") and hasattr(obj, "__dict__"):
+            for v in list(vars(obj).values()):
+                visit(v, 1)
+    return list(found.values())
+
+
+def time_overridden(obj: Any, names: Iterable[str], base: type | None, timer: AbstractContextManager[Any]
+                    ) -> Callable[[], None] | None:
+    """Time calls of the hooks ``names`` that ``obj``'s class overrides (differs from ``base``'s); None if none."""
+    own = [n for n in names if callable(getattr(obj, n, None))
+           and (base is None or getattr(type(obj), n, None) is not getattr(base, n, None))]
+    return MethodTimer(obj, timer, own).undo if own else None
 
 
 class _TimedIterator:
@@ -172,7 +344,7 @@ class SaveTimer:
     _active: ClassVar[list[SaveTimer]] = []
     _original: ClassVar[Callable[..., Any] | None] = None
 
-    def __init__(self, phase: Phase) -> None:
+    def __init__(self, phase: AbstractContextManager[Any]) -> None:
         import torch
 
         self.phase = phase
@@ -207,7 +379,7 @@ class MethodTimer:
     instances of the class are untouched.
     """
 
-    def __init__(self, obj: Any, phase: Phase, names: Iterable[str] = METRIC_METHODS) -> None:
+    def __init__(self, obj: Any, phase: AbstractContextManager[Any], names: Iterable[str] = METRIC_METHODS) -> None:
         self._obj = obj
         self._saved: list[tuple[str, Any]] = []
         for name in names:
@@ -238,7 +410,7 @@ def _restore(obj: Any, name: str, saved: Any) -> None:
 _MISSING = object()
 
 
-def _timed_call(method: Callable[..., Any], phase: Phase) -> Callable[..., Any]:
+def _timed_call(method: Callable[..., Any], phase: AbstractContextManager[Any]) -> Callable[..., Any]:
     def timed(*args: Any, **kwargs: Any) -> Any:
         with phase:
             return method(*args, **kwargs)

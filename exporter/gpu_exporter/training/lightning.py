@@ -1,30 +1,39 @@
 """PyTorch Lightning in one line: ``Trainer(callbacks=[GpuExporterCallback("my-run")])``.
 
 The problem: a Lightning job's loop lives inside ``Trainer.fit``, so nobody can put phase timers
-into it by hand. This callback times the phases from Lightning's own hooks and objects:
+into it by hand. This callback times the phases from Lightning's own hooks and objects. What it
+calls ``compute`` is GPU work only: the model's forward, backward and the optimizer's update. The
+rest of ``training_step`` (a metric computed in Python, logging, host-side preprocessing) is CPU
+work in the step that is not GPU work, phase ``metrics`` (remedy M2), never ``compute``:
 
 * ``data``: from ``on_train_epoch_start`` or ``on_train_batch_end`` to the next
   ``on_train_batch_start``: the fetch of the next batch (Lightning creates the DataLoader's
   iterator before any callback hook runs, so the gap is timed) and Lightning's own per-batch
   bookkeeping around it, less any validation or checkpoint in the gap;
-* ``compute``: ``on_train_batch_start`` to ``on_train_batch_end`` (``training_step``, backward,
-  optimizer step), less any metrics or checkpoint time inside it;
-* ``metrics``: the validation loop (``on_validation_start`` to ``on_validation_end``) and every
-  call of a torchmetrics metric that is a submodule of the LightningModule (update/compute/forward);
-* ``checkpoint``: ``trainer.save_checkpoint`` (ModelCheckpoint and your own calls) and the
-  checkpoint callbacks' batch, epoch and validation-end hooks (choosing, saving, pruning files);
-* ``other``: the rest (logging, progress bar, other callbacks).
+* ``compute``: calls of the LightningModule and of its direct children (forward pre- and post-hooks:
+  ``self.net(x)``, ``self(x)``, also in validation), ``LightningModule.backward`` (``loss.backward()``,
+  ``manual_backward``), and ``on_before_optimizer_step`` to the end of the torch optimizer's ``step``
+  (gradient clipping and the update; the closure before it runs ``training_step`` and backward);
+* ``metrics``: the rest of ``training_step``; the validation loop (``on_validation_start`` to
+  ``on_validation_end``, less its forwards); calls of torchmetrics metrics that are submodules of the
+  LightningModule or attributes of a callback (update/compute/forward); ``log_metrics`` of the
+  trainer's loggers;
+* ``checkpoint``: ``trainer.save_checkpoint`` (ModelCheckpoint and your own calls), the checkpoint
+  callbacks' batch, epoch and validation-end hooks (choosing, saving, pruning files), and
+  ``torch.save`` called from the training thread (a callback of your own that saves);
+* ``other``: the rest: Lightning's loop between the hooks, ``zero_grad``, and the training hooks
+  of the other callbacks (yours, the progress bar), less what they do that is counted above.
 
 The training DataLoader's settings (``num_workers``, ``pin_memory``, ...; the first loader when
 there are several) go with the run for concrete remedies, as ``run.data(loader)`` does.
 
 A step is one training batch (``on_train_batch_end``, with that batch's samples). The run lasts
 from ``on_train_start`` to ``on_train_end`` (the sanity check before it is not counted), rank =
-``trainer.global_rank`` unless given. Both package names work: ``GpuExporterCallback`` subclasses
-the ``Callback`` of the Lightning you imported (``lightning`` if you imported it or nothing yet
-and it is installed, else ``pytorch_lightning``); ``LightningCallback`` and
-``PytorchLightningCallback`` name one explicitly. Only this module imports Lightning, and only
-when one of those names is used.
+``trainer.global_rank`` unless given. Every hook and wrapper is removed at ``on_train_end``. Both
+package names work: ``GpuExporterCallback`` subclasses the ``Callback`` of the Lightning you
+imported (``lightning`` if you imported it or nothing yet and it is installed, else
+``pytorch_lightning``); ``LightningCallback`` and ``PytorchLightningCallback`` name one explicitly.
+Only this module imports Lightning, and only when one of those names is used.
 """
 
 from __future__ import annotations
@@ -34,11 +43,26 @@ from collections.abc import Callable
 from typing import Any
 
 from . import context as _context
-from .hooks import MethodTimer, _enable_distributed, batch_len, is_torchmetric, start_run, to_other
+from .hooks import (
+    MethodTimer,
+    PhaseStack,
+    SaveTimer,
+    _enable_distributed,
+    batch_len,
+    model_parts,
+    start_run,
+    time_forward,
+    time_optimizer_step,
+    time_overridden,
+    torchmetrics_in,
+)
 from .run import Phase, Run
 
 CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
 """Hooks of ``trainer.checkpoint_callbacks`` (ModelCheckpoint) timed as ``checkpoint``."""
+TRAINING_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_train_epoch_start", "on_train_epoch_end",
+                  "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+"""Hooks of the other callbacks timed as ``other`` (their validation hooks stay in the validation's ``metrics``)."""
 
 
 class _Hooks:
@@ -46,19 +70,23 @@ class _Hooks:
 
     # Per-batch hooks this callback does not use: Lightning skips a hook that is not callable, so
     # the callback costs no dispatch (a profiler context and a call, several µs each) per batch.
-    on_before_zero_grad = on_before_backward = on_after_backward = on_before_optimizer_step = None
+    on_before_zero_grad = on_before_backward = on_after_backward = None
     on_validation_batch_start = on_validation_batch_end = on_test_batch_start = on_test_batch_end = None
     on_predict_batch_start = on_predict_batch_end = None
+    _base: type | None = None
+    """The package's ``Callback`` class (set by ``_callback_class``): a hook a callback leaves as is is not timed."""
 
     def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
         super().__init__()
         self.name, self._given_run, self._options = name, run, options
         self.run: Run | None = None
+        self._stack: PhaseStack
         self._compute: Phase
         self._metrics: Phase
         self._data: Phase
         self._owns_run = False
         self._undo: list[Callable[[], None]] = []
+        self._open_update: Callable[[], None] = _nothing
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         options = dict(self._options)
@@ -66,14 +94,37 @@ class _Hooks:
             options.setdefault("rank", trainer.global_rank)
         run, self._owns_run = start_run(self.name, self._given_run, options)
         self.run = run
+        self._stack = stack = PhaseStack(run)
         self._compute, self._metrics, self._data = run.phase("compute"), run.phase("metrics"), run.phase("data")
-        checkpoint = run.phase("checkpoint")
-        self._undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
-        for callback in getattr(trainer, "checkpoint_callbacks", ()):  # their deciding and pruning too
-            self._undo.append(MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
-        for module in pl_module.modules():
-            if is_torchmetric(module):
-                self._undo.append(MethodTimer(module, self._metrics).undo)
+        compute, metrics = stack.timed(self._compute), stack.timed(self._metrics)
+        checkpoint = stack.timed(run.phase("checkpoint"))
+        other = stack.timed(run._other)
+        undo = self._undo
+        undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
+        undo.append(SaveTimer(checkpoint).undo)
+        checkpointers = list(getattr(trainer, "checkpoint_callbacks", ()))
+        for callback in checkpointers:  # their deciding and pruning too
+            undo.append(MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
+        for callback in getattr(trainer, "callbacks", ()):
+            if callback is self or any(callback is c for c in checkpointers):
+                continue
+            undone = time_overridden(callback, TRAINING_HOOKS, self._base, other)
+            if undone is not None:
+                undo.append(undone)
+        for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
+            undo.append(MethodTimer(metric, metrics).undo)
+        for logger in getattr(trainer, "loggers", ()):
+            if callable(getattr(logger, "log_metrics", None)):
+                undo.append(MethodTimer(logger, metrics, ("log_metrics",)).undo)
+        undo.append(MethodTimer(pl_module, metrics, ("training_step",)).undo)
+        undo.append(MethodTimer(pl_module, compute, ("backward",)).undo)
+        undone = time_overridden(pl_module, ("on_before_optimizer_step",), _module_base(pl_module), other)
+        if undone is not None:
+            undo.append(undone)
+        undo.append(time_forward(model_parts(pl_module), stack, self._compute))
+        self._open_update, undone = time_optimizer_step(getattr(trainer, "optimizers", ()), stack, self._compute,
+                                                        pre=False)
+        undo.append(undone)
         _enable_distributed(run, getattr(trainer.strategy, "model", None))
         loader = first_loader(getattr(trainer, "train_dataloader", None))
         if loader is not None:
@@ -81,31 +132,31 @@ class _Hooks:
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
-            to_other(self.run)
-            self._data.__enter__()
+            self._stack.base(self._data)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.run is not None:
-            to_other(self.run)
-            self._compute.__enter__()
+            self._stack.base(self.run._other)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._open_update()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.run is not None:
             self.run.step(samples=batch_len(batch))
-            to_other(self.run)
-            self._data.__enter__()
+            self._stack.base(self._data)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
-            to_other(self.run)
+            self._stack.base(self.run._other)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
-            self._metrics.__enter__()
+            self._stack.push(self._metrics)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
-            self._metrics.__exit__(None, None, None)
+            self._stack.pop()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.close()
@@ -114,14 +165,27 @@ class _Hooks:
         self.close()
 
     def close(self) -> None:
-        """Restore the loaders and ``save_checkpoint``; close the run if this callback started it."""
+        """Remove every hook and wrapper; close the run if this callback started it."""
         undo, self._undo = self._undo, []
         for fn in reversed(undo):
             fn()
+        self._open_update = _nothing
         if self.run is not None:
-            to_other(self.run)
+            self._stack.base(self.run._other)
         if self.run is not None and self._owns_run:
             self.run.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _module_base(pl_module: Any) -> type | None:
+    """The ``LightningModule`` class the module derives from (its hooks' defaults)."""
+    for cls in type(pl_module).__mro__:
+        if cls.__name__ == "LightningModule":
+            return cls
+    return None
 
 
 def first_loader(loaders: Any) -> Any:
@@ -154,7 +218,8 @@ def _callback_class(package: str) -> type:
 
         base = importlib.import_module(package).Callback
         cls = type("GpuExporterCallback", (_Hooks, base), {
-            "__module__": __name__, "__doc__": f"Times a Lightning job's phases ({package}.Callback); see module doc."})
+            "__module__": __name__, "_base": base,
+            "__doc__": f"Times a Lightning job's phases ({package}.Callback); see module doc."})
         _classes[package] = cls
     return cls
 

@@ -1,38 +1,71 @@
 """Hugging Face ``Trainer`` in one line: ``Trainer(..., callbacks=[GpuExporterCallback("my-run")])``.
 
 The problem: a ``Trainer`` job's loop lives inside ``Trainer.train``, so nobody puts phase timers
-into it by hand. This ``TrainerCallback`` times the phases from the Trainer's events and from
-the train DataLoader it is handed:
+into it by hand. This ``TrainerCallback`` times the phases from the Trainer's events, the model,
+optimizer and train DataLoader it is handed, and the Trainer itself (found once, at
+``on_train_begin``, as the caller of the callback). What it calls ``compute`` is GPU work only:
 
 * ``data``: time inside ``next()`` on the train DataLoader's iterator (the same timed iterator as
   ``training.watch``; behind Accelerate's ``DataLoaderShard``, its ``base_dataloader``);
-* ``compute``: ``on_step_begin`` to ``on_step_end`` (forward and backward of every micro-batch of
-  the step, gradient clipping, ``optimizer.step``, the scheduler, ``zero_grad``);
-* after ``on_step_end``, the Trainer logs, evaluates and saves, in that order, as its ``control``
-  flags (set by then) say: with ``should_evaluate``, ``metrics`` runs from ``on_step_end`` to
-  ``on_evaluate`` (logging before the evaluation, the evaluation loop, ``compute_metrics``); with
-  ``should_save``, ``checkpoint`` runs from there to ``on_save`` (``_save_checkpoint``: model,
-  optimizer, scheduler, RNG and trainer state);
-* ``other``: the rest (logging without evaluation, other callbacks, the Trainer's bookkeeping).
+* ``compute``: calls of the model and of its direct children (forward pre- and post-hooks, in
+  evaluation too), ``accelerator.backward`` and the torch optimizer's ``step`` (step pre- and
+  post-hooks);
+* ``metrics``: the rest of ``Trainer.training_step`` (your ``compute_loss`` or ``training_step``
+  override: a metric computed in Python, host-side preprocessing), less ``_prepare_inputs``; after
+  ``on_step_end`` with ``control.should_evaluate``, from there to ``on_evaluate`` (the logging
+  before it, the evaluation loop, ``compute_metrics``), less the model's forwards; calls of
+  torchmetrics metrics held by the model or by a callback; the callbacks' ``on_log``,
+  ``on_evaluate``, ``on_predict`` and ``on_prediction_step`` hooks (logging and metrics);
+* ``checkpoint``: with ``control.should_save``, from ``on_step_end`` (or ``on_evaluate``) to
+  ``on_save`` (``_save_checkpoint``: model, optimizer, scheduler, RNG and trainer state), the
+  callbacks' ``on_save`` hooks, and ``torch.save`` called from the training thread (a callback of
+  your own that saves);
+* ``other``: the rest: the Trainer's bookkeeping, ``_prepare_inputs`` (the device copy), gradient
+  clipping, the scheduler, ``zero_grad``, logging without evaluation, and the training hooks of the
+  other callbacks (``on_step_begin``, ``on_step_end``, ...), less what they do that is counted above.
 
 A step is one optimizer step (``on_step_end``), with the samples of the batches fetched for it.
 The run lasts from ``on_train_begin`` to ``on_train_end``; rank = ``args.process_index`` unless
-given. Accelerate needs nothing more: the Trainer's DataLoader is Accelerate's, and its
-``base_dataloader`` is timed. Only this module imports transformers, when
-``GpuExporterCallback`` is first used.
+given. Every hook and wrapper is removed at ``on_train_end``. Accelerate needs nothing more: the
+Trainer's DataLoader is Accelerate's, and its ``base_dataloader`` is timed. Only this module
+imports transformers, when ``GpuExporterCallback`` is first used.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from .hooks import LoaderTimer, _enable_distributed, batch_len, start_run, to_other
+from .hooks import (
+    LoaderTimer,
+    MethodTimer,
+    PhaseStack,
+    SaveTimer,
+    _enable_distributed,
+    batch_len,
+    model_parts,
+    start_run,
+    time_forward,
+    time_optimizer_step,
+    time_overridden,
+    torchmetrics_in,
+)
 from .run import Phase, Run
+
+TRAINING_HOOKS: tuple[str, ...] = ("on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
+                                   "on_pre_optimizer_step", "on_optimizer_step", "on_step_end")
+"""Hooks of the other callbacks timed as ``other``."""
+METRIC_HOOKS: tuple[str, ...] = ("on_log", "on_evaluate", "on_predict", "on_prediction_step")
+"""Hooks of the other callbacks timed as ``metrics`` (logging, evaluation results)."""
+SAVE_HOOKS: tuple[str, ...] = ("on_save",)
+"""Hooks of the other callbacks timed as ``checkpoint``."""
 
 
 class _Hooks:
     """The callback's behaviour; mixed into ``transformers.TrainerCallback`` on first use."""
+
+    _base: type | None = None
 
     def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
         self.name, self._given_run, self._options = name, run, options
@@ -41,15 +74,14 @@ class _Hooks:
         self._samples = 0
         self._undo: list[Callable[[], None]] = []
         self._phases: dict[str, Phase] = {}
+        self._stack: PhaseStack
 
     def _switch(self, phase: str | None) -> None:
-        """Close whatever phase the callback opened and open ``phase`` (None: back to ``other``)."""
+        """Close whatever phase is open and open ``phase`` (None: back to ``other``)."""
         run = self.run
         if run is None:
             return
-        to_other(run)
-        if phase is not None:
-            self._phases[phase].__enter__()
+        self._stack.base(run._other if phase is None else self._phases[phase])
 
     def _count(self, batch: Any) -> None:
         self._samples += batch_len(batch)
@@ -60,14 +92,41 @@ class _Hooks:
             options.setdefault("rank", args.process_index)
         run, self._owns_run = start_run(self.name, self._given_run, options)
         self.run = run
+        self._stack = stack = PhaseStack(run)
         self._phases = {p: run.phase(p) for p in ("compute", "metrics", "checkpoint")}
+        compute, metrics = stack.timed(self._phases["compute"]), stack.timed(self._phases["metrics"])
+        checkpoint, other = stack.timed(self._phases["checkpoint"]), stack.timed(run._other)
+        undo = self._undo
         loader = kwargs.get("train_dataloader")
         if loader is not None:
-            self._undo.append(LoaderTimer(loader, run.phase("data"), self._count).undo)
-        _enable_distributed(run, kwargs.get("model"))
+            undo.append(LoaderTimer(loader, run.phase("data"), self._count).undo)
+        undo.append(SaveTimer(checkpoint).undo)
+        model = kwargs.get("model")
+        undo.append(time_forward(model_parts(model), stack, self._phases["compute"]))
+        optimizer = kwargs.get("optimizer")
+        undo.append(time_optimizer_step([optimizer] if optimizer is not None else [], stack,
+                                        self._phases["compute"])[1])
+        trainer = _find_trainer()
+        callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
+        if trainer is not None:
+            undo.append(MethodTimer(trainer, metrics, ("training_step",)).undo)
+            for obj, method, timer in ((trainer, "_prepare_inputs", other),
+                                       (getattr(trainer, "accelerator", None), "backward", compute)):
+                if callable(getattr(obj, method, None)):
+                    undo.append(MethodTimer(obj, timer, (method,)).undo)
+        hooks: tuple[tuple[tuple[str, ...], Any], ...] = (
+            (TRAINING_HOOKS, other), (METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
+        for callback in callbacks:
+            for names, timer in hooks:
+                undone = time_overridden(callback, names, self._base, timer)
+                if undone is not None:
+                    undo.append(undone)
+        for metric in torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
+            undo.append(MethodTimer(metric, metrics).undo)
+        _enable_distributed(run, model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._switch("compute")
+        self._switch(None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.run is None:
@@ -90,13 +149,28 @@ class _Hooks:
         self.close()
 
     def close(self) -> None:
-        """Restore the DataLoader; close the run if this callback started it."""
+        """Remove every hook and wrapper, restore the DataLoader; close the run if this callback started it."""
         self._switch(None)
         undo, self._undo = self._undo, []
         for fn in reversed(undo):
             fn()
         if self.run is not None and self._owns_run:
             self.run.close()
+
+
+def _find_trainer(depth: int = 12) -> Any:
+    """The ``transformers.Trainer`` whose method called this callback (a ``self`` a few frames up), or None."""
+    from transformers import Trainer
+
+    frame: Any = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 _class: list[type] = []
@@ -109,6 +183,7 @@ def __getattr__(name: str) -> Any:
             from transformers import TrainerCallback
 
             _class.append(type("GpuExporterCallback", (_Hooks, TrainerCallback), {
-                "__module__": __name__, "__doc__": "Times a Hugging Face Trainer's phases; see the module doc."}))
+                "__module__": __name__, "_base": TrainerCallback,
+                "__doc__": "Times a Hugging Face Trainer's phases; see the module doc."}))
         return _class[0]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
