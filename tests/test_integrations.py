@@ -1,11 +1,17 @@
-"""The one-line integrations (training.watch, Lightning, Transformers) against the jobs' own timers.
+"""The one-line integrations (training.watch, Lightning, Transformers) against the jobs' own timers and the device.
 
 Fast tests check what the integrations leave behind (hooks removed, loader and ``torch.save``
-restored, nothing heavy imported by ``gpu_exporter.training``). The slow test runs the four loops of
+restored, nothing heavy imported by ``gpu_exporter.training``). The attribution tests run a
+Lightning and a Hugging Face job in the test process on an ops-mode simulated GPU (busy exactly
+while the job is inside torch operators) and check what each integration calls which phase: Python
+inside ``training_step`` is ``metrics``, the job's own callbacks are ``other`` (a torchmetrics
+metric they update is ``metrics``, a ``torch.save`` they call is ``checkpoint``), and ``compute``
+is the share of time the GPU was busy. The slow test runs the four loops of
 tests/integration_loops.py (input-bound, metrics-heavy, checkpoint-heavy, healthy) under each
-integration, side by side in their own processes, pushing to a real exporter, and requires every
-phase the exporter reports to be within 0.05 of the run's wall time of what the job's own timers
-measured around that work.
+integration, side by side in their own processes on ops-mode devices, pushing to a real exporter,
+and requires every phase the exporter reports to be within 0.05 of the run's wall time of what the
+job's own timers measured around that work (compute: of the time the device was busy), and the
+verdict for the device's utilization to be the loop's cause.
 """
 
 from __future__ import annotations
@@ -30,16 +36,22 @@ MAIN_PHASE = {"input_bound": "data", "metrics_heavy": "metrics", "checkpoint_hea
               "healthy": "compute"}
 EXPECTED_CAUSE = {"input_bound": "input_bound", "metrics_heavy": "metrics_bound", "checkpoint_heavy": "checkpoint",
                   "healthy": None}
-BUSY, MEMORY = 0.97, 30 / 80
-"""A GPU that follows the job's compute share (tests/scenarios/integrations-e2e.yaml): busy, memory used."""
+MEMORY = 30 / 80
+"""GPU memory used (the processes of tests/scenarios/integrations-e2e.yaml)."""
 
 
-def verdict(shares: dict[str, float]) -> tuple[str | None, str]:
-    """The cause diagnose's judge (causes.find_causes) names for these shares on a GPU busy while computing."""
+def gpu_work(truth: dict[str, Any]) -> float:
+    """The share of the device's time that is GPU work: busy, and idle only between the operators of the job's compute
+    boxes (the launch gaps a GPU-truthful compute phase holds too)."""
+    return float(truth["busy"] + truth["idle"].get("compute", 0.0)) / float(truth["wall"])
+
+
+def verdict(utilization: float, shares: dict[str, float]) -> tuple[str | None, str]:
+    """The cause diagnose's judge (causes.find_causes) names for these shares on a GPU this busy."""
     from gpu_exporter.causes import LOW, RunSignals, find_causes
     from gpu_exporter.thresholds import load_thresholds
 
-    findings = find_causes(BUSY * shares["compute"], MEMORY, RunSignals(shares), load_thresholds())
+    findings = find_causes(utilization, MEMORY, RunSignals(shares), load_thresholds())
     if not findings:
         return None, "healthy"
     first = findings[0]
@@ -174,8 +186,9 @@ def exporter() -> Iterator[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("integration", ["watch", "lightning", "pytorch_lightning", "transformers"])
 def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: str, tmp_path: Path) -> None:
+    env = exporter_env({"GPU_SIM_DEVICE_DIR": str(tmp_path / "channel")})  # each job on an ops-mode device
     jobs = {loop: subprocess.Popen([sys.executable, str(LOOPS), integration, loop, exporter, f"GPU-int-{loop}", "4",
-                                    str(tmp_path / f"{loop}.json")], env=exporter_env(), stdout=subprocess.DEVNULL,
+                                    str(tmp_path / f"{loop}.json")], env=env, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, text=True)
             for loop in PLANS}
     for loop, job in jobs.items():
@@ -184,14 +197,21 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
     time.sleep(0.2)
     table = {}
     verdicts: dict[str, tuple[str | None, str]] = {}
+    busy: dict[str, float] = {}
     for loop in PLANS:
-        own = json.loads((tmp_path / f"{loop}.json").read_text())
+        written = json.loads((tmp_path / f"{loop}.json").read_text())
+        own, truth = written["own"], written["truth"]
         reported = _phases(exporter, f"{integration.replace('_', '-')}-{loop.replace('_', '-')}")
         total = sum(reported.values())
         assert total > 3.5, (loop, reported)
+        busy[loop] = truth["busy"] / truth["wall"]  # the device's utilization, whatever the phases say
         table[loop] = {p: (round(reported.get(p, 0.0) / total, 3), round(own[p] / total, 3)) for p in PHASES}
-        verdicts[loop] = verdict({p: v / total for p, v in reported.items()})
-    print(f"\n{integration}: phase -> [reported share, own timers' share]; verdict")
+        # compute against the device, over the device's window: busy, and the gaps between the compute boxes' ops
+        counted = written["reported"]
+        table[loop]["compute"] = (round(counted["compute"] / sum(counted.values()), 3),
+                                  round(gpu_work(truth), 3))
+        verdicts[loop] = verdict(busy[loop], {p: v / total for p, v in reported.items()})
+    print(f"\n{integration}: phase -> [reported share, own timers' share (compute: the device's)]; verdict")
     for loop, shares in table.items():
         print(f"  {loop}: {json.dumps(shares)}; {verdicts[loop][1]}")
     for loop, shares in table.items():
@@ -237,3 +257,250 @@ def test_lightning_callback_reports_the_training_loader_settings() -> None:
     context = snapshot_context(run, 0)  # what the run's pushes carry
     assert {k: v for k, v in context.items() if k != "cpu_cores"} == {
         "num_workers": 0, "pin_memory": False, "persistent_workers": False, "loader_batch_size": 4}
+
+
+# --- What the framework integrations call which phase (in the test process, on an ops-mode device) ---------
+
+STEP_METRIC, OWN_CALLBACK, CALLBACK_METRIC, CALLBACK_SAVE, COMPUTE = 0.012, 0.005, 0.004, 0.006, 0.006
+"""Seconds per step: Python metric in the step, the job's own callback (plain Python), a torchmetrics metric it
+updates, a torch.save it calls (slow storage), and each of forward and backward in matmuls."""
+TRUTH = 0.05
+"""How far (share of wall time) a phase may be from the device's account of it."""
+
+
+def _attribution_parts(device: Any) -> dict[str, Any]:
+    """A model whose forward and backward do COMPUTE of matmuls each, a metric, slow state; all marked on ``device``."""
+    import torch
+    import torchmetrics
+    from gpu_exporter.simulate.device import spin
+
+    torch.set_num_threads(1)
+    weights = torch.randn(192, 192)
+
+    def matmuls(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        with device.marked("compute"):
+            while time.perf_counter() < end:
+                weights @ weights
+
+    class Work(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            matmuls(COMPUTE)
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            matmuls(COMPUTE)
+            return grad
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(8, 4)
+
+        def forward(self, x: Any, labels: Any = None) -> Any:
+            logits = self.a(Work.apply(x) if self.training and torch.is_grad_enabled() else x)  # type: ignore[no-untyped-call]
+            if labels is None:
+                return logits
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    class PythonMetric(torchmetrics.Metric):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_state("total", default=torch.tensor(0.0), dist_reduce_fx="sum")
+
+        def update(self, *args: Any) -> None:
+            with device.marked("metrics"):
+                spin(CALLBACK_METRIC)
+
+        def compute(self) -> Any:
+            return self.total
+
+    class SlowState:
+        def __reduce__(self) -> tuple[Any, ...]:
+            time.sleep(CALLBACK_SAVE)
+            return (dict, ())
+
+    def own_callback_work(metric: Any, path: Path) -> None:
+        with device.marked("callback"):
+            spin(OWN_CALLBACK)
+        metric.update()
+        with device.marked("checkpoint"):
+            torch.save({"state": SlowState()}, path)
+
+    def step_metric() -> None:
+        with device.marked("metrics"):
+            spin(STEP_METRIC)
+
+    return {"torch": torch, "Net": Net, "PythonMetric": PythonMetric, "own_callback_work": own_callback_work,
+            "step_metric": step_metric}
+
+
+def _shares_against_truth(run: Any, device: Any) -> dict[str, tuple[float, float]]:
+    """phase -> (share the run counted, share by the device: GPU work for compute, the job's marks for the rest)."""
+    truth = device.truth()
+    counted = run.phase_seconds()
+    total, wall = sum(counted.values()), truth["wall"]
+    out = {"compute": (counted["compute"] / total, gpu_work(truth))}
+    for phase in ("metrics", "checkpoint", "other", "data", "callback"):
+        out[phase] = (counted.get(phase, 0.0) / total, truth["cpu"].get(phase, 0.0) / wall)
+    return out
+
+
+def _check_attribution(shares: dict[str, tuple[float, float]]) -> None:
+    print("\nphase -> (counted, device): " + ", ".join(f"{p} {c:.3f}/{t:.3f}" for p, (c, t) in shares.items()))
+    for phase in ("compute", "metrics", "checkpoint"):
+        counted, truth = shares[phase]
+        assert counted == pytest.approx(truth, abs=TRUTH), (phase, shares)
+    # the Python of the job's own callback is "other" (with the framework's loop and setup)
+    assert shares["other"][0] > shares["callback"][1] - 0.02, shares
+    assert shares["metrics"][0] > 0.3 and shares["compute"][0] < 0.5, shares  # not "compute" as before
+
+
+@pytest.mark.slow  # imports Lightning and fits a model (about 15 s)
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_counts_python_in_the_step_as_metrics_and_own_callbacks_as_other(tmp_path: Path) -> None:
+    from gpu_exporter.simulate.device import OpsDevice
+    from gpu_exporter.training import lightning as gl
+    from gpu_exporter.training.hooks import SaveTimer
+    from gpu_exporter.training.run import Run
+    from lightning.pytorch import Callback, LightningModule, Trainer
+    from torch.utils.data import DataLoader
+
+    device = OpsDevice("GPU-unit-lightning", tmp_path)
+    run = Run("unit-lightning", uuid="")  # the same window as the device's account
+    try:
+        p = _attribution_parts(device)
+        device.start()
+        torch = p["torch"]
+
+        class Module(LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = p["Net"]()
+
+            def training_step(self, batch: Any, batch_idx: int) -> Any:
+                x, y = batch
+                logits = self.net(x)
+                p["step_metric"]()  # Python in the step: metrics, not compute
+                return torch.nn.functional.cross_entropy(logits, y)
+
+            def configure_optimizers(self) -> Any:
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        class Own(Callback):  # the job's own callback: other; its metric: metrics; its torch.save: checkpoint
+            def __init__(self) -> None:
+                self.metric = p["PythonMetric"]()
+
+            def on_train_batch_end(self, *args: Any) -> None:
+                p["own_callback_work"](self.metric, tmp_path / "own.pt")
+
+        data: Any = [(torch.randn(16, 8), torch.arange(16) % 4) for _ in range(40)]
+        callback = gl.LightningCallback(run=run)
+        trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Own(), callback])
+        trainer.fit(Module(), DataLoader(data, batch_size=None))
+        shares = _shares_against_truth(run, device)
+    finally:
+        device.close()
+    assert run.steps == 40
+    _check_attribution(shares)
+    # on_train_end took every hook and wrapper away
+    module = trainer.lightning_module
+    assert not {"training_step", "backward"} & set(vars(module)) and not module._forward_pre_hooks
+    assert not trainer.optimizers[0]._optimizer_step_post_hooks and not SaveTimer._active
+
+
+@pytest.mark.slow  # imports Transformers and trains a model (about 15 s)
+def test_transformers_counts_python_in_the_step_as_metrics_and_own_callbacks_as_other(tmp_path: Path) -> None:
+    from gpu_exporter.simulate.device import OpsDevice
+    from gpu_exporter.training.hooks import SaveTimer
+    from gpu_exporter.training.run import Run
+    from gpu_exporter.training.transformers import GpuExporterCallback
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    device = OpsDevice("GPU-unit-transformers", tmp_path)
+    run = Run("unit-transformers", uuid="")  # the same window as the device's account
+    try:
+        p = _attribution_parts(device)
+        device.start()
+        torch = p["torch"]
+
+        class Own(TrainerCallback):  # the job's own callback: other; its metric: metrics; its torch.save: checkpoint
+            def __init__(self) -> None:
+                self.metric = p["PythonMetric"]()
+
+            def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+                p["own_callback_work"](self.metric, tmp_path / "own.pt")
+
+        class WithMetric(Trainer):
+            def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                             num_items_in_batch: Any = None) -> Any:
+                out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+                p["step_metric"]()  # Python in the step: metrics, not compute
+                return out
+
+        data = [{"x": torch.randn(8), "labels": i % 4} for i in range(16 * 40)]
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=1, per_device_train_batch_size=16,
+                                 report_to="none", use_cpu=True, disable_tqdm=True, logging_strategy="no",
+                                 save_strategy="no", learning_rate=0.01)
+        trainer = WithMetric(model=p["Net"](), args=args, train_dataset=data,
+                             callbacks=[GpuExporterCallback(run=run), Own()])
+        trainer.train()
+        shares = _shares_against_truth(run, device)
+    finally:
+        device.close()
+    assert run.steps == 40
+    _check_attribution(shares)
+    assert not {"training_step", "_prepare_inputs"} & set(vars(trainer)) and "backward" not in vars(trainer.accelerator)
+    model: Any = trainer.model
+    assert not model._forward_pre_hooks and not SaveTimer._active
+
+
+def test_phase_stack_returns_to_each_phase_whatever_the_order_of_entering() -> None:
+    """A metric inside a forward inside the step's metrics (metrics entered again below the top) must not loop."""
+    import torch
+    from gpu_exporter.training.hooks import PhaseStack, model_parts, time_forward, time_optimizer_step
+    from gpu_exporter.training.run import Run
+
+    run = Run("stack", uuid="")
+    stack = PhaseStack(run)
+    compute, metrics = run.phase("compute"), run.phase("metrics")
+    seen: list[str] = []
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(2, 2)
+
+        def forward(self, x: Any) -> Any:
+            with stack.timed(metrics):  # e.g. a torchmetrics metric updated inside the model
+                seen.append(run._current.name)
+            seen.append(run._current.name)
+            return self.a(x)
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    undo_forward = time_forward(model_parts(model), stack, compute)
+    _, undo_step = time_optimizer_step([optimizer], stack, compute)
+    with stack.timed(metrics):
+        model(torch.randn(1, 2)).sum().backward()
+        seen.append(run._current.name)
+        optimizer.step()
+        seen.append(run._current.name)
+    seen.append(run._current.name)
+    assert seen == ["metrics", "compute", "metrics", "metrics", "other"]
+    class Broken(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            raise ZeroDivisionError
+
+    broken = Broken()
+    undo_broken = time_forward([broken], stack, compute)
+    with pytest.raises(ZeroDivisionError), stack.timed(metrics):  # a forward that raises still ends compute
+        broken(torch.randn(1, 2))
+    assert run._current is run._other
+    undo_forward()
+    undo_step()
+    undo_broken()
+    assert not model._forward_pre_hooks and not model._forward_hooks and not optimizer._optimizer_step_post_hooks

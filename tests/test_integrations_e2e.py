@@ -2,8 +2,11 @@
 and the Transformers callback -> real exporter (--simulate) -> real Prometheus with the shipped rules
 -> the cause, from the alerts and from both diagnose paths.
 
-One representative loop per integration (tests/integration_loops.py), each in its own process on its
-own simulated GPU (tests/scenarios/integrations-e2e.yaml), which follows the job's compute share:
+Each job (tests/integration_loops.py) runs in its own process on its own simulated GPU
+(tests/scenarios/integrations-e2e.yaml, ``device: true``). The GPU does its own work: the job runs on
+an ops-mode simulated device, busy exactly while the job is inside torch operators and idle
+otherwise, whatever the integration says the job is doing. A phase the integration counts wrongly
+(Python in ``training_step`` called ``compute``) therefore shows as a wrong verdict here:
 
 =============  ==================  ======================================================  ================
 integration    loop                what the job does per step                              expected cause
@@ -11,9 +14,16 @@ integration    loop                what the job does per step                   
 watch          input_bound         waits 0.3 s for its batch, computes 0.05 s              input-bound M1
 lightning      checkpoint_heavy    ModelCheckpoint every step, 0.3 s to slow storage       checkpoint CK
 transformers   metrics_heavy       evaluates every step, compute_metrics takes 0.3 s       metrics-bound M2
+lightning      step_metric         a macro F1 in Python inside training_step, 0.15 s       metrics-bound M2
+transformers   callback_metric     its own callback updates a Python F1 metric, 0.15 s     metrics-bound M2
+lightning      callback_save       its own callback torch.saves to slow storage, 0.15 s    checkpoint CK
 =============  ==================  ======================================================  ================
 
-The rules are the shipped files shrunk 60-fold (test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``).
+Besides the verdicts, what each integration counted is checked against the device's own account
+(``truth``, written by the job with the run's phase seconds over the same window): the compute share
+against the share of time the GPU was busy (and idle only between the operators of the job's compute
+work), and the other phases against the time the job itself marked for that work. The rules are the
+shipped files shrunk 60-fold (test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``).
 """
 
 from __future__ import annotations
@@ -23,78 +33,99 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from e2e import shipped_fast_rules
-from servers import exporter_env, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_integrations import LOOPS
+from e2e import firing_causes, shipped_fast_rules, wait_for_causes
+from gpu_exporter.causes import BY_ID
+from servers import exporter_env, run_exporter, run_prometheus, scrape_config
+from test_integrations import LOOPS, gpu_work
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow
 
 SCENARIO = LOOPS.parent / "scenarios" / "integrations-e2e.yaml"
-JOBS = {  # integration -> (loop, run name, diagnose verdict, its title, the alerts that fire for its GPU)
-    "watch": ("input_bound", "watch-input-bound", "input_bound", "input-bound (M1)",
-              {("GpuTrainingInputBound", "input_bound")}),
-    "lightning": ("checkpoint_heavy", "lightning-checkpoint-heavy", "checkpoint", "checkpoint-bound (CK)",
-                  {("GpuTrainingCheckpointBound", "checkpoint")}),
-    "transformers": ("metrics_heavy", "transformers-metrics-heavy", "metrics_bound", "metrics-bound (M2)",
-                     {("GpuTrainingMetricsBound", "metrics_bound")}),
+ALERTS = {"input_bound": "GpuTrainingInputBound", "checkpoint": "GpuTrainingCheckpointBound",
+          "metrics_bound": "GpuTrainingMetricsBound"}
+JOBS = {  # (integration, loop) -> the cause diagnose and the alerts name for its GPU
+    ("watch", "input_bound"): "input_bound",
+    ("lightning", "checkpoint_heavy"): "checkpoint",
+    ("transformers", "metrics_heavy"): "metrics_bound",
+    ("lightning", "step_metric"): "metrics_bound",
+    ("transformers", "callback_metric"): "metrics_bound",
+    ("lightning", "callback_save"): "checkpoint",
 }
+TRUTH_TOLERANCE = 0.05
+"""How far (share of wall time) a reported phase may be from the device's account of it: compute from
+the GPU work (busy, and the gaps between the operators of the job's compute boxes), the others from the
+time the job marked for that work."""
+
+
+def run_name(integration: str, loop: str) -> str:
+    return f"{integration}-{loop}".replace("_", "-")
+
+
+def uuid_of(integration: str, loop: str) -> str:
+    return f"GPU-int-{run_name(integration, loop)}"
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[tuple[str, str]]:
-    """The exporter, Prometheus with the shipped rules, and the three jobs running; yields (exporter, prom)."""
+def stack() -> Iterator[tuple[str, str, Path]]:
+    """The exporter, Prometheus with the shipped rules, and the jobs running; yields (exporter, prom, job dir)."""
     files = shipped_fast_rules()
-    with tempfile.TemporaryDirectory() as tmp, \
-            run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"]) as exporter, \
-            run_prometheus(scrape_config(exporter, "int-node"), files) as prom:
-        jobs = {name: subprocess.Popen([sys.executable, str(LOOPS), name, loop, exporter, f"GPU-int-{name}", "300",
-                                        f"{tmp}/{name}.json"], env=exporter_env(), stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, text=True)
-                for name, (loop, *_) in JOBS.items()}
-        try:
-            yield exporter, prom
-            for name, job in jobs.items():  # still training when the checks are done: none crashed
-                assert job.poll() is None, (name, job.communicate()[1][-3000:])
-        finally:
-            for job in jobs.values():
-                job.terminate()
-            for job in jobs.values():
-                job.communicate(timeout=30)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GPU_SIM_DEVICE_DIR": f"{tmp}/channel"}  # the devices write, the exporter's GPUs read
+        with run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"], env=env) as exporter, \
+                run_prometheus(scrape_config(exporter, "int-node"), files) as prom:
+            jobs = {key: subprocess.Popen([sys.executable, str(LOOPS), *key, exporter, uuid_of(*key), "300",
+                                           f"{tmp}/{run_name(*key)}.json"], env=exporter_env(env),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                    for key in JOBS}
+            try:
+                yield exporter, prom, Path(tmp)
+                for key, job in jobs.items():  # still training when the checks are done: none crashed
+                    assert job.poll() is None, (key, job.communicate()[1][-3000:])
+            finally:
+                for job in jobs.values():
+                    job.terminate()
+                for job in jobs.values():
+                    job.communicate(timeout=30)
 
 
-def _firing(prom: str) -> dict[str, set[tuple[str, str]]]:
-    out: dict[str, set[tuple[str, str]]] = {}
-    for r in promql(prom, 'ALERTS{alertstate="firing", cause!=""}'):
-        out.setdefault(r["metric"]["uuid"], set()).add((r["metric"]["alertname"], r["metric"]["cause"]))
-    return out
-
-
-def test_each_integration_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tuple[str, str]) -> None:
-    exporter, prom = stack
-    wanted = {f"GPU-int-{name}": alerts for name, (*_, alerts) in JOBS.items()}
-
-    def settled() -> dict[str, set[tuple[str, str]]] | None:
-        firing = _firing(prom)
-        return firing if all(firing.get(uuid, set()) >= alerts for uuid, alerts in wanted.items()) else None
-    try:
-        wait_until(settled, 180, interval=1.0, what="every job's cause alert to fire")
-    except TimeoutError as err:
-        shares = [(r["metric"]["run"], r["metric"]["phase"], r["value"][1])
-                  for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
-        util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
-        raise AssertionError(f"{err}: firing {_firing(prom)}; shares {shares}; utilization {util}") from None
-    firing = _firing(prom)
+def test_each_integration_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: tuple[str, str, Path]) -> None:
+    exporter, prom, _ = stack
+    wanted = {uuid_of(*key): {(ALERTS[cause], cause)} for key, cause in JOBS.items()}
+    wait_for_causes(prom, wanted, 180, "every job's cause alert to fire")
+    firing = firing_causes(prom)
     for uuid, alerts in wanted.items():
-        assert firing[uuid] == alerts, (uuid, firing)
+        assert firing.get(uuid) == alerts, (uuid, firing)
 
     for option, source, extra in (("--url", exporter, ["--window", "5s"]), ("--prometheus-url", prom, [])):
         result = run_cli("diagnose", option, source, *extra, "--output", "json")
         assert result.returncode == 1, result.stderr
         gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
-        for name, (_, run, verdict, title, _) in JOBS.items():
-            got = gpus[f"GPU-int-{name}"]
-            assert (got["verdict"]["verdict"], got["verdict"]["title"]) == (verdict, title), (option, name, got)
-            assert [r["run"] for r in got["runs"]] == [run], (option, got["runs"])
+        for key, cause in JOBS.items():
+            got = gpus[uuid_of(*key)]
+            assert (got["verdict"]["verdict"], got["verdict"]["title"]) == (cause, BY_ID[cause].label), \
+                (option, key, got)
+            assert [r["run"] for r in got["runs"]] == [run_name(*key)], (option, got["runs"])
+
+
+def test_what_each_integration_counted_matches_the_device(stack: tuple[str, str, Path]) -> None:
+    """Compute is the device's GPU work; data, metrics and checkpoint the time the job spent on them."""
+    _, _, folder = stack
+    table = {}
+    for key in JOBS:
+        written = json.loads((folder / f"{run_name(*key)}.json").read_text())
+        reported, truth = written["reported"], written["truth"]
+        total, wall = sum(reported.values()), truth["wall"]
+        assert wall > 10 and abs(total - wall) < 0.1, (key, total, wall)  # the same window
+        table[key] = {"compute": (reported["compute"] / total, gpu_work(truth))} | {
+            phase: (reported[phase] / total, truth["cpu"].get(phase, 0.0) / wall)
+            for phase in ("data", "metrics", "checkpoint")}
+    print("\nphase -> (share the integration counted, share by the device's account)")
+    for key, shares in table.items():
+        print(f"  {run_name(*key)}: " + ", ".join(f"{p} {r:.3f}/{t:.3f}" for p, (r, t) in shares.items()))
+    for key, shares in table.items():
+        for phase, (counted, truth) in shares.items():
+            assert counted == pytest.approx(truth, abs=TRUTH_TOLERANCE), (key, phase, table[key])
