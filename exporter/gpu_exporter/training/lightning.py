@@ -14,15 +14,16 @@ work in the step that is not GPU work, phase ``metrics`` (remedy M2), never ``co
   ``self.net(x)``, ``self(x)``, also in validation), ``LightningModule.backward`` (``loss.backward()``,
   ``manual_backward``), and ``on_before_optimizer_step`` to the end of the torch optimizer's ``step``
   (gradient clipping and the update; the closure before it runs ``training_step`` and backward);
-* ``metrics``: the rest of ``training_step``; the validation loop (``on_validation_start`` to
+* ``metrics``: the rest of ``training_step``; the per-step hooks of the other callbacks (yours, the progress
+  bar: :data:`TRAINING_HOOKS`, also CPU work in the step), less what they do that is counted elsewhere;
+  the validation loop (``on_validation_start`` to
   ``on_validation_end``, less its forwards); calls of torchmetrics metrics that are submodules of the
   LightningModule or attributes of a callback (update/compute/forward); ``log_metrics`` of the
   trainer's loggers;
 * ``checkpoint``: ``trainer.save_checkpoint`` (ModelCheckpoint and your own calls), the checkpoint
   callbacks' batch, epoch and validation-end hooks (choosing, saving, pruning files), and
   ``torch.save`` called from the training thread (a callback of your own that saves);
-* ``other``: the rest: Lightning's loop between the hooks, ``zero_grad``, and the training hooks
-  of the other callbacks (yours, the progress bar), less what they do that is counted above.
+* ``other``: the rest: Lightning's loop between the hooks and ``zero_grad``.
 
 The training DataLoader's settings (``num_workers``, ``pin_memory``, ...; the first loader when
 there are several) go with the run for concrete remedies, as ``run.data(loader)`` does.
@@ -62,7 +63,8 @@ CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_e
 """Hooks of ``trainer.checkpoint_callbacks`` (ModelCheckpoint) timed as ``checkpoint``."""
 TRAINING_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_train_epoch_start", "on_train_epoch_end",
                   "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
-"""Hooks of the other callbacks timed as ``other`` (their validation hooks stay in the validation's ``metrics``)."""
+"""Hooks of the other callbacks timed as ``metrics``: CPU work in the step (M2), unless what they call is counted
+as another phase (a forward, a ``torch.save``); their validation hooks are in the validation's ``metrics`` too."""
 
 
 class _Hooks:
@@ -108,7 +110,7 @@ class _Hooks:
         for callback in getattr(trainer, "callbacks", ()):
             if callback is self or any(callback is c for c in checkpointers):
                 continue
-            undone = time_overridden(callback, TRAINING_HOOKS, self._base, other)
+            undone = time_overridden(callback, TRAINING_HOOKS, self._base, metrics)
             if undone is not None:
                 undo.append(undone)
         for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):

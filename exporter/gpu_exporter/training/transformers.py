@@ -15,14 +15,15 @@ optimizer and train DataLoader it is handed, and the Trainer itself (found once,
   ``on_step_end`` with ``control.should_evaluate``, from there to ``on_evaluate`` (the logging
   before it, the evaluation loop, ``compute_metrics``), less the model's forwards; calls of
   torchmetrics metrics held by the model or by a callback; the callbacks' ``on_log``,
-  ``on_evaluate``, ``on_predict`` and ``on_prediction_step`` hooks (logging and metrics);
+  ``on_evaluate``, ``on_predict`` and ``on_prediction_step`` hooks (logging and metrics), and their training
+  hooks (``on_step_begin``, ``on_step_end``, ...: CPU work in the step, M2), less what they do that is counted
+  elsewhere;
 * ``checkpoint``: with ``control.should_save``, from ``on_step_end`` (or ``on_evaluate``) to
   ``on_save`` (``_save_checkpoint``: model, optimizer, scheduler, RNG and trainer state), the
   callbacks' ``on_save`` hooks, and ``torch.save`` called from the training thread (a callback of
   your own that saves);
 * ``other``: the rest: the Trainer's bookkeeping, ``_prepare_inputs`` (the device copy), gradient
-  clipping, the scheduler, ``zero_grad``, logging without evaluation, and the training hooks of the
-  other callbacks (``on_step_begin``, ``on_step_end``, ...), less what they do that is counted above.
+  clipping, the scheduler, ``zero_grad``, logging without evaluation.
 
 A step is one optimizer step (``on_step_end``), with the samples of the batches fetched for it.
 The run lasts from ``on_train_begin`` to ``on_train_end``; rank = ``args.process_index`` unless
@@ -55,7 +56,8 @@ from .run import Phase, Run
 
 TRAINING_HOOKS: tuple[str, ...] = ("on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
                                    "on_pre_optimizer_step", "on_optimizer_step", "on_step_end")
-"""Hooks of the other callbacks timed as ``other``."""
+"""Hooks of the other callbacks timed as ``metrics``: CPU work in the step (M2), unless what they call is counted
+as another phase (a ``torch.save``)."""
 METRIC_HOOKS: tuple[str, ...] = ("on_log", "on_evaluate", "on_predict", "on_prediction_step")
 """Hooks of the other callbacks timed as ``metrics`` (logging, evaluation results)."""
 SAVE_HOOKS: tuple[str, ...] = ("on_save",)
@@ -115,7 +117,7 @@ class _Hooks:
                 if callable(getattr(obj, method, None)):
                     undo.append(MethodTimer(obj, timer, (method,)).undo)
         hooks: tuple[tuple[tuple[str, ...], Any], ...] = (
-            (TRAINING_HOOKS, other), (METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
+            (TRAINING_HOOKS, metrics), (METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
         for callback in callbacks:
             for names, timer in hooks:
                 undone = time_overridden(callback, names, self._base, timer)
