@@ -86,7 +86,6 @@ def train(url: str, name: str, checkpoint: Path, seconds: float, timers_path: Pa
     ``$CAUSE_LOOP_UUID`` puts the loop on another simulated GPU (``$RANK`` gives its rank: a run of several ranks).
     With ``$GPU_SIM_DEVICE_DIR`` set the loop's own ops-mode device makes that GPU busy (``$CAUSE_LOOP_DEVICE``
     names another GPU for it: one that only a sampler speaks for, tests/test_sampling.py)."""
-    import gpu_exporter.simulate.device as sim_device
     import torch
     from gpu_exporter import training
     from gpu_exporter.simulate.device import CHANNEL_ENV, OpsDevice
@@ -95,10 +94,6 @@ def train(url: str, name: str, checkpoint: Path, seconds: float, timers_path: Pa
     uuid = os.environ.get("CAUSE_LOOP_UUID", f"GPU-e2e-{name}")
     device = None
     if os.environ.get(CHANNEL_ENV):
-        # Every operator its own busy interval in the channel. The device merges intervals up to 20 us apart by
-        # default, and the Python between two small operators (batch2's launch overhead) is about that long: merged,
-        # batch2's GPU read 0.57-0.9 busy where the device's own truth said 0.3.
-        sim_device.MERGE_GAP_SECONDS = 0.0
         device = OpsDevice(os.environ.get("CAUSE_LOOP_DEVICE", uuid)).start()
 
     class SlowBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -18,7 +18,6 @@ import pytest
 import torch
 from cause_loops import f1_macro
 from gpu_exporter import training
-from gpu_exporter.simulate import device as sim_device
 from gpu_exporter.simulate.device import OpsDevice
 from servers import http_get, run_exporter, wait_until
 from test_query import run_cli
@@ -77,11 +76,8 @@ def train(url: str, name: str, uuid: str, loader_delay: float, metric_repeats: i
         device.close()
 
 
-def test_slow_loader_is_input_bound_and_heavy_metrics_are_metrics_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slow_loader_is_input_bound_and_heavy_metrics_are_metrics_bound() -> None:
     torch.set_num_threads(1)
-    # Every operator its own busy interval: merged 20 us apart (the device's default), the small model's operators
-    # and the Python between them read as one busy stretch (tests/cause_loops.py).
-    monkeypatch.setattr(sim_device, "MERGE_GAP_SECONDS", 0.0)
     with tempfile.TemporaryDirectory() as channel, \
             run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"],
                          env={"GPU_SIM_DEVICE_DIR": channel}) as url:

@@ -19,12 +19,13 @@ busy:
   and idle during everything else, Python inside ``training_step`` included. ``python -m
   gpu_exporter.simulate.device --uuid GPU-x -- train.py ARGS`` runs any script on one.
 
-**The channel.** Each device appends its busy intervals to ``DIR/<uuid>.busy``, one line
-``START END`` per interval, in seconds of ``CLOCK_MONOTONIC`` (``time.monotonic()``, one clock for
-every process of the machine). ``DIR`` is ``$GPU_SIM_DEVICE_DIR``, else ``<tempdir>/gpu-exporter-sim-device``.
-A scenario GPU with ``device: true`` reads that file (:class:`DeviceTrace`): its utilization is 1
-inside the intervals and 0 outside, and its NVML samples lag real time by :data:`SETTLE_SECONDS` so
-that intervals still being written are in when a sample is taken.
+**The channel.** Each device appends its busy time to ``DIR/<uuid>.busy``, one line ``START END BUSY``
+per chunk of at most a millisecond (or one longer interval): seconds of ``CLOCK_MONOTONIC``
+(``time.monotonic()``, one clock for every process of the machine) and the busy seconds within.
+``DIR`` is ``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir. A scenario GPU with
+``device: true`` reads that file (:class:`DeviceTrace`): its utilization is a chunk's busy share inside
+it and 0 outside, and its NVML samples lag real time by :data:`SETTLE_SECONDS` so that chunks still
+being written are in when a sample is taken.
 
 **The truth.** A device also knows, exactly, how long it sat idle while the job's CPU did each
 thing: the job marks what its CPU does with :meth:`SimDevice.doing` (its own ground truth, apart
@@ -58,8 +59,10 @@ CHANNEL_ENV = "GPU_SIM_DEVICE_DIR"
 SETTLE_SECONDS = 0.1
 """How far behind real time a device GPU's NVML samples are taken (the writer flushes every 10 ms)."""
 FLUSH_SECONDS = 0.01
-MERGE_GAP_SECONDS = 20e-6
-"""Busy intervals closer than this are written as one (ops a few microseconds apart)."""
+CHUNK_SECONDS = 0.001
+"""Busy intervals within this span are kept (and written) as one chunk with their busy seconds: an ops-mode
+device makes tens of thousands of intervals a second, a few microseconds apart, and the idle gaps between them
+(Python between two small ops: launch overhead) are what M3 is about, so they are summed, never merged away."""
 
 
 def channel_dir(directory: str | Path | None = None) -> Path:
@@ -127,6 +130,60 @@ class Intervals:
         return sum(cuts[i + 1] - cuts[i] for i in range(0, len(cuts) - 1, 2))
 
 
+class Chunks:
+    """Busy time as chunks ``[start, end)`` of at most :data:`CHUNK_SECONDS` (or one longer interval), each with its
+    busy seconds, spread evenly over the chunk: exact to the chunk for every integral, at a bounded size.
+
+    >>> c = Chunks(); c.add(0.0, 0.0002); c.add(0.0005, 0.0007); c.add(1.0, 3.0)
+    >>> [round(x, 6) for x in (c.value(0.0003), c.busy(0.0, 0.001), c.busy(0.0, 2.0), c.value(2.5))]
+    [0.571429, 0.0004, 1.0004, 1.0]
+    """
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.busies: list[float] = []
+
+    def add(self, start: float, end: float, busy: float | None = None) -> None:
+        busy = end - start if busy is None else busy
+        if end <= start or busy <= 0:
+            return
+        if self.starts:
+            first, last = self.starts[-1], self.ends[-1]
+            if start >= first and end - first <= CHUNK_SECONDS:  # into the open chunk
+                self.ends[-1] = max(last, end)
+                self.busies[-1] = min(self.ends[-1] - first, self.busies[-1] + busy)
+                return
+            if start < last:  # overlaps the last chunk (out of order): keep what lies after it
+                busy, start = busy * max(0.0, end - last) / (end - start), last
+                if end <= start:
+                    return
+        self.starts.append(start)
+        self.ends.append(end)
+        self.busies.append(min(busy, end - start))
+
+    def value(self, t: float) -> float:
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i < 0 or t >= self.ends[i]:
+            return 0.0
+        return self.busies[i] / (self.ends[i] - self.starts[i])
+
+    def edges(self, t0: float, t1: float) -> list[float]:
+        lo = max(0, bisect.bisect_right(self.starts, t0) - 1)
+        hi = bisect.bisect_left(self.starts, t1)
+        return [x for i in range(lo, hi) for x in (self.starts[i], self.ends[i]) if t0 < x < t1]
+
+    def busy(self, t0: float, t1: float) -> float:
+        """Busy seconds within [t0, t1]."""
+        total = 0.0
+        for i in range(max(0, bisect.bisect_right(self.starts, t0) - 1), bisect.bisect_left(self.starts, t1)):
+            a, b = self.starts[i], self.ends[i]
+            overlap = min(b, t1) - max(a, t0)
+            if overlap > 0:
+                total += self.busies[i] * overlap / (b - a)
+        return total
+
+
 class DeviceTrace:
     """The exporter's side of the channel: a utilization pattern read from ``DIR/<uuid>.busy``.
 
@@ -137,7 +194,7 @@ class DeviceTrace:
     def __init__(self, path: Path, origin: float) -> None:
         self.path = path
         self.origin = origin
-        self._intervals = Intervals()
+        self._chunks = Chunks()
         self._offset = 0
         self._lock = threading.Lock()
 
@@ -155,48 +212,45 @@ class DeviceTrace:
             self._offset += end
             for line in chunk[:end].splitlines():
                 try:
-                    start, stop = (float(x) - self.origin for x in line.split())
-                except ValueError:  # not two numbers: skip it, a trace must never break NVML
+                    start, stop, *busy = (float(x) for x in line.split())
+                except ValueError:  # not numbers: skip it, a trace must never break NVML
                     continue
-                self._intervals.add(start, stop)
+                self._chunks.add(start - self.origin, stop - self.origin, busy[0] if busy else None)
 
     def value(self, t: float) -> float:
         with self._lock:
-            return self._intervals.value(t)
+            return self._chunks.value(t)
 
     def edges(self, t0: float, t1: float) -> list[float]:
         with self._lock:
-            return self._intervals.edges(t0, t1)
+            return self._chunks.edges(t0, t1)
 
 
 class _Channel:
-    """The job's side: buffers busy intervals and appends them to the channel file every FLUSH_SECONDS."""
+    """The job's side: appends the device's closed chunks (``START END BUSY``) to the channel file."""
 
-    def __init__(self, uuid: str, directory: str | Path | None) -> None:
+    def __init__(self, uuid: str, directory: str | Path | None, chunks: Chunks) -> None:
         self.path = channel_path(uuid, directory)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pid = os.getpid()
-        self._pending: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
+        self._chunks = chunks
+        self._written = 0
 
-    def add(self, start: float, end: float) -> None:
+    def flush(self, lock: threading.Lock, final: bool = False) -> None:
+        """Write the chunks that can no longer grow (all of them when ``final``)."""
         if os.getpid() != self._pid:  # a forked DataLoader worker is not the device's owner
             return
-        with self._lock:
-            pending = self._pending
-            if pending and start - pending[-1][1] <= MERGE_GAP_SECONDS and start >= pending[-1][0]:
-                pending[-1] = (pending[-1][0], max(end, pending[-1][1]))
-            else:
-                pending.append((start, end))
-
-    def flush(self) -> None:
-        if os.getpid() != self._pid:
-            return
-        with self._lock:
-            pending, self._pending = self._pending, []
-        if pending:
+        c = self._chunks
+        with lock:
+            upto = len(c.starts)
+            if not final and upto and c.starts[-1] > time.monotonic() - CHUNK_SECONDS:
+                upto -= 1  # the open chunk may still grow
+            lines = "".join(f"{c.starts[i]:.6f} {c.ends[i]:.6f} {c.busies[i]:.6f}\n"
+                            for i in range(self._written, upto))
+            self._written = max(self._written, upto)
+        if lines:
             with self.path.open("a") as f:
-                f.write("".join(f"{s:.6f} {e:.6f}\n" for s, e in pending))
+                f.write(lines)
 
 
 class SimDevice:
@@ -204,14 +258,15 @@ class SimDevice:
 
     def __init__(self, uuid: str, directory: str | Path | None = None) -> None:
         self.uuid = uuid
-        self._channel = _Channel(uuid, directory)
-        self.history = Intervals()
+        self.history = Chunks()
         """Every busy interval so far (monotonic seconds): the device's own truth."""
         self.collectives = Intervals()
         """When the stream was in a collective (waiting for the other ranks, then transferring)."""
         self.waits = Intervals()
         """When the stream waited, idle, for the other ranks of a collective."""
         self._marks: list[tuple[float, str]] = []
+        self._history_lock = threading.Lock()
+        self._channel = _Channel(uuid, directory, self.history)
         self._started = time.monotonic()
         self._closed = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name=f"gpu-sim-{uuid}", daemon=True)
@@ -219,13 +274,15 @@ class SimDevice:
         atexit.register(self.close)
 
     def _busy(self, start: float, end: float) -> None:
-        self.history.add(start, end)
-        self._channel.add(start, end)
+        if os.getpid() != self._channel._pid:  # a forked DataLoader worker does no GPU work of this device
+            return
+        with self._history_lock:
+            self.history.add(start, end)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(FLUSH_SECONDS):
             self._tick()
-            self._channel.flush()
+            self._channel.flush(self._history_lock)
 
     def _tick(self) -> None:
         """Work the flusher does each round besides flushing (the async device resolves collectives)."""
@@ -246,7 +303,8 @@ class SimDevice:
 
     def busy_seconds(self, t0: float | None = None, t1: float | None = None) -> float:
         """Seconds the device was busy between monotonic times t0 (its start) and t1 (now)."""
-        return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
+        with self._history_lock:
+            return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
 
     def truth(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
         """The device's own account up to ``until`` (now): wall, busy, idle seconds per marked CPU phase, and
@@ -254,6 +312,10 @@ class SimDevice:
 
         From ``since`` (the device's start) on; time before the first mark counts as ``other``.
         """
+        with self._history_lock:
+            return self._truth(since, until)
+
+    def _truth(self, since: float | None, until: float | None) -> dict[str, Any]:
         end = time.monotonic() if until is None else until
         begin = self._started if since is None else since
         before = [what for t, what in self._marks if t <= begin]
@@ -278,7 +340,7 @@ class SimDevice:
         if self._flusher is not threading.current_thread():
             self._flusher.join(timeout=1.0)
         self._tick()
-        self._channel.flush()
+        self._channel.flush(self._history_lock, final=True)
 
 
 @dataclass
