@@ -65,11 +65,13 @@ def mirrors(model: Model) -> list[Mirror]:
                   "{{ $labels.namespace }}/{{ . }}{{ end }}: ")
     out = [
         Mirror(low.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
-               f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} utilization (5m mean) for "
-               f"{cfg.text(low.for_key)} while it holds memory, processes or a training run. The "
-               "cause alerts, or the fleet dashboard's table, name the remedy when the job is instrumented."),
+               f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean; its "
+               f"training run's time in collectives does not count) for {cfg.text(low.for_key)} while it holds "
+               "memory, processes or a training run. The cause alerts, or the fleet dashboard's table, name the "
+               "remedy when the job is instrumented."),
         Mirror(below.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
-               f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} utilization (5m mean, below the "
+               f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean, its "
+               "training run's time in collectives not counted, below the "
                f"{cfg.num(below.threshold) * 100:g}% target) for {cfg.text(below.for_key)} while it holds memory, "
                "processes or a training run, and no cause explains it. Instrument the job with gpu_exporter.training "
                "to get the cause; a run that reports: gpu-exporter diagnose --run RUN shows its phases."),

@@ -118,10 +118,15 @@ def generate(model: Model | ThresholdsFile | None = None) -> dict[Path, str]:
 
 C = "${cluster_label}"
 UTIL = f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name})"
+RUN = f"({C}, uuid, run, rank)"
+"""The labels of a run (rank) on a GPU: what the useful utilization and the cause series join on."""
+USEFUL = m.RUN_USEFUL_UTILIZATION_AVG5M.name
+"""The run's useful utilization, min(u, 1 - communication share) (prometheus/templates/gpu-recording.rules.yml.in,
+gpu_exporter.verdict.levels.useful_utilization): what the levels and the projections start from."""
 LIVE = f"(max without (phase) ({m.GPU_TRAINING_CURRENT_PHASE.name}) == 1)"
-LEVELS = {lv.level: f"{UTIL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
+LEVELS = {lv.level: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
-"""Each level's condition on the GPU, from the one table of levels (gpu_exporter.verdict.levels)."""
+"""Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
 
 
 def _share(phase: str) -> str:
@@ -161,7 +166,7 @@ def cause_records() -> list[Record]:
     rules = []
     for cause in CAUSES:
         for lvl, condition in LEVELS.items():
-            expr = f"(\n{_indent(_condition(cause), 2)}\n)\nand on ({C}, uuid)\n({condition})\n"
+            expr = f"(\n{_indent(_condition(cause), 2)}\n)\nand on {RUN}\n({condition})\n"
             rules.append(Record(
                 CAUSE_RECORDING, CAUSE_SHARE, expr,
                 (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
@@ -172,13 +177,14 @@ def cause_records() -> list[Record]:
     launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
     rules.append(Record(
         CAUSE_RECORDING, "run:gpu_training_cause:projected_utilization",
-        f"clamp_max(\n    (\n        {UTIL}\n      / on ({C}, uuid) group_right ()\n"
+        f"clamp_max(\n    (\n        {USEFUL}\n      / on {RUN} group_right ()\n"
         f'        (1 - {CAUSE_SHARE}{{cause=~"{phase_causes}"}})\n    )\n  or\n'
-        f"    (\n        {UTIL}\n      + on ({C}, uuid) group_right ()\n"
+        f"    (\n        {USEFUL}\n      + on {RUN} group_right ()\n"
         f'        {CAUSE_SHARE}{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n',
-        comment="The utilization the GPU could reach without the cause (an upper bound). Hiding a phase of share s\n"
-                "leaves the GPU work and shortens the step to 1 - s: u / (1 - s). A launch-bound GPU busy through\n"
-                "its whole compute phase reaches the compute share: u + share."))
+        comment="The utilization the GPU could reach without the cause (an upper bound), from its useful utilization\n"
+                f"u ({USEFUL}). Hiding a phase of share s leaves the GPU work and shortens the\n"
+                "step to 1 - s: u / (1 - s). A launch-bound GPU busy through its whole compute phase reaches the\n"
+                "compute share: u + share."))
     rules += [straggler.projected_step_rule(c, C, CAUSE_RECORDING) for c in CAUSES if c.kind == STRAGGLER]
     return rules
 
@@ -221,17 +227,44 @@ def _what(cause: Cause) -> str:
 
 WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "
          "node {{ $labels.node }}{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}")
-UTIL_NOW = (f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{{uuid=%q}}" $labels.uuid | query }}}}'
-            "{{ . | first | value | humanizePercentage }}{{ end }}")
+_RUN_SEL = (f"{{{C}=%q,run=%q,rank=%q,uuid=%q}}", f"$labels.{C} $labels.run $labels.rank $labels.uuid")
+"""A selector of this alert's run (rank) on its GPU for the queries of the text, with its printf arguments."""
+_GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
+
+
+def _busier(useful: str, sel: tuple[str, str]) -> str:
+    """Template text: ``with`` the GPU's busy time where it exceeds ``useful`` (the collectives hid part of it)."""
+    return (f'{{{{ with printf "max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{_GPU_SEL[0]}) > on ({C}, uuid) '
+            f'max by ({C}, uuid) ({useful}{sel[0]})" {_GPU_SEL[1]} {sel[1]} | query }}}}')
+
+
+UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }}"
+            f"{_busier(USEFUL, _RUN_SEL)} useful ({{{{ . | first | value | humanizePercentage }}}} busy, "
+            f'{{{{ with printf "1 - {USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }} of the step in collectives){{ end }}")
+"""The run's useful utilization now, as :func:`gpu_exporter.verdict.levels.useful_text` writes it: ``8%``, or
+``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time."""
+BUSY_NOTE = (f"{_busier(m.GPU_USEFUL_UTILIZATION_AVG5M.name, _GPU_SEL)}"
+             " NVML reads it {{ . | first | value | humanizePercentage }} busy now, but the time its training run "
+             "spends in collectives (phase communication, where NCCL kernels spin while they wait) is not useful "
+             "work and does not count.{{ end }}")
+"""A GPU alert's note when the GPU's useful utilization is below its busy time (GpuUtilizationLow, ...BelowTarget)."""
 
 
 # Hysteresis (docs/prometheus.md): the alerts do not read the level of the cause series, which flips
 # whenever utilization crosses a line, but whether the cause applied (at any level below target) and
-# whether the GPU was low at any time in the last ${alert_hold}. The warning (low) and info (target)
-# alert of a cause exclude each other through the same held condition, so each keeps its identity and
-# its for: while utilization hovers around the low threshold or the target.
-HELD_LOW = (f"max by ({C}, uuid) (min_over_time({m.GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}]))"
-            f" < ${{{BY_LEVEL[LOW].key}}}")
+# whether the (useful) utilization was low at any time in the last ${alert_hold}. The warning (low) and
+# info (target) alert of a cause exclude each other through the same held condition, so each keeps its
+# identity and its for: while utilization hovers around the low threshold or the target.
+def _held_low(series: str, by: str) -> str:
+    return f"max by {by} (min_over_time({series}[${{alert_hold}}])) < ${{{BY_LEVEL[LOW].key}}}"
+
+
+HELD_LOW = _held_low(m.GPU_USEFUL_UTILIZATION_AVG5M.name, f"({C}, uuid)")
+"""The GPU's useful utilization was low within ``alert_hold`` (GpuUtilizationLow's, GpuUtilizationBelowTarget's)."""
+HELD_LOW_RUN = _held_low(USEFUL, RUN)
+"""The run's useful utilization (its causes' level) was low within ``alert_hold`` (the cause alerts')."""
 
 
 def _held(cause: Cause) -> str:
@@ -242,7 +275,7 @@ def _held(cause: Cause) -> str:
 
 def _alert(name: str, cause: Cause, lvl: str, severity: str, summary: str, gap: str, runbook: str) -> Alert:
     keep = "and" if lvl == LOW else "unless"
-    expr = (f"(\n    {_held(cause)}\n  {keep} on ({C}, uuid)\n    {HELD_LOW}\n)\n"
+    expr = (f"(\n    {_held(cause)}\n  {keep} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     from monitoring.remedies import annotation  # the run's own numbers (it imports this module)
 

@@ -2,19 +2,27 @@
 as model objects.
 
 They judge one GPU's utilization against a threshold of thresholds.yml while work is held on it, and
-join the workload (pod, run) for the text. ``monitoring.rules`` writes them into the
+join the workload (pod, run) for the text. GpuUtilizationLow and GpuUtilizationBelowTarget judge the
+level, so they read the GPU's useful utilization (``gpu:gpu_useful_utilization:avg5m``: its live run's
+time in collectives, where NCCL kernels spin, does not count; without a live run it is the
+utilization); GpuIdleButAllocated reads the busy time itself. ``monitoring.rules`` writes them into the
 ``gpu-utilization.alerts`` group of gpu-alerts.rules.yml (where the template says so);
 ``monitoring.grafana_alerts`` mirrors them with the same query, comparison and ``for``.
 """
 
 from __future__ import annotations
 
-from gpu_exporter.catalog import GPU_HAS_WORK_BOOL, GPU_UTILIZATION_AVG5M, GPU_WORKLOAD_INFO
+from gpu_exporter.catalog import (
+    GPU_HAS_WORK_BOOL,
+    GPU_USEFUL_UTILIZATION_AVG5M,
+    GPU_UTILIZATION_AVG5M,
+    GPU_WORKLOAD_INFO,
+)
 from gpu_exporter.causes import CAUSES
 from gpu_exporter.verdict.ladder import BELOW_TARGET_ANCHOR
 
 from monitoring.model import VALUE, Alert
-from monitoring.rules import CAUSE_SHARE, HELD_LOW, C
+from monitoring.rules import BUSY_NOTE, CAUSE_SHARE, HELD_LOW, C
 
 GROUP = "gpu-utilization.alerts"
 
@@ -43,7 +51,8 @@ WHO = ('GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ 
 LOW_DESCRIPTION = (
     WHO +
     'has been below ${utilization_low_threshold|percent} utilization for ${utilization_low_for} (5m mean, down to\n'
-    '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a training run. '
+    '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a training run.'
+    f'{BUSY_NOTE} '
     '{{ with $labels.run }}Run {{ . }} reports its phases:\n'
     f'a cause alert ({", ".join(c.alert for c in CAUSES)})\n'
     'names the remedy when one cause explains the gap;\n'
@@ -59,7 +68,8 @@ BELOW_TARGET_DESCRIPTION = (
     'has been below the ${utilization_target|percent} utilization target (at or above\n'
     '${utilization_low_threshold|percent}) for ${utilization_low_for} (5m mean, down to\n'
     '{{ $value | humanizePercentage }} in the last ${alert_hold}) while it holds memory, processes or a\n'
-    'training run, and no cause explains it. {{ with $labels.run }}Run {{ . }} reports its phases, but none\n'
+    f'training run, and no cause explains it.{BUSY_NOTE} '
+    '{{ with $labels.run }}Run {{ . }} reports its phases, but none\n'
     'passes its threshold (underutilized): `gpu-exporter diagnose --run {{ . }}` shows the largest phase\n'
     'besides compute, `gpu-exporter report --run {{ . }}` what the run has cost so far; then look at the\n'
     'batch size (M3). Inference servers: batch requests or share the GPU (MIG).{{ else }}No training run\n'
@@ -79,12 +89,13 @@ def alerts() -> list[Alert]:
     same between the low line and the target, for GPUs without a cause) and GpuIdleButAllocated."""
     warning, info = (("severity", "warning"),), (("severity", "info"),)
     return [
-        Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
+        Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", warning,
               "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
               "gpuutilizationlow", op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
               comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
-        Alert(GROUP, "GpuUtilizationBelowTarget", f"min_over_time({GPU_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
+        Alert(GROUP, "GpuUtilizationBelowTarget",
+              f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", info,
               "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
               "is known.", BELOW_TARGET_DESCRIPTION, BELOW_TARGET_ANCHOR, op="<",

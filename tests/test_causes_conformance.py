@@ -14,6 +14,9 @@ one GPU UUID, and distributed runs (cases sharing a ``run``, one per rank): a st
 waiting ranks are named ST (never M3, even with little memory used), and balanced ranks that are not;
 balanced ranks that all sit in collectives (communication-bound, CM, on every rank), and a straggler
 run whose common communication is CM and whose waiting ranks' excess is ST (the same time never both).
+Busy but waiting: on a real GPU an NCCL kernel spins while its rank waits, so the GPU reads ~95% busy on
+a rank waiting for a straggler or on every rank of a communication-bound run; both sides judge the level
+at the useful utilization min(u, 1 - communication share), so ST and CM are still named there.
 """
 
 from __future__ import annotations
@@ -100,6 +103,16 @@ CASES = [
     Case("comm_wait0", 0.1, 0.5, {"compute": 0.15, "communication": 0.85}, run="comm_wait", rank="0"),
     Case("comm_wait1", 0.1, 0.5, {"compute": 0.15, "communication": 0.85}, run="comm_wait", rank="1"),
     Case("comm_slow2", 0.1, 0.5, {"data": 0.5, "compute": 0.15, "communication": 0.35}, run="comm_wait", rank="2"),
+    # Busy but waiting (a real GPU: the NCCL kernel spins while the rank waits, NVML reads it busy). Rank 0
+    # waits for rank 1 (input-bound) at 95% busy: ST at its useful 35%, not healthy; rank 1 is M1.
+    Case("spin_wait0", 0.95, 0.5, {"compute": 0.35, "communication": 0.65}, run="spin", rank="0"),
+    Case("spin_slow1", 0.3, 0.5, {"data": 0.6, "compute": 0.35, "communication": 0.05}, run="spin", rank="1"),
+    # A balanced all-reduce job at 90% busy, 60% of every rank's step in collectives: CM on both (useful 40%).
+    Case("spin_comm0", 0.9, 0.5, {"compute": 0.4, "communication": 0.6}, run="spin_comm", rank="0"),
+    Case("spin_comm1", 0.9, 0.5, {"compute": 0.4, "communication": 0.6}, run="spin_comm", rank="1"),
+    # A healthy run whose collectives are short: its useful utilization is its utilization, 95%.
+    Case("spin_healthy0", 0.95, 0.5, {"compute": 0.95, "communication": 0.05}, run="spin_healthy", rank="0"),
+    Case("spin_healthy1", 0.95, 0.5, {"compute": 0.95, "communication": 0.05}, run="spin_healthy", rank="1"),
 ]
 
 MINUTES = 20
@@ -190,7 +203,7 @@ def test_cases_cover_every_cause_at_both_levels_and_no_cause() -> None:
     assert seen == {(c.cause, lvl) for c in CAUSES for lvl in (LOW, TARGET)}
     assert [c.name for c in CASES if not judged(c)] == [
         "batch_memory_full", "allocator_few_retries", "healthy", "healthy_but_input_heavy", "finished",
-        "under_every_threshold", "cluster_b", "ddp_target1"]
+        "under_every_threshold", "cluster_b", "ddp_target1", "spin_healthy0", "spin_healthy1"]
 
 
 def test_waiting_ranks_name_the_straggler_and_are_never_launch_bound() -> None:
@@ -227,6 +240,25 @@ def test_communication_bound_is_what_every_rank_pays_and_never_the_straggler_wai
         assert codes["CM"].value == 0.35
         assert codes["CM"].value + codes["ST"].value == pytest.approx(by_name[name].shares["communication"])
     assert [f.cause.code for f in judged(by_name["comm_slow2"])] == ["M1", "CM"]
+
+
+def test_a_busy_rank_that_waits_in_collectives_is_judged_at_its_useful_utilization() -> None:
+    by_name = {c.name: c for c in CASES}
+    # 95% busy, but 65% of the step in a spinning all-reduce: useful 35%, below target, waiting for rank 1.
+    (st,) = judged(by_name["spin_wait0"])
+    assert (st.cause.code, st.level, st.straggler) == ("ST", TARGET, "1")
+    assert st.value == pytest.approx(0.6) and st.projected == pytest.approx(0.35 / 0.4)
+    assert st.projection(0.95, by_name["spin_wait0"].shares).startswith(
+        "35% useful (95% busy, 65% of the step in collectives) now, at most ~87% if rank 1 kept up")
+    assert [(f.cause.code, f.level) for f in judged(by_name["spin_slow1"])] == [("M1", TARGET)]
+    # Balanced, 90% busy, 60% in collectives on every rank: CM on both, from useful 40% to at most 100%.
+    for name in ("spin_comm0", "spin_comm1"):
+        (cm,) = judged(by_name[name])
+        assert (cm.cause.code, cm.level, cm.value, cm.projected) == ("CM", TARGET, 0.6, 1.0)
+    # Without the cap the same ranks were healthy (u alone is above the target): nothing was named.
+    t = load_thresholds()
+    assert all(c.utilization >= t.utilization_target for c in CASES if c.name.startswith(("spin_wait", "spin_comm")))
+    assert not judged(by_name["spin_healthy0"]) and not judged(by_name["spin_healthy1"])
 
 
 def test_judge_names_the_biggest_cause_first_with_its_projection() -> None:
@@ -307,6 +339,9 @@ GPU_CASES = [
     GpuCase("target_underutilized", 0.5, 0.6, shares={"data": 0.2, "compute": 0.8}),
     GpuCase("cluster_a", 0.01, 0.3, process=True, cluster="a", uuid="GPU-shared-ladder"),
     GpuCase("cluster_b", 0.9, 0.3, process=True, cluster="b", uuid="GPU-shared-ladder"),
+    # 95% busy, a quarter of its run's step in a spinning all-reduce (no cause passes): useful 75%, below target.
+    GpuCase("target_underutilized_collectives", 0.95, 0.6, shares={"compute": 0.75, "communication": 0.25}),
+    GpuCase("healthy_run_collectives", 0.95, 0.6, shares={"compute": 0.95, "communication": 0.05}),
 ]
 
 
@@ -397,6 +432,10 @@ def test_gpu_cases_reach_every_non_cause_row() -> None:
                           ("underutilized", "underutilized"), ("target_underutilized", "underutilized")):
         assert ladder_verdict(by_name[name]) == verdict, name
         assert level(by_name[name].utilization, t) == (TARGET_LEVEL if name.startswith("target_") else LOW_LEVEL)
+    # The GPU's level is its useful utilization's: busy at 95%, yet below target with its run in collectives.
+    assert level(by_name["target_underutilized_collectives"].utilization, t) is None
+    assert ladder_verdict(by_name["target_underutilized_collectives"]) == "underutilized"
+    assert ladder_verdict(by_name["healthy_run_collectives"]) == "none"
 
 
 @pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")

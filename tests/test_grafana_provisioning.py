@@ -177,9 +177,11 @@ def test_grafana_alert_matches_the_prometheus_alert_and_thresholds_file(title: s
     # that the Prometheus expression writes after the 5m utilization recording rule.
     evaluator, query = condition_and_query(grafana)
     assert evaluator == {"type": "lt", "params": [limits[threshold_key]]}
-    # (GpuUtilizationLow compares the lowest 5m mean over alert_hold: hysteresis, docs/prometheus.md.)
+    # (GpuUtilizationLow compares the lowest 5m mean over alert_hold: hysteresis, docs/prometheus.md; it and
+    # GpuUtilizationBelowTarget judge the level, so they read the GPU's useful utilization.)
     comparison = next((c for c in (f"gpu:gpu_utilization:avg5m < {limits[threshold_key]}",
-                                   f"gpu:gpu_utilization:avg5m[{limits['alert_hold']}]) < {limits[threshold_key]}")
+                                   f"gpu:gpu_useful_utilization:avg5m[{limits['alert_hold']}]) < "
+                                   f"{limits[threshold_key]}")
                        if c in prom["expr"]), "no comparison with the threshold")
     assert comparison in prom["expr"]
 

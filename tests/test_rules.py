@@ -29,6 +29,7 @@ CONTRACT_RECORDS = {
     "run:gpu_training_phase:share5m", "node:gpu_utilization:avg5m", "model:gpu_utilization:avg5m",
     "namespace:gpu_utilization:avg5m", "gpu:gpu_underutilized:bool5m", "node:gpu_idle_hours:increase1h",
     "gpu:gpu_has_work:bool", "run:gpu_training_cause:share", "run:gpu_training_cause:projected_utilization",
+    "run:gpu_useful_utilization:avg5m", "gpu:gpu_useful_utilization:avg5m",
 }
 EXPECTED_ALERTS = {
     "GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated", "GpuTrainingInputBound",
@@ -98,7 +99,7 @@ def test_threshold_values_reach_the_rules() -> None:
     assert values.text("utilization_low_threshold") == "0.3"
     changed = values.with_values(utilization_low_threshold=0.42, utilization_low_for="17m")
     text = "".join(gen.generate(changed).values())
-    assert "min_over_time(gpu:gpu_utilization:avg5m[10m]) < 0.42" in text  # GpuUtilizationLow
+    assert "min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.42" in text  # GpuUtilizationLow
     assert "< bool 0.42" in text
     assert "for: 17m" in text
     assert "below 42% utilization" in text
@@ -132,6 +133,21 @@ def test_recording_rules_follow_naming_and_contract() -> None:
         assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", name), f"{name} is not level:metric:operation"
 
 
+def test_levels_and_projections_start_from_the_useful_utilization() -> None:
+    """A run's causes are judged at its useful utilization, min(u, 1 - communication share) (an NCCL kernel
+    spins while its rank waits, so u alone calls a waiting rank busy), and projected from it."""
+    records = {r["record"]: r["expr"] for r in rules("record") if "useful" in r["record"]}
+    assert set(records) == {"run:gpu_useful_utilization:avg5m", "gpu:gpu_useful_utilization:avg5m"}
+    assert '(1 - run:gpu_training_phase:share5m{phase="communication"})' in records["run:gpu_useful_utilization:avg5m"]
+    shares = [r for r in rules("record") if r["record"] == "run:gpu_training_cause:share"]
+    levels = {r["labels"]["level"]: r["expr"] for r in shares}
+    assert "and on (cluster, uuid, run, rank)\n(run:gpu_useful_utilization:avg5m < 0.3)" in levels["low"]
+    assert all("and on (cluster, uuid, run, rank)\n(run:gpu_useful_utilization:avg5m >= 0.3 < 0.85)" in r["expr"]
+               for r in shares if r["labels"]["level"] == "target")
+    (projected,) = [r["expr"] for r in rules("record") if r["record"] == "run:gpu_training_cause:projected_utilization"]
+    assert projected.count("run:gpu_useful_utilization:avg5m") == 2 and "gpu:gpu_utilization:avg5m" not in projected
+
+
 def test_alert_set_and_conventions() -> None:
     found = alerts()
     assert set(found) == EXPECTED_ALERTS
@@ -145,9 +161,11 @@ def test_alert_set_and_conventions() -> None:
         assert ann["runbook_url"] == RUNBOOK_BASE + name.lower(), name
         if name in CAUSE_REMEDIES:
             # Cause alerts read only the generated cause series, which carry the code and remedy labels.
-            # ... held over alert_hold at either level, and the GPU low within it (hysteresis, docs/prometheus.md).
+            # ... held over alert_hold at either level, and the run's useful utilization (its causes' level) low
+            # within it (hysteresis, docs/prometheus.md).
             assert "(last_over_time(run:gpu_training_cause:share{cause=" in rule["expr"], name
-            assert "and on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_util" in rule["expr"]
+            assert ("and on (cluster, uuid, run, rank)\n    max by (cluster, uuid, run, rank) (min_over_time("
+                    "run:gpu_useful_utilization:avg5m[10m])) < 0.3\n") in rule["expr"], name
             assert rule["labels"]["level"] == "low" and rule["labels"]["severity"] == "warning", name
             assert f"{CAUSE_REMEDIES[name]}:" in ann["description"], f"{name}: description must name the remedy"
 
@@ -191,7 +209,8 @@ def test_info_alert_carries_every_cause_below_target() -> None:
     for rule in below:
         assert rule["labels"]["severity"] == "info"
         assert rule["labels"]["level"] == "target" and "(last_over_time(run:gpu_training_cause:share{" in rule["expr"]
-        assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_util" in rule["expr"]
+        assert ("unless on (cluster, uuid, run, rank)\n    max by (cluster, uuid, run, rank) (min_over_time("
+                "run:gpu_useful_utilization:avg5m[10m])) < 0.3\n") in rule["expr"]
 
 
 def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -> None:
@@ -200,9 +219,11 @@ def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -
     found = alerts()
     rule, low = found["GpuUtilizationBelowTarget"], found["GpuUtilizationLow"]
     assert rule["labels"] == {"severity": "info"} and rule["for"] == low["for"]
-    assert rule["expr"].startswith("(\n    min_over_time(gpu:gpu_utilization:avg5m[10m]) < 0.85\n")
-    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_utilization:avg5m[10m]))" \
-        " < 0.3\n" in rule["expr"]
+    # Both judge the level at the GPU's useful utilization (its live run's time in collectives does not count).
+    assert rule["expr"].startswith("(\n    min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.85\n")
+    assert low["expr"].startswith("(\n    min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.3\n")
+    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_useful_utilization:avg5m" \
+        "[10m])) < 0.3\n" in rule["expr"]
     assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (last_over_time(run:gpu_training_cause:share[10m]))" \
         in rule["expr"]
 

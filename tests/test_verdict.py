@@ -120,3 +120,38 @@ def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> No
         verdict = judge(view, T)
         assert verdict.verdict == "not_instrumented", verdict
         assert verdict.runbook == T.runbook_url(model.alert(alert).anchor), (utilization, verdict.runbook)
+
+
+def test_a_busy_rank_waiting_in_collectives_is_judged_at_its_useful_utilization() -> None:
+    """On a real GPU an NCCL kernel spins while its rank waits: 95% busy, yet 65% of the step in collectives.
+    The judge reads the level at min(u, 1 - communication share) (useful 35%: below target, ST, not healthy),
+    the projection starts there, and the reason says both figures."""
+    from gpu_exporter.verdict.views import Readings
+
+    def key(rank: str) -> tuple[str, str, str]:
+        return ("ddp", rank, f"GPU-{rank}")
+
+    readings = Readings(info=[{"uuid": "GPU-0", "gpu": "0"}, {"uuid": "GPU-1", "gpu": "1"}],
+                        utilization={"GPU-0": 0.95, "GPU-1": 0.3}, memory_ratio={"GPU-0": 0.5, "GPU-1": 0.5},
+                        phase_total={key("0"): {"compute": 35.0, "communication": 65.0},
+                                     key("1"): {"data": 60.0, "compute": 35.0, "communication": 5.0}},
+                        live={key("0"), key("1")})
+    waiting, straggler = build_views(readings, T, 300.0)
+    verdict = judge(waiting, T)
+    assert (verdict.verdict, verdict.level, verdict.title) == ("straggler", "target",
+                                                              "below target: waiting for a straggler (ST)")
+    assert verdict.reason.startswith("35% useful (95% busy, 65% of the step in collectives) now, at most ~87% if "
+                                     "rank 1 kept up"), verdict.reason
+    assert judge(straggler, T).verdict == "input_bound"
+    # The same GPU whose run spends 5% in collectives is healthy, and says its utilization as before.
+    readings.phase_total[key("0")] = {"compute": 95.0, "communication": 5.0}
+    readings.phase_total[key("1")] = {"compute": 95.0, "communication": 5.0}
+    readings.utilization["GPU-1"] = 0.95
+    healthy = judge(build_views(readings, T, 300.0)[0], T)
+    assert (healthy.verdict, healthy.reason) == ("healthy", "95% utilization, at or above the 85% target.")
+    # 95% busy with a quarter of the step in collectives and no cause: below target, saying why.
+    readings.phase_total[key("0")] = {"compute": 75.0, "communication": 25.0}
+    readings.phase_total[key("1")] = {"compute": 75.0, "communication": 25.0}
+    below = judge(build_views(readings, T, 300.0)[0], T)
+    assert (below.verdict, below.level) == ("underutilized", "target")
+    assert below.reason.startswith("75% useful utilization (95% busy, 25% of the step in collectives) (target 85%)")

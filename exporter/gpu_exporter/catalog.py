@@ -352,6 +352,12 @@ GPU_HAS_WORK_BOOL = _record(
     "gpu:gpu_has_work:bool", "1 when the GPU has work (memory used, a process, or a live training run), else 0.")
 RUN_TRAINING_PHASE_SHARE5M = _record(
     "run:gpu_training_phase:share5m", "Each phase's share (0-1) of a run's (per rank) time over 5m.")
+RUN_USEFUL_UTILIZATION_AVG5M = _record(
+    "run:gpu_useful_utilization:avg5m",
+    "The utilization a live run's GPU is judged at: min(GPU utilization, 1 - the run's communication share).")
+GPU_USEFUL_UTILIZATION_AVG5M = _record(
+    "gpu:gpu_useful_utilization:avg5m",
+    "Per-GPU useful utilization: the most useful of its live runs', or its utilization without a live run.")
 RUN_TRAINING_STEP_SECONDS_AVG5M = _record(
     "run:gpu_training_step_seconds:avg5m", "Seconds per training step of each rank over 5m.")
 RUN_TRAINING_RANK_WORLD_SIZE = _record(

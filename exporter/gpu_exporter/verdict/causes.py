@@ -21,16 +21,24 @@ The signals, per training run (and rank) on a GPU, over one window:
   in the all-reduce has no straggler, yet the collectives hold every GPU down. A waiting rank's
   share splits in two: the common part (CM) and its excess over it (ST), never counted twice.
 
-Two levels: ``low`` (``u`` below ``utilization_low_threshold``: warning alerts) and ``target``
-(``u`` at or above that but below ``utilization_target``: one info alert). At or above the target
-no cause is named. The projection is an upper bound: hiding a phase of share ``s`` (overlapping it
-with compute) shortens the step to ``1 - s`` of its time with the same GPU work, so utilization
-can reach at most ``u / (1 - s)``; a launch-bound GPU (M3) can reach at most the compute share.
+Two levels, judged at the GPU's *useful* utilization ``u' = min(u, 1 - communication share)`` of the
+run (:func:`~gpu_exporter.verdict.levels.useful_utilization`: an NCCL kernel spins on the GPU while
+its rank waits in a collective, so ``u`` alone calls a waiting rank busy): ``low`` (``u'`` below
+``utilization_low_threshold``: warning alerts) and ``target`` (``u'`` at or above that but below
+``utilization_target``: one info alert). At or above the target no cause is named. The projection
+is an upper bound: hiding a phase of share ``s`` (overlapping it with compute) shortens the step to
+``1 - s`` of its time with the same GPU work, so utilization can reach at most ``u' / (1 - s)``; a
+launch-bound GPU (M3) can reach at most the compute share. (M3 needs ``u < compute / 2``, where
+``u' = u``: its condition reads the same with either.)
 
 >>> from gpu_exporter.thresholds import load_thresholds
 >>> t = load_thresholds()
 >>> [f.summary(0.08) for f in find_causes(0.08, 0.2, RunSignals({"data": 0.9, "compute": 0.1}), t)]
 ['input-bound (M1): 8% now, at most ~80% if loading overlapped compute']
+>>> waiting = {"compute": 0.35, "communication": 0.65}  # rank 0 of 2 on a real GPU: NCCL spins, 95% busy
+>>> (st,) = find_causes(0.95, 0.2, RunSignals(waiting, communication={"0": 0.65, "1": 0.05}), t)
+>>> st.level, st.projection(0.95, waiting)
+('target', '35% useful (95% busy, 65% of the step in collectives) now, at most ~87% if rank 1 kept up')
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpu_exporter import catalog
-from gpu_exporter.verdict.levels import LOW, TARGET, level
+from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
 
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
@@ -196,21 +204,24 @@ class Finding:
     straggler_cause: str = field(default="", compare=False)
     """ST: what holds the straggler back, in words (diagnose fills it from the straggler's own verdict)."""
 
-    def summary(self, utilization: float) -> str:
+    def summary(self, utilization: float, shares: Mapping[str, float] | None = None) -> str:
         """``"input-bound (M1): 8% now, at most ~90% if loading overlapped compute"``."""
-        return f"{self.cause.label}: {self.projection(utilization)}"
+        return f"{self.cause.label}: {self.projection(utilization, shares)}"
 
-    def projection(self, utilization: float) -> str:
-        """``"8% now, at most ~90% if loading overlapped compute"``."""
+    def projection(self, utilization: float, shares: Mapping[str, float] | None = None) -> str:
+        """``"8% now, at most ~90% if loading overlapped compute"``: ``utilization`` is the GPU's, ``shares``
+        the run's phase shares (its collectives make the figure its useful utilization, see
+        :func:`~gpu_exporter.verdict.levels.useful_text`)."""
+        now = useful_text(utilization, *(() if shares is None else (shares,)))
         if self.projected is None:
-            return f"{pct(utilization)} now; no projection (allocator stalls are counted, not timed)"
+            return f"{now} now; no projection (allocator stalls are counted, not timed)"
         if self.cause.kind == STRAGGLER:
             step = ""
             if self.step_seconds is not None:
                 step = (f"; the run's step would take ~{seconds(self.projected_step_seconds or 0.0)} instead of "
                         f"{seconds(self.step_seconds)}")
-            return f"{pct(utilization)} now, at most ~{pct(self.projected)} if rank {self.straggler} kept up{step}"
-        return f"{pct(utilization)} now, at most ~{pct(self.projected)} {self.cause.hidden}"
+            return f"{now} now, at most ~{pct(self.projected)} if rank {self.straggler} kept up{step}"
+        return f"{now} now, at most ~{pct(self.projected)} {self.cause.hidden}"
 
     @property
     def projected_step_seconds(self) -> float | None:
@@ -309,9 +320,11 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
                 retry_limit: float | None = None) -> list[Finding]:
     """Every cause of :data:`CAUSES` that applies to ``run`` on a GPU at ``utilization``, biggest first.
 
-    Mirrors the generated PromQL exactly (the conformance test checks it). ``retry_limit`` is the
-    allocator retry limit for the window (default ``allocator_retries_threshold``, the limit per
-    ``allocator_window`` the rules use). Nothing at or above the target.
+    Mirrors the generated PromQL exactly (the conformance test checks it). ``utilization`` is the
+    GPU's; the level and the projections start from the run's useful utilization
+    (:func:`~gpu_exporter.verdict.levels.useful_utilization`). ``retry_limit`` is the allocator retry
+    limit for the window (default ``allocator_retries_threshold``, the limit per ``allocator_window``
+    the rules use). Nothing at or above the target.
 
     >>> from gpu_exporter.thresholds import load_thresholds
     >>> t = load_thresholds()
@@ -320,6 +333,7 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
     >>> find_causes(0.9, 0.3, RunSignals({"data": 0.5}), t)
     []
     """
+    utilization = useful_utilization(utilization, run.shares)
     lvl = level(utilization, t)
     if lvl is None:
         return []

@@ -12,7 +12,7 @@ expresses it (tests/test_causes_conformance.py feeds the same cases to promtool 
 verdict                            when
 =================================  ==============================================================
 unknown                            NVML reports no utilization (GPUs in MIG mode)
-healthy                            utilization at or above ``utilization_target``
+healthy                            useful utilization at or above ``utilization_target``
 unused                             no memory, process or live run on the GPU
 <cause> (M1-M4, CK, ST, CM)        a cause of the table applies to a live run on the GPU: below
                                    ``utilization_low_threshold`` the title is the cause
@@ -27,6 +27,12 @@ underutilized / below target       a live run reports, but no cause passes its t
                                    two alerts, with a run label)
 =================================  ==============================================================
 
+The level (below ``utilization_low_threshold``, below ``utilization_target``, healthy) is judged at
+the GPU's useful utilization (:func:`~gpu_exporter.verdict.levels.useful_utilization`): ``u``
+capped by ``1 - communication share`` of its live run, so a rank that waits in spinning NCCL
+kernels is not called healthy; a GPU with no live run keeps ``u``. "Idle but allocated" reads
+``u`` itself (a GPU in a spinning collective is not idle; its run's ST or CM names the wait).
+
 >>> [row.row for row in LADDER][:4]
 ['unknown', 'healthy', 'unused', 'input_bound']
 """
@@ -39,7 +45,7 @@ from dataclasses import dataclass, replace
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
-from gpu_exporter.verdict.levels import LEVELS, LOW, TARGET, level
+from gpu_exporter.verdict.levels import LEVELS, LOW, TARGET, level, useful_text, useful_utilization
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 INSTRUMENT_SNIPPET = """\
@@ -59,7 +65,10 @@ BELOW = tuple(lv.level for lv in LEVELS)
 
 @dataclass(frozen=True)
 class Facts:
-    """What the ladder's conditions read of one GPU: its view, level, live runs and their top finding."""
+    """What the ladder's conditions read of one GPU: its view, level, live runs and their top finding.
+
+    ``utilization`` is the GPU's (NVML busy time); ``level`` is judged at its useful utilization.
+    """
 
     view: GpuView
     utilization: float | None
@@ -73,6 +82,11 @@ class Facts:
         """The utilization, for the rows below ``unknown`` (which take the GPUs without one)."""
         assert self.utilization is not None
         return self.utilization
+
+    def now(self, noun: str = " utilization") -> str:
+        """The figure the level is judged at, in words: ``"8% utilization"``, or ``"35% useful utilization (95%
+        busy, 65% of the step in collectives)"`` when the live run's collectives hide part of it."""
+        return useful_text(self.u, *(r.shares for r in self.live), noun=noun)
 
 
 @dataclass(frozen=True)
@@ -112,8 +126,7 @@ def _unknown(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 
 def _healthy(row: Row, f: Facts, t: Thresholds) -> Verdict:
-    return Verdict(row.verdict, row.title, f"{pct(f.u)} utilization, at or above the "
-                                           f"{pct(t.utilization_target)} target.")
+    return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target.")
 
 
 def _unused(row: Row, f: Facts, t: Thresholds) -> Verdict:
@@ -126,7 +139,7 @@ def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
     also = "".join(f" Also {g.cause.label}: {pct(g.value) if g.projected is not None else f'{g.value:.0f}'}"
                    + (f" (at most ~{pct(g.projected)} without it)" if g.projected is not None else "") + "."
                    for g, _ in others)
-    reason = f"{first.projection(f.u)}. {first.reason(run.run, run.rank)}{also}"
+    reason = f"{first.projection(f.u, run.shares)}. {first.reason(run.run, run.rank)}{also}"
     return _suggested(run, Verdict(row.verdict, row.titled(f.level), reason, row.remedy, row.runbook(t), True,
                                    cause.code, f.level or "", first.projected))
 
@@ -172,7 +185,7 @@ def _underutilized(row: Row, f: Facts, t: Thresholds) -> Verdict:
     run = f.live[0]
     biggest = max(((p, s) for p, s in run.shares.items() if p != "compute"), key=lambda x: x[1], default=None)
     detail = f"; its largest phase besides compute is {biggest[0]} at {pct(biggest[1])}" if biggest else ""
-    return _below(row, f, t, f"{pct(f.u)} utilization (target {pct(t.utilization_target)}); no cause "
+    return _below(row, f, t, f"{f.now()} (target {pct(t.utilization_target)}); no cause "
                              f"passes its threshold for run {run.run}{detail}.",
                   title=row.title if f.level == LOW else "below target: no single cause")
 
@@ -212,7 +225,8 @@ def _has_work(f: Facts, t: Thresholds) -> bool:
 LADDER: tuple[Row, ...] = (
     Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), (), "", "",
         f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None, _unknown),
-    Row("healthy", "healthy", "healthy", "utilization at or above the target", ("utilization_target",), (), "", "",
+    Row("healthy", "healthy", "healthy", "useful utilization at or above the target", ("utilization_target",), (),
+        "", "",
         "no GpuUtilizationLow, GpuTrainingBelowTarget or cause alert", lambda f, t: f.level is None, _healthy),
     Row("unused", "unused", "unused", "no process, no live run, memory at most work_memory_used_ratio",
         ("work_memory_used_ratio",), BELOW, "", "", f"{catalog.GPU_HAS_WORK_BOOL.name} == 0",
@@ -259,7 +273,8 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
     util = view.utilization
     live = tuple(r for r in view.runs if r.live)
     found = tuple(sorted(((f, r) for r in live for f in r.findings), key=lambda fr: cause_order(fr[0])))
-    facts = Facts(view, util, None if util is None else level(util, t), live, found)
+    lvl = None if util is None else level(useful_utilization(util, *(r.shares for r in live)), t)
+    facts = Facts(view, util, lvl, live, found)
     for row in LADDER:
         if row.holds(facts, t):
             return row.say(row, facts, t)

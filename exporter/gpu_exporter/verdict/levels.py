@@ -1,5 +1,13 @@
 """The utilization levels, defined once: below which line a GPU is ``low``, below which ``target``.
 
+The utilization a GPU is judged at is its *useful* utilization (:func:`useful_utilization`): on a
+real GPU an NCCL collective's kernel spins while its rank waits for the slower ranks, so NVML reads
+a rank that waits for a straggler, or every rank of a communication-bound run, as ~100% busy. The
+GPU cannot have computed while its rank sat in collectives, so a training run's GPU is judged at
+``min(u, 1 - communication share)`` of that run (rank); a GPU with no live run keeps ``u``. The
+generated rules record the same as ``run:gpu_useful_utilization:avg5m`` and
+``gpu:gpu_useful_utilization:avg5m`` (prometheus/templates/gpu-recording.rules.yml.in).
+
 The verdict, the status page (its JSON carries :func:`describe`, the page's script colours bars
 from that), the alert rules (monitoring/rules.py) and the report all read these rows, so the
 levels' names and thresholds keys exist only here.
@@ -10,12 +18,18 @@ levels' names and thresholds keys exist only here.
 ('low', 'target', None)
 >>> [d["level"] for d in describe(t)]
 ['low', 'target']
+>>> u = useful_utilization(0.95, {"compute": 0.35, "communication": 0.65})
+>>> round(u, 2), level(u, t), useful_text(0.95, {"compute": 0.35, "communication": 0.65})
+(0.35, 'target', '35% useful (95% busy, 65% of the step in collectives)')
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from gpu_exporter.training.protocol import COMMUNICATION
 
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
@@ -59,6 +73,34 @@ def level(utilization: float, t: Thresholds) -> str | None:
         if utilization < lv.below(t):
             return lv.level
     return None
+
+
+def useful_utilization(utilization: float, *shares: Mapping[str, float]) -> float:
+    """The utilization a GPU is judged at: ``min(u, 1 - communication share)`` of the run (rank) on it.
+
+    ``shares`` are the phase shares of the live runs on the GPU: of one run, the run's own; of
+    several, the most useful of them (the GPU did useful work for at least that one); of none, ``u``.
+    A run without a ``communication`` phase (or a small one below ``1 - u``) keeps ``u``.
+
+    >>> useful_utilization(0.9, {"communication": 0.6}), useful_utilization(0.9), useful_utilization(0.3, {"data": 1})
+    (0.4, 0.9, 0.3)
+    """
+    caps = [1.0 - s.get(COMMUNICATION, 0.0) for s in shares]
+    return min(utilization, max(caps)) if caps else utilization
+
+
+def useful_text(utilization: float, *shares: Mapping[str, float], noun: str = "") -> str:
+    """The figure a GPU is judged at, in words: ``"8%"`` (``u`` itself), or, when its run's collectives
+    hide part of ``u``, ``"35% useful (95% busy, 65% of the step in collectives)"``. ``noun`` follows the figure.
+
+    >>> useful_text(0.08, {"data": 0.9}, noun=" utilization")
+    '8% utilization'
+    """
+    useful = useful_utilization(utilization, *shares)
+    if useful >= utilization:
+        return f"{utilization * 100:.0f}%{noun}"
+    return (f"{useful * 100:.0f}% useful{noun} ({utilization * 100:.0f}% busy, {(1 - useful) * 100:.0f}% of the step "
+            "in collectives)")
 
 
 def describe(t: Thresholds) -> list[dict[str, Any]]:
