@@ -55,6 +55,7 @@ from gpu_exporter.commands.metrics_client import (
     promql_duration,
 )
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
+from gpu_exporter.verdict.levels import useful_utilization
 
 _PHASES = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name
 _LAST_PUSH = catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.name
@@ -252,10 +253,11 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
 
     step = step or max(MIN_STEP, (end - start) / POINTS)
     window = promql_duration(WINDOW_STEPS * step)
-    times, util_series, phase_series, spans = _timeline(prom, run, gpus, t, start, end, step, window)
-    # Each GPU's hours below target: its share of the run's points below the target, times the wall time.
+    times, util_series, useful_series, phase_series, spans = _timeline(prom, run, gpus, t, start, end, step, window)
+    # Each GPU's hours below target: its share of the run's points whose useful utilization (the level's,
+    # gpu_exporter.verdict.levels) is below the target, times the wall time.
     below = 0.0
-    for series in util_series.values():
+    for series in useful_series.values():
         points = [v for v in series if v is not None]
         below += wall * sum(v < t.utilization_target for v in points) / len(points) if points else 0.0
     causes = sorted(spans.values(), key=lambda c: (-c.seconds, -shares.get(BY_ID[c.cause].phase, 0.0)))
@@ -305,8 +307,10 @@ def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> fl
 
 def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, start: float, end: float,
               step: float, window: str) -> tuple[list[float], dict[str, list[float | None]],
-                                                 dict[str, list[float | None]], dict[str, CauseSpan]]:
-    """The run over time: utilization per GPU, phase shares (all ranks), and when each cause applied."""
+                                                 dict[str, list[float | None]], dict[str, list[float | None]],
+                                                 dict[str, CauseSpan]]:
+    """The run over time: utilization and useful utilization per GPU, phase shares (all ranks), and when each
+    cause applied."""
     sel = f"run={_quote(run)}"
     match = _quote("|".join(gpus) or "none")
     phases = _range(prom, f"increase({_PHASES}{{{sel}}}[{window}])", start, end, step)
@@ -331,6 +335,7 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
     applied: dict[str, set[float]] = {}
     on_ranks: dict[str, set[str]] = {}
     phase_sum: dict[str, list[float | None]] = {}
+    useful: dict[str, list[float | None]] = {uuid: list(series) for uuid, series in util.items()}
     none: list[float | None] = [None] * len(times)
 
     def at(series: dict[Any, list[float | None]], key: Any, i: int) -> float | None:
@@ -349,6 +354,10 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
             rank_total = sum((v[i] or 0.0) for v in ph.values())
             if rank_total > 0 and (at(live, key, i) or 0.0) == 1.0:
                 step_shares[key] = {p: (v[i] or 0.0) / rank_total for p, v in ph.items()}
+        for uuid, useful_now in useful.items():  # the level's utilization: capped by the live ranks' collectives
+            u_now = util[uuid][i]
+            if u_now is not None:
+                useful_now[i] = useful_utilization(u_now, *(sh for key, sh in step_shares.items() if key[1] == uuid))
         # ST: the communication share of every live rank at this step, as the rules join a run's ranks.
         communication = {key[0]: shares.get("communication", 0.0) for key, shares in step_shares.items()}
         for key, shares in step_shares.items():
@@ -366,7 +375,7 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
         spans[cause_id] = CauseSpan(cause_id, cause.code, cause.label, len(stamps) * step,
                                     _intervals(sorted(stamps), step), cause.remedy,
                                     sorted(on_ranks[cause_id], key=lambda r: (len(r), r)))
-    return times, util, phase_sum, spans
+    return times, util, useful, phase_sum, spans
 
 
 def _intervals(stamps: Sequence[float], step: float) -> list[tuple[float, float]]:
