@@ -320,9 +320,12 @@ def training_run(cfg: Config) -> dash.Dashboard:
              .with_panel(utilization_timeseries(
                  cfg, "GPU utilization of the run's GPUs",
                  "Utilization (busy-time counter, 5m mean) of the GPUs this run pushes from (joined on uuid), "
-                 f"beside the compute-phase share. The line is {pct}.",
+                 "beside each rank's useful utilization (what the level is judged at: min(utilization, 1 - its "
+                 "communication share), since an NCCL kernel spins on the GPU while its rank waits in a collective) "
+                 f"and the compute-phase share. The line is {pct}.",
                  [query(f"{cfg.sel(m.GPU_UTILIZATION_AVG5M.name)} * {cfg.on('uuid')} group_right (node, gpu) "
                         f"{run_gpus}", "GPU utilization rank {{rank}}"),
+                  query(sel(m.RUN_USEFUL_UTILIZATION_AVG5M.name), "useful utilization rank {{rank}}"),
                   query(f"avg {cfg.by('rank')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name, phase='compute')})",
                         "compute share rank {{rank}}")], h=9, links=[gpu_link()]))
              .with_panel(bar_gauge("Phase shares over the selected range",
