@@ -16,7 +16,9 @@ long it sat idle during each, which is the truth the tests compare the library's
     GPU_SIM_DEVICE_DIR=/tmp/ch python tests/async_loops.py input_item http://127.0.0.1:9445 30 [/tmp/out.json]
 
 The output file gets ``{"truth": shares, "library": shares, "synchronize_calls": n}`` at the end.
-A loop of the DDP pair reads ``RANK``/``WORLD_SIZE`` and ``ASYNC_LOOP_GROUP`` (the emulated NCCL group).
+A loop of the DDP pair reads ``RANK``/``WORLD_SIZE``, ``ASYNC_LOOP_GROUP`` (the emulated NCCL group) and
+``ASYNC_LOOP_WAIT_BUSY`` (1, the default: the collective's wait for the slowest rank is busy, as NCCL's
+spinning kernel; 0: idle).
 """
 
 from __future__ import annotations
@@ -100,7 +102,10 @@ def train(name: str, url: str, seconds: float, out: Path | None = None) -> None:
     plan = PLANS[name]
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     uuid = os.environ.get("ASYNC_LOOP_UUID", f"GPU-async-{name}")
-    gpu = AsyncDevice(uuid, group=os.environ.get("ASYNC_LOOP_GROUP", ""), rank=rank, world=world)
+    # The emulated NCCL kernel spins (busy) while it waits for the slowest rank, as on real drivers, so a waiting
+    # rank's GPU reads busy and its useful work is what the verdict must see; $ASYNC_LOOP_WAIT_BUSY=0 makes it idle.
+    gpu = AsyncDevice(uuid, group=os.environ.get("ASYNC_LOOP_GROUP", ""), rank=rank, world=world,
+                      wait_busy=os.environ.get("ASYNC_LOOP_WAIT_BUSY", "1") == "1")
     torch_cuda.install(gpu)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))

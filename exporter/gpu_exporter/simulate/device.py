@@ -385,11 +385,12 @@ class AsyncDevice(SimDevice):
     group (one device each, any processes) meet through files in the channel directory. The device
     is busy while a kernel or a collective's transfer runs; a copy (``.cpu()``, ``.to("cuda")``)
     holds the stream but is not busy (NVML counts kernels only), and so is a collective's wait for
-    the slowest rank unless ``wait_busy`` (NCCL's kernel spins while it waits).
+    the slowest rank: by default (``wait_busy``) that wait is busy too, as NCCL's kernel spins while it waits and
+    NVML counts it; ``wait_busy=False`` makes the wait idle (a CPU-side wait, e.g. gloo).
     """
 
     def __init__(self, uuid: str, directory: str | Path | None = None, *, group: str = "", rank: int = 0,
-                 world: int = 1, wait_busy: bool = False) -> None:
+                 world: int = 1, wait_busy: bool = True) -> None:
         self._lock = threading.RLock()
         self._queue: list[_Op] = []
         """Ops not yet placed on the device's clock (only behind a collective whose peers have not arrived)."""
