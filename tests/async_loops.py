@@ -53,13 +53,15 @@ class Plan:
     checkpoint: float = 0.0
     allreduce: float = 0.0
     wobble: tuple[float, float] | None = None
+    lagged_item: bool = False
+    """``.item()`` on the previous step's loss (the usual way to log it): the GPU always has this step queued."""
 
 
 PLANS: dict[str, Plan] = {
     # M1: the GPU idles while the CPU waits for data; loss.item() in metrics waits for the kernels (not metrics).
     "input_item": Plan(data=0.11, kernels=0.04),
-    # healthy: GPU-bound, with a per-step loss.item() that waits for the kernels.
-    "healthy_item": Plan(data=0.001, kernels=1.2, launches=8),
+    # healthy: GPU-bound, with a per-step loss.item() (of the previous step's loss, so this step stays queued).
+    "healthy_item": Plan(data=0.003, kernels=0.25, launches=8, lagged_item=True),
     # M2 for real: predictions .cpu(), then a Python F1 score while the GPU idles (target level: info).
     "metrics_cpu": Plan(data=0.005, kernels=0.08, metric=0.09),
     # M1 and M2 together, below 30%.
@@ -116,6 +118,7 @@ def train(name: str, url: str, seconds: float, out: Path | None = None) -> None:
     checkpoint, communication = run.phase("checkpoint"), run.phase("communication")
     path = Path(tempfile.gettempdir()) / f"async-loop-{os.getpid()}.pt"
     end = time.monotonic() + seconds
+    previous: Any = None
     try:
         while time.monotonic() < end:
             with data:
@@ -135,7 +138,12 @@ def train(name: str, url: str, seconds: float, out: Path | None = None) -> None:
                     gpu.all_reduce(plan.allreduce)  # DDP's bucket all-reduce: queued, returns at once
             with metrics:
                 gpu.doing("metrics")
-                gpu.item()  # loss.item(): waits for everything queued
+                if plan.lagged_item:  # the previous step's loss.item(): waits for that step's kernels only
+                    if previous is not None:
+                        previous.synchronize()
+                    previous = gpu.record()
+                else:
+                    gpu.item()  # loss.item(): waits for everything queued
                 if plan.metric:
                     predicted = torch.randint(0, 4, (256,)).tolist()
                     actual = torch.randint(0, 4, (256,)).tolist()

@@ -14,7 +14,7 @@ loop             per step                                             expected c
 ===============  ===================================================  ==========================================
 input_item       0.11 s waiting for data, 0.04 s of kernels, .item()  input-bound M1 (not M2: .item() waits for
                                                                       the kernels), warning
-healthy_item     1.2 s of kernels, .item() every step                 healthy, no alert
+healthy_item     0.25 s of kernels, the previous step's .item()       healthy, no alert
 metrics_cpu      0.08 s of kernels, .cpu() then 0.09 s Python F1      below target (info): metrics-bound M2
 mixed            0.12 s data, 0.04 s kernels, 0.06 s Python F1        input-bound M1 and metrics-bound M2
 launch_bound     250 tiny kernels, each costing more CPU to issue     batch too small M3, warning
