@@ -61,7 +61,7 @@ PLANS: dict[str, Plan] = {
     # M1: the GPU idles while the CPU waits for data; loss.item() in metrics waits for the kernels (not metrics).
     "input_item": Plan(data=0.11, kernels=0.04),
     # healthy: GPU-bound, with a per-step loss.item() (of the previous step's loss, so this step stays queued).
-    "healthy_item": Plan(data=0.003, kernels=0.25, launches=8, lagged_item=True),
+    "healthy_item": Plan(data=0.003, kernels=0.5, launches=8, lagged_item=True),
     # M2 for real: predictions .cpu(), then a Python F1 score while the GPU idles (target level: info).
     "metrics_cpu": Plan(data=0.005, kernels=0.08, metric=0.09),
     # M1 and M2 together, below 30%.

@@ -14,7 +14,7 @@ loop             per step                                             expected c
 ===============  ===================================================  ==========================================
 input_item       0.11 s waiting for data, 0.04 s of kernels, .item()  input-bound M1 (not M2: .item() waits for
                                                                       the kernels), warning
-healthy_item     0.25 s of kernels, the previous step's .item()       healthy, no alert
+healthy_item     0.5 s of kernels, the previous step's .item()        healthy, no alert
 metrics_cpu      0.08 s of kernels, .cpu() then 0.09 s Python F1      below target (info): metrics-bound M2
 mixed            0.12 s data, 0.04 s kernels, 0.06 s Python F1        input-bound M1 and metrics-bound M2
 launch_bound     250 tiny kernels, each costing more CPU to issue     batch too small M3, warning
@@ -109,7 +109,11 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: St
     firing = firing_causes(prom)
     for uuid, (_, _, _, alerts) in EXPECTED.items():
         assert firing.get(uuid, set()) == alerts, (uuid, firing)
-    assert promql(prom, 'ALERTS{uuid="GPU-async-healthy_item"}') == []
+    healthy = 'uuid="GPU-async-healthy_item"'
+    seen = {q: [(r["metric"].get("phase"), r["value"][1]) for r in promql(prom, q % healthy)]
+            for q in ("gpu:gpu_utilization:avg5m{%s}", "gpu:gpu_useful_utilization:avg5m{%s}",
+                      "run:gpu_training_phase:share5m{%s}")}
+    assert promql(prom, 'ALERTS{uuid="GPU-async-healthy_item"}') == [], seen
     (straggler,) = promql(prom, 'ALERTS{alertname="GpuTrainingStraggler", alertstate="firing"}')
     assert straggler["metric"]["straggler_rank"] == "1" and straggler["metric"]["rank"] == "0", straggler
 

@@ -56,8 +56,9 @@ from typing import Any
 
 CHANNEL_ENV = "GPU_SIM_DEVICE_DIR"
 """Environment variable naming the channel directory (both sides read it)."""
-SETTLE_SECONDS = 0.1
-"""How far behind real time a device GPU's NVML samples are taken (the writer flushes every 10 ms)."""
+SETTLE_SECONDS = 0.5
+"""How far behind real time a device GPU's NVML samples are taken. The writer flushes every 10 ms, but on a
+loaded machine its thread can wake up much later, and a sample taken before its chunks are in would stay idle."""
 FLUSH_SECONDS = 0.01
 CHUNK_SECONDS = 0.001
 """Busy intervals within this span are kept (and written) as one chunk with their busy seconds: an ops-mode
@@ -243,8 +244,9 @@ class _Channel:
         c = self._chunks
         with lock:
             upto = len(c.starts)
-            if not final and upto and c.starts[-1] > time.monotonic() - CHUNK_SECONDS:
-                upto -= 1  # the open chunk may still grow
+            if (not final and upto and c.ends[-1] - c.starts[-1] < CHUNK_SECONDS
+                    and c.starts[-1] > time.monotonic() - CHUNK_SECONDS):
+                upto -= 1  # the open chunk may still grow (a longer one, e.g. a queued kernel, cannot)
             lines = "".join(f"{c.starts[i]:.6f} {c.ends[i]:.6f} {c.busies[i]:.6f}\n"
                             for i in range(self._written, upto))
             self._written = max(self._written, upto)
@@ -509,8 +511,8 @@ class AsyncDevice(SimDevice):
         self.advance()
 
     def _wait_a_little(self, until: float | None) -> None:
-        now = time.monotonic()
-        time.sleep(min(0.001, max(0.0, until - now)) if until is not None else 0.0005)
+        """Sleep until the event's known completion time, or a moment while it waits for other ranks."""
+        time.sleep(max(0.0, until - time.monotonic()) if until is not None else 0.0005)
 
 
 def spin(seconds: float) -> None:
