@@ -389,6 +389,7 @@ READY = [
     'run:gpu_training_cause:share{code="M4"}',
     "run:gpu_training_cause:projected_utilization",
     "run:gpu_training_remedy:num_workers",
+    "run:gpu_training_remedy:batch_size",  # its factor needs the compute share settled at 2x the utilization or more
     "gpu:gpu_has_work:bool",
     "increase(gpu_xid_errors_total[1m])",
     "gpu_sm_active_ratio",
