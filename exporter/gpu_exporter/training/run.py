@@ -135,8 +135,8 @@ class _EventPhase(Phase):
         run = self._run
         before = run._current
         Phase.__enter__(self)
-        if run._current is not before:
-            run._gpu.mark(self)  # type: ignore[union-attr]  # set whenever this class is used
+        if run._current is not before:  # the change's clock reading is run._since: no second perf_counter()
+            run._gpu.mark(self, run._since)  # type: ignore[union-attr]  # set whenever this class is used
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -145,7 +145,7 @@ class _EventPhase(Phase):
         before = run._current
         Phase.__exit__(self, exc_type, exc, tb)
         if run._current is not before:
-            run._gpu.mark(run._current)  # type: ignore[union-attr]
+            run._gpu.mark(run._current, run._since)  # type: ignore[union-attr]
 
 
 class GpuClock:
