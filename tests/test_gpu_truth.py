@@ -133,10 +133,11 @@ def test_ops_mode_is_busy_inside_torch_operators_only(tmp_path: Path) -> None:
     device = OpsDevice("GPU-ops", directory=tmp_path).start()
     try:
         began = time.monotonic()
-        x = torch.randn(256, 256)
+        # operators long enough (a 512x512 matmul is milliseconds) that the Python between them is small
+        x = torch.randn(512, 512)
         device.doing("ops")
-        for _ in range(20):
-            x = torch.tanh(x @ x) / 16
+        for _ in range(10):
+            x = torch.tanh(x @ x) / 32
         device.doing("python")
         deadline = time.perf_counter() + 0.05
         while time.perf_counter() < deadline:
