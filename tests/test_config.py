@@ -45,8 +45,9 @@ def test_every_setting_has_flag_env_and_yaml_form(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("poll_intervall: 1\n", "config.yaml:1: unknown key 'poll_intervall'"),
-    ("web:\n  listen_adress: ':1'\n", "config.yaml:2: unknown key 'web.listen_adress'"),
+    ("poll_intervall: 1\n", "config.yaml:1: unknown key 'poll_intervall'; did you mean 'poll_interval'? known keys"),
+    ("web:\n  listen_adress: ':1'\n",
+     "config.yaml:2: unknown key 'web.listen_adress'; did you mean 'web.listen_address'? known keys"),
     ("\n\npoll_interval: fast\n", "config.yaml:3: poll_interval: expected a positive number, got 'fast'"),
     ("web:\n  listen_address: 'nowhere'\n", "config.yaml:2: web.listen_address: expected HOST:PORT"),
     ("poll_interval: [1\n", "invalid YAML"),

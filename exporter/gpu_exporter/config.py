@@ -18,8 +18,9 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,10 +300,21 @@ def _read_yaml(path: Path) -> dict[str, tuple[Any, str]]:
                 stack.append((key + ".", value))
             elif key not in SETTINGS_BY_KEY:
                 raise ConfigError(f"{mapping.where(name)}: unknown key {key!r}; "
+                                  f"{_did_you_mean(key, SETTINGS_BY_KEY)}"
                                   f"known keys: {', '.join(sorted(SETTINGS_BY_KEY))}")
             else:
                 out[key] = (value, mapping.where(name))
     return out
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the closest known name (difflib), or ``""`` when none is close.
+
+    >>> _did_you_mean("poll_intervall", ["poll_interval", "log_level"])
+    "did you mean 'poll_interval'? "
+    """
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
@@ -324,7 +336,8 @@ def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
     known_env = {s.env for s in SETTINGS} | {ENV_PREFIX + "URL", ENV_PREFIX + "TOKEN"}
     for name in env:
         if name.startswith(ENV_PREFIX) and name not in known_env:
-            raise ConfigError(f"unknown environment variable {name}; known: {', '.join(sorted(known_env))}")
+            raise ConfigError(f"unknown environment variable {name}; {_did_you_mean(name, known_env)}"
+                              f"known: {', '.join(sorted(known_env))}")
     for key, value in (flags or {}).items():
         if value is not None:
             raw[key] = (value, f"flag {SETTINGS_BY_KEY[key].flag}")
