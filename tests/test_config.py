@@ -142,3 +142,18 @@ def test_http_limits_are_settings(flag: str, value: str, attr: str, expected: fl
     assert getattr(load_config(None, env={setting.env: value}, flags={}), attr) == expected
     with pytest.raises(ConfigError, match=f"{setting.key}: expected a positive"):
         load_config(None, env={}, flags={setting.key: "0"})
+
+
+def test_unknown_scenario_lists_the_packaged_ones_and_help_names_them_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """The scenario names come from the scenarios directory, in --help and in the error for a name that is not one."""
+    from gpu_exporter.simulate.scenario import DEFAULT_SCENARIO, ScenarioError, load_scenario
+    names = sorted(p.stem for p in DEFAULT_SCENARIO.parent.glob("*.yaml"))
+    assert "launch-bound" in names
+    with pytest.raises(ScenarioError) as err:
+        load_scenario("nosuchscenario")
+    assert str(err.value).endswith("; packaged scenarios: " + ", ".join(names))
+    from gpu_exporter.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # words joined: a wrap may split "demo-training"
+    assert all(name in help_text for name in names), help_text

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_exporter import __version__
 from gpu_exporter.config import SETTINGS, ConfigError, load_config
+from gpu_exporter.simulate.scenario import packaged_scenarios
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -40,8 +41,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(setting.flag, dest=setting.attr, metavar=setting.metavar,
                             help=f"{setting.help} [env {setting.env}{default}]")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
-                        help="run on simulated GPUs: the packaged default, a packaged scenario name (bursty, "
-                             "eight_gpus, demo-training, faults) or a scenario YAML file "
+                        help="run on simulated GPUs: the packaged default, a packaged scenario name ("
+                             f"{', '.join(packaged_scenarios())}) or a scenario YAML file "
                              "[env GPU_EXPORTER_SIMULATE_ENABLED, GPU_EXPORTER_SIMULATE_SCENARIO]")
 
 

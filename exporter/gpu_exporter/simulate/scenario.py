@@ -514,6 +514,15 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     return scenario
 
 
+def packaged_scenarios() -> list[str]:
+    """The names of the scenarios shipped in the package (the ``scenarios`` directory), sorted.
+
+    >>> "default" in packaged_scenarios() and "launch-bound" in packaged_scenarios()
+    True
+    """
+    return sorted(p.stem for p in DEFAULT_SCENARIO.parent.glob("*.yaml"))
+
+
 def load_scenario(path: str | Path | None) -> Scenario:
     """Load and validate a scenario file; None loads the packaged default (4 GPUs).
 
@@ -532,7 +541,9 @@ def load_scenario(path: str | Path | None) -> Scenario:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(f"{file}: cannot read the scenario file: {exc.strerror or exc}") from None
+        hint = (f"; packaged scenarios: {', '.join(packaged_scenarios())}"
+                if path is not None and Path(path).parent == Path(".") else "")
+        raise ScenarioError(f"{file}: cannot read the scenario file: {exc.strerror or exc}{hint}") from None
     try:
         data = yamlfile.parse(text, str(file))
     except yamlfile.YamlError as exc:
