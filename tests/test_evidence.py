@@ -3,6 +3,7 @@ simulated GPUs whose process is a real one, and the evidence table (causes.HINTS
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -90,7 +91,9 @@ def scenario(tmp_path: Path, pids: list[int]) -> Path:
     return path
 
 
-def test_collector_exports_real_process_evidence_on_a_simulated_gpu(tmp_path: Path) -> None:
+def test_collector_exports_real_process_evidence_on_a_simulated_gpu(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_exporter.collectors.evidence")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     busy = standin("cpu", "5")
@@ -108,6 +111,7 @@ def test_collector_exports_real_process_evidence_on_a_simulated_gpu(tmp_path: Pa
             assert sum(states.values()) == pytest.approx(2.0)  # every simulated second went to a state
             assert not h.samples("gpu_process_cpu_seconds_total", pid=str(gone.pid))  # no such process: no series
             assert h.value("gpu_exporter_collector_success", collector="evidence") == 1
+            assert not [r for r in caplog.records if "hostPID" in r.getMessage()]  # simulated PIDs: no hint
     finally:
         busy.wait(timeout=30)
 

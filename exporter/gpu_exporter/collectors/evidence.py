@@ -216,6 +216,9 @@ class EvidenceCollector(PollingCollector):
     def _note_hidden(self, pid: int) -> None:
         if not self._hidden_logged:
             self._hidden_logged = True
+            from gpu_exporter.simulate.install import installed
+            if installed() is not None:
+                return  # a simulated GPU's PIDs need not exist here: hostPID would not help
             log.info("evidence collector: GPU process %d is not in this PID namespace (run the exporter with "
                      "hostPID / --pid=host to export what /proc shows of GPU processes)", pid)
 
