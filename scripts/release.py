@@ -163,6 +163,17 @@ def build_wheel(project: Path, out: Path) -> Path:
     code = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
     result = subprocess.run([sys.executable, "-c", code, str(out.resolve())], cwd=project, capture_output=True,
                             text=True, timeout=600)
+    if result.returncode != 0 and "bdist_wheel" in result.stdout + result.stderr:
+        # An old setuptools without the wheel package (a fresh venv's setuptools 65.5): let pip build it in an
+        # isolated environment with a current backend, fetched from the index pip uses.
+        before = set(out.glob("*.whl"))
+        result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out.resolve()),
+                                 str(project.resolve())], capture_output=True, text=True, timeout=600)
+        built = sorted(set(out.glob("*.whl")) - before)
+        if result.returncode == 0:
+            if len(built) != 1:
+                raise ReleaseError(f"pip wheel of {project.name} left {len(built)} new wheels in {out}, expected 1")
+            return built[0]
     if result.returncode != 0:
         tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
         raise ReleaseError(f"wheel build of {project.name} failed (exit {result.returncode}): " + " | ".join(tail))
