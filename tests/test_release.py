@@ -83,3 +83,23 @@ def test_wheels_only_builds_the_two_wheels_without_podman_or_helm(tmp_path: Path
                      f"gpu_utilization_exporter_training-{version}-py3-none-any.whl"]
     assert [line.split()[0] for line in result.stdout.splitlines()] == [str(out / n) for n in names]
     assert _build_dirs() == before  # built from copies: the checkout's build/ folders are left as they were
+
+
+@pytest.mark.slow
+def test_wheels_only_works_in_a_fresh_venv_without_the_wheel_package(tmp_path: Path) -> None:
+    """A plain `python -m venv` (what README command 1 makes) has an old setuptools and no `wheel`; release.py
+    falls back to `pip wheel` there. Costs a venv, PyYAML from pip's cache and two isolated builds (~15 s)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "pyyaml"], check=True, timeout=300)
+    has_wheel = subprocess.run([str(py), "-c", "import wheel"], capture_output=True, timeout=60).returncode == 0
+    out = tmp_path / "dist"
+    result = subprocess.run([str(py), str(SCRIPT), "--wheels-only", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    version = release.package_version()
+    assert sorted(p.name for p in out.iterdir()) == [f"gpu_utilization_exporter-{version}-py3-none-any.whl",
+                                                     f"gpu_utilization_exporter_training-{version}-py3-none-any.whl"]
+    if has_wheel:
+        pytest.skip("this Python's venv ships the wheel package: the pip-wheel fallback was not exercised")
