@@ -220,16 +220,6 @@ def test_help_query_gpu_lists_every_field() -> None:
         assert f.name in result.stdout
 
 
-def test_no_driver_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
-    scenario = tmp_path / "no-driver.yaml"
-    scenario.write_text("driver_missing: true\ngpus:\n  - {name: T4, architecture: turing, memory_gib: 16}\n")
-    result = run_cli("query", "--simulate", str(scenario))
-    assert result.returncode == 2
-    assert result.stderr.startswith("gpu-exporter: error: NVML could not be initialised (library_not_found): "
-                                    "the NVIDIA driver was not found")
-    assert result.stderr.count("\n") == 1
-
-
 # --- nvidia-smi parity -------------------------------------------------------------------------
 
 NVIDIA_SMI = Path(__file__).resolve().parent / "data" / "nvidia-smi"
@@ -438,3 +428,18 @@ def test_url_faster_than_the_exporter_polls_never_prints_a_repeated_poll() -> No
     assert len(rows) == 8
     numbers = [int(r) for r in rows if r != "[N/A]"]
     assert numbers and all(60 <= n <= 99 for n in numbers), rows
+
+
+def test_no_driver_is_one_sentence_and_the_same_exit_status_in_serve_and_query(tmp_path: Path) -> None:
+    """A simulated node whose driver is missing: serve and query both exit EXIT_NO_DRIVER with one sentence."""
+    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+
+    scenario = tmp_path / "no-driver.yaml"
+    scenario.write_text("driver_missing: true\ngpus:\n  - {name: T4, architecture: turing, memory_gib: 16}\n")
+    for args in (["query", "--simulate", str(scenario)],
+                 ["serve", "--simulate", str(scenario), "--web.listen-address", f"127.0.0.1:{free_port()}"]):
+        result = run_cli(*args)
+        assert result.returncode == EXIT_NO_DRIVER == 1, (args, result.stderr)
+        assert result.stderr.startswith("gpu-exporter: error: NVML could not be initialised (library_not_found): "
+                                        "the NVIDIA driver was not found"), result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr

@@ -58,6 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from gpu_exporter.app import Exporter
+    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
     from gpu_exporter.nvml import DriverNotFound
     from gpu_exporter.server import AddressInUse
 
@@ -76,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         exporter = Exporter(config)
         exporter.start(before_serving=handle_signals)
     except DriverNotFound as err:
-        return _fail(str(err), 1)
+        return _fail(str(err), EXIT_NO_DRIVER)
     except AddressInUse as err:
         return _fail(str(err), 1)
     except ValueError as err:  # a bad scenario or web config file

@@ -40,6 +40,14 @@ class MetricsError(Exception):
     """A source could not be read; ``str(err)`` is one sentence for the user."""
 
 
+EXIT_NO_DRIVER = 1
+"""The exit status of every command that finds no NVIDIA driver (serve, query, diagnose)."""
+
+
+class NoDriver(MetricsError):
+    """The NVIDIA driver (libnvidia-ml) is not there: the command exits with EXIT_NO_DRIVER."""
+
+
 def fail(message: str, code: int = 2) -> int:
     """Print ``gpu-exporter: error: <message>`` to stderr and return ``code`` (the exit status)."""
     print(f"gpu-exporter: error: {message}", file=sys.stderr)
@@ -225,7 +233,7 @@ class NvmlSource:
         try:
             nvml.init()
         except DriverNotFound as err:
-            raise MetricsError(str(err)) from None
+            raise NoDriver(str(err)) from None
         self._state.update(nvml=nvml, gpus=nvml.discover(),
                            collectors=(UtilizationCollector(), DeviceCollector(), ProcessCollector()))
 

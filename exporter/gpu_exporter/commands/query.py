@@ -32,8 +32,10 @@ from typing import Any, TextIO
 
 from gpu_exporter import catalog
 from gpu_exporter.commands.metrics_client import (
+    EXIT_NO_DRIVER,
     ExporterSource,
     MetricsError,
+    NoDriver,
     NvmlSource,
     Snapshot,
     Source,
@@ -434,10 +436,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = (ExporterSource(args.url, ca_file=args.ca_file, insecure=args.insecure) if args.url is not None
                   else NvmlSource(args.simulate))
+    except NoDriver as err:
+        return fail(str(err), EXIT_NO_DRIVER)
     except MetricsError as err:
         return fail(str(err))
     try:
         run_query(source, fields, args.id, header, units, interval or 1.0, count, sys.stdout, apps=apps)
+    except NoDriver as err:
+        return fail(str(err), EXIT_NO_DRIVER)
     except (MetricsError, UsageError) as err:
         return fail(str(err))
     except (KeyboardInterrupt, BrokenPipeError):
