@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from gpu_exporter import simulate
-from gpu_exporter.app import POLLING_COLLECTORS
+from gpu_exporter.app import polling_collectors
 from gpu_exporter.exposition import exposition
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
@@ -51,7 +51,7 @@ class Harness:
         path = scenario if isinstance(scenario, Path) else scenario_path(scenario)
         self.node = simulate.install(path, clock=self.clock)
         self.nvml = Nvml()
-        self.collectors = [cls() for cls in POLLING_COLLECTORS]
+        self.collectors = polling_collectors(simulated=True)
         self.sampler = Sampler(self.nvml, self.collectors, poll_interval=poll_interval, clock=self.clock)
         self.health = SelfMetrics(self.sampler)
         self.poll_interval = poll_interval

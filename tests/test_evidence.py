@@ -209,3 +209,14 @@ def test_promql_hints_equal_find_hints(tmp_path: Path) -> None:
     proc = subprocess.run([str(shutil.which("promtool")), "test", "rules", str(path)], capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def test_only_real_gpus_suggest_hostpid_for_hidden_processes() -> None:
+    from gpu_exporter.app import polling_collectors
+    from gpu_exporter.collectors.evidence import EvidenceCollector
+
+    def evidence(simulated: bool) -> EvidenceCollector:
+        return next(c for c in polling_collectors(simulated=simulated) if isinstance(c, EvidenceCollector))
+
+    assert evidence(simulated=False).hint_hidden and not evidence(simulated=True).hint_hidden
+    assert not [c for c in polling_collectors({"evidence"}) if isinstance(c, EvidenceCollector)]

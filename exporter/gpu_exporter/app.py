@@ -17,6 +17,7 @@ from typing import Any
 
 from gpu_exporter import collectors, sampling
 from gpu_exporter.collectors.base import PollingCollector
+from gpu_exporter.collectors.evidence import EvidenceCollector
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import Source
@@ -32,6 +33,17 @@ POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = tuple(collectors.pollin
 """The sampler's collectors, from the registry (gpu_exporter.collectors)."""
 
 
+def polling_collectors(disabled: set[str] | frozenset[str] = frozenset(), simulated: bool = False
+                       ) -> list[PollingCollector]:
+    """One instance of every enabled polling collector; on simulated GPUs the evidence collector does not
+    suggest hostPID for PIDs it cannot see (a scenario's PIDs need not exist on this node)."""
+    polling = [cls() for cls in POLLING_COLLECTORS if cls.name not in disabled]
+    for collector in polling:
+        if isinstance(collector, EvidenceCollector):
+            collector.hint_hidden = not simulated
+    return polling
+
+
 class Exporter:
     """The running exporter; :meth:`start` raises DriverNotFound, AddressInUse or a config error."""
 
@@ -44,7 +56,7 @@ class Exporter:
             self.simulated = simulate.install(config.simulate_scenario)
         self.nvml = Nvml()
         disabled = set(config.collectors_disabled)
-        polling = [cls() for cls in POLLING_COLLECTORS if cls.name not in disabled]
+        polling = polling_collectors(disabled, simulated=self.simulated is not None)
         self.sampler = Sampler(self.nvml, polling, poll_interval=config.poll_interval,
                                discovery_interval=config.discovery_interval)
         self.xid = XidCollector(self.nvml, lambda: self.sampler.gpus) if "xid" not in disabled else None

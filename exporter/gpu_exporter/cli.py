@@ -18,11 +18,11 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from gpu_exporter import __version__
 from gpu_exporter.config import SETTINGS, ConfigError, load_config
-from gpu_exporter.simulate.scenario import packaged_scenarios
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -30,6 +30,11 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
 def _fail(message: str, code: int) -> int:
     print(f"gpu-exporter: error: {message}", file=sys.stderr)
     return code
+
+
+def _packaged_scenarios() -> list[str]:
+    """simulate.scenario.packaged_scenarios without importing the simulation (serve must not load it)."""
+    return sorted(p.stem for p in (Path(__file__).parent / "simulate" / "scenarios").glob("*.yaml"))
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +47,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{setting.help} [env {setting.env}{default}]")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
                         help="run on simulated GPUs: the packaged default, a packaged scenario name ("
-                             f"{', '.join(packaged_scenarios())}) or a scenario YAML file "
+                             f"{', '.join(_packaged_scenarios())}) or a scenario YAML file "
                              "[env GPU_EXPORTER_SIMULATE_ENABLED, GPU_EXPORTER_SIMULATE_SCENARIO]")
 
 

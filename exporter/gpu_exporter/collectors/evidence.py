@@ -168,6 +168,8 @@ class EvidenceCollector(PollingCollector):
     """The gpu_process_* evidence series of every process on every GPU (see the module docstring)."""
 
     name = "evidence"
+    hint_hidden = True
+    """Log once that a GPU process is outside this PID namespace (the app turns it off for simulated GPUs)."""
 
     def __init__(self, proc: ProcReader | None = None) -> None:
         super().__init__()
@@ -216,9 +218,8 @@ class EvidenceCollector(PollingCollector):
     def _note_hidden(self, pid: int) -> None:
         if not self._hidden_logged:
             self._hidden_logged = True
-            from gpu_exporter.simulate.install import installed
-            if installed() is not None:
-                return  # a simulated GPU's PIDs need not exist here: hostPID would not help
+            if not self.hint_hidden:
+                return  # e.g. simulated GPUs: their PIDs need not exist here, and hostPID would not help
             log.info("evidence collector: GPU process %d is not in this PID namespace (run the exporter with "
                      "hostPID / --pid=host to export what /proc shows of GPU processes)", pid)
 
