@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog as m
-from gpu_exporter.causes import CAUSES
+from gpu_exporter.verdict.causes import CAUSES
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import common as cm
@@ -158,7 +158,7 @@ def fleet(cfg: Config) -> dash.Dashboard:
 
 
 def cause_runbooks(cfg: Config, first: str) -> list[dash.DashboardLink]:
-    """Runbook links of ``first`` and of every cause in the cause table (gpu_exporter.causes.CAUSES)."""
+    """Runbook links of ``first`` and of every cause in the cause table (gpu_exporter.verdict.causes.CAUSES)."""
     return runbook_links(cfg, [(first, first), *((c.label, c.alert) for c in CAUSES)])
 
 

@@ -1,11 +1,11 @@
-"""Rules for GPU processes nobody instrumented, generated from the evidence table (gpu_exporter.causes.HINTS).
+"""Rules for GPU processes nobody instrumented, generated from the evidence table (gpu_exporter.verdict.causes.HINTS).
 
 ``python -m monitoring`` appends :func:`evidence_recording_group` to the recording rules and
 :func:`evidence_alert_group` to the alert rules (see :data:`GROUPS`). The recording rules turn the
 gpu_process_* counters of ``collectors/evidence.py`` into 5m rates and shares, and record one
 ``process:gpu_process_hint:value`` series (labels ``hint``, ``code``) per process whose evidence
 passes a row of the table, on a GPU below ``utilization_target`` with no live training run; the
-alert ``GpuUninstrumentedInputBound`` reads only that series. ``gpu_exporter.causes.find_hints``
+alert ``GpuUninstrumentedInputBound`` reads only that series. ``gpu_exporter.verdict.causes.find_hints``
 is the same logic in Python (tests/test_evidence_rules.py runs both on the same cases).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpu_exporter import catalog as m
-from gpu_exporter.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
+from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 
 from monitoring.model import Alert, Model, Record
 from monitoring.model import indent as _indent
@@ -67,8 +67,8 @@ def evidence_records() -> list[Record]:
 
 def evidence_recording_group(model: Model) -> str:
     """The ``gpu-process-evidence.recording`` group, written from the model."""
-    return model.group_text(RECORDING, "Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py): what /proc "
-                            "shows of GPU processes\nnobody instrumented.")
+    return model.group_text(RECORDING, "Generated from gpu_exporter.verdict.causes.HINTS (monitoring/evidence.py): "
+                            "what /proc shows of GPU processes\nnobody instrumented.")
 
 
 def _finding(hint: Hint) -> str:
@@ -101,8 +101,8 @@ def evidence_alerts() -> list[Alert]:
 
 def evidence_alert_group(model: Model) -> str:
     """The ``gpu-process-evidence.alerts`` group, written from the model's alerts."""
-    return model.group_text(ALERTS, "Generated from gpu_exporter.causes.HINTS (monitoring/evidence.py); they read "
-                            "only process:gpu_process_hint:value.")
+    return model.group_text(ALERTS, "Generated from gpu_exporter.verdict.causes.HINTS (monitoring/evidence.py); "
+                            "they read only process:gpu_process_hint:value.")
 
 
 def _recording_groups(model: Model) -> str:

@@ -10,7 +10,7 @@ prometheus/tests/remedies.test.yml checks the rules against the Python formulas'
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
-from gpu_exporter.causes import Cause
+from gpu_exporter.verdict.causes import Cause
 
 from monitoring.model import Model, Record
 from monitoring.model import indent as _indent

@@ -7,7 +7,7 @@ for the rank that communicates least, the straggler. The condition therefore com
 rank's communication share with the lowest one of its run (``bottomk by (cluster, run)``), adds the
 straggler's rank as the label ``straggler_rank``, and the alert text names the straggler's own
 cause by reading the straggler's ``run:gpu_training_cause:share`` series. The Python judge
-(gpu_exporter.causes.find_causes) applies the same rule; tests/test_causes_conformance.py checks
+(gpu_exporter.verdict.causes.find_causes) applies the same rule; tests/test_causes_conformance.py checks
 that the two agree.
 
 Communication-bound (CM) is the other half of the same comparison: the run's lowest live
@@ -22,7 +22,7 @@ the phase share expression) as arguments, so they are defined once, in monitorin
 from __future__ import annotations
 
 from gpu_exporter import catalog
-from gpu_exporter.causes import ALLOCATOR, CAUSES, LAUNCH, RUN_WIDE, Cause
+from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, LAUNCH, RUN_WIDE, Cause
 
 from monitoring.model import Record
 

@@ -18,7 +18,7 @@ from gpu_exporter.catalog import (
     GPU_UTILIZATION_AVG5M,
     GPU_WORKLOAD_INFO,
 )
-from gpu_exporter.causes import CAUSES
+from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.ladder import BELOW_TARGET_ANCHOR
 
 from monitoring.model import VALUE, Alert
