@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from gpu_exporter.config import DEFAULTS, SETTINGS, ConfigError, load_config
-from servers import exporter_env
+from servers import exporter_env, free_port
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -48,7 +48,8 @@ def test_every_setting_has_flag_env_and_yaml_form(tmp_path: Path) -> None:
     ("poll_intervall: 1\n", "config.yaml:1: unknown key 'poll_intervall'; did you mean 'poll_interval'? known keys"),
     ("web:\n  listen_adress: ':1'\n",
      "config.yaml:2: unknown key 'web.listen_adress'; did you mean 'web.listen_address'? known keys"),
-    ("\n\npoll_interval: fast\n", "config.yaml:3: poll_interval: expected a positive number, got 'fast'"),
+    ("\n\npoll_interval: fast\n", "config.yaml:3: poll_interval: expected a positive duration (1s, 500ms, 1m30s, "
+                                 "2h) or seconds, got 'fast'"),
     ("web:\n  listen_address: 'nowhere'\n", "config.yaml:2: web.listen_address: expected HOST:PORT"),
     ("poll_interval: [1\n", "invalid YAML"),
     ("- a\n- b\n", "must be a mapping"),
@@ -74,7 +75,9 @@ def test_missing_file() -> None:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["--poll-interval", "zero"], "flag --poll-interval: poll_interval: expected a positive number"),
+    (["--poll-interval", "zero"], "flag --poll-interval: poll_interval: expected a positive duration"),
+    (["--poll-interval", "1s1m"], "flag --poll-interval: poll_interval: expected a positive duration"),
+    (["--log.format", "text"], "flag --log.format: log.format: expected one of logfmt, json, got 'text'"),
     (["--web.listen-address", "localhost"], "flag --web.listen-address: web.listen_address"),
     (["--web.telemetry-path", "metrics"], "expected a URL path starting with '/'"),
 ])
@@ -157,3 +160,83 @@ def test_unknown_scenario_lists_the_packaged_ones_and_help_names_them_all(capsys
         build_parser().parse_args(["serve", "--help"])
     help_text = "".join(capsys.readouterr().out.split())  # words joined: a wrap may split "demo-training"
     assert all(name in help_text for name in names), help_text
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1s", 1.0), ("500ms", 0.5), ("1m30s", 90.0), ("2m", 120.0),
+                                               ("1.5h", 5400.0), ("0.25", 0.25), ("3", 3.0), (" 10s ", 10.0)])
+def test_every_duration_setting_takes_go_durations_and_plain_seconds(tmp_path: Path, text: str,
+                                                                      seconds: float) -> None:
+    """Each setting that is a time reads 1s, 500ms, 1m30s or plain seconds: from a flag, the environment and YAML."""
+    durations = [s for s in SETTINGS if s.is_duration]
+    assert {"poll_interval", "discovery_interval", "stale_after", "web.read_timeout", "ingest.stale_after_seconds",
+            "kubernetes.refresh_seconds"} <= {s.key for s in durations}
+    for s in durations:
+        assert s.metavar == "DURATION"
+        assert getattr(load_config(None, env={}, flags={s.key: text}), s.attr) == seconds
+        assert getattr(load_config(None, env={s.env: text}, flags={}), s.attr) == seconds
+        section, _, name = s.key.rpartition(".")
+        yaml_text = f"{section}:\n  {name}: '{text}'\n" if section else f"{s.key}: '{text}'\n"
+        assert getattr(load_config(write(tmp_path, yaml_text), env={}, flags={}), s.attr) == seconds
+    assert load_config(write(tmp_path, "poll_interval: 2\n"), env={}, flags={}).poll_interval == 2.0  # a YAML number
+
+
+@pytest.mark.parametrize("text", ["fast", "1s1m", "1m1m", "-1s", "0s", "0", "1 s", "s", "", "inf"])
+def test_a_bad_duration_is_one_line_naming_the_setting(text: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={"GPU_EXPORTER_STALE_AFTER": text}, flags={})
+    assert str(err.value) == (f"environment variable GPU_EXPORTER_STALE_AFTER: stale_after: expected a positive "
+                              f"duration (1s, 500ms, 1m30s, 2h) or seconds, got {text!r}")
+
+
+def test_serve_help_shows_duration_defaults_with_units(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_exporter.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--poll-interval DURATION" in help_text and "GPU_EXPORTER_POLL_INTERVAL; default 1s]" in help_text
+    assert "GPU_EXPORTER_WEB_IDLE_TIMEOUT; default 2m]" in help_text
+
+
+def test_log_level_and_format_flags_with_the_old_spelling_still_working(tmp_path: Path) -> None:
+    from gpu_exporter.cli import build_parser
+
+    for flag in ("--log.level", "--log-level"):
+        args = build_parser("serve").parse_args(["serve", flag, "debug", "--log.format", "json"])
+        assert (args.log_level, args.log_format) == ("debug", "json")
+    assert load_config(write(tmp_path, "log_level: warning\n"), env={}, flags={}).log_level == "warning"
+    cfg = load_config(write(tmp_path, "log:\n  level: error\n  format: json\n"), env={}, flags={})
+    assert (cfg.log_level, cfg.log_format) == ("error", "json")
+    cfg = load_config(None, env={"GPU_EXPORTER_LOG_LEVEL": "debug", "GPU_EXPORTER_LOG_FORMAT": "JSON"}, flags={})
+    assert (cfg.log_level, cfg.log_format) == ("debug", "json")
+    assert (DEFAULTS.log_level, DEFAULTS.log_format) == ("info", "logfmt")
+
+
+@pytest.mark.parametrize("style", ["logfmt", "json"])
+def test_serve_logs_in_the_chosen_format(style: str) -> None:
+    """A real serve start on simulated GPUs: every stderr line is logfmt or JSON with ts, level, logger and msg."""
+    import json
+    import re
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_exporter", "--simulate", "--web.listen-address",
+                             f"127.0.0.1:{free_port()}", "--log.format", style, "--poll-interval", "250ms"],
+                            stderr=subprocess.PIPE, text=True, env=exporter_env())
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if "serving http" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert lines and "serving http" in lines[-1], lines
+    for line in lines:
+        if style == "json":
+            record = json.loads(line)
+            assert set(record) >= {"ts", "level", "logger", "msg"} and record["level"] in ("debug", "info", "warn")
+        else:
+            assert re.fullmatch(r'ts=\S+Z level=(debug|info|warn|error) logger=\S+ msg=("(?:[^"\\]|\\.)*"|\S+)',
+                                line), line

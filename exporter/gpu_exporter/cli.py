@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gpu_exporter import __version__
-from gpu_exporter.config import SETTINGS, ConfigError, load_config
+from gpu_exporter.config import DURATION_EXAMPLES, SETTINGS, ConfigError, load_config
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -42,13 +44,54 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for setting in SETTINGS:
         if setting.key in ("simulate.enabled", "simulate.scenario"):
             continue
-        default = "" if setting.default in (None, ()) else f"; default {setting.default}"
-        parser.add_argument(setting.flag, dest=setting.attr, metavar=setting.metavar,
-                            help=f"{setting.help} [env {setting.env}{default}]")
+        default = f"; default {setting.default_text}" if setting.default_text else ""
+        unit = f" ({DURATION_EXAMPLES}, or seconds)" if setting.is_duration else ""
+        parser.add_argument(setting.flag, *setting.alias_flags, dest=setting.attr, metavar=setting.metavar,
+                            help=f"{setting.help}{unit} [env {setting.env}{default}]")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
                         help="run on simulated GPUs: the packaged default, a packaged scenario name ("
                              f"{', '.join(_packaged_scenarios())}) or a scenario YAML file "
                              "[env GPU_EXPORTER_SIMULATE_ENABLED, GPU_EXPORTER_SIMULATE_SCENARIO]")
+
+
+class LogFormatter(logging.Formatter):
+    """One line per record, as exporter-toolkit's: ``logfmt`` (``ts=... level=info logger=... msg="..."``) or
+    ``json`` (the same keys in one JSON object). A traceback goes into ``exc``.
+
+    >>> record = logging.LogRecord("gpu_exporter.server", logging.WARNING, "", 0, "port %d in use", (9445,), None)
+    >>> record.created, record.msecs = 0.0, 0.0
+    >>> LogFormatter("logfmt").format(record)
+    'ts=1970-01-01T00:00:00.000Z level=warn logger=gpu_exporter.server msg="port 9445 in use"'
+    """
+
+    LEVELS: ClassVar[dict[str, str]] = {"WARNING": "warn", "CRITICAL": "error"}
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self.style_name = style
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        fields = {"ts": stamp, "level": self.LEVELS.get(record.levelname, record.levelname.lower()),
+                  "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        if self.style_name == "json":
+            return json.dumps(fields)
+        return " ".join(f"{key}={_logfmt_value(value)}" for key, value in fields.items())
+
+
+def _logfmt_value(value: str) -> str:
+    if value and not any(c in value for c in ' ="\\') and value.isprintable():
+        return value
+    return json.dumps(value)
+
+
+def setup_logging(level: str, style: str) -> None:
+    """Log at ``level`` (debug, info, warning, error) to stderr in ``style`` (logfmt or json)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter(style))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -60,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(args.config, flags=flags)
     except ConfigError as err:
         return _fail(str(err), 2)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(config.log_level, config.log_format)
 
     from gpu_exporter.app import Exporter
     from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER

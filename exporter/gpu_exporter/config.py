@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ class ConfigError(ValueError):
 
 def _positive_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"expected a positive number of seconds, got {value!r}")
+        raise ValueError(f"expected a positive number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -54,6 +55,76 @@ def _non_negative_float(value: Any) -> float:
     except (TypeError, ValueError):
         pass
     return _positive_float(value)
+
+
+_DURATION_UNITS = {"y": 31536000.0, "w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0,
+                   "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+"""Units of a duration, largest first (Go's and Prometheus's; ``\u00b5s`` is read as ``us``)."""
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|us|ns|y|w|d|h|m|s)")
+_PROMETHEUS_UNITS = ("y", "w", "d", "h", "m", "s", "ms")
+DURATION_EXAMPLES = "1s, 500ms, 1m30s, 2h"
+
+
+def parse_duration(text: str, prometheus: bool = False) -> float:
+    """Seconds in a Go or Prometheus duration: ``1s``, ``500ms``, ``1m30s``, ``1.5h``, ``2d``, ``1w``.
+
+    Units, largest first and each at most once: y, w, d, h, m, s, ms, us, ns. ``prometheus``: only
+    what PromQL accepts (whole numbers, units y to ms), for durations that end up in rules or queries.
+    The one duration grammar of the project: settings, client flags and thresholds.yml use it.
+    Raises ValueError with a one-line message.
+
+    >>> parse_duration("1m30s"), parse_duration("500ms"), parse_duration("1.5h")
+    (90.0, 0.5, 5400.0)
+    """
+    raw = text.strip().replace("\u00b5s", "us").replace("\u03bcs", "us") if isinstance(text, str) else ""
+    units = list(_DURATION_UNITS)
+    total, pos, last = 0.0, 0, -1
+    ok = bool(raw)
+    while ok and pos < len(raw):
+        match = _DURATION_PART.match(raw, pos)
+        number, unit = match.groups() if match else ("", "")
+        ok = match is not None and units.index(unit) > last and (
+            not prometheus or (unit in _PROMETHEUS_UNITS and number.isdigit()))
+        if match is not None and ok:
+            last, pos = units.index(unit), match.end()
+            total += float(number) * _DURATION_UNITS[unit]
+    if not ok:
+        raise ValueError(f"{text!r} is not a duration like {'30s, 15m, 1h or 1d' if prometheus else DURATION_EXAMPLES}")
+    return total
+
+
+def _duration(value: Any) -> float:
+    """A positive time in seconds: a plain number of seconds (``0.5``) or a duration (``500ms``, ``1m30s``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a positive duration ({DURATION_EXAMPLES}) or seconds, got {value!r}")
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) else None
+        if seconds is None:
+            text = _text(value).strip()
+            seconds = float(text) if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)", text) else parse_duration(text)
+    except ValueError:
+        raise ValueError(f"expected a positive duration ({DURATION_EXAMPLES}) or seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"expected a positive duration ({DURATION_EXAMPLES}) or seconds, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest duration text for ``seconds``: ``90.0 -> "1m30s"``, ``0.5 -> "500ms"``, ``1.0 -> "1s"``.
+
+    >>> format_duration(90.0), format_duration(0.5), format_duration(300.0), format_duration(1.25)
+    ('1m30s', '500ms', '5m', '1.25s')
+    """
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    out, rest = "", seconds
+    for unit in ("d", "h", "m"):
+        whole = int(rest // _DURATION_UNITS[unit])
+        if whole:
+            out += f"{whole}{unit}"
+            rest -= whole * _DURATION_UNITS[unit]
+    rest = round(rest, 9)
+    return out + (f"{rest:g}s" if rest or not out else "")
 
 
 def _positive_int(value: Any) -> int:
@@ -115,6 +186,16 @@ def _log_level(value: Any) -> str:
     return text
 
 
+def _log_format(value: Any) -> str:
+    text = _text(value).lower()
+    if text not in LOG_FORMATS:
+        raise ValueError(f"expected one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return text
+
+
+LOG_FORMATS = ("logfmt", "json")
+
+
 def _name_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         items = [part.strip() for part in value.split(",") if part.strip()]
@@ -135,11 +216,30 @@ class Setting:
     help: str
     metavar: str = "VALUE"
     flag_name: str = ""
+    aliases: tuple[str, ...] = ()
+    """Older keys that still work (YAML key, and the flag derived from it): ``log_level`` -> ``--log-level``."""
 
     @property
     def flag(self) -> str:
         """The command-line flag: ``flag_name`` when set (exporter-toolkit spelling), else derived from the key."""
         return self.flag_name or "--" + self.key.replace("_", "-")
+
+    @property
+    def alias_flags(self) -> tuple[str, ...]:
+        """Flags of the older keys: ``("--log-level",)`` for ``log.level``."""
+        return tuple("--" + alias.replace("_", "-") for alias in self.aliases)
+
+    @property
+    def is_duration(self) -> bool:
+        """Whether the value is a time: seconds, or a duration with units (``1s``, ``500ms``, ``1m30s``)."""
+        return self.parse is _duration
+
+    @property
+    def default_text(self) -> str:
+        """The default as help shows it: ``1s`` for a duration, ``""`` when there is none."""
+        if self.default in (None, ()):
+            return ""
+        return format_duration(self.default) if self.is_duration else str(self.default)
 
     @property
     def env(self) -> str:
@@ -182,17 +282,19 @@ SETTINGS: tuple[Setting, ...] = (
             "most open connections, one thread each; at the limit the longest-idle one is closed", "N"),
     Setting("web.listen_backlog", _positive_int, 1024,
             "connections the kernel queues until they are accepted (it caps this at net.core.somaxconn)", "N"),
-    Setting("web.read_timeout", _positive_float, 10.0,
-            "seconds a client has to send a whole request, and to take each part of the response", "SECONDS"),
-    Setting("web.idle_timeout", _positive_float, 120.0,
-            "seconds a kept-alive connection may wait for its next request", "SECONDS"),
-    Setting("poll_interval", _positive_float, 1.0,
-            "seconds between NVML polls; keep it well below the scrape interval", "SECONDS"),
-    Setting("discovery_interval", _positive_float, 30.0,
-            "seconds between re-enumerations of GPUs and MIG instances", "SECONDS"),
-    Setting("stale_after", _positive_float, 10.0,
-            "/readyz fails when the newest sample is older than this many seconds", "SECONDS"),
-    Setting("log_level", _log_level, "info", "debug, info, warning or error", "LEVEL"),
+    Setting("web.read_timeout", _duration, 10.0,
+            "time a client has to send a whole request, and to take each part of the response", "DURATION"),
+    Setting("web.idle_timeout", _duration, 120.0,
+            "time a kept-alive connection may wait for its next request", "DURATION"),
+    Setting("poll_interval", _duration, 1.0,
+            "time between NVML polls; keep it well below the scrape interval", "DURATION"),
+    Setting("discovery_interval", _duration, 30.0,
+            "time between re-enumerations of GPUs and MIG instances", "DURATION"),
+    Setting("stale_after", _duration, 10.0,
+            "/readyz fails when the newest sample is older than this", "DURATION"),
+    Setting("log.level", _log_level, "info", "debug, info, warning or error", "LEVEL", aliases=("log_level",)),
+    Setting("log.format", _log_format, "logfmt",
+            "logfmt (key=value, as exporter-toolkit) or json, one object per line", "FORMAT"),
     Setting("collectors.disabled", _name_list, (),
             "comma-separated collectors to switch off: " + ", ".join(COLLECTOR_NAMES), "NAMES"),
     Setting("simulate.enabled", _boolean, False, "run on simulated GPUs", "BOOL"),
@@ -206,19 +308,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ingest.max_phases_per_run", _positive_int, _INGEST.max_phases_per_run, "most phases per run", "N"),
     Setting("ingest.max_label_length", _positive_int, _INGEST.max_label_length,
             "longest run/phase/uuid label value", "N"),
-    Setting("ingest.stale_after_seconds", _positive_float, _INGEST.stale_after_seconds,
-            "drop a run that has not pushed for this long", "SECONDS"),
+    Setting("ingest.stale_after_seconds", _duration, _INGEST.stale_after_seconds,
+            "drop a run that has not pushed for this long", "DURATION"),
     Setting("kubernetes.enabled", _boolean, False,
             "label GPUs with pod/namespace/container from the kubelet pod-resources API", "BOOL"),
     Setting("kubernetes.pod_resources_socket", _text, "/var/lib/kubelet/pod-resources/kubelet.sock",
             "kubelet pod-resources Unix socket", "PATH"),
-    Setting("kubernetes.refresh_seconds", _positive_float, 10.0,
-            "seconds between pod-resources refreshes", "SECONDS"),
+    Setting("kubernetes.refresh_seconds", _duration, 10.0,
+            "time between pod-resources refreshes", "DURATION"),
     Setting("sampling.rate", _non_negative_float, 0.0, "samples per second of each GPU process's Python stack "
             "with py-spy, for the phases of jobs nobody instrumented (0: off; needs ptrace rights)", "HZ"),
 )
 
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+ALIASES = {alias: s.key for s in SETTINGS for alias in s.aliases}
+"""Older YAML keys that still work, and the key each now is."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +344,7 @@ class Config:
     discovery_interval: float
     stale_after: float
     log_level: str
+    log_format: str
     collectors_disabled: tuple[str, ...]
     simulate_enabled: bool
     simulate_scenario: str | None
@@ -296,6 +401,7 @@ def _read_yaml(path: Path) -> dict[str, tuple[Any, str]]:
         prefix, mapping = stack.pop()
         for name, value in mapping.items():
             key = prefix + str(name)
+            key = ALIASES.get(key, key)
             if isinstance(value, yamlfile.YamlMap) and key in sections:
                 stack.append((key + ".", value))
             elif key not in SETTINGS_BY_KEY:

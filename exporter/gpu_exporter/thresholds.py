@@ -24,24 +24,22 @@ from typing import Any
 
 from gpu_exporter import yamlfile
 
-_DURATION_RE = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?")
-_UNIT_SECONDS = (86400, 3600, 60, 1, 0.001)
-
 
 class ThresholdsError(ValueError):
     """The thresholds file is missing, malformed or lacks a key (the message is one sentence)."""
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus-style duration (``15m``, ``1h30m``, ``1d``, ``45s``, ``500ms``).
+    """Seconds in a Prometheus duration (``15m``, ``1h30m``, ``1d``, ``45s``, ``500ms``): the project's one
+    duration grammar (:func:`gpu_exporter.config.parse_duration`) held to what PromQL accepts, since these
+    durations go into the generated rules.
 
     >>> parse_duration("1h30m")
     5400.0
     """
-    match = _DURATION_RE.fullmatch(text.strip())
-    if not text.strip() or match is None:
-        raise ValueError(f"{text!r} is not a duration like 30s, 15m, 1h or 1d")
-    return float(sum(int(part) * unit for part, unit in zip(match.groups(), _UNIT_SECONDS, strict=True) if part))
+    from gpu_exporter.config import parse_duration as parse
+
+    return parse(text, prometheus=True)
 
 
 @dataclass(frozen=True)
