@@ -41,6 +41,7 @@ def push_training_snapshot(url: str) -> None:
         "version": 1, "run": "doc-run", "rank": "0", "uuid": "", "started_at": time.time() - 60,
         "phases": {"data": 10.0, "compute": 40.0, "metrics": 5.0, "checkpoint": 0.0, "other": 5.0},
         "current_phase": "compute", "steps": 100, "samples": 3200, "batch_size": 32,
+        "run_id": "launch-0123456789ab",
         "allocator": {"allocated_bytes": 1e9, "reserved_bytes": 2e9, "retries": 0, "ooms": 0},
         "context": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False,
                     "loader_batch_size": 32, "cpu_cores": 16, "gpu_memory_used_bytes": 3e9,

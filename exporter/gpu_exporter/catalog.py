@@ -232,6 +232,13 @@ GPU_TRAINING_WORLD_SIZE = _define(
 GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS = _define(
     "gpu_training_last_push_timestamp_seconds", GAUGE, "seconds",
     "Unix time the exporter received the run's latest snapshot.", RUN, "training")
+GPU_TRAINING_RUN_INFO = _define(
+    "gpu_training_run_info", GAUGE, "1",
+    "The run's launch (run_id, shared by the job's ranks) and the user's tags as tag_<key> labels; always 1.",
+    (*RUN, "run_id"), "training", ("tag_*",))
+GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS = _define(
+    "gpu_training_run_start_timestamp_seconds", GAUGE, "seconds",
+    "Unix time the run's process started timing (snapshot started_at), by launch.", (*RUN, "run_id"), "training")
 GPU_TRAINING_ALLOCATOR_ALLOCATED_BYTES = _define(
     "gpu_training_allocator_allocated_bytes", GAUGE, "bytes",
     "Bytes allocated through torch's CUDA caching allocator.", RUN, "training")

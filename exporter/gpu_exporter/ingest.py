@@ -45,7 +45,7 @@ from prometheus_client.core import Metric
 from . import catalog, remedies
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
-from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, check_label
+from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, TAG_LABEL_PREFIX, check_label, check_tags
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,10 @@ class _Entry:
     """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.remedies)."""
     source: str = ""
     """"" for a pushed snapshot; "sampled" for phases the stack sampler estimated (gpu_exporter.sampling)."""
+    run_id: str = ""
+    """The launch's id (snapshot field ``run_id``; "" from a library that sends none)."""
+    tags: tuple[tuple[str, str], ...] = ()
+    """The run's validated tags (snapshot field ``tags``), sorted by key."""
 
 
 _Key = tuple[str, str, str]
@@ -131,6 +135,7 @@ class TrainingStore:
         self._evictions = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
         self._rendered: tuple[tuple[int, ...], bytes] | None = None  # (fingerprint, text): see exposition
+        self._warned: set[_Key] = set()  # run keys whose refused tags or run id were logged once
 
     @property
     def max_body_bytes(self) -> int:
@@ -155,10 +160,13 @@ class TrainingStore:
         (415, 'rejected (unsupported_media_type): send Content-Type: application/json')
         """
         try:
-            key, entry = self._validate(body, content_type, authorization)
+            key, entry, refused = self._validate(body, content_type, authorization)
             with self._lock:
                 self._store(key, entry)
                 self._outcomes["accepted"] += 1
+            if refused:
+                self._warn_refused(key, refused)
+                return 202, f"accepted without {refused}"
             return 202, "accepted"
         except Rejected as rejected:
             with self._lock:
@@ -168,6 +176,16 @@ class TrainingStore:
             with self._lock:
                 self._outcomes["invalid_schema"] += 1
             return 400, f"rejected (invalid_schema): {type(err).__name__}"
+
+    def _warn_refused(self, key: _Key, refused: str) -> None:
+        """One log line per run key whose identity fields were refused (the snapshot itself was kept)."""
+        with self._lock:
+            if key in self._warned:
+                return
+            if len(self._warned) >= 4 * self._settings.max_runs:
+                self._warned.clear()
+            self._warned.add(key)
+        log.warning("training run %s rank %s: stored without %s", key[0], key[1], refused)
 
     def current_phase(self, uuid: str) -> str | None:
         """The current phase of the most recently pushed live run on GPU ``uuid``, or None.
@@ -280,6 +298,7 @@ class TrainingStore:
                 retries.add_metric(values, entry.allocator["retries"])
                 ooms.add_metric(values, entry.allocator["ooms"])
         yield from (phase_seconds, current, steps, samples, batch, world, pushed, allocated, reserved, retries, ooms)
+        yield from _identity_families(entries)
         yield from remedies.context_families((key, entry.context or {}) for key, entry in entries)
         requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
         for outcome, count in outcomes.items():
@@ -291,7 +310,7 @@ class TrainingStore:
     # -- validation -------------------------------------------------------------------------
 
     def _validate(self, body: bytes, content_type: str | None,
-                  authorization: str | None) -> tuple[_Key, _Entry]:
+                  authorization: str | None) -> tuple[_Key, _Entry, str]:
         s = self._settings
         if len(body) > s.max_body_bytes:
             raise Rejected("too_large", f"body of {len(body)} bytes exceeds ingest.max_body_bytes="
@@ -351,7 +370,8 @@ class TrainingStore:
                        batch_size=_integer(doc, "batch_size"), finished=finished, allocator=allocator,
                        received_at=received_at, world_size=_world_size(doc),
                        context=_context(doc))
-        return (run, rank, uuid), entry
+        run_id, tags, refused = _identity(doc, s.max_label_length)
+        return (run, rank, uuid), replace(entry, run_id=run_id, tags=tags), refused
 
     def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
         value = doc.get(field)
@@ -412,6 +432,26 @@ class TrainingStore:
             del self._entries[key]
 
 
+def _identity_families(entries: list[tuple[_Key, _Entry]]) -> tuple[Metric, Metric]:
+    """gpu_training_run_info (run id and tags) and gpu_training_run_start_timestamp_seconds of pushed runs.
+
+    Only these two carry ``run_id``, and only the info series the tags: the other series keep their
+    labels, so a tag costs no series (one info series per rank), and a launch is found by its id.
+    """
+    from prometheus_client.samples import Sample
+
+    info = catalog.GPU_TRAINING_RUN_INFO.new()
+    started = catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.new()
+    for (run, rank, uuid), entry in entries:
+        if entry.source:  # sampled phases (sampling.py) are no launch of an instrumented job
+            continue
+        labels = {"run": run, "rank": rank, "uuid": uuid, "run_id": entry.run_id}
+        started.add_metric(list(labels.values()), entry.started_at)
+        labels.update((TAG_LABEL_PREFIX + key, value) for key, value in entry.tags)
+        info.samples.append(Sample(info.name, labels, 1.0, None, None))
+    return info, started
+
+
 def _check_monotonic(old: _Entry, new: _Entry) -> None:
     pairs = [(f"phases.{p}", v, new.phases.get(p, -1.0)) for p, v in old.phases.items()]
     pairs += [("steps", old.steps, new.steps), ("samples", old.samples, new.samples)]
@@ -453,6 +493,34 @@ def _context(doc: dict[str, Any]) -> dict[str, float] | None:
         return remedies.parse_context(doc.get("context")) or None
     except ValueError as err:
         raise Rejected("invalid_schema", str(err)) from None
+
+
+def _identity(doc: dict[str, Any], max_length: int) -> tuple[str, tuple[tuple[str, str], ...], str]:
+    """(run id, tags, what was refused) of the optional ``run_id`` and ``tags`` fields.
+
+    A bad run id or tag object costs only itself: the snapshot is stored without it, and the push's
+    answer (202) and one log line per run say why, so a job's phases are never lost to a label.
+
+    >>> _identity({"run_id": "rdzv-1", "tags": {"team": "vision"}}, 128)
+    ('rdzv-1', (('team', 'vision'),), '')
+    >>> print(_identity({"run_id": "a b", "tags": {"Team": "x"}}, 128)[2])  # doctest: +ELLIPSIS
+    run_id (run_id 'a b' may only contain A-Za-z0-9_.:/@+-); tags (tag key 'Team' may only contain a-z, ...)
+    """
+    refused = []
+    run_id = doc.get("run_id", "")
+    problem = "run_id must be a string" if not isinstance(run_id, str) else \
+        None if run_id == "" else check_label("run_id", run_id, max_length)
+    if problem is not None:
+        refused.append(f"run_id ({problem})")
+        run_id = ""
+    tags_doc = doc.get("tags", {})
+    problem = check_tags(tags_doc)
+    tags: tuple[tuple[str, str], ...] = ()
+    if problem is not None:
+        refused.append(f"tags ({problem})")
+    else:
+        tags = tuple(sorted(tags_doc.items()))
+    return run_id, tags, "; ".join(refused)
 
 
 def _world_size(doc: dict[str, Any]) -> int:

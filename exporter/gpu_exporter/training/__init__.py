@@ -59,7 +59,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def start(name: str, *, url: str | None = None, token: str | None = None, rank: str | int | None = None,
           uuid: str | None = None, device: int | None = None, push_interval: float = 5.0,
           timeout: float = 2.0, sync_every: int = 0, gpu_timing: bool = True,
-          max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None) -> Run:
+          max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None,
+          run_id: str | None = None, tags: dict[str, str] | None = None) -> Run:
     """Start timing run ``name`` and push its snapshots to the exporter in the background.
 
     ``url``: exporter base URL (default ``$GPU_EXPORTER_URL``, else http://127.0.0.1:9445);
@@ -73,6 +74,10 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     rank too comes from the process group when ``$RANK`` is unset). When torch.distributed is
     initialized, its collectives are timed as phase ``communication``
     (:func:`watch_distributed`; pass it your DDP model to time the gradient all-reduce too).
+    ``run_id``: this launch's id, shared by the job's ranks (default ``$GPU_EXPORTER_RUN_ID``, torchrun's
+    rendezvous id, ``$SLURM_JOB_ID``, else one drawn per process: gpu_exporter.training.identity);
+    ``tags``: up to 8 ``key: value`` strings (team, user, git revision, ...; also ``$GPU_EXPORTER_TAGS``),
+    exported as ``tag_<key>`` labels of ``gpu_training_run_info``.
     Raises ValueError on a bad name or setting.
 
     >>> from gpu_exporter import training
@@ -88,7 +93,7 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     from .run import Run
 
     run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every, gpu_timing=gpu_timing,
-              max_custom_phases=max_custom_phases, world_size=world_size)
+              max_custom_phases=max_custom_phases, world_size=world_size, run_id=run_id, tags=tags)
     base = (url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL).rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise ValueError(f"training.start: exporter URL {base!r} must start with http:// or https://")

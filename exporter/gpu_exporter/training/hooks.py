@@ -554,14 +554,20 @@ def _enable_distributed(run: Run, model: Any) -> None:
 
 
 def start_run(name: str | None, run: Run | None, options: dict[str, Any]) -> tuple[Run, bool]:
-    """``run`` if given (not owned), else a new ``training.start(name or default_name(), **options)``."""
+    """``run`` if given (not owned), else a new ``training.start(name, **options)``; without a name, the
+    script's name and the run id's tail (``train-0123456789ab``: :func:`identity.default_run_name`)."""
     if run is not None:
         if options:
             raise ValueError(f"training.watch: pass either run= or start options, not both ({sorted(options)})")
         return run, False
     from .. import training
 
-    return training.start(name or default_name(), **options), True
+    if name is None:  # the script's name and the launch's id: never the same for two jobs (docs/training.md)
+        from .identity import default_run_name, resolve_run_id
+
+        run_id = resolve_run_id(options.get("run_id"))[0]
+        name = default_run_name(default_name(), run_id)
+    return training.start(name, **options), True
 
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, name: str | None = None,

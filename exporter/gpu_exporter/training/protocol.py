@@ -69,3 +69,44 @@ CONTEXT_FIELDS: dict[str, str] = {
 """Fields of a snapshot's optional ``context`` object (training/context.py) and their kinds: every
 field is optional; ``count`` a whole number >= 0, ``bool`` true/false, ``number`` a finite number >= 0.
 The exporter (gpu_exporter.remedies) validates them and exports them as gpu_training_* gauges."""
+
+MAX_TAGS = 8
+"""Most user tags one run may carry (``training.start(tags=...)``, ``$GPU_EXPORTER_TAGS``)."""
+
+MAX_TAG_KEY_LENGTH = 32
+"""Longest tag key; the exporter exports a tag as the label ``tag_<key>`` of gpu_training_run_info."""
+
+MAX_TAG_VALUE_LENGTH = 64
+"""Longest tag value (label charset :data:`LABEL_CHARS`)."""
+
+TAG_KEY_RE = re.compile(r"[a-z][a-z0-9_]*")
+"""Tag keys: lower case letters, digits and ``_``, starting with a letter (a Prometheus label name's tail)."""
+
+TAG_LABEL_PREFIX = "tag_"
+"""Prefix of the labels that carry a run's tags on gpu_training_run_info (``team`` -> ``tag_team``)."""
+
+
+def check_tags(tags: object) -> str | None:
+    """Return why ``tags`` is not a valid tag object (str -> str, bounded), or None when it is.
+
+    The library checks them at ``training.start``; the exporter's ingest checks them again.
+
+    >>> check_tags({"team": "vision", "git": "3f2a1c9"}) is None
+    True
+    >>> check_tags({"Team": "x"})
+    "tag key 'Team' may only contain a-z, 0-9 and _, starting with a letter, up to 32 characters"
+    """
+    if not isinstance(tags, dict):
+        return "tags must be an object of key -> value strings"
+    if len(tags) > MAX_TAGS:
+        return f"{len(tags)} tags exceed the limit of {MAX_TAGS}"
+    for key, value in tags.items():
+        if not isinstance(key, str) or not TAG_KEY_RE.fullmatch(key) or len(key) > MAX_TAG_KEY_LENGTH:
+            return (f"tag key {str(key)[:40]!r} may only contain a-z, 0-9 and _, starting with a letter, "
+                    f"up to {MAX_TAG_KEY_LENGTH} characters")
+        if not isinstance(value, str):
+            return f"tag {key} must be a string, not {type(value).__name__}"
+        problem = check_label(f"tag {key}", value, MAX_TAG_VALUE_LENGTH)
+        if problem is not None:
+            return problem
+    return None

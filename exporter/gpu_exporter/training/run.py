@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import context as _context
 from . import device as _device
 from . import distributed as _distributed
+from . import identity as _identity
 from .protocol import (
     DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
 )
@@ -233,7 +234,8 @@ class Run:
 
     def __init__(self, name: str, *, rank: str | int | None = None, uuid: str | None = None,
                  device: int | None = None, sync_every: int = 0, gpu_timing: bool = True,
-                 max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None) -> None:
+                 max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None,
+                 run_id: str | None = None, tags: dict[str, str] | None = None) -> None:
         problem = check_label("run name", name)
         if problem is not None:
             raise ValueError(f"training.start: {problem}")
@@ -249,6 +251,10 @@ class Run:
             raise ValueError(f"training.start: sync_every must be 0 (off) or > 0, not {sync_every}")
         if max_custom_phases < 0:
             raise ValueError(f"training.start: max_custom_phases must be >= 0, not {max_custom_phases}")
+        self.run_id, self.run_id_source = _identity.resolve_run_id(run_id)
+        """This launch's id, shared by the job's ranks, and where it came from (training/identity.py)."""
+        self.tags = _identity.resolve_tags(tags)
+        """The user's tags (validated; ``$GPU_EXPORTER_TAGS`` updated by ``tags=``)."""
         self.name = name
         self.rank = rank_label
         self.world_size = _distributed.resolve_world_size(world_size)
@@ -451,6 +457,7 @@ class Run:
         body: dict[str, Any] = {
             "version": SCHEMA_VERSION,
             "run": self.name,
+            "run_id": self.run_id,
             "rank": self.rank,
             "uuid": uuid,
             "started_at": self.started_at,
@@ -463,6 +470,8 @@ class Run:
             "world_size": self.world_size,
             "finished": finished,
         }
+        if self.tags:
+            body["tags"] = self.tags
         if self._gpu is not None:
             body["cpu_phases"] = self.cpu_phase_seconds()
         allocator = self._allocator(index)
