@@ -4,9 +4,15 @@
 :func:`evidence_alert_group` to the alert rules (see :data:`GROUPS`). The recording rules turn the
 gpu_process_* counters of ``collectors/evidence.py`` into 5m rates and shares, and record one
 ``process:gpu_process_hint:value`` series (labels ``hint``, ``code``) per process whose evidence
-passes a row of the table, on a GPU below ``utilization_target`` with no live training run; the
-alert ``GpuUninstrumentedInputBound`` reads only that series. ``gpu_exporter.verdict.causes.find_hints``
-is the same logic in Python (tests/test_evidence_rules.py runs both on the same cases).
+passes a row of the table, on a GPU below ``utilization_target`` with no live training run.
+
+The alert ``GpuUninstrumentedInputBound`` reads that series at two levels, like the cause alerts: below
+``utilization_low_threshold`` (held over ``alert_hold``, the very condition of GpuUtilizationLow) it is a
+*warning* with ``level="low"``, and prometheus/alertmanager.yml lets it replace GpuUtilizationLow for the
+GPU, so the one warning an operator gets for an uninstrumented job carries the /proc evidence and the
+real utilization; between that line and the target it is *info* (``level="target"``) and replaces
+GpuUtilizationBelowTarget. ``gpu_exporter.verdict.causes.find_hints`` is the same logic in Python
+(tests/test_evidence_rules.py runs both on the same cases).
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from collections.abc import Callable
 
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
+from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 
 from monitoring.model import Alert, Model, Record
 from monitoring.model import indent as _indent
-from monitoring.rules import _wrap
+from monitoring.rules import HELD_LOW, _wrap
 
 C = "${cluster_label}"
 UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{utilization_target}}\n"
@@ -78,25 +85,38 @@ def _finding(hint: Hint) -> str:
 
 
 ALERTS = "gpu-process-evidence.alerts"
+GPU_NOW = (f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{{{C}=%q,uuid=%q}}" $labels.{C} $labels.uuid | query }}}}'
+           "{{ . | first | value | humanizePercentage }}{{ end }}")
+"""Template text: the GPU's 5m mean utilization now (a GPU without a live run is judged at it)."""
+GAP = {LOW: "below the ${utilization_low_threshold|percent} alert threshold",
+       TARGET: "below the ${utilization_target|percent} target (at or above ${utilization_low_threshold|percent})"}
+"""Where the GPU stands, per level: the line it is below (the warning names the real level, not the target)."""
+SUMMARY = {LOW: "A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization",
+           TARGET: "A GPU job nobody instrumented is below the ${utilization_target|percent} target"}
+
+
+def _evidence_alert(hint: Hint, lvl: str) -> Alert:
+    """GpuUninstrumentedInputBound of ``hint`` at level ``lvl``: ``low`` (the GPU's useful utilization below
+    the low line within alert_hold, as GpuUtilizationLow judges it) is a warning that replaces GpuUtilizationLow
+    (prometheus/alertmanager.yml inhibits that for the GPU); ``target`` (the rest, up to the target) is info."""
+    keep = "and" if lvl == LOW else "unless"
+    expr = (f'(\n    process:gpu_process_hint:value{{hint="{hint.hint}"}}\n  {keep} on ({C}, uuid)\n'
+            f"    {HELD_LOW}\n)\n"
+            f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
+    description = (
+        "Process {{ $labels.pid }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), node {{ $labels.node }}"
+        "{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}, reports no training phases "
+        f"(not instrumented), and {_finding(hint)}. The GPU is at {GPU_NOW}, {GAP[lvl]}: {hint.label}. "
+        f"{hint.advice}")
+    labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl), ("hint", hint.hint))
+    return Alert(ALERTS, EVIDENCE_ALERT, expr, "cause_for", labels,
+                 f"{SUMMARY[lvl]}; its processes point at {hint.label}.", _wrap(description), EVIDENCE_ALERT.lower())
 
 
 def evidence_alerts() -> list[Alert]:
-    """The ``gpu-process-evidence.alerts`` group: GpuUninstrumentedInputBound, one rule per hint."""
-    rules = []
-    for hint in HINTS:
-        expr = (f'process:gpu_process_hint:value{{hint="{hint.hint}"}}\n'
-                f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
-        description = (
-            "Process {{ $labels.pid }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), node {{ $labels.node }}"
-            "{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}, reports no training phases "
-            f"(not instrumented), and {_finding(hint)}. The GPU is at "
-            f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{{uuid=%q}}" $labels.uuid | query }}}}'
-            "{{ . | first | value | humanizePercentage }}{{ end }}, below the ${utilization_target|percent} "
-            f"target: {hint.label}. {hint.advice}")
-        rules.append(Alert(ALERTS, EVIDENCE_ALERT, expr, "cause_for", (("severity", "info"), ("hint", hint.hint)),
-                           "A GPU job nobody instrumented is below the ${utilization_target|percent} target; its "
-                           f"processes point at {hint.label}.", _wrap(description), EVIDENCE_ALERT.lower()))
-    return rules
+    """The ``gpu-process-evidence.alerts`` group: GpuUninstrumentedInputBound, one rule per hint and level
+    (the warnings of level low first, then the info alerts of level target)."""
+    return [_evidence_alert(hint, lvl) for lvl in (LOW, TARGET) for hint in HINTS]
 
 
 def evidence_alert_group(model: Model) -> str:

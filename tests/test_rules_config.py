@@ -14,6 +14,7 @@ import yaml
 from gpu_exporter.causes import CAUSES
 from gpu_exporter.thresholds import read_thresholds_file
 from gpu_exporter.verdict.causes import EVIDENCE_ALERT
+from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from servers import free_port, http_get, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +26,12 @@ amtool = shutil.which("amtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
 needs_amtool = pytest.mark.skipif(amtool is None,
                                   reason="amtool not installed (apt-get install prometheus-alertmanager)")
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """Every alerting rule of the shipped (generated) alert rules file."""
+    doc = yaml.safe_load((PROM / "rules" / "gpu-alerts.rules.yml").read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]
 
 
 def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -103,7 +110,7 @@ def test_kubernetes_relabeling_keeps_exporter_pods_and_sets_node(tmp_path: Path)
 def test_alertmanager_config_is_valid() -> None:
     proc = run([str(amtool), "check-config", str(AM_CONFIG)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
+    assert "4 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
 
 
 @needs_amtool
@@ -113,6 +120,8 @@ def test_alertmanager_config_is_valid() -> None:
     (["severity=info", "alertname=GpuMemoryNearlyFull"], "email"),
     (["severity=info", "alertname=GpuTrainingBelowTarget", "cause=metrics_bound"], "email"),  # the low-noise one
     (["severity=info", "alertname=GpuUtilizationBelowTarget"], "email"),
+    (["severity=warning", "alertname=GpuUninstrumentedInputBound", "level=low"], "slack"),  # evidence below 30%
+    (["severity=info", "alertname=GpuUninstrumentedInputBound", "level=target"], "email"),
     (["alertname=SomethingElse"], "default-webhook"),
 ])
 def test_alertmanager_routes_by_severity(labels: list[str], receivers: str) -> None:
@@ -129,8 +138,16 @@ def test_alertmanager_groups_inhibits_and_reads_secrets_from_files() -> None:
     assert rule["equal"] == ["uuid"]
     source = re.fullmatch(r'alertname=~"(.+)"', rule["source_matchers"][0])
     assert source is not None and causes <= set(source.group(1).split("|"))
-    # /proc evidence (a hint, tried before "not instrumented" by the verdict ladder) replaces the generic
-    # below-target notification of the same GPU.
+    # /proc evidence (a hint, tried before "not instrumented" by the verdict ladder): below the low line its
+    # warning (level low, the generated rules) replaces GpuUtilizationLow of the same GPU, and only that one ...
+    (low,) = [r for r in cfg["inhibit_rules"]
+              if r["target_matchers"] == ['alertname="GpuUtilizationLow"'] and r is not rule]
+    warning = BY_LEVEL[LOW].severity
+    assert low["source_matchers"] == [f'alertname="{EVIDENCE_ALERT}"', f'severity="{warning}"']
+    assert low["equal"] == ["uuid"]
+    levels = {(r["labels"]["level"], r["labels"]["severity"]) for r in alert_rules() if r["alert"] == EVIDENCE_ALERT}
+    assert levels == {(LOW, warning), (TARGET, BY_LEVEL[TARGET].severity)}
+    # ... and up to the target it replaces the generic below-target notification.
     (below,) = [r for r in cfg["inhibit_rules"] if r["target_matchers"] == ['alertname="GpuUtilizationBelowTarget"']]
     assert below["source_matchers"] == [f'alertname="{EVIDENCE_ALERT}"'] and below["equal"] == ["uuid"]
     kinds = {key for receiver in cfg["receivers"] for key in receiver if key.endswith("_configs")}
