@@ -15,6 +15,7 @@ import pytest
 import torch
 from gpu_exporter import training
 from gpu_exporter.ingest import IngestSettings, TrainingStore
+from gpu_exporter.training.protocol import INGEST_PATH
 from servers import free_port, wait_until
 from torch.utils.data import DataLoader, Dataset
 
@@ -128,9 +129,42 @@ def test_bearer_token_is_sent(tmp_path: os.PathLike[str], monkeypatch: pytest.Mo
     assert outcomes["unauthorized"] == 0 and outcomes["accepted"] >= 2
 
 
-def test_bad_url_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="must start with http"):
-        training.start("url-test", url="127.0.0.1:9445")
+def test_a_url_without_scheme_works_as_in_the_cli(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU_EXPORTER_URL=HOST:PORT, which `gpu-exporter query --url` takes, reaches the exporter too."""
+    port = free_port()
+    monkeypatch.setenv("GPU_EXPORTER_URL", f"localhost:{port}")
+    with stub_exporter(port, tmp=str(tmp_path)) as stub:
+        run = training.start("url-test", uuid="", push_interval=0.1)
+        wait_until(lambda: stub.bodies, 5, what="a push to localhost:PORT")
+        run.close()
+
+
+@pytest.mark.parametrize(("text", "accepted"), [
+    ("localhost:1", True), ("127.0.0.1:1/", True), ("http://127.0.0.1:1", True), ("https://localhost", True),
+    ("http://[::1]:1", True), ("ftp://node7:21", False), ("node7:port", False), ("http://", False),
+    ("node7:99999", False)])
+def test_library_and_cli_take_the_same_urls(text: str, accepted: bool) -> None:
+    """One rule (training.protocol.normalize_url): training.start and the CLI accept and refuse the same URLs."""
+    from gpu_exporter.commands.metrics_client import MetricsError, normalize_url
+
+    cli: str | None = None
+    cli_error = ""
+    try:
+        cli = normalize_url(text, "", "exporter")
+    except MetricsError as problem:
+        cli_error = str(problem)
+    if accepted:
+        run = training.start("url-test", url=text, uuid="", push_interval=60)
+        try:
+            assert run._pusher is not None and cli is not None
+            assert run._pusher._endpoint == cli + INGEST_PATH
+        finally:
+            run.close()
+    else:
+        assert cli is None
+        with pytest.raises(ValueError) as err:
+            training.start("url-test", url=text)
+        assert str(err.value) == f"training.start: {cli_error}"
 
 
 class _WorkerProbe(Dataset[torch.Tensor]):

@@ -31,6 +31,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter import catalog
+from gpu_exporter.training import protocol
 from gpu_exporter.verdict.samples import Labels as Labels
 from gpu_exporter.verdict.samples import Snapshot as Snapshot
 from gpu_exporter.verdict.samples import snapshot_of as snapshot_of
@@ -57,20 +58,16 @@ def fail(message: str, code: int = 2) -> int:
 def normalize_url(text: str, default_path: str, what: str) -> str:
     """``host:port`` or ``http(s)://host:port[/path]`` as a full URL; ``default_path`` when none is given.
 
+    The training library's rule (:func:`gpu_exporter.training.protocol.normalize_url`), so ``--url`` and
+    ``GPU_EXPORTER_URL`` take the same URLs; a bad one is a MetricsError.
+
     >>> normalize_url("node7:9445", "/metrics", "exporter")
     'http://node7:9445/metrics'
     """
-    raw = text.strip()
-    candidate = raw if "://" in raw else f"http://{raw}"
     try:
-        parts = urllib.parse.urlsplit(candidate)
-        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
-    except ValueError:  # a port that is not a number
-        valid = False
-    if not valid:
-        raise MetricsError(f"{text!r} is not a valid {what} URL: use http://HOST:PORT")
-    path = parts.path if parts.path not in ("", "/") else default_path
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+        return protocol.normalize_url(text, default_path, what)
+    except ValueError as err:
+        raise MetricsError(str(err)) from None
 
 
 def tls_context(ca_file: str | None, insecure: bool) -> ssl.SSLContext | None:

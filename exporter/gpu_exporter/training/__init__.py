@@ -27,7 +27,7 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .protocol import DEFAULT_MAX_CUSTOM_PHASES, DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES
+from .protocol import DEFAULT_MAX_CUSTOM_PHASES, DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES, normalize_url
 
 if TYPE_CHECKING:
     from .hooks import Watch
@@ -94,9 +94,10 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
 
     run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every, gpu_timing=gpu_timing,
               max_custom_phases=max_custom_phases, world_size=world_size, run_id=run_id, tags=tags)
-    base = (url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL).rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise ValueError(f"training.start: exporter URL {base!r} must start with http:// or https://")
+    try:
+        base = normalize_url(url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL)
+    except ValueError as err:
+        raise ValueError(f"training.start: {err}") from None
     token = token if token is not None else os.environ.get("GPU_EXPORTER_TOKEN") or None
     run._pusher = Pusher(run, base + INGEST_PATH, token, push_interval, timeout)
     _live_runs.add(run)

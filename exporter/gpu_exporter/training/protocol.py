@@ -13,6 +13,7 @@ that it equals INGEST_PATH. Example::
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 SCHEMA_VERSION = 1
 """Value of the ``version`` field of every snapshot."""
@@ -22,6 +23,28 @@ INGEST_PATH = "/api/v1/training"
 
 DEFAULT_URL = "http://127.0.0.1:9445"
 """Exporter base URL used when neither ``url=`` nor ``GPU_EXPORTER_URL`` is given."""
+
+
+def normalize_url(text: str, default_path: str = "", what: str = "exporter") -> str:
+    """``HOST:PORT`` or ``http(s)://[USER:PASSWORD@]HOST:PORT[/PATH]`` as a full URL, ``default_path`` when it has
+    no path (a trailing ``/`` is no path). The one URL rule of the training library (``GPU_EXPORTER_URL``,
+    ``url=``) and the CLI (``--url``, ``--prometheus-url``). Raises ValueError with one sentence.
+
+    >>> normalize_url("localhost:9445"), normalize_url("https://node7:9445/", "/metrics")
+    ('http://localhost:9445', 'https://node7:9445/metrics')
+    """
+    raw = text.strip()
+    candidate = raw if "://" in raw else f"http://{raw}"
+    try:
+        parts = urllib.parse.urlsplit(candidate)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+    except ValueError:  # a port that is not a number, or out of range
+        valid = False
+    if not valid:
+        raise ValueError(f"{text!r} is not a valid {what} URL: use http://HOST:PORT")
+    path = parts.path.rstrip("/") or default_path
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
 
 STANDARD_PHASES = ("data", "compute", "metrics", "checkpoint", "communication")
 """Phases every run reports, even at zero seconds. ``communication`` is the time spent in
