@@ -9,7 +9,11 @@ grouping and inhibition are the shipped ones.
 Cases (tests/scenarios/alerting.yaml, one GPU each): a healthy run at 90% (no alert), an
 input-bound run (M1), a metrics-bound run (M2), a run with small batches and allocator retries
 (M3, M4), and a GPU at 20% with no instrumented run (GpuUtilizationLow delivered). The cause
-alerts inhibit GpuUtilizationLow for their GPUs, although Prometheus fires it for them.
+alerts inhibit GpuUtilizationLow for their GPUs, although Prometheus fires it for them. One more GPU
+(GPU-e2e-evidence, added by the fixture) is at 5% with no instrumented run, and its process is a real
+one (tests/evidence_standins.py cpu: the main process busy, no worker): the only warning delivered for
+it is GpuUninstrumentedInputBound, with the /proc evidence and the real utilization in its text, and
+Alertmanager inhibits its GpuUtilizationLow (issue 29).
 tests/scenarios/gpu_lost.yaml: XID errors and a GPU that falls off the bus (GpuXidErrors,
 GpuMissing routed to the on-call webhook and Slack).
 """
@@ -19,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"
 SCENARIO = Path(__file__).with_name("scenarios") / "alerting.yaml"
 GPU_LOST = Path(__file__).with_name("scenarios") / "gpu_lost.yaml"
+STANDINS = Path(__file__).with_name("evidence_standins.py")
+EVIDENCE_UUID = "GPU-e2e-evidence"
 SCALE = 60  # production durations / test durations
 NODE = "e2e-node"
 
@@ -189,8 +198,21 @@ def alerting_stack(scenario: Path, push: bool) -> Iterator[tuple[str, Webhook]]:
 
 @pytest.fixture
 def stack() -> Iterator[tuple[str, Webhook]]:
-    with alerting_stack(SCENARIO, push=True) as running:
-        yield running
+    """alerting.yaml plus GPU 5 at 5%, whose process is a real uninstrumented stand-in (its main process
+    busy, no worker: /proc evidence main_busy)."""
+    standin = subprocess.Popen([sys.executable, str(STANDINS), "cpu", "300"])
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            scenario = Path(tmp) / "alerting.yaml"
+            gpu = (f'{{name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "{EVIDENCE_UUID}", '
+                   f"utilization: {{constant: 0.05}}, "
+                   f"processes: [{{pid: {standin.pid}, name: python, memory_gib: 20}}]}}")
+            scenario.write_text(SCENARIO.read_text() + f"  - {gpu}\n")
+            with alerting_stack(scenario, push=True) as running:
+                yield running
+    finally:
+        standin.terminate()
+        standin.wait(timeout=30)
 
 
 def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) -> None:
@@ -204,15 +226,17 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
             by_name.setdefault(alert["labels"]["alertname"], []).append(alert)
         return by_name
 
-    wanted = {*causes, "GpuUtilizationLow"}
+    wanted = {*causes, "GpuUtilizationLow", "GpuUninstrumentedInputBound"}
     wait_until(lambda: wanted <= set(delivered()), 60, interval=0.5, what=f"alerts {sorted(wanted)} to arrive")
     # Prometheus fires GpuUtilizationLow for every GPU under 30% with work on it ...
-    firing = {r["metric"]["uuid"] for r in promql(prom, 'ALERTS{alertname="GpuUtilizationLow",alertstate="firing"}')}
-    assert firing >= {"GPU-e2e-input", "GPU-e2e-metrics", "GPU-e2e-batch", "GPU-e2e-low"}
+    lows = {"GPU-e2e-input", "GPU-e2e-metrics", "GPU-e2e-batch", "GPU-e2e-low", EVIDENCE_UUID}
+    wait_until(lambda: lows <= {r["metric"]["uuid"] for r in
+                                promql(prom, 'ALERTS{alertname="GpuUtilizationLow",alertstate="firing"}')},
+               20, interval=0.5, what=f"GpuUtilizationLow firing in Prometheus for {sorted(lows)}")
     time.sleep(3)  # several group intervals: an un-inhibited alert would have been delivered by now
     got = delivered()
 
-    # ... but Alertmanager delivers it only for the GPU without a cause alert.
+    # ... but Alertmanager delivers it only for the GPU without a cause alert or evidence.
     assert {a["labels"]["uuid"] for a in got["GpuUtilizationLow"]} == {"GPU-e2e-low"}
     (low,) = {json.dumps(a["labels"], sort_keys=True): a for a in got["GpuUtilizationLow"]}.values()
     assert low["labels"] == {"alertname": "GpuUtilizationLow", "severity": "warning", "gpu": "2",
@@ -233,6 +257,22 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
         assert labels["remedy"]  # the short remedy text of the cause table
         assert f"{remedy}:" in got[name][0]["annotations"]["description"]
         assert got[name][0]["annotations"]["runbook_url"].endswith("#" + name.lower())
+
+    # The uninstrumented GPU at 5%: exactly one warning reaches the warning receiver, the evidence alert,
+    # with the /proc finding and the real level (not "below the 85% target").
+    warnings = [(receiver, a) for receiver, a in hook.alerts()
+                if a["labels"].get("uuid") == EVIDENCE_UUID and a["labels"]["severity"] == "warning"]
+    assert [(r, a["labels"]["alertname"]) for r, a in warnings] == [("slack", "GpuUninstrumentedInputBound")], warnings
+    (_, evidence), = warnings
+    assert {k: evidence["labels"][k] for k in ("level", "hint", "code", "gpu", "node")} == {
+        "level": "low", "hint": "main_busy", "code": "M1", "gpu": "5", "node": NODE}
+    text = evidence["annotations"]["description"]
+    assert re.search(r"its main thread is runnable \(on a CPU or waiting for one\) \d+(\.\d+)?% of the time with 0 "
+                     r"worker processes", text), text
+    assert re.search(r"The GPU is at [45](\.\d+)?%, below the 30% alert threshold: likely input-bound \(M1\)",
+                     text), text
+    assert "85%" not in text and evidence["annotations"]["summary"].startswith(
+        "A GPU job nobody instrumented is below 30% utilization")
 
     # Warnings route to the (webhook stand-in of the) slack receiver.
     assert {receiver for receiver, alert in hook.alerts() if alert["labels"]["severity"] == "warning"} == {"slack"}
