@@ -1,10 +1,10 @@
 """``python -m bench --quick|--full [--update-docs | --output FILE]``: run every benchmark, write the document.
 
-Quick mode (a minute or two; CI runs it) measures three node sizes with short stages; full mode
+Quick mode (about a minute; CI runs it) measures three node sizes with short stages; full mode
 measures 1, 8 and 16 GPUs with 0, 64 and 256 processes, and 64 GPUs with 512. Both run the accuracy, instrumentation,
 training-loop and load benchmarks and write the document to a new temporary file (its path is printed),
 to docs/benchmarks.md with ``--update-docs``, or to ``--output``. The load bench
-(16 scrapers at 10/s and 32 pushers every 0.5 s) runs 12 s in quick mode and 300 s in full mode;
+(16 scrapers at 10/s and 32 pushers every 0.5 s) runs 5 s in quick mode and 300 s in full mode;
 ``--load-seconds`` changes that. Example::
 
     PYTHONPATH=exporter python -m bench --full --update-docs
@@ -52,9 +52,11 @@ class Mode:
 
 
 QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)),
-             scrape.Durations(warmup=1.0, idle=2.0, scrape=4.0, rate=4.0, burst=20, spaced=4, floor=3),
-             accuracy_seconds=3600, micro_number=50_000, micro_repeat=5, training_pairs=3, training_seconds=0.7,
-             profile_polls=5, load_seconds=12.0)
+             scrape.Durations(warmup=0.5, idle=1.5, scrape=2.0, rate=4.0, burst=10, spaced=3, floor=2),
+             accuracy_seconds=3600, micro_number=20_000, micro_repeat=3, training_pairs=2, training_seconds=0.4,
+             profile_polls=3, load_seconds=5.0)
+"""Every stage of FULL, each as short as still gives each figure (the test checks the document's form, not its
+figures): about a minute on 2 cores."""
 FULL = Mode("full", (*((g, p) for g in (1, 8, 16) for p in (0, 64, 256)), (64, 512)),
             scrape.Durations(warmup=4.0, idle=6.0, scrape=15.0, rate=4.0, burst=40, spaced=20, floor=20),
             accuracy_seconds=7200, micro_number=200_000, micro_repeat=9, training_pairs=8, training_seconds=2.5,
