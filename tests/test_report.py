@@ -38,15 +38,16 @@ SCENARIO = """gpus:
      processes: [{pid: 74002, name: "python train.py --slow-loader --f1-every-step", memory_gib: 30}]}
 """
 LOOPS = Path(__file__).with_name("cause_loops.py")
+REUSED = Path(__file__).with_name("reused_name_loop.py")
 SECONDS = 20
 GPUS = ("GPU-e2e-mixed", "GPU-e2e-checkpoint")
 """Rank 0 and rank 1 of the run, each on its own simulated GPU."""
 
 
 @pytest.fixture(scope="module")
-def recorded() -> Iterator[tuple[str, dict[str, Any], Path]]:
-    """Prometheus holding the finished two-rank run ``mixed``; yields (Prometheus URL, the ranks' timers by
-    GPU, a temp dir)."""
+def stack() -> Iterator[tuple[str, str, Path]]:
+    """A simulated exporter and a Prometheus that scrapes it every second; yields (exporter URL, Prometheus URL,
+    a temp dir)."""
     with tempfile.TemporaryDirectory() as tmp:
         scenario = Path(tmp) / "report.yaml"
         scenario.write_text(SCENARIO)
@@ -54,7 +55,16 @@ def recorded() -> Iterator[tuple[str, dict[str, Any], Path]]:
         with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"],
                           env={"GPU_SIM_DEVICE_DIR": tmp}) as exporter, \
                 run_prometheus(scrape_config(exporter, "report-node", rule_files=())) as prom:
-            yield prom, _run(exporter, prom, Path(tmp)), Path(tmp)
+            yield exporter, prom, Path(tmp)
+
+
+@pytest.fixture(scope="module")
+def recorded(stack: tuple[str, str, Path]) -> tuple[str, dict[str, Any], Path]:
+    """Prometheus holding the finished two-rank run ``mixed``; (Prometheus URL, the ranks' timers by GPU, a temp
+    dir). Its ranks are separate processes without torchrun, so each draws a run id of its own: the report by
+    name takes them as one job (they started together on different ranks)."""
+    exporter, prom, tmp = stack
+    return prom, _run(exporter, prom, tmp), tmp
 
 
 def _run(exporter: str, prom: str, tmp: Path) -> dict[str, Any]:
@@ -173,3 +183,42 @@ def test_range_and_bad_input(recorded: tuple[str, dict[str, Any], Path]) -> None
 def _plus(stamp: str, seconds: float) -> str:
     from gpu_exporter.commands.metrics_client import iso, parse_time
     return iso(parse_time(stamp, "t") + seconds)
+
+
+def test_a_reused_name_reports_each_launch_alone(stack: tuple[str, str, Path]) -> None:
+    """Issue 28: two launches of one name on one GPU and rank, one right after the other, the second 70% data.
+    Each report (by run id; by name: the latest, with a note) covers that launch only: its own range, wall time
+    within 2% of its own timers, its own data share, one GPU. Before run ids, the second one's report subtracted
+    the first one's final totals and read wall 14.0 s, data 100% for a 20.1 s run at 70% data."""
+    exporter, prom, tmp = stack
+    uuid, own = GPUS[1], []
+    for i, share in enumerate((0.2, 0.7)):
+        out = tmp / f"reused{i}.json"
+        loop = subprocess.run([sys.executable, str(REUSED), "nightly", exporter, uuid, "5", str(share), str(out)],
+                              env=exporter_env(), capture_output=True, text=True, timeout=60, check=False)
+        assert loop.returncode == 0, loop.stderr[-2000:]
+        timers = json.loads(out.read_text())
+        own.append(timers)
+        final = (f'max(gpu_training_current_phase{{run="nightly"}}) == 0 '
+                 f'and on() gpu_training_run_info{{run_id="{timers["run_id"]}"}}')
+        wait_until(lambda q=final: promql(prom, q), 20, what=f"launch {i}'s last snapshot in Prometheus")
+    assert own[0]["run_id"] != own[1]["run_id"]
+    for timers in own:
+        result = run_cli("report", "--prometheus-url", prom, "--run-id", timers["run_id"], "--step", "1s",
+                         "--output", "json")
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        doc = json.loads(result.stdout)
+        assert (doc["run"], doc["run_id"], doc["gpus"]) == ("nightly", timers["run_id"], [uuid])
+        assert [(r["rank"], r["uuid"]) for r in doc["ranks"]] == [("0", uuid)]
+        assert doc["wall_seconds"] == pytest.approx(timers["wall"], rel=0.02)
+        assert doc["shares"]["data"] == pytest.approx(timers["phases"]["data"] / timers["wall"], abs=0.03)
+        assert doc["shares"]["compute"] == pytest.approx(timers["phases"]["compute"] / timers["wall"], abs=0.03)
+    first, second = (json.loads(run_cli("report", "--prometheus-url", prom, "--run-id", t["run_id"],
+                                        "--output", "json").stdout) for t in own)
+    assert first["end"] <= second["start"]  # each its own range
+    by_name = run_cli("report", "--prometheus-url", prom, "--run", "nightly", "--step", "1s", "--output", "json")
+    assert by_name.returncode == 0, by_name.stderr
+    assert json.loads(by_name.stdout)["run_id"] == own[1]["run_id"]
+    assert by_name.stderr == (f"gpu-exporter: note: run name 'nightly' was reused by 2 launches in the last 30d; this "
+                              f"is the latest, run id {own[1]['run_id']} (started {second['start']}); earlier: "
+                              f"{own[0]['run_id']} ({first['start']}): pick one with --run-id\n")

@@ -36,9 +36,10 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ from gpu_exporter.commands.metrics_client import (
     MetricsError,
     Prometheus,
     Series,
+    add_client_arguments,
+    connection,
     fail,
     iso,
     parse_time,
@@ -66,9 +69,14 @@ _CURRENT_PHASE = catalog.GPU_TRAINING_CURRENT_PHASE.name
 _RETRIES = catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name
 _OOMS = catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name
 _BATCH = catalog.GPU_TRAINING_BATCH_SIZE.name
+_INFO = catalog.GPU_TRAINING_RUN_INFO.name
+_STARTED = catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name
+_TAG = "tag_"
 
 RankKey = tuple[str, str]
 """(rank, uuid) of one process of the run."""
+SAME_JOB_SECONDS = 120.0
+"""Launches of one name on other ranks/GPUs that started this close to the latest one are its other ranks."""
 POINTS = 150
 """Steps over the range when ``--step`` is not given (at least ``MIN_STEP``)."""
 MIN_STEP = 15.0
@@ -116,6 +124,9 @@ class Report:
     phase_series: dict[str, list[float | None]] = field(default_factory=dict)
     target: float = 0.85
     low: float = 0.3
+    run_id: str = ""
+    """The launch reported ("" for a run whose library sent no run id: then the range is all that ``run`` did)."""
+    tags: dict[str, str] = field(default_factory=dict)
 
     def projection_text(self) -> str:
         """``"8.1 h; down to ~3.4 h if loading overlapped compute (input-bound (M1))"``."""
@@ -129,7 +140,8 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "run": self.run, "source": self.source, "start": iso(self.start), "end": iso(self.end),
+            "run": self.run, "run_id": self.run_id, "tags": self.tags,
+            "source": self.source, "start": iso(self.start), "end": iso(self.end),
             "wall_seconds": round(self.wall_seconds, 3), "gpus": self.gpus, "ranks": self.ranks,
             "gpu_hours": round(self.gpu_hours, 6), "mean_utilization": _round(self.mean_utilization),
             "shares": {p: round(v, 4) for p, v in self.shares.items()},
@@ -172,7 +184,7 @@ def _quote(text: str) -> str:
 
 
 def _at(prom: Prometheus, when: float, expr: str) -> list[tuple[Labels, float]]:
-    return Prometheus(prom.base, prom.timeout, at=when).query(expr)
+    return prom.at_time(when).query(expr)
 
 
 def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str) -> dict[RankKey, dict[str, float]]:
@@ -200,9 +212,134 @@ def lifetime(prom: Prometheus, run: str, now: float, lookback: str) -> tuple[flo
     return end - wall, end, totals
 
 
-def _deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str, final: Totals | None) -> Totals:
+@dataclass(frozen=True)
+class Launch:
+    """One launch (incarnation) of a run: its run id, its ranks, its own start and end.
+
+    Many launches may share a run name (a nightly job); each has its own ``run_id`` (the training
+    library's, docs/training.md#run-identity), which only ``gpu_training_run_info`` and
+    ``gpu_training_run_start_timestamp_seconds`` carry. The other training series are keyed by
+    (run, rank, uuid), shared by the launches of one name, so every read of a launch keeps the samples
+    scraped while its info series was there (:meth:`only`): nothing of an earlier launch is read or
+    subtracted, and only this launch's (rank, uuid) pairs count.
+    """
+
+    run: str
+    run_id: str
+    """Its run id; ``a,b`` for the ranks of one job that drew ids of their own (:func:`pick_launch`)."""
+    start: float
+    keys: tuple[RankKey, ...]
+    end: float = 0.0
+    """Its last push (0 until :func:`launch_range` found it)."""
+    tags: tuple[tuple[str, str], ...] = ()
+    until: float = math.inf
+    """An hour after the next launch of the name started: its own samples all lie before (reads stop there)."""
+
+    def only(self, expr: str) -> str:
+        """``expr`` (series keyed by run, rank, uuid), kept only where this launch's info series is."""
+        ids = self.run_id.split(",")
+        match = f"run_id={_quote(ids[0])}" if len(ids) == 1 else f"run_id=~{_quote('|'.join(ids))}"
+        return f"({expr}) and on(run, rank, uuid) {_INFO}{{{match}}}"
+
+    def last(self, prom: Prometheus, inner: str, at: float, func: str = "last_over_time") -> list[tuple[Labels, float]]:
+        """``func`` over this launch's samples of ``inner`` from its start up to ``at`` (a subquery whose
+        step is short enough to see every scrape, as long as the range is hours, not weeks)."""
+        span = max(at - self.start, 1.0) + 1.0
+        step = max(0.5, span / 10000)
+        return _at(prom, at, f"{func}(({self.only(inner)})[{promql_duration(span)}:{promql_duration(step)}])")
+
+
+def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
+             run_id: str | None = None) -> list[Launch]:
+    """The launches of run name ``run`` or of ``run_id`` seen in ``lookback`` before ``at``, oldest first
+    (only those whose library sent a run id)."""
+    sel = ", ".join(f"{k}={_quote(v)}" for k, v in (("run", run), ("run_id", run_id)) if v is not None)
+    found: dict[tuple[str, str], tuple[float, set[RankKey]]] = {}
+    for labels, value in _at(prom, at, f"max_over_time({_STARTED}{{{sel}}}[{lookback}])"):
+        ident = labels.get("run_id", "")
+        if not ident:
+            continue
+        start, keys = found.setdefault((labels.get("run", ""), ident), (value, set()))
+        keys.add(_key(labels))
+        found[(labels.get("run", ""), ident)] = (min(start, value), keys)
+    tags: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+    if found:
+        for labels, _ in _at(prom, at, f"last_over_time({_INFO}{{{sel}}}[{lookback}])"):
+            tags[(labels.get("run", ""), labels.get("run_id", ""))] = tuple(sorted(
+                (k[len(_TAG):], v) for k, v in labels.items() if k.startswith(_TAG)))
+    ordered = sorted((Launch(name, ident, start, tuple(sorted(keys)), tags=tags.get((name, ident), ()))
+                      for (name, ident), (start, keys) in found.items()), key=lambda launch: launch.start)
+    return [replace(launch, until=later.start + 3600) if later.run == launch.run else launch
+            for launch, later in zip(ordered, [*ordered[1:], ordered[-1]], strict=True)] if ordered else []
+
+
+def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None,
+                run_id: str | None) -> tuple[Launch | None, str | None]:
+    """(the launch to report, a one-line note when the name was reused), or (None, None) for a run whose
+    library sent no run id (then the whole name is reported, as before run ids). MetricsError when none."""
+    found = launches(prom, at, lookback, run, run_id)
+    if run_id is not None:
+        if not found:
+            raise MetricsError(f"Prometheus at {prom.base} holds no training run with run id {run_id!r}"
+                               f"{'' if run is None else f' named {run!r}'} in the last {lookback}: check the id "
+                               f"({_INFO}{{run_id=...}}) or widen --lookback")
+        names = sorted({launch.run for launch in found})
+        if len(names) > 1:
+            raise MetricsError(f"run id {run_id!r} names {len(names)} runs ({', '.join(names)}): add --run NAME")
+        return found[-1], None
+    if not found:
+        return None, None
+    latest = found[-1]
+    # Ranks of one job launched without torchrun draw ids of their own: launches of the name on other
+    # (rank, uuid) pairs that started within SAME_JOB_SECONDS of the latest are taken as its other ranks.
+    ranks = [launch for launch in found[:-1] if not set(launch.keys) & set(latest.keys)
+             and latest.start - launch.start <= SAME_JOB_SECONDS]
+    earlier = [launch for launch in found[:-1] if launch not in ranks]
+    if ranks:
+        latest = replace(latest, run_id=",".join(launch.run_id for launch in [*ranks, latest]),
+                         start=min(launch.start for launch in [*ranks, latest]),
+                         keys=tuple(sorted(key for launch in [*ranks, latest] for key in launch.keys)))
+    note = None
+    if earlier:
+        shown = ", ".join(f"{launch.run_id} ({iso(launch.start)})" for launch in reversed(earlier[-3:]))
+        note = (f"note: run name {run!r} was reused by {len(earlier) + 1} launches in the last {lookback}; this is "
+                f"the latest, run id {latest.run_id} (started {iso(latest.start)}); earlier: {shown}"
+                f"{', ...' if len(earlier) > 3 else ''}: pick one with --run-id")
+    return latest, note
+
+
+def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, Totals]:
+    """``launch`` with its end (its last push), and its final phase seconds per rank."""
+    now = min(now, launch.until)
+    pushes = launch.last(prom, f"{_LAST_PUSH}{{run={_quote(launch.run)}}}", now, "max_over_time")
+    if not pushes:
+        raise MetricsError(f"Prometheus at {prom.base} holds no snapshot of run {launch.run!r} run id "
+                           f"{launch.run_id!r} (its info series came without its timers)")
+    end = max(value for _, value in pushes)
+    return replace(launch, end=end), _launch_totals(prom, launch, now)
+
+
+def _launch_totals(prom: Prometheus, launch: Launch, at: float) -> Totals:
+    """The phase seconds of ``launch``'s ranks in their last sample up to ``at`` (none before it began)."""
+    out: Totals = {}
+    if at <= launch.start:
+        return out
+    for labels, value in launch.last(prom, f"{_PHASES}{{run={_quote(launch.run)}}}", at):
+        out.setdefault(_key(labels), {})[labels.get("phase", "other")] = value
+    return out
+
+
+def _deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str, final: Totals | None,
+            launch: Launch | None = None) -> Totals:
     """Phase seconds of each rank between ``start`` and ``end`` (0 before the run began); ``final``: the
-    run's last totals, for a range that ends with the run (its last push may be scraped after ``end``)."""
+    run's last totals, for a range that ends with the run (its last push may be scraped after ``end``).
+    With ``launch``, only that launch's own samples count (its counters start at 0: nothing of an
+    earlier launch of the name is subtracted)."""
+    if launch is not None:
+        after = final if final is not None else _launch_totals(prom, launch, end)
+        before = _launch_totals(prom, launch, start) if start < end else {}
+        return {key: {p: max(v - before.get(key, {}).get(p, 0.0), 0.0) for p, v in phases.items()}
+                for key, phases in after.items()}
     after = final if final is not None else _phase_totals(prom, end, run, promql_duration(max(end - start, 1.0)))
     before = _phase_totals(prom, start, run, lookback) if start < end else {}
     return {key: {p: max(v - before.get(key, {}).get(p, 0.0), 0.0) for p, v in phases.items()}
@@ -226,11 +363,12 @@ def _grid(series: Series, times: Sequence[float]) -> list[float | None]:
 
 
 def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, step: float | None,
-          lookback: str, final: Totals | None = None) -> Report:
-    """Read ``run`` between ``start`` and ``end`` and compute every figure of the report."""
+          lookback: str, final: Totals | None = None, launch: Launch | None = None) -> Report:
+    """Read ``run`` (only its launch ``launch``, when given) between ``start`` and ``end`` and compute every
+    figure of the report."""
     if end <= start:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
-    deltas = _deltas(prom, run, start, end, lookback, final)
+    deltas = _deltas(prom, run, start, end, lookback, final, launch)
     if not deltas:
         raise MetricsError(f"Prometheus at {prom.base} has no phase timers of run {run!r} between {iso(start)} "
                            f"and {iso(end)}")
@@ -253,7 +391,8 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
 
     step = step or max(MIN_STEP, (end - start) / POINTS)
     window = promql_duration(WINDOW_STEPS * step)
-    times, util_series, useful_series, phase_series, spans = _timeline(prom, run, gpus, t, start, end, step, window)
+    times, util_series, useful_series, phase_series, spans = _timeline(prom, run, gpus, t, start, end, step, window,
+                                                                       launch)
     # Each GPU's hours below target: its share of the run's points whose useful utilization (the level's,
     # gpu_exporter.verdict.levels) is below the target, times the wall time.
     below = 0.0
@@ -273,7 +412,8 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
                   gpu_hours_below_target=below / 3600, causes=causes, main_cause=main,
                   projected_wall_seconds=None if share is None else wall * (1 - share), projection_share=share,
                   step=step, times=times, utilization=util_series, phase_series=phase_series,
-                  target=t.utilization_target, low=t.utilization_low_threshold)
+                  target=t.utilization_target, low=t.utilization_low_threshold,
+                  run_id="" if launch is None else launch.run_id, tags=dict(launch.tags) if launch else {})
 
 
 def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> float | None:
@@ -306,14 +446,17 @@ def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> fl
 
 
 def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, start: float, end: float,
-              step: float, window: str) -> tuple[list[float], dict[str, list[float | None]],
-                                                 dict[str, list[float | None]], dict[str, list[float | None]],
-                                                 dict[str, CauseSpan]]:
+              step: float, window: str, launch: Launch | None = None
+              ) -> tuple[list[float], dict[str, list[float | None]], dict[str, list[float | None]],
+                         dict[str, list[float | None]], dict[str, CauseSpan]]:
     """The run over time: utilization and useful utilization per GPU, phase shares (all ranks), and when each
-    cause applied."""
+    cause applied (with ``launch``: only at the times its own series were there)."""
     sel = f"run={_quote(run)}"
     match = _quote("|".join(gpus) or "none")
-    phases = _range(prom, f"increase({_PHASES}{{{sel}}}[{window}])", start, end, step)
+
+    def only(expr: str) -> str:
+        return expr if launch is None else launch.only(expr)
+    phases = _range(prom, only(f"increase({_PHASES}{{{sel}}}[{window}])"), start, end, step)
     times = sorted({ts for _, series in phases for ts, _ in series})
     util = {labels.get("uuid", ""): _grid(series, times) for labels, series in _range(
         prom, f"max by (uuid) (rate({_BUSY}{{uuid=~{match}}}[{window}]))", start, end, step)}
@@ -323,10 +466,10 @@ def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, st
 
     def per_rank(expr: str) -> dict[RankKey, list[float | None]]:
         return {_key(labels): _grid(series, times) for labels, series in _range(prom, expr, start, end, step)}
-    live = per_rank(f"max by (rank, uuid) ({_CURRENT_PHASE}{{{sel}}})")
-    retries = per_rank(f"max by (rank, uuid) (increase({_RETRIES}{{{sel}}}[{window}]))")
-    ooms = per_rank(f"max by (rank, uuid) (increase({_OOMS}{{{sel}}}[{window}]))")
-    batch = per_rank(f"max by (rank, uuid) ({_BATCH}{{{sel}}})")
+    live = per_rank(f"max by (rank, uuid) ({only(f'{_CURRENT_PHASE}{{{sel}}}')})")
+    retries = per_rank(f"max by (rank, uuid) ({only(f'increase({_RETRIES}{{{sel}}}[{window}])')})")
+    ooms = per_rank(f"max by (rank, uuid) ({only(f'increase({_OOMS}{{{sel}}}[{window}])')})")
+    batch = per_rank(f"max by (rank, uuid) ({only(f'{_BATCH}{{{sel}}}')})")
     by_rank: dict[RankKey, dict[str, list[float | None]]] = {}
     for labels, series in phases:
         by_rank.setdefault(_key(labels), {})[labels.get("phase", "other")] = _grid(series, times)
@@ -393,8 +536,13 @@ def _intervals(stamps: Sequence[float], step: float) -> list[tuple[float, float]
 
 def _rows(r: Report) -> list[tuple[str, str]]:
     """The headline figures as (label, value) rows, shared by every format."""
+    rows = [("run", r.run)]
+    if r.run_id:
+        rows.append(("run id", r.run_id))
+    if r.tags:
+        rows.append(("tags", ", ".join(f"{k}={v}" for k, v in r.tags.items())))
     return [
-        ("run", r.run),
+        *rows,
         ("range", f"{iso(r.start)} .. {iso(r.end)}"),
         ("wall time", duration(r.wall_seconds)),
         ("GPUs", f"{len(r.gpus)} ({', '.join(r.gpus)})" if r.gpus else "none joined (no GPU UUID)"),
@@ -562,7 +710,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``gpu-exporter report``."""
     parser.epilog = "exit status: 0 report written, 2 an error (bad flag, unreachable Prometheus, unknown run)"
     parser.add_argument("--prometheus-url", metavar="URL", required=True, help="the Prometheus that scraped the run")
-    parser.add_argument("--run", dest="run_name", metavar="RUN", required=True, help="the training run (its run label)")
+    parser.add_argument("--run", dest="run_name", metavar="RUN",
+                        help="the training run by name (its run label): its latest launch, with a note on stderr when "
+                             "the name was used by several launches")
+    parser.add_argument("--run-id", dest="run_id", metavar="ID",
+                        help="the training run by the run id of one launch (gpu_training_run_info{run_id})")
     parser.add_argument("--from", dest="start", metavar="TIME",
                         help="start of the range (default: the run's start): --from=-8h, Unix seconds or ISO 8601")
     parser.add_argument("--to", dest="end", metavar="TIME", help="end of the range (default: the run's last push)")
@@ -574,6 +726,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (default: the packaged copy)")
     parser.add_argument("--output", choices=tuple(RENDERERS), default="text", help="the format (default text)")
     parser.add_argument("--out", metavar="FILE", help="write the report to FILE instead of standard output")
+    add_client_arguments(parser, "--prometheus-url")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -583,7 +736,7 @@ def run(args: argparse.Namespace) -> int:
     except ThresholdsError as err:
         return fail(str(err))
     try:
-        prom = Prometheus(args.prometheus_url)
+        prom = Prometheus(args.prometheus_url, connection=connection(args, args.prometheus_url, "--prometheus-url"))
         now = parse_time("now", "now")
         step = None
         if args.step is not None:
@@ -600,13 +753,25 @@ def run(args: argparse.Namespace) -> int:
         end = parse_time(args.end, "--to") if args.end else None
         start = parse_time(args.start, "--from") if args.start else None
         final = None
-        if start is None or end is None:
+        if args.run_name is None and args.run_id is None:
+            raise MetricsError("name the run: --run NAME (its latest launch) or --run-id ID (one launch)")
+        launch, note = pick_launch(prom, end if end is not None else now, args.lookback, args.run_name, args.run_id)
+        if note is not None:
+            sys.stderr.write(f"gpu-exporter: {note}\n")
+        if launch is not None:  # the launch's own range; --from/--to narrow it
+            launch, totals = launch_range(prom, launch, now)
+            final = totals if end is None or end >= launch.end else None
+            start = launch.start if start is None else max(start, launch.start)
+            end = launch.end if end is None else min(end, launch.end)
+            report = build(prom, launch.run, t, start, end, step, args.lookback, final, launch)
+        elif start is None or end is None:
             run_start, run_end, totals = lifetime(prom, args.run_name, end if end is not None else now,
                                                   args.lookback)
             final = totals if end is None else None
             start = run_start if start is None else start
             end = run_end if end is None else end
-        report = build(prom, args.run_name, t, start, end, step, args.lookback, final)
+        if launch is None:
+            report = build(prom, args.run_name, t, start, end, step, args.lookback, final)
     except MetricsError as err:
         return fail(str(err))
     except KeyboardInterrupt:
