@@ -1,0 +1,400 @@
+"""The shipped rules' cost on one Prometheus at 100, 1,000 and 10,000 GPUs (issue 30, items 1-3).
+
+Problem: every GPU costs its Prometheus series, rule evaluation, memory and query time, and a
+rule group that takes longer than its interval misses evaluations (its alerts go quiet). This
+bench measures those costs on a real Prometheus with the shipped rules (prometheus/rules), scraping
+a simulated fleet (bench/fleet_sim.py: one process, one ``/node/<i>/metrics`` target per 8-GPU node,
+payloads from the exporter's own renderer, counters moving, instrumented single- and multi-node
+training runs with causes), and checks the budgets of docs/fleet.md::
+
+    python -m bench.fleet_scale                          # 96 and 992 GPUs measured, 10,000 extrapolated
+    python -m bench.fleet_scale --nodes 12 124 248 --seconds 300
+
+Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
+default, so the rate windows fill fast: a 5m window then holds 3x the samples of a 15 s scrape,
+which can only overstate the rules' cost) and evaluating every 15 s, as prometheus/prometheus.yml
+ships. After the first rule results appear and ``--warmup`` seconds more, it samples
+``prometheus_rule_group_last_duration_seconds`` of each group once per evaluation for ``--seconds``,
+then reads the series counts, Prometheus' memory, runs every panel query of the four dashboards
+(instant, and as a range over the last 5 minutes at a 15 s step) and ``gpu-exporter diagnose
+--prometheus-url`` over the whole fleet. The 10,000-GPU column is extrapolated: a straight line
+through the two largest measured sizes (the measured slope), marked ``~``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+for _path in (REPO / "tests", REPO / "exporter"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from servers import http_get, promql, run_prometheus, wait_until  # noqa: E402
+
+from bench import fleet, fleet_sim  # noqa: E402
+
+EVALUATION_INTERVAL = 15.0
+"""The shipped evaluation interval (prometheus/prometheus.yml; no rule group sets its own)."""
+RULE_BUDGET_SHARE = 0.10
+"""Budget: every rule group evaluates in under 10% of its interval at 10,000 GPUs."""
+QUERY_BUDGET_SECONDS = 2.0
+"""Budget: every dashboard query and a fleet-wide diagnose answer in under 2 s at 10,000 GPUs."""
+SERIES_PER_GPU_BUDGET = 80.0
+"""Budget: series stored per GPU (exporter series, scrape series and recording-rule results) on
+the simulated mix (docs/fleet.md)."""
+TARGET_GPUS = 10_000
+DCGM_DEFAULT_FIELDS = 37
+"""Fields in dcgm-exporter's default-counters.csv (docs/fleet.md says which): one series per GPU each."""
+
+
+@dataclass
+class Figures:
+    """What one size measured."""
+
+    nodes: int
+    gpus: int
+    runs: int
+    scrape_interval: float
+    seconds: float
+    load: tuple[float, float]
+    exporter_series_per_gpu: dict[str, float] = field(default_factory=dict)
+    """Per kind of node: its /metrics sample lines / 8."""
+    stored_series: float = 0.0
+    head_series: float = 0.0
+    recorded_gpu_series: float = 0.0
+    recorded_run_series: float = 0.0
+    recorded_other_series: float = 0.0
+    alert_series: float = 0.0
+    groups: dict[str, list[float]] = field(default_factory=dict)
+    """{group: last durations sampled, one per evaluation}"""
+    intervals: dict[str, float] = field(default_factory=dict)
+    missed: float = 0.0
+    rss_bytes: float = 0.0
+    heap_bytes: float = 0.0
+    queries: list[tuple[float, float, str, str, int]] = field(default_factory=list)
+    """(wall seconds instant, wall seconds range over 5m, dashboard, panel, result series)"""
+    diagnose_seconds: float = 0.0
+    diagnose_status: int = 0
+    simulator_cpu_seconds: float = 0.0
+
+    @property
+    def series_per_gpu(self) -> float:
+        return self.stored_series / self.gpus
+
+
+def _metrics(url: str) -> str:
+    return http_get(url + "/metrics", timeout=30)
+
+
+def _metric_values(text: str, name: str) -> list[tuple[str, float]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            head, _, value = line.rpartition(" ")
+            out.append((head, float(value)))
+    return out
+
+
+def _group_of(head: str) -> str:
+    match = re.search(r'rule_group="[^"]*;([^"]+)"', head)
+    return match.group(1) if match else head
+
+
+def rule_groups(url: str) -> tuple[dict[str, float], dict[str, float], float]:
+    """({group: last duration}, {group: interval}, evaluations missed in all) from Prometheus' /metrics."""
+    text = _metrics(url)
+    durations = {_group_of(h): v for h, v in _metric_values(text, "prometheus_rule_group_last_duration_seconds")}
+    intervals = {_group_of(h): v for h, v in _metric_values(text, "prometheus_rule_group_interval_seconds")}
+    missed = sum(v for _, v in _metric_values(text, "prometheus_rule_group_iterations_missed_total"))
+    return durations, intervals, missed
+
+
+def timed_query(prom: str, expr: str, range_seconds: float = 0.0, step: float = 15.0) -> tuple[float, int]:
+    """Wall seconds (what Grafana waits) and result size of an instant or range query."""
+    params = {"query": expr}
+    endpoint = "query"
+    if range_seconds:
+        now = time.time()
+        params.update(start=f"{now - range_seconds:.3f}", end=f"{now:.3f}", step=f"{step:g}")
+        endpoint = "query_range"
+    url = f"{prom}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as resp:
+        body = json.loads(resp.read())
+    took = time.perf_counter() - started
+    if body.get("status") != "success":
+        raise RuntimeError(f"query {expr!r} failed: {body}")
+    return took, len(body["data"]["result"])
+
+
+def prometheus_config(nodes: int, hostport: str, scrape_interval: float,
+                      evaluation_interval: float = EVALUATION_INTERVAL) -> str:
+    rules = sorted(p.name for p in fleet.RULES.glob("*.yml"))
+    cfg = {"global": {"scrape_interval": f"{scrape_interval:g}s", "scrape_timeout": f"{min(scrape_interval, 10):g}s",
+                      "evaluation_interval": f"{evaluation_interval:g}s"},
+           "rule_files": rules,
+           "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": list(fleet_sim.targets(nodes, hostport))}]}
+    return str(yaml.safe_dump(cfg, sort_keys=False))
+
+
+@contextlib.contextmanager
+def simulator(nodes: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``python -m bench.fleet_sim --nodes N`` in its own process; yields (host:port, process)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.fleet_sim", "--nodes", str(nodes)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.match(r"http://([^/]+)/", line)
+        if not match:
+            raise RuntimeError(f"fleet simulator did not start: {line!r}")
+        yield match.group(1), proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_diagnose(prom: str) -> tuple[float, int]:
+    """Wall seconds and exit status of ``gpu-exporter diagnose --prometheus-url`` over the fleet
+    (a fresh Python process, as an operator runs it)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", "diagnose", "--prometheus-url", prom,
+                           "--output", "json"], capture_output=True, text=True, env=env, timeout=300, check=False)
+    took = time.perf_counter() - started
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"diagnose failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return took, proc.returncode
+
+
+def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: float, warmup: float,
+                       queries: bool = True, diagnose: bool = True) -> Figures:
+    """Fill ``figures`` from a Prometheus scraping the fleet at ``hostport``."""
+    nodes = figures.nodes
+    wait_until(lambda: len(promql(prom, "node:gpu_utilization:avg5m")) >= nodes, 60 + nodes * 0.2,
+               interval=1, what="node:gpu_utilization:avg5m for every node")
+    time.sleep(warmup)
+    for kind in dict.fromkeys(fleet_sim.node_kind(i) for i in range(nodes)):
+        index = next(i for i in range(nodes) if fleet_sim.node_kind(i) == kind)
+        text = http_get(f"http://{hostport}/node/{index}/metrics")
+        lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+        figures.exporter_series_per_gpu[kind] = len(lines) / fleet_sim.GPUS_PER_NODE
+    start = time.monotonic()
+    last: dict[str, float] = {}
+    while True:
+        durations, intervals, missed = rule_groups(prom)
+        figures.intervals, figures.missed = intervals, missed
+        if durations != last:  # a new evaluation of some group
+            for group, value in durations.items():
+                figures.groups.setdefault(group, []).append(value)
+            last = durations
+        if time.monotonic() - start >= seconds:
+            break
+        time.sleep(EVALUATION_INTERVAL / 3)
+    text = _metrics(prom)
+    figures.rss_bytes = _metric_values(text, "process_resident_memory_bytes")[0][1]
+    figures.heap_bytes = _metric_values(text, "go_memstats_heap_inuse_bytes")[0][1]
+    figures.head_series = _metric_values(text, "prometheus_tsdb_head_series")[0][1]
+    figures.stored_series = fleet.scalar(prom, 'count({__name__=~".+"})')
+    figures.alert_series = fleet.scalar(prom, 'count(ALERTS) or vector(0)')
+    figures.recorded_run_series = fleet.scalar(prom, 'count({__name__=~".+:.+", run!=""}) or vector(0)')
+    figures.recorded_gpu_series = fleet.scalar(
+        prom, 'count({__name__=~".+:.+", run="", uuid!=""} or {__name__=~".+:.+", run="", gpu!=""}) or vector(0)')
+    recorded = fleet.scalar(prom, 'count({__name__=~".+:.+"})')
+    figures.recorded_other_series = recorded - figures.recorded_run_series - figures.recorded_gpu_series
+    figures.runs = int(fleet.scalar(prom, "count(count by (run) (gpu_training_steps_total)) or vector(0)"))
+    if queries:
+        for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
+            instant, size = timed_query(prom, expr)
+            ranged, _ = timed_query(prom, expr, range_seconds=300)
+            figures.queries.append((instant, ranged, dashboard, title, size))
+    if diagnose:
+        figures.diagnose_seconds, figures.diagnose_status = run_diagnose(prom)
+    return figures
+
+
+def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 30.0) -> Figures:
+    """Run the simulated fleet of ``nodes`` nodes and a Prometheus with the shipped rules; measure."""
+    with simulator(nodes) as (hostport, sim):
+        cpu0 = _cpu_seconds(sim.pid)
+        figures = Figures(nodes=nodes, gpus=nodes * fleet_sim.GPUS_PER_NODE, runs=0, scrape_interval=scrape_interval,
+                          seconds=seconds, load=(os.getloadavg()[0], 0.0))
+        started = time.monotonic()
+        with run_prometheus(prometheus_config(nodes, hostport, scrape_interval), files=fleet.shipped_rules(),
+                            ready_timeout=60) as prom:
+            measure_prometheus(prom, figures, hostport, seconds, warmup)
+        figures.simulator_cpu_seconds = (_cpu_seconds(sim.pid) - cpu0) / (time.monotonic() - started)
+        figures.load = (figures.load[0], os.getloadavg()[0])
+    return figures
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    values: tuple[float, ...]
+    fmt: str
+    budget: str = ""
+    """the budget, in words, when a budget applies"""
+    extrapolate: bool = True
+
+
+def extrapolated(gpus: Sequence[int], values: Sequence[float], target: int = TARGET_GPUS) -> float:
+    """The value at ``target`` GPUs on the straight line through the two largest measured sizes."""
+    (g1, v1), (g2, v2) = sorted(zip(gpus, values))[-2:]
+    slope = max(0.0, (v2 - v1) / (g2 - g1)) if g2 != g1 else 0.0  # a cost does not shrink with the fleet
+    return v2 + slope * (target - g2)
+
+
+def group_stat(f: Figures, group: str) -> float:
+    """A group's evaluation time: the median of its sampled last durations."""
+    return statistics.median(f.groups.get(group) or [0.0])
+
+
+def rows(figs: Sequence[Figures]) -> list[Row]:
+    out = [
+        Row("series per GPU, exporter (shared node: 8 processes per GPU)",
+            tuple(f.exporter_series_per_gpu.get("shared", 0.0) for f in figs), "{:.1f}", extrapolate=False),
+        Row("series per GPU, exporter (instrumented node: 1 process, 1 rank per GPU)",
+            tuple(f.exporter_series_per_gpu.get("solo", 0.0) for f in figs), "{:.1f}", extrapolate=False),
+        Row("series stored per GPU (all: exporter, scrape, recorded, ALERTS)",
+            tuple(f.series_per_gpu for f in figs), "{:.1f}", f"< {SERIES_PER_GPU_BUDGET:g}", extrapolate=False),
+        Row("recorded series per GPU (GPU-level rules)", tuple(f.recorded_gpu_series / f.gpus for f in figs), "{:.2f}",
+            extrapolate=False),
+        Row("recorded series per training run (run-level rules)",
+            tuple(f.recorded_run_series / max(1, f.runs) for f in figs), "{:.1f}", extrapolate=False),
+        Row("head series", tuple(f.head_series for f in figs), "{:,.0f}"),
+        Row("Prometheus RSS, MiB", tuple(f.rss_bytes / 2**20 for f in figs), "{:,.0f}"),
+        Row("Prometheus RSS per GPU, KiB", tuple(f.rss_bytes / 1024 / f.gpus for f in figs), "{:.0f}",
+            extrapolate=False),
+        Row("Go heap in use, MiB", tuple(f.heap_bytes / 2**20 for f in figs), "{:,.0f}"),
+    ]
+    groups = sorted({g for f in figs for g in f.groups})
+    for group in groups:
+        interval = max((f.intervals.get(group, EVALUATION_INTERVAL) for f in figs), default=EVALUATION_INTERVAL)
+        out.append(Row(f"rule group `{group}`, ms per evaluation (median)",
+                       tuple(group_stat(f, group) * 1000 for f in figs), "{:,.1f}",
+                       f"< {RULE_BUDGET_SHARE * interval * 1000:,.0f} ms ({RULE_BUDGET_SHARE:.0%} of {interval:g} s)"))
+    out.append(Row("all rule groups, ms per round (median sum)",
+                   tuple(sum(group_stat(f, g) for g in groups) * 1000 for f in figs), "{:,.1f}"))
+    if all(f.queries for f in figs):
+        out += [
+            Row("dashboard query, instant, slowest, ms", tuple(max(q[0] for q in f.queries) * 1000 for f in figs),
+                "{:,.0f}", f"< {QUERY_BUDGET_SECONDS * 1000:,.0f} ms"),
+            Row("dashboard query, instant, median, ms",
+                tuple(statistics.median(q[0] for q in f.queries) * 1000 for f in figs), "{:,.1f}"),
+            Row("dashboard query, 5 min range at 15 s step, slowest, ms",
+                tuple(max(q[1] for q in f.queries) * 1000 for f in figs), "{:,.0f}",
+                f"< {QUERY_BUDGET_SECONDS * 1000:,.0f} ms"),
+        ]
+    if all(f.diagnose_seconds for f in figs):
+        out.append(Row("`diagnose --prometheus-url`, whole fleet, ms (fresh process)",
+                       tuple(f.diagnose_seconds * 1000 for f in figs), "{:,.0f}",
+                       f"< {QUERY_BUDGET_SECONDS * 1000:,.0f} ms"))
+    return out
+
+
+def budget_misses(figs: Sequence[Figures]) -> list[str]:
+    """Budgets missed at 10,000 GPUs (extrapolated where not measured), in words."""
+    gpus = [f.gpus for f in figs]
+    misses = []
+    for row in rows(figs):
+        if not row.budget:
+            continue
+        limit = float(re.sub(r"[^\d.]", "", row.budget.split("(")[0].replace(",", "")))
+        value = extrapolated(gpus, row.values) if row.extrapolate and len(figs) > 1 else max(row.values)
+        if value >= limit:
+            misses.append(f"{row.name}: {row.fmt.format(value)} at {TARGET_GPUS:,} GPUs, budget {row.budget}")
+    return misses
+
+
+def table(figs: Sequence[Figures]) -> str:
+    gpus = [f.gpus for f in figs]
+    extra = len(figs) > 1 and max(gpus) < TARGET_GPUS
+    head = ["figure", *(f"{g:,} GPUs (measured)" for g in gpus)]
+    if extra:
+        head.append(f"{TARGET_GPUS:,} GPUs (~ extrapolated)")
+    head.append("budget at 10,000 GPUs")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows(figs):
+        cells = [row.name, *(row.fmt.format(v) for v in row.values)]
+        if extra:
+            value = extrapolated(gpus, row.values) if row.extrapolate else row.values[-1]
+            cells.append(("~" if row.extrapolate else "") + row.fmt.format(value))
+        cells.append(row.budget)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def details(figs: Sequence[Figures]) -> str:
+    out = []
+    for f in figs:
+        slow = sorted(f.queries, reverse=True)[:3]
+        out.append(
+            f"- {f.gpus:,} GPUs ({f.nodes} nodes, {f.runs} training runs): scrape every {f.scrape_interval:g} s, "
+            f"evaluation every {EVALUATION_INTERVAL:g} s, {f.seconds:g} s sampled "
+            f"({min(len(v) for v in f.groups.values()) if f.groups else 0} evaluations per group); load average "
+            f"{f.load[0]:.1f} -> {f.load[1]:.1f} on {os.cpu_count()} CPUs; evaluations missed: {f.missed:g}; "
+            f"ALERTS series: {f.alert_series:g}; recorded series not per GPU or run: {f.recorded_other_series:g}; "
+            f"simulator CPU {f.simulator_cpu_seconds * 1000:.0f} ms/s; diagnose exit status {f.diagnose_status}; "
+            "slowest instant queries: " + "; ".join(f"{d}/{t} {s * 1000:.0f} ms" for s, _, d, t, _ in slow))
+    return "\n".join(out)
+
+
+def report(figs: Sequence[Figures], command: str) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    misses = budget_misses(figs)
+    verdict = ("every budget met (10,000 GPUs extrapolated)" if not misses
+               else "budgets missed:\n" + "\n".join(f"- {m}" for m in misses))
+    return (f"`{command}` on {when}, commit {commit}\n\n{table(figs)}\n\n{details(figs)}\n\n{verdict}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[12, 124],
+                        help="fleet sizes in 8-GPU nodes (default 12 124: 96 and 992 GPUs)")
+    parser.add_argument("--seconds", type=float, default=120, help="rule evaluations sampled for (default 120)")
+    parser.add_argument("--warmup", type=float, default=60,
+                        help="seconds after the first rule results before sampling (default 60)")
+    parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    args = parser.parse_args(argv)
+    figs = []
+    for nodes in args.nodes:
+        print(f"fleet_scale: {nodes} nodes ({nodes * fleet_sim.GPUS_PER_NODE} GPUs)...", file=sys.stderr, flush=True)
+        figs.append(measure(nodes, args.seconds, args.scrape_interval, args.warmup))
+        if args.json:
+            args.json.write_text(json.dumps([f.__dict__ for f in figs], indent=1, default=str))
+    command = "python -m bench.fleet_scale " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(report(figs, command.strip()))
+    return 1 if budget_misses(figs) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
