@@ -195,6 +195,59 @@ def test_it_says_what_prometheus_alertmanager_yml_says(tmp_path: Path) -> None:
     assert receivers == expected
 
 
+TEAM = {"receivers": [{"name": "team", "webhook_configs": [
+            {"url": "https://hooks.example.com/gpu", "send_resolved": True,
+             "http_config": {"authorization": {"credentials_file": "/etc/alertmanager/secrets/team-token"}}}]}],
+        "route": {"receiver": "team", "routes": []}}
+"""Values a user sets instead of editing prometheus/alertmanager.yml: the inhibit rules, everything to team."""
+
+
+def test_values_set_the_receivers_and_the_route(tmp_path: Path) -> None:
+    """alertmanagerConfig.receivers replaces the file's receivers and alertmanagerConfig.route the keys
+    of its top-level route ("inhibitions only, route to receiver team"); the inhibit rules stay the file's."""
+    shipped = yaml.safe_load(AM_FILE.read_text())
+    config = alertmanager_config(TEAM)
+    assert not crd_errors(crd_validators(), config), crd_errors(crd_validators(), config)
+    secrets = {"team-token": tmp_path / "team-token"}
+    secrets["team-token"].write_text("secret\n")
+    generated = operator_config({"route": {"receiver": "null", "routes": []}, "receivers": [{"name": "null"}]},
+                                config, "None", NAMESPACE, secrets)
+    prefix = f"{NAMESPACE}/{config['metadata']['name']}/"
+    (route,) = generated["route"]["routes"]
+    assert route["receiver"] == prefix + "team" and "routes" not in route  # no severity routes
+    assert route["group_by"] == shipped["route"]["group_by"]  # the keys not set stay the file's
+    assert route["matchers"] == [f'alertname=~"{"|".join(sorted(rule_alerts()))}"']
+    assert generated["receivers"][1:] == [{"name": prefix + "team", "webhook_configs": [
+        {"url": "https://hooks.example.com/gpu", "send_resolved": True,
+         "http_config": {"authorization": {"credentials_file": str(secrets["team-token"])}}}]}]
+    assert generated["inhibit_rules"] == shipped["inhibit_rules"]
+    # amtool on the operator's configuration: every alert of this chart, whatever its severity, goes to team
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(generated))
+    for alert, severity in {"GpuUninstrumentedInputBound": "warning", "GpuMissing": "critical",
+                            "GpuUtilizationBelowTarget": "info"}.items():
+        assert amtool_routes(path, {"alertname": alert, "severity": severity}) == {prefix + "team"}, alert
+    with helm.Chart.load(CHART) as loaded:
+        out = loaded.render({"alertmanagerConfig": {"enabled": True, **TEAM}}, name=RELEASE, namespace=NAMESPACE,
+                            is_install=True)
+    notes = next(text for name, text in out.items() if name.endswith("NOTES.txt"))
+    assert "Receivers: team (alertmanagerConfig.receivers)" in notes and "oncall-token" not in notes
+    # Only the route, with the file's receivers: warnings to a file receiver of the user's choice.
+    assert alertmanager_config({"route": {"receiver": "slack", "routes": []}})["spec"]["route"]["receiver"] == "slack"
+
+
+def test_a_route_to_an_undefined_receiver_or_an_unknown_key_stops_the_render() -> None:
+    # the file's severity routes name slack, email, ...: replacing the receivers alone leaves them undefined
+    with pytest.raises(helm.HelmRenderError, match='route sends to receiver "default-webhook", which is not defined'):
+        alertmanager_config({"receivers": TEAM["receivers"]})
+    with pytest.raises(helm.HelmRenderError, match='receiver "teams", which is not defined'):
+        alertmanager_config({**TEAM, "route": {"receiver": "teams", "routes": []}})
+    with pytest.raises(helm.HelmValuesError, match="mute_time_intervals"):
+        alertmanager_config({**TEAM, "route": {"receiver": "team", "mute_time_intervals": ["nights"]}})
+    with pytest.raises(helm.HelmValuesError, match="name"):
+        alertmanager_config({"receivers": [{"webhook_configs": [{"url": "https://hooks.example.com/gpu"}]}]})
+
+
 def test_notes_name_the_secret_and_the_matcher_strategy() -> None:
     with helm.Chart.load(CHART) as loaded:
         out = loaded.render({"alertmanagerConfig": {"enabled": True, "secretName": "am-secrets"}}, name=RELEASE,

@@ -178,7 +178,9 @@ parsers (PyYAML) refuse; `!=` and `!~` are quoted by toYaml already. */}}
 {{- range $value }}
 {{- $routes = append $routes (include "gpu-exporter.amRoute" (list . $ctx) | fromYaml) }}
 {{- end }}
+{{- if $routes }}
 {{- $_ := set $out "routes" $routes }}
+{{- end }}
 {{- else if has $key (list "receiver" "group_by" "group_wait" "group_interval" "repeat_interval" "continue") }}
 {{- $_ := set $out (include "gpu-exporter.amKey" $key) $value }}
 {{- else }}
@@ -186,6 +188,16 @@ parsers (PyYAML) refuse; `!=` and `!~` are quoted by toYaml already. */}}
 {{- end }}
 {{- end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/* Every receiver a route tree names (the route's and its routes', recursively), a YAML list. */}}
+{{- define "gpu-exporter.amRouteReceivers" -}}
+{{- $names := list }}
+{{- with .receiver }}{{ $names = append $names . }}{{ end }}
+{{- range .routes }}
+{{- $names = concat $names (include "gpu-exporter.amRouteReceivers" . | fromYamlArray) }}
+{{- end }}
+{{- toYaml $names }}
 {{- end }}
 
 {{/* A receiver config (or a part of one), recursively; (list config ctx). A `<key>_file` setting
