@@ -21,12 +21,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import exporter_env, promql, run_exporter, run_prometheus, scrape_config, wait_until
+from servers import exporter_env, http_status, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow
@@ -222,3 +223,33 @@ def test_a_reused_name_reports_each_launch_alone(stack: tuple[str, str, Path]) -
     assert by_name.stderr == (f"gpu-exporter: note: run name 'nightly' was reused by 2 launches in the last 30d; this "
                               f"is the latest, run id {own[1]['run_id']} (started {second['start']}); earlier: "
                               f"{own[0]['run_id']} ({first['start']}): pick one with --run-id\n")
+
+
+def test_diagnose_judges_the_latest_launch_of_a_name(stack: tuple[str, str, Path]) -> None:
+    """``diagnose --run NAME`` with two live launches of one name on two GPUs (two unrelated jobs, both named
+    ``shared``): only the latest is judged, with a one-line note; ``--run-id`` picks either. From the exporter
+    and from Prometheus."""
+    exporter, prom, _ = stack
+    now = time.time()
+    for uuid, run_id, started in ((GPUS[0], "older-job", now - 300), (GPUS[1], "newer-job", now - 60)):
+        body = {"version": 1, "run": "shared", "run_id": run_id, "rank": "0", "uuid": uuid, "started_at": started,
+                "phases": {"data": 1.0, "compute": 2.0, "other": 0.1}, "current_phase": "compute", "steps": 3,
+                "samples": 24, "batch_size": 8, "tags": {"team": run_id.split("-")[0]}}
+        status, reason = http_status(exporter + "/api/v1/training", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        assert status == 202, reason
+    wait_until(lambda: len(promql(prom, 'gpu_training_run_start_timestamp_seconds{run="shared"}')) == 2, 20,
+               what="both launches in Prometheus")
+    info = {r["metric"]["run_id"]: r["metric"].get("tag_team")
+            for r in promql(prom, 'gpu_training_run_info{run="shared"}')}
+    assert info == {"older-job": "older", "newer-job": "newer"}
+    note = ("gpu-exporter: note: run name 'shared' is used by 2 live launches; judging the latest, run id newer-job; "
+            "the others: older-job: pick one with --run-id\n")
+    for source in (["--url", exporter, "--window", "1s"], ["--prometheus-url", prom, "--window", "30s"]):
+        by_name = run_cli("diagnose", *source, "--run", "shared", "--output", "json")
+        assert by_name.returncode in (0, 1) and by_name.stderr.endswith(note), by_name.stderr
+        assert [g["uuid"] for g in json.loads(by_name.stdout)["gpus"]] == [GPUS[1]]
+        by_id = run_cli("diagnose", *source, "--run-id", "older-job", "--output", "json")
+        assert by_id.returncode in (0, 1) and "note:" not in by_id.stderr, by_id.stderr
+        assert [(g["uuid"], [r["run"] for r in g["runs"]]) for g in json.loads(by_id.stdout)["gpus"]] == \
+            [(GPUS[0], ["shared"])]

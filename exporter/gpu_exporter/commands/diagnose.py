@@ -54,6 +54,7 @@ from gpu_exporter.commands.metrics_client import (
     read_after,
 )
 from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
+from gpu_exporter.verdict import launches
 from gpu_exporter.verdict.join import build_views, select, unjoined_runs
 from gpu_exporter.verdict.ladder import judge
 from gpu_exporter.verdict.readings import from_snapshots
@@ -82,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", help="only GPUs of this node (its node or instance label; Prometheus only)")
     parser.add_argument("--namespace", help="only GPUs allocated to pods of this Kubernetes namespace")
     parser.add_argument("--run", dest="run_name", metavar="RUN",
-                        help="only the GPUs of this training run, judged by this run alone")
+                        help="only the GPUs of this training run, judged by this run alone (its latest launch, with "
+                             "a note on stderr when other launches of the name are live)")
+    parser.add_argument("--run-id", dest="run_id", metavar="ID",
+                        help="only the GPUs of the launch with this run id (gpu_training_run_info{run_id})")
     parser.add_argument("-i", "--id", metavar="ID[,ID...]", help="only these GPUs (indexes or UUIDs)")
     parser.add_argument("--thresholds", metavar="FILE",
                         help="thresholds YAML to judge with (default: the copy packaged with gpu_exporter, "
@@ -151,10 +155,15 @@ def run(args: argparse.Namespace) -> int:
             _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url
         views = select(build_views(readings, thresholds, seconds), args.node, args.namespace, args.run_name, args.id)
+        chosen, note = launches.choose(readings.launches, args.run_name, args.run_id)
+        if chosen is not None:
+            views = launches.keep(views, chosen)
+        if note is not None:
+            sys.stderr.write(f"gpu-exporter: {note}\n")
         if not views:
             filters = [f"--{flag} {getattr(args, dest)}" for flag, dest in
-                       (("node", "node"), ("namespace", "namespace"), ("run", "run_name"), ("id", "id"))
-                       if getattr(args, dest) is not None]
+                       (("node", "node"), ("namespace", "namespace"), ("run", "run_name"), ("run-id", "run_id"),
+                        ("id", "id")) if getattr(args, dest) is not None]
             raise MetricsError(f"no GPU matches {' '.join(filters)} at {source}" if filters else
                                f"{source} reports no GPUs")
     except MetricsError as err:

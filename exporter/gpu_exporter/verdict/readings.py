@@ -26,8 +26,8 @@ Pairs = list[tuple[Labels, float]]
 INSTANT = tuple(f.name for f in (
     catalog.GPU_INFO, catalog.GPU_MEMORY_USED_BYTES, catalog.GPU_MEMORY_TOTAL_BYTES,
     catalog.GPU_PROCESS_MEMORY_USED_BYTES, catalog.GPU_POD_INFO, catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL,
-    catalog.GPU_TRAINING_BATCH_SIZE, catalog.GPU_TRAINING_WORLD_SIZE))
-"""The series read as they are (no window): names, memory, processes, pods, run totals and sizes."""
+    catalog.GPU_TRAINING_BATCH_SIZE, catalog.GPU_TRAINING_WORLD_SIZE, catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS))
+"""The series read as they are (no window): names, memory, processes, pods, run totals and sizes, launches."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,8 @@ def instant(readings: Readings, cur: Iterable[tuple[str, Pairs]], keys: Keys) ->
             readings.batch_size = keys.per_run(pairs)
         elif name == catalog.GPU_TRAINING_WORLD_SIZE.name:
             readings.world_size = keys.per_run(pairs)
+        elif name == catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name:
+            readings.launches = {keys.run(labels): (labels.get("run_id", ""), value) for labels, value in pairs}
     return readings
 
 

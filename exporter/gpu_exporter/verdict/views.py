@@ -123,5 +123,7 @@ class Readings:
     contexts: dict[RunKey, remedies.Context] = field(default_factory=dict)
     sampled: set[RunKey] = field(default_factory=set)
     """The runs whose phases the exporter sampled (label ``source="sampled"``)."""
+    launches: dict[RunKey, tuple[str, float]] = field(default_factory=dict)
+    """(run id, start time) of each run key (gpu_training_run_start_timestamp_seconds; verdict/launches.py)."""
     cluster_label: str = ""
     """The label the GPU keys were made with (verdict.readings.Keys); "" for one node."""
