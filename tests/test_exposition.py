@@ -110,6 +110,32 @@ def test_gzip_body_is_the_text_and_follows_every_change() -> None:
         assert body.encode("gzip")[1] == "gzip" and body.encode(None) == (body.text(), None)
 
 
+def test_a_whole_body_rendered_ahead_is_served_until_the_next_poll_its_deadline_or_invalidate() -> None:
+    """prepare(ahead=...) keeps the whole body, per-scrape parts included, plain and gzip, and lets it go in time."""
+    with Harness("default.yaml") as h:
+        dynamic, now = _Dynamic(), [100.0]
+        body = Body([*h.collectors, dynamic], clock=lambda: now[0])
+        body.prepare(ahead=1.5)
+        prepared_text, prepared_gzip = body.text(), body.gzip()
+        assert gzip.decompress(prepared_gzip) == prepared_text == exposition(body.sources)
+        assert zlib.decompress(prepared_gzip, 31) == prepared_text  # one gzip member
+        dynamic.value = 1.0  # a per-scrape value moved: scrapes until the next poll still get the prepared body
+        now[0] += 1.0
+        assert body.gzip() is prepared_gzip and body.text() is prepared_text
+        body.invalidate()  # e.g. the server counted a refusal
+        assert gzip.decompress(body.gzip()) == body.text() == exposition(body.sources) != prepared_text
+        body.prepare(ahead=1.5)
+        assert body.gzip() is not prepared_gzip and b"gpu_exporter_dynamic 1.0" in gzip.decompress(body.gzip())
+        dynamic.value = 2.0
+        now[0] += 1.6  # past its deadline (a sampler that stopped polling): rendered again
+        assert b"gpu_exporter_dynamic 2.0" in body.text()
+        assert b"gpu_exporter_dynamic 2.0" in gzip.decompress(body.gzip())
+        body.prepare(ahead=1.5)
+        h.advance(1.0)  # a poll: new rows, so the prepared body is gone
+        assert gzip.decompress(body.gzip()) == body.text() == exposition(body.sources)
+        assert body._whole is None
+
+
 def _push(store: TrainingStore, steps: int, run: str = "r") -> None:
     doc = {"version": 1, "run": run, "rank": "0", "uuid": "GPU-a", "started_at": 100.0,
            "phases": {"compute": float(steps)}, "current_phase": "compute", "steps": steps, "samples": 0,

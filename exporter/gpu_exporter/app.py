@@ -152,12 +152,14 @@ class Exporter:
     def _prepare_scrape(self) -> None:
         """After a poll: when a scrape is expected before the next poll, render and compress its body now.
 
-        Prometheus scrapes at a fixed interval, so the scrape that follows a poll then costs what
-        a repeated one does; a poll that no scrape is expected to read is not rendered.
+        Prometheus scrapes at a fixed interval, so the scrape that follows a poll then only writes
+        bytes made here, the exporter's own health and process_* included (as of this poll; kept
+        until the next poll, at most a poll interval and a half); a poll that no scrape is
+        expected to read is not rendered.
         """
         server = self.server
         if server is not None and server.scrapes.due_within(self.config.poll_interval):
-            server.body.prepare()
+            server.body.prepare(ahead=self.config.poll_interval * 1.5)
 
     def stop(self) -> None:
         """Stop serving and polling; release NVML."""

@@ -19,7 +19,13 @@ body. So:
   the few small parts computed per scrape (the exporter's own health). :meth:`Body.prepare`
   does that work ahead of a scrape (the sampler calls it after a poll when
   :class:`ScrapeForecast` expects a scrape before the next poll), so a scrape right after a
-  poll costs about what a repeated one does.
+  poll costs about what a repeated one does. ``prepare(ahead=...)`` goes further: it also
+  renders the per-scrape parts and keeps the whole body, plain and gzip, which scrapes then
+  serve as they are while no pre-rendered part changes (the next poll), for at most ``ahead``
+  seconds, and until :meth:`Body.invalidate` (the server calls it when its own counters move):
+  the scrape Prometheus makes does no rendering and no compression at all. Its per-scrape
+  values (the exporter's health, ``process_*``) are then those of the poll, at most ``ahead``
+  seconds old.
 
 This module imports nothing of the exporter, so collectors, the server and the tests can all use it.
 
@@ -37,7 +43,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from prometheus_client.exposition import generate_latest, gzip_accepted
 from prometheus_client.metrics_core import Metric
@@ -237,6 +243,20 @@ def exposition(sources: Sequence[Source]) -> bytes:
 
 # -- the /metrics body ---------------------------------------------------------------------------
 
+def _same(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> bool:
+    """True when ``a`` and ``b`` hold the very same bytes objects (a source's text is new when it changed)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+class _Whole(NamedTuple):
+    """A whole body rendered ahead: valid while the pre-rendered parts are ``key`` and until ``until``."""
+
+    key: tuple[bytes, ...]
+    until: float
+    text: bytes
+    gzip: bytes
+
+
 class Body:
     """The /metrics body of ``sources``, plain or gzip, with the gzip work of unchanged parts kept.
 
@@ -246,12 +266,15 @@ class Body:
     the same bytes object until its text changes. Thread-safe.
     """
 
-    def __init__(self, sources: Sequence[Source]) -> None:
+    def __init__(self, sources: Sequence[Source], clock: Callable[[], float] = time.monotonic) -> None:
         self.sources = sources
+        self._clock = clock
         self._lock = threading.Lock()
         self._key: tuple[bytes, ...] = ()
         self._head = b""
         self._state: zlib._Compress | None = None
+        self._whole: _Whole | None = None
+        """The whole body rendered ahead (:meth:`prepare` with ``ahead``), while it is valid."""
 
     def _parts(self, sources: Sequence[Source]) -> tuple[list[bytes], int]:
         """Every source's text, and how many leading ones are pre-rendered."""
@@ -267,8 +290,7 @@ class Body:
     def _compressed_head(self, key: tuple[bytes, ...]) -> tuple[bytes, zlib._Compress]:
         """gzip output and compressor state after the parts ``key``, computed once per change."""
         with self._lock:
-            if self._state is not None and len(key) == len(self._key) and all(
-                    a is b for a, b in zip(key, self._key, strict=True)):
+            if self._state is not None and _same(key, self._key):
                 return self._head, self._state.copy()
         state = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
         head = state.compress(b"".join(key)) + state.flush(zlib.Z_SYNC_FLUSH)
@@ -276,22 +298,62 @@ class Body:
             self._key, self._head, self._state = key, head, state
             return head, state.copy()
 
-    def prepare(self) -> None:
-        """Render and compress the pre-rendered sources now, ahead of a scrape."""
+    def _leading(self) -> tuple[bytes, ...]:
+        """The leading run of pre-rendered parts."""
         leading = []
         for source in self.sources:
             cached = getattr(source, "exposition", None)
             if not isinstance(cached, bytes):
                 break
             leading.append(cached)
-        self._compressed_head(tuple(leading))
+        return tuple(leading)
+
+    def prepare(self, ahead: float = 0.0) -> None:
+        """Render and compress the pre-rendered sources now, ahead of a scrape.
+
+        With ``ahead`` > 0, render the per-scrape parts too and keep the whole body, plain and gzip:
+        scrapes serve it as it is for up to ``ahead`` seconds, while no pre-rendered part changes
+        and until :meth:`invalidate`.
+        """
+        if ahead <= 0:
+            self._compressed_head(self._leading())
+            return
+        made = self._clock()
+        parts, leading = self._parts(self.sources)
+        key = tuple(parts[:leading])
+        head, state = self._compressed_head(key)
+        text = b"".join(parts)
+        whole = _Whole(key, made + ahead, text, head + state.compress(b"".join(parts[leading:])) + state.flush())
+        with self._lock:
+            self._whole = whole
+
+    def invalidate(self) -> None:
+        """Forget the whole body rendered ahead: the next scrape renders its per-scrape parts again."""
+        with self._lock:
+            self._whole = None
+
+    def _prepared(self) -> _Whole | None:
+        """The whole body rendered ahead, if it is still the body of now."""
+        whole = self._whole
+        if whole is None:
+            return None
+        if self._clock() > whole.until or not _same(self._leading(), whole.key):
+            with self._lock:
+                if self._whole is whole:
+                    self._whole = None
+            return None
+        return whole
 
     def text(self) -> bytes:
         """The plain body."""
-        return exposition(self.sources)
+        whole = self._prepared()
+        return whole.text if whole is not None else exposition(self.sources)
 
     def gzip(self) -> bytes:
         """The body as one gzip member."""
+        whole = self._prepared()
+        if whole is not None:
+            return whole.gzip
         parts, leading = self._parts(self.sources)
         head, state = self._compressed_head(tuple(parts[:leading]))
         return head + state.compress(b"".join(parts[leading:])) + state.flush()

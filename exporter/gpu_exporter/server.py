@@ -200,6 +200,7 @@ class MetricsServer(ThreadingHTTPServer):
     def reject(self, reason: str, message: str) -> None:
         """Count a refusal and log it, at most once per LOG_EVERY_SECONDS per reason."""
         now = time.monotonic()
+        self.body.invalidate()  # a body rendered ahead would not show this count
         with self._lock:
             self._rejected[reason] += 1
             if now - self._last_log[reason] < LOG_EVERY_SECONDS:
@@ -472,6 +473,7 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         if self.server.on_auth_failure is not None:
             self.server.on_auth_failure()
+        self.server.body.invalidate()  # a body rendered ahead would not show this failure
         self._send(HTTPStatus.UNAUTHORIZED, b"Unauthorized\n",
                    headers={"WWW-Authenticate": 'Basic realm="gpu-exporter"'})
         return False
