@@ -14,6 +14,7 @@ import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpu_exporter import cli
@@ -443,3 +444,54 @@ def test_no_driver_is_one_sentence_and_the_same_exit_status_in_serve_and_query(t
         assert result.stderr.startswith("gpu-exporter: error: NVML could not be initialised (library_not_found): "
                                         "the NVIDIA driver was not found"), result.stderr
         assert result.stderr.count("\n") == 1, result.stderr
+
+
+def _client_args(**flags: Any) -> argparse.Namespace:
+    from gpu_exporter.commands.metrics_client import CLIENT_FLAGS
+
+    return argparse.Namespace(**{name: flags.get(name) for name in CLIENT_FLAGS})
+
+
+def test_one_helper_builds_the_connection_of_every_client_command(tmp_path: Path) -> None:
+    """metrics_client.connection: basic auth from --username/--password-file, a bearer token from a file or the
+    environment, TLS flags only for https, and one kind of credentials at a time."""
+    from gpu_exporter.commands.metrics_client import BEARER_TOKEN_ENV, MetricsError, connection
+
+    (tmp_path / "pw").write_text("s3cret\n")
+    (tmp_path / "token").write_text("  t0ken\n")
+    (tmp_path / "empty").write_text("\n")
+    basic = connection(_client_args(username="prom", password_file=str(tmp_path / "pw")), "http://h:1", "--url")
+    assert basic.headers == {"Authorization": "Basic cHJvbTpzM2NyZXQ="} and basic.context is None  # prom:s3cret
+    bearer = connection(_client_args(bearer_token_file=str(tmp_path / "token")), "h:1", "--url", env={})
+    assert bearer.headers == {"Authorization": "Bearer t0ken"}
+    assert connection(_client_args(), "h:1", "--url", env={BEARER_TOKEN_ENV: "e"}).headers == {
+        "Authorization": "Bearer e"}
+    assert connection(_client_args(), "http://u:p@h:1", "--url", env={BEARER_TOKEN_ENV: "e"}).headers == {}
+    assert connection(_client_args(insecure=True), "https://h:1", "--url").context is not None
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"insecure": True}, "http://h:1", "--insecure apply to an https:// --prometheus-url only"),
+        ({"key_file": "k.pem"}, "https://h:1", "--key-file needs --cert-file"),
+        ({"username": "prom"}, "http://h:1", "basic auth needs both --username and --password-file"),
+        ({"username": "prom", "password_file": str(tmp_path / "pw"), "bearer_token_file": str(tmp_path / "token")},
+         "http://h:1", "--username and --bearer-token-file exclude each other"),
+        ({"bearer_token_file": str(tmp_path / "token")}, "http://u:p@h:1",
+         "USER:PASSWORD@ in --prometheus-url and --bearer-token-file exclude each other"),
+        ({"bearer_token_file": str(tmp_path / "empty")}, "http://h:1", "the bearer token file"),
+        ({"username": "prom", "password_file": str(tmp_path / "none")}, "http://h:1", "cannot read the password file"),
+        ({"cert_file": str(tmp_path / "pw")}, "https://h:1", "cannot load the client certificate"),
+    ]
+    for flags, url, message in cases:
+        with pytest.raises(MetricsError) as err:
+            connection(_client_args(**flags), url, "--prometheus-url", env={})
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("command", ["query", "diagnose", "report"])
+def test_every_client_command_has_the_same_connection_flags(command: str) -> None:
+    from gpu_exporter.cli import build_parser
+    from gpu_exporter.commands.metrics_client import CLIENT_FLAGS
+
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    dests = {a.dest for a in sub._actions}
+    assert set(CLIENT_FLAGS) <= dests

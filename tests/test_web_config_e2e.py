@@ -7,14 +7,19 @@ gpu_exporter_http_auth_failures_total; the health endpoints stay open for probes
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
+import json
 import os
 import signal
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import bcrypt
@@ -85,6 +90,86 @@ scrape_configs:
 
             # Two wrong requests above, plus one per scrape of the wrong-password job.
             assert wait_until(lambda: failures_counted() >= 3, 15, what="auth failures counted") is True
+            _client_commands_behind_tls_and_auth(tmp_path, url, prom, cert, key)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_exporter", *args], env=exporter_env(env), capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+@contextlib.contextmanager
+def auth_proxy(upstream: str, cert: Path, key: Path, client_ca: Path, token: str) -> Iterator[str]:
+    """An HTTPS front of ``upstream`` as Mimir, Thanos or AMP gateways are: it wants a client certificate signed
+    by ``client_ca`` and ``Authorization: Bearer <token>`` (401 otherwise), then forwards the GET."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.headers.get("Authorization") != f"Bearer {token}":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", "Bearer")
+                self.end_headers()
+                return
+            with urllib.request.urlopen(upstream + self.path, timeout=10) as resp:
+                body = resp.read()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cafile=str(client_ca))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _client_commands_behind_tls_and_auth(tmp_path: Path, exporter_url: str, prom: str, cert: Path, key: Path) -> None:
+    """query, diagnose --url, diagnose --prometheus-url and report take one set of connection flags: a CA file,
+    basic auth from --username/--password-file, a bearer token from a file or $GPU_EXPORTER_BEARER_TOKEN and a
+    client certificate."""
+    (tmp_path / "password").write_text("scrape-secret\n")
+    (tmp_path / "wrong").write_text("nope\n")
+    (tmp_path / "token").write_text("t0ken\n")
+    client_cert, client_key = self_signed(tmp_path, "client")
+    basic_flags = ["--ca-file", str(cert), "--username", "prometheus", "--password-file", str(tmp_path / "password")]
+    query = cli("query", "--url", exporter_url, *basic_flags, "--query-gpu=index", "--format=csv,noheader", "-i", "0")
+    assert (query.returncode, query.stdout) == (0, "0\n"), query.stderr
+    refused = cli("query", "--url", exporter_url, *basic_flags[:4], "--password-file", str(tmp_path / "wrong"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "answered HTTP 401 Unauthorized: the credentials were refused: give --username" in refused.stderr
+    node = cli("diagnose", "--url", exporter_url, *basic_flags, "--window", "1s", "--output", "json")
+    assert node.returncode in (0, 1) and len(json.loads(node.stdout)["gpus"]) == 4, node.stderr
+
+    with auth_proxy(prom, cert, key, client_cert, "t0ken") as gateway:
+        tls = ["--ca-file", str(cert), "--cert-file", str(client_cert), "--key-file", str(client_key)]
+        fleet = cli("diagnose", "--prometheus-url", gateway, *tls, "--bearer-token-file", str(tmp_path / "token"),
+                    "--window", "5s", "--output", "json")
+        assert fleet.returncode in (0, 1) and len(json.loads(fleet.stdout)["gpus"]) == 4, fleet.stderr
+        # The token from the environment passes the gateway: Prometheus itself then answers (no such run).
+        report = cli("report", "--prometheus-url", gateway, *tls, "--run", "nosuch",
+                     env={"GPU_EXPORTER_BEARER_TOKEN": "t0ken"})
+        assert report.returncode == 2 and "holds no training run 'nosuch'" in report.stderr, report.stderr
+        no_token = cli("report", "--prometheus-url", gateway, *tls, "--run", "nosuch")
+        assert no_token.returncode == 2, no_token.stderr
+        assert "answered HTTP 401 Unauthorized: it needs credentials: give --username with --password-file, or " \
+               "--bearer-token-file" in no_token.stderr
+        no_cert = cli("diagnose", "--prometheus-url", gateway, "--ca-file", str(cert), "--window", "5s",
+                      env={"GPU_EXPORTER_BEARER_TOKEN": "t0ken"})
+        assert no_cert.returncode == 2 and no_cert.stderr.count("\n") == 1, no_cert.stderr
+        assert "client certificate (--cert-file, --key-file)" in no_cert.stderr
 
 
 @pytest.mark.slow

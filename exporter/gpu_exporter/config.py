@@ -439,7 +439,7 @@ def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
     for s in SETTINGS:
         if s.env in env:
             raw[s.key] = (env[s.env], f"environment variable {s.env}")
-    known_env = {s.env for s in SETTINGS} | {ENV_PREFIX + "URL", ENV_PREFIX + "TOKEN"}
+    known_env = {s.env for s in SETTINGS} | {ENV_PREFIX + "URL", ENV_PREFIX + "TOKEN", ENV_PREFIX + "BEARER_TOKEN"}
     for name in env:
         if name.startswith(ENV_PREFIX) and name not in known_env:
             raise ConfigError(f"unknown environment variable {name}; {_did_you_mean(name, known_env)}"

@@ -48,6 +48,8 @@ from gpu_exporter.commands.metrics_client import (
     ExporterSource,
     MetricsError,
     Prometheus,
+    add_client_arguments,
+    connection,
     fail,
     iso,
     parse_time,
@@ -92,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="thresholds YAML to judge with (default: the copy packaged with gpu_exporter, "
                              "which prometheus/thresholds.yml links to in a source checkout)")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="text for people, json for tools")
+    add_client_arguments(parser, "--url or --prometheus-url")
 
 
 def _window(text: str) -> tuple[float, str]:
@@ -138,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsError("--at needs --prometheus-url (an exporter only knows the present)")
         if args.prometheus_url is not None:
             at = None if args.at is None else parse_time(args.at, "--at")
-            prom = Prometheus(args.prometheus_url, at=at)
+            prom = Prometheus(args.prometheus_url, at=at,
+                              connection=connection(args, args.prometheus_url, "--prometheus-url"))
             seconds, window = _window(args.window or PROMETHEUS_WINDOW)
             ending = "" if at is None else f" ending {iso(at)}"
             if seconds == parse_duration(PROMETHEUS_WINDOW):
@@ -150,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
             source = prom.base
         else:
             seconds, window = _window(args.window or DEFAULT_WINDOW_EXPORTER)
-            exporter = ExporterSource(args.url or DEFAULT_URL)
+            exporter = ExporterSource(args.url or DEFAULT_URL,
+                                      connection=connection(args, args.url or DEFAULT_URL, "--url"))
             first = exporter.read()
             _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url

@@ -14,9 +14,11 @@ whose message is one sentence that says what went wrong and what to check. Examp
 
 from __future__ import annotations
 
+import argparse
 import base64
 import datetime
 import json
+import os
 import socket
 import ssl
 import sys
@@ -24,6 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -70,31 +73,132 @@ def normalize_url(text: str, default_path: str, what: str) -> str:
         raise MetricsError(str(err)) from None
 
 
-def tls_context(ca_file: str | None, insecure: bool) -> ssl.SSLContext | None:
-    """The TLS context for https URLs: the system CAs, ``ca_file``'s, or no verification (``insecure``).
+def tls_context(ca_file: str | None, insecure: bool, cert_file: str | None = None,
+                key_file: str | None = None) -> ssl.SSLContext | None:
+    """The TLS context for https URLs: the system CAs, ``ca_file``'s, or no verification (``insecure``);
+    with ``cert_file`` (and ``key_file``) a client certificate too. None when nothing is set.
 
     >>> tls_context(None, False) is None
     True
     """
-    if ca_file is None and not insecure:
+    if ca_file is None and not insecure and cert_file is None:
         return None
     if ca_file is not None and insecure:
         raise MetricsError("--ca-file and --insecure exclude each other: verify with a CA, or do not verify")
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise MetricsError(f"cannot read the CA file {ca_file!r}: {_reason(err)}") from None
     if insecure:
-        context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        return context
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as err:
+            raise MetricsError(f"cannot load the client certificate {cert_file!r}"
+                               f"{f' with the key {key_file!r}' if key_file else ''}: {_reason(err)}") from None
+    return context
+
+
+def _reason(err: OSError | ssl.SSLError) -> str:
+    if isinstance(err, ssl.SSLError):
+        return str(err.reason or err)
+    return str(err.strerror or err)
+
+
+BEARER_TOKEN_ENV = "GPU_EXPORTER_BEARER_TOKEN"
+"""The bearer token of the client commands when no credential flag is given (the token itself, not a file)."""
+
+TLS_FLAGS = ("ca_file", "insecure", "cert_file", "key_file")
+
+
+def add_client_arguments(parser: argparse.ArgumentParser, url_flags: str) -> None:
+    """The connection flags, the same on every client command (query, diagnose, report): TLS (``--ca-file``,
+    ``--insecure``, a client certificate) and credentials (basic auth, or a bearer token)."""
+    group = parser.add_argument_group(
+        "connection", f"TLS and credentials for {url_flags} (the same flags on query, diagnose and report)")
+    group.add_argument("--ca-file", metavar="FILE", help="https: trust the CA certificates in FILE")
+    group.add_argument("--insecure", action="store_true", help="https: do not verify the server's certificate")
+    group.add_argument("--cert-file", metavar="FILE",
+                       help="https: present this client certificate (PEM; holding the key too unless --key-file)")
+    group.add_argument("--key-file", metavar="FILE", help="https: the client certificate's private key (PEM)")
+    group.add_argument("--username", metavar="USER", help="basic auth: the user (with --password-file)")
+    group.add_argument("--password-file", metavar="FILE", help="basic auth: the password, the file's content")
+    group.add_argument("--bearer-token-file", metavar="FILE",
+                       help="send 'Authorization: Bearer TOKEN' with the token in FILE (Thanos, Mimir, AMP or GMP "
+                            f"behind a proxy) [env {BEARER_TOKEN_ENV}: the token itself]")
+
+
+CLIENT_FLAGS = (*TLS_FLAGS, "username", "password_file", "bearer_token_file")
+
+
+def client_flags_given(args: argparse.Namespace) -> list[str]:
+    """The connection flags on the command line (``["--ca-file", "--username"]``), for "needs --url" errors."""
+    return [f"--{name.replace('_', '-')}" for name in CLIENT_FLAGS if getattr(args, name, None)]
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How a client command talks to one server: the TLS context (None: the defaults) and the auth headers."""
+
+    context: ssl.SSLContext | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _secret(path: str, what: str) -> str:
     try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as err:
+        text = open(path, encoding="utf-8").read().strip()  # noqa: SIM115 - read at once
+    except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else err
-        raise MetricsError(f"cannot read the CA file {ca_file!r}: {reason}") from None
+        raise MetricsError(f"cannot read the {what} file {path!r}: {reason}") from None
+    if not text:
+        raise MetricsError(f"the {what} file {path!r} is empty")
+    return text
 
 
-def _fetch(url: str, what: str, timeout: float, context: ssl.SSLContext | None = None) -> bytes:
+def connection(args: argparse.Namespace, url: str, url_flag: str,
+               env: Mapping[str, str] | None = None) -> Connection:
+    """The one place that turns the connection flags (:func:`add_client_arguments`) into a TLS context and
+    headers for ``url``, given as ``url_flag``; MetricsError for a bad combination or an unreadable file.
+
+    Credentials: ``--username`` with ``--password-file``, or ``USER:PASSWORD@`` in the URL (basic auth), or
+    ``--bearer-token-file``; else ``$GPU_EXPORTER_BEARER_TOKEN`` when set. Two kinds at once are an error.
+    """
+    env = os.environ if env is None else env
+
+    def get(name: str) -> Any:
+        return getattr(args, name, None)
+
+    tls = [f"--{name.replace('_', '-')}" for name in TLS_FLAGS if get(name)]
+    if tls and not url.strip().lower().startswith("https://"):
+        raise MetricsError(f"{' and '.join(tls)} apply to an https:// {url_flag} only")
+    if get("key_file") and not get("cert_file"):
+        raise MetricsError("--key-file needs --cert-file (the client certificate it belongs to)")
+    if bool(get("username")) != bool(get("password_file")):
+        raise MetricsError("basic auth needs both --username and --password-file")
+    in_url = "@" in urllib.parse.urlsplit(url if "://" in url else "http://" + url).netloc
+    given = [what for what, there in (("--username", get("username")), (f"USER:PASSWORD@ in {url_flag}", in_url),
+                                      ("--bearer-token-file", get("bearer_token_file"))) if there]
+    if len(given) > 1:
+        raise MetricsError(f"{' and '.join(given)} exclude each other: give one kind of credentials")
+    headers = {}
+    if get("username"):
+        password = _secret(str(get("password_file")), "password")
+        credentials = f"{get('username')}:{password}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+    elif get("bearer_token_file"):
+        headers["Authorization"] = "Bearer " + _secret(str(get("bearer_token_file")), "bearer token")
+    elif not in_url and env.get(BEARER_TOKEN_ENV, "").strip():
+        headers["Authorization"] = "Bearer " + env[BEARER_TOKEN_ENV].strip()
+    return Connection(tls_context(get("ca_file"), bool(get("insecure")), get("cert_file"), get("key_file")),
+                      headers)
+
+
+def _fetch(url: str, what: str, timeout: float, conn: Connection | None = None) -> bytes:
+    conn = conn or Connection()
     parts = urllib.parse.urlsplit(url)
-    headers = {"Accept": "text/plain, application/json"}
+    headers = {"Accept": "text/plain, application/json", **conn.headers}
     if parts.username is not None:
         credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
@@ -102,11 +206,13 @@ def _fetch(url: str, what: str, timeout: float, context: ssl.SSLContext | None =
     shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout,
-                                    context=context) as resp:
+                                    context=conn.context) as resp:
             body: bytes = resp.read()
             return body
     except urllib.error.HTTPError as err:
-        hint = {401: "give credentials as http://USER:PASSWORD@HOST:PORT",
+        sent = "the credentials were refused" if "Authorization" in headers else "it needs credentials"
+        hint = {401: f"{sent}: give --username with --password-file, or --bearer-token-file",
+                403: "the credentials are not allowed to read this",
                 404: f"check the path (the {what} serves {'/metrics' if what == 'exporter' else '/api/v1/'})"}
         raise MetricsError(f"the {what} at {shown} answered HTTP {err.code} {err.reason}"
                            f"{': ' + hint[err.code] if err.code in hint else ''}") from None
@@ -122,7 +228,13 @@ def _fetch(url: str, what: str, timeout: float, context: ssl.SSLContext | None =
         if isinstance(reason, ssl.SSLCertVerificationError):
             raise MetricsError(f"the {what} at {shown} has a certificate this machine does not trust "
                                f"({reason.verify_message}): pass --ca-file with its CA, or --insecure") from None
+        if isinstance(reason, ssl.SSLError):
+            raise MetricsError(f"the TLS handshake with the {what} at {shown} failed ({reason.reason or reason}): "
+                               "does it want a client certificate (--cert-file, --key-file)?") from None
         raise MetricsError(f"cannot reach the {what} at {shown}: {reason}") from None
+    except ssl.SSLError as err:
+        raise MetricsError(f"the TLS connection to the {what} at {shown} failed ({err.reason or err}): "
+                           "does it want a client certificate (--cert-file, --key-file)?") from None
     except TimeoutError:
         raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
     except OSError as err:
@@ -168,10 +280,10 @@ class ExporterSource:
     'http://127.0.0.1:9445/metrics'
     """
 
-    def __init__(self, url: str, timeout: float = 5.0, ca_file: str | None = None, insecure: bool = False) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, connection: Connection | None = None) -> None:
         self.url = normalize_url(url, "/metrics", "exporter")
         self.timeout = timeout
-        self.context = tls_context(ca_file, insecure)
+        self.connection = connection or Connection()
         self.poll_interval = _default_poll_interval()
         """The exporter's poll interval: ``gpu_exporter_poll_interval_seconds`` once a scrape shows
         it, else the exporter's default."""
@@ -179,7 +291,7 @@ class ExporterSource:
     def read(self) -> Snapshot:
         """Scrape once; raises MetricsError when the page is unreachable or not a gpu-exporter's."""
         started = time.monotonic()
-        body = _fetch(self.url, "exporter", self.timeout, self.context)
+        body = _fetch(self.url, "exporter", self.timeout, self.connection)
         at, wall = (started + time.monotonic()) / 2, time.time()
         try:
             snapshot = snapshot_of(text_string_to_metric_families(body.decode("utf-8", "replace")), at, wall)
@@ -311,15 +423,22 @@ class Prometheus:
     'http://prometheus:9090'
     """
 
-    def __init__(self, url: str, timeout: float = 10.0, at: float | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, at: float | None = None,
+                 connection: Connection | None = None) -> None:
         self.base = normalize_url(url, "", "Prometheus server").rstrip("/")
         self.timeout = timeout
         self.at = at
         """Evaluate instant queries at this Unix time (None: now)."""
+        self.connection = connection or Connection()
+        """TLS and credentials (:func:`connection`): Thanos, Mimir, AMP or GMP behind auth."""
+
+    def at_time(self, at: float | None) -> Prometheus:
+        """The same server and connection, with instant queries evaluated at ``at``."""
+        return Prometheus(self.base, self.timeout, at, self.connection)
 
     def _data(self, path: str, params: dict[str, str], expr: str, kind: str) -> list[dict[str, Any]]:
         url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        body = _fetch(url, "Prometheus server", self.timeout)
+        body = _fetch(url, "Prometheus server", self.timeout, self.connection)
         try:
             doc = json.loads(body)
             status, data = doc["status"], doc.get("data", {})

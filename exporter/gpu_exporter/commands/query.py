@@ -39,6 +39,9 @@ from gpu_exporter.commands.metrics_client import (
     NvmlSource,
     Snapshot,
     Source,
+    add_client_arguments,
+    client_flags_given,
+    connection,
     fail,
     new_poll_gap,
     read_after,
@@ -381,11 +384,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--id", metavar="ID[,ID...]",
                         help="GPUs to show: indexes, UUIDs or PCI bus ids (00000000:3B:00.0 or 3b:00.0)")
     parser.add_argument("--url", metavar="URL", help="read a running exporter (http(s)://HOST:PORT) instead of NVML")
-    parser.add_argument("--ca-file", metavar="FILE", help="with an https --url: trust the CA certificates in FILE")
-    parser.add_argument("--insecure", action="store_true",
-                        help="with an https --url: do not verify the exporter's certificate")
     parser.add_argument("--simulate", nargs="?", const="", metavar="SCENARIO",
                         help="read simulated GPUs (packaged default, a packaged scenario name or a YAML file)")
+    add_client_arguments(parser, "--url")
 
 
 def _help(title: str, fields: Sequence[Field]) -> str:
@@ -427,14 +428,14 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--count must be at least 1, not {args.count}")
         if args.url is not None and args.simulate is not None:
             raise UsageError("--url and --simulate exclude each other: read an exporter or simulated GPUs")
-        if (args.ca_file is not None or args.insecure) and not (args.url or "").startswith("https://"):
-            raise UsageError("--ca-file and --insecure apply to an https:// --url only")
+        if args.url is None and client_flags_given(args):
+            raise UsageError(f"{' and '.join(client_flags_given(args))} apply to --url only")
     except UsageError as err:
         return fail(str(err))
     count = args.count if args.count is not None else (None if interval is not None else 1)
     source: ExporterSource | NvmlSource
     try:
-        source = (ExporterSource(args.url, ca_file=args.ca_file, insecure=args.insecure) if args.url is not None
+        source = (ExporterSource(args.url, connection=connection(args, args.url, "--url")) if args.url is not None
                   else NvmlSource(args.simulate))
     except NoDriver as err:
         return fail(str(err), EXIT_NO_DRIVER)
