@@ -226,7 +226,37 @@ def stage_training(version: str, stage: Path, source: Path = REPO / "exporter") 
         shutil.copyfile(path, target)
     (stage / "pyproject.toml").write_text(training_pyproject(version))
     (stage / "README.md").write_text(TRAINING_README)
+    name, line = startup_hook(source)
+    (stage / name).write_text(line)
+    (stage / "setup.py").write_text(TRAINING_SETUP.format(pth=name))
     return stage
+
+
+TRAINING_SETUP = '''"""Puts the zero-code startup hook {pth} at the wheel's root (site-packages)."""
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class BuildWithStartupHook(build_py):
+    def run(self) -> None:
+        super().run()
+        self.copy_file("{pth}", str(Path(self.build_lib) / "{pth}"), preserve_mode=False)
+
+
+setup(cmdclass={{"build_py": BuildWithStartupHook}})
+'''
+"""setup.py of the training wheel: setuptools puts package files under their package, and a ``.pth`` runs only from
+the root of site-packages, so build_py copies it there (data_files would land under the environment's prefix)."""
+
+
+def startup_hook(source: Path = REPO / "exporter") -> tuple[str, str]:
+    """The zero-code startup hook of the training wheel: (file name, its one line), from training/auto.py."""
+    import runpy
+
+    auto = runpy.run_path(str(source / "gpu_exporter" / "training" / "auto.py"))  # standard library only
+    return str(auto["PTH_NAME"]), str(auto["PTH_LINE"])
 
 
 def build_wheels(out: Path) -> list[Path]:

@@ -1,0 +1,442 @@
+"""Zero-code activation: ``GPU_EXPORTER_AUTO=1`` (or ``python -m gpu_exporter.training.launch``) times any PyTorch job.
+
+The problem: every other way in needs a line in the job (``training.watch``, a callback). A platform
+team that runs other people's jobs can set an environment variable on every training pod, but not
+edit the code. The training wheel installs a startup hook, ``gpu_exporter_training_auto.pth`` (the
+:data:`PTH_LINE`): at interpreter start it reads ``$GPU_EXPORTER_AUTO`` and, only when it is set to
+something other than ``0``/``false``/``no``/``off``, imports this module and calls :func:`install`.
+Unset, the line costs one dictionary lookup and imports nothing of the library.
+
+:func:`install` imports nothing heavy either. It waits for the job to import torch, Lightning or
+Transformers (an import hook on ``sys.meta_path``, or at once if they are imported already) and then:
+
+* **torch** (the ``training.watch`` rule, applied to every object of the job rather than the ones
+  passed to ``watch``): ``DataLoader.__iter__`` returns the timed iterator of ``training.watch``
+  (time inside ``next()`` is ``data``); a global forward pre-hook opens ``compute`` at the first module
+  call outside a phase (a training forward stays open through the loss and backward to the end of
+  ``Optimizer.step``, an evaluation forward lasts its own call); global ``Optimizer.step`` pre- and
+  post-hooks close it, and each ``step`` of the first optimizer that steps is a step, with the samples
+  fetched since the previous one; ``torch.save`` from the training thread is ``checkpoint``
+  (``SaveTimer``); torch.distributed collectives are ``communication`` (``training.watch_distributed``,
+  also when the process group is initialized after the run started; a ``DistributedDataParallel``
+  model's gradient all-reduce too). The run starts at the first ``DataLoader`` iteration or
+  optimizer step of the main thread (not in DataLoader workers) and closes at exit. Its name is
+  ``$GPU_EXPORTER_RUN_NAME``, else the script's name and the run id's tail, as ``training.watch``.
+* **Lightning** (``lightning.pytorch`` and ``pytorch_lightning``) and the **Hugging Face Trainer**:
+  ``Trainer.__init__`` adds the package's ``GpuExporterCallback`` unless the job passed one; the
+  global torch timers then stand aside (the callback's rule is finer: it knows ``training_step``).
+
+It never breaks a job: every patch is tried on its own, and a failure (an unknown framework
+version, a bad setting, an exporter that does not answer) is one log line on the logger
+``gpu_exporter.training``, after which the job runs on without that part.
+
+The forward pre-hook is global, so every module call of the job passes through one Python call
+while a run is open (a few hundred nanoseconds; torch also leaves its fast call path): for a model
+of a thousand modules, well under a millisecond per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ENV = "GPU_EXPORTER_AUTO"
+"""The switch: set (to anything but ``0``/``false``/``no``/``off``/empty) to activate the startup hook."""
+NAME_ENV = "GPU_EXPORTER_RUN_NAME"
+"""The run's name under zero-code activation (default: the script's name and the run id's tail)."""
+PTH_NAME = "gpu_exporter_training_auto.pth"
+"""The startup hook's file name at the root of site-packages (installed by the training wheel)."""
+PTH_LINE = (f"import os; os.environ.get({ENV!r}, '').strip().lower() not in ('', '0', 'false', 'no', 'off') "
+            "and __import__('gpu_exporter.training.auto').training.auto.install()\n")
+"""The startup hook's one line: ``site`` executes a ``.pth`` line that starts with ``import``."""
+
+log = logging.getLogger("gpu_exporter.training")
+
+_LIGHTNING_TRAINERS = {"lightning.pytorch.trainer.trainer": "lightning.pytorch",
+                       "pytorch_lightning.trainer.trainer": "pytorch_lightning"}
+"""The modules that define Lightning's ``Trainer``, and the package its callback class comes from."""
+_TRANSFORMERS_TRAINER = "transformers.trainer"
+_TORCH_OPTIMIZER = "torch.optim.optimizer"
+_WATCHED = ("torch", _TORCH_OPTIMIZER, _TRANSFORMERS_TRAINER, *_LIGHTNING_TRAINERS)
+
+
+def enabled(environ: Any = None) -> bool:
+    """True when ``$GPU_EXPORTER_AUTO`` asks for activation (the test of :data:`PTH_LINE`).
+
+    >>> enabled({}), enabled({"GPU_EXPORTER_AUTO": "1"}), enabled({"GPU_EXPORTER_AUTO": "off"})
+    (False, True, False)
+    """
+    value = (os.environ if environ is None else environ).get(ENV, "")
+    return str(value).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _failed(what: str, err: BaseException) -> None:
+    """One log line for a part that could not be set up; the job runs on without it."""
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    log.warning("gpu_exporter.training: zero-code activation: %s failed (%s: %s); the job runs on without it",
+                what, type(err).__name__, detail)
+
+
+class _State:
+    """What :func:`install` did in this process, and the global run of a plain PyTorch job."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.framework = False
+        """A framework callback was attached: the global torch timers stand aside."""
+        self.done: set[str] = set()
+        self.run: Any = None
+        self.failed = False
+        self.thread = 0
+        self.first_optimizer: Any = None
+        self.pending_samples = 0
+        self.compute: Any = None
+        self.opener: Any = None
+        """The module whose evaluation forward opened ``compute`` (closed at its end)."""
+        self.module_hooks: list[Any] = []
+        self.lock = threading.Lock()
+
+
+_state = _State()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Calls :func:`_imported` right after a watched module has run (and before its importer sees it)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _WATCHED or fullname in _state.done:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_patch(module: types.ModuleType) -> None:
+            exec_module(module)
+            _imported(fullname, module)
+
+        try:
+            loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        except Exception:  # a loader that takes no attribute: patch at the next chance
+            return spec
+        return spec
+
+
+_finder = _Finder()
+
+
+def install() -> bool:
+    """Activate zero-code timing in this process (idempotent); True if it is active.
+
+    Patches what is imported already and hooks the import of the rest. Never raises: a failure is
+    one log line.
+    """
+    if _state.installed:
+        return True
+    try:
+        _state.installed = True
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        for name in _WATCHED:
+            module = sys.modules.get(name)
+            if module is not None:
+                _imported(name, module)
+    except Exception as err:
+        _failed("install", err)
+        return False
+    return True
+
+
+def _imported(name: str, module: types.ModuleType) -> None:
+    """A watched module has been imported: patch it (once), logging a failure instead of raising it."""
+    if name in _state.done:
+        return
+    _state.done.add(name)
+    try:
+        if name == _TORCH_OPTIMIZER:
+            _patch_optimizer(module)
+        elif name == "torch":
+            _patch_torch(module)
+        elif name == _TRANSFORMERS_TRAINER:
+            _patch_transformers(module)
+        elif name in _LIGHTNING_TRAINERS:
+            _patch_lightning(module, _LIGHTNING_TRAINERS[name])
+    except Exception as err:
+        _failed(f"patching {name}", err)
+
+
+# ---------------------------------------------------------------------------------------------- plain torch
+
+
+def _patch_optimizer(module: types.ModuleType) -> None:
+    """Global ``Optimizer.step`` pre- and post-hooks (cheap: once per optimizer step)."""
+    module.register_optimizer_step_pre_hook(_step_pre)
+    module.register_optimizer_step_post_hook(_step_post)
+
+
+def _patch_torch(torch: Any) -> None:
+    """``DataLoader.__iter__`` (data) and ``torch.distributed.init_process_group`` (communication)."""
+    if _TORCH_OPTIMIZER not in _state.done:  # torch imports it while it initializes: normally done by now
+        _imported(_TORCH_OPTIMIZER, sys.modules.get(_TORCH_OPTIMIZER) or __import__(_TORCH_OPTIMIZER))
+    from torch.utils.data import DataLoader
+
+    original = DataLoader.__iter__
+
+    def __iter__(self: Any) -> Any:
+        it = original(self)
+        try:
+            run = _active_run(start=True)
+            if run is not None:
+                from . import context
+                from .hooks import _TimedIterator
+
+                if not getattr(run, "_auto_loader_noted", False):
+                    run._auto_loader_noted = True
+                    context.note_loader(run, self)
+                return _TimedIterator(it, run.phase("data"), _on_batch)
+        except Exception as err:
+            _disable(err)
+        return it
+
+    __iter__.__wrapped__ = original  # type: ignore[attr-defined]
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    try:
+        dist = torch.distributed
+        if dist.is_available():
+            init = dist.init_process_group
+
+            def init_process_group(*args: Any, **kwargs: Any) -> Any:
+                result = init(*args, **kwargs)
+                if _state.run is not None and not _state.run.closed:
+                    try:
+                        from . import watch_distributed
+
+                        watch_distributed(_state.run)
+                    except Exception as err:
+                        _failed("timing collectives", err)
+                return result
+
+            init_process_group.__wrapped__ = init  # type: ignore[attr-defined]
+            dist.init_process_group = init_process_group
+            c10d = getattr(dist, "distributed_c10d", None)
+            if c10d is not None and getattr(c10d, "init_process_group", None) is init:
+                c10d.init_process_group = init_process_group
+    except Exception as err:
+        _failed("timing collectives", err)
+
+
+def _in_worker() -> bool:
+    """True inside a DataLoader worker process (it never reports)."""
+    data = sys.modules.get("torch.utils.data")
+    try:
+        return data is not None and data.get_worker_info() is not None
+    except Exception:
+        return False
+
+
+def _active_run(start: bool) -> Any:
+    """The global run when the global timers apply to this call (main thread, no framework callback); with
+    ``start``, started on first use."""
+    state = _state
+    run = state.run
+    if run is not None:
+        if run.closed or state.framework or threading.get_ident() != state.thread:
+            return None
+        return run
+    if not start or state.framework or state.failed or threading.current_thread() is not threading.main_thread():
+        return None
+    with state.lock:
+        if state.run is None and not state.failed:
+            _start_run()
+    return state.run if state.run is not None and not state.run.closed else None
+
+
+def _start_run() -> None:
+    """Start the global run: ``training.start`` (pusher, collectives), ``torch.save``, the forward hooks."""
+    if _in_worker():
+        return
+    state = _state
+    try:
+        from .hooks import SaveTimer, start_run
+
+        name = os.environ.get(NAME_ENV, "").strip() or None
+        run, _ = start_run(name, None, {})
+        state.thread = threading.get_ident()
+        state.compute = run.phase("compute")
+        state.run = run
+        SaveTimer(run.phase("checkpoint"))
+        import torch
+
+        module = torch.nn.modules.module
+        state.module_hooks = [module.register_module_forward_pre_hook(_forward_pre),
+                              module.register_module_forward_hook(_forward_post, always_call=True)]
+        log.info("gpu_exporter.training: zero-code activation: timing run %r", run.name)
+    except Exception as err:
+        _disable(err)
+
+
+def _disable(err: BaseException) -> None:
+    """The global timers failed: stop them, with one log line."""
+    state = _state
+    if state.failed:
+        return
+    state.failed = True
+    for handle in state.module_hooks:
+        with contextlib.suppress(Exception):
+            handle.remove()
+    state.module_hooks = []
+    run, state.run = state.run, None
+    if run is not None:
+        with contextlib.suppress(Exception):
+            run.close()
+    _failed("timing this job", err)
+
+
+def _on_batch(batch: Any) -> None:
+    from .hooks import batch_len
+
+    _state.pending_samples += batch_len(batch)
+
+
+def _forward_pre(module: Any, args: Any) -> None:
+    run = _state.run
+    if run is None or _state.framework or run.closed:
+        return
+    current, compute = run._current, _state.compute
+    if current is compute or current is not run._other or threading.get_ident() != _state.thread:
+        return  # inside compute already, or in data / checkpoint / communication (a transform, a save)
+    compute.__enter__()
+    torch = sys.modules["torch"]
+    if not (torch.is_grad_enabled() and module.training):
+        _state.opener = module  # an evaluation forward: compute for its own duration
+    elif type(module).__name__ == "DistributedDataParallel" and getattr(module, "_gpu_exporter_run", None) is None:
+        from .hooks import _enable_distributed
+
+        try:
+            _enable_distributed(run, module)
+        except Exception as err:
+            _failed("timing the gradient all-reduce", err)
+
+
+def _forward_post(module: Any, args: Any, output: Any) -> None:
+    if module is _state.opener:
+        _state.opener = None
+        _end_compute()
+
+
+def _end_compute() -> None:
+    run = _state.run
+    if run is None:
+        return
+    compute = _state.compute
+    if run._current is compute:
+        compute._depth = 0
+        compute.__exit__(None, None, None)
+
+
+def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        run = _active_run(start=True)
+        if run is not None:
+            compute = _state.compute
+            if run._current is not compute:
+                compute.__enter__()
+    except Exception as err:
+        _disable(err)
+
+
+def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        run = _active_run(start=False)
+        if run is None:
+            return
+        _state.opener = None
+        _end_compute()
+        if _state.first_optimizer is None:
+            _state.first_optimizer = optimizer
+        if optimizer is _state.first_optimizer:
+            run.step(samples=_state.pending_samples)
+            _state.pending_samples = 0
+    except Exception as err:
+        _disable(err)
+
+
+# ---------------------------------------------------------------------------------------------- frameworks
+
+
+def _patch_init(cls: type, before: Callable[[dict[str, Any]], None] | None,
+                after: Callable[[Any], None] | None, label: str) -> None:
+    """Wrap ``cls.__init__``: ``before(kwargs)`` or ``after(trainer)`` attaches the callback (a failure: one line)."""
+    original = cls.__init__  # type: ignore[misc]
+    if getattr(original, "__gpu_exporter_auto__", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if before is not None:
+            try:
+                before(kwargs)
+            except Exception as err:
+                _failed(f"attaching the {label} callback", err)
+        original(self, *args, **kwargs)
+        if after is not None:
+            try:
+                after(self)
+            except Exception as err:
+                _failed(f"attaching the {label} callback", err)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__gpu_exporter_auto__ = True  # type: ignore[attr-defined]
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+def _patch_lightning(module: types.ModuleType, package: str) -> None:
+    """``Trainer(callbacks=...)`` gets ``GpuExporterCallback`` of ``package`` unless it has one (Lightning 2's
+    ``Trainer`` takes keyword arguments only)."""
+
+    def before(kwargs: dict[str, Any]) -> None:
+        from . import lightning
+
+        callback_type = lightning._callback_class(package)
+        _state.framework = True
+        given = kwargs.get("callbacks")
+        callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
+        if not any(isinstance(c, lightning._Hooks) for c in callbacks):
+            kwargs["callbacks"] = [*callbacks, callback_type(_name())]
+
+    _patch_init(module.Trainer, before, None, "Lightning")
+
+
+def _patch_transformers(module: types.ModuleType) -> None:
+    """A ``Trainer`` gets the Transformers ``GpuExporterCallback`` (``add_callback``) unless it has one."""
+
+    def after(trainer: Any) -> None:
+        from . import transformers as integration
+
+        callback_type = integration.GpuExporterCallback
+        _state.framework = True
+        if not any(isinstance(c, integration._Hooks) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(callback_type(_name()))
+
+    _patch_init(module.Trainer, None, after, "Transformers")
+
+
+def _name() -> str | None:
+    return os.environ.get(NAME_ENV, "").strip() or None
