@@ -303,3 +303,46 @@ def test_docs_list_every_outcome_with_its_status() -> None:
     from gpu_exporter.ingest import _STATUS
     assert {o: str(s) for o, s in _STATUS.items()} == {o: s for o, s in rows.items() if o in OUTCOMES}
     assert set(OUTCOMES) - {"accepted"} <= set(rows)
+
+
+def test_run_id_and_tags_on_the_info_series_only() -> None:
+    """The launch's run id and the tags label gpu_training_run_info (tags as tag_<key>); the run id also labels
+    gpu_training_run_start_timestamp_seconds; no other series changes."""
+    store = TrainingStore(IngestSettings(), clock=Clock())
+    assert push(store, snapshot(run_id="rdzv-7f3a", tags={"team": "vision", "git": "3f2a1c9"})) == (202, "accepted")
+    assert push(store, snapshot(run="old-client", uuid="GPU-2222")) == (202, "accepted")
+    m = scrape(store)
+    key = (("rank", "0"), ("run", "resnet50"), ("uuid", "GPU-1111"))
+    assert m[("gpu_training_run_info", (("rank", "0"), ("run", "resnet50"), ("run_id", "rdzv-7f3a"),
+                                        ("tag_git", "3f2a1c9"), ("tag_team", "vision"), ("uuid", "GPU-1111")))] == 1
+    assert m[("gpu_training_run_start_timestamp_seconds", (*key[:2], ("run_id", "rdzv-7f3a"), key[2]))] == \
+        1_700_000_000.0
+    assert m[("gpu_training_run_info", (("rank", "0"), ("run", "old-client"), ("run_id", ""),
+                                        ("uuid", "GPU-2222")))] == 1  # a library without run ids
+    assert m[("gpu_training_steps_total", key)] == 10
+    assert not [k for k in m if k[0] not in ("gpu_training_run_info", "gpu_training_run_start_timestamp_seconds")
+                and any(label in ("run_id", "tag_team") for label, _ in k[1])]
+
+
+@pytest.mark.parametrize(("changes", "answer"), [
+    ({"tags": {"Team": "x"}}, "accepted without tags (tag key 'Team' may only contain a-z, 0-9 and _, starting "
+                              "with a letter, up to 32 characters)"),
+    ({"tags": {f"k{i}": "v" for i in range(9)}}, "accepted without tags (9 tags exceed the limit of 8)"),
+    ({"tags": ["team"]}, "accepted without tags (tags must be an object of key -> value strings)"),
+    ({"tags": {"team": "a\"}"}}, "accepted without tags (tag team 'a\"}' may only contain A-Za-z0-9_.:/@+-)"),
+    ({"run_id": "a b"}, "accepted without run_id (run_id 'a b' may only contain A-Za-z0-9_.:/@+-)"),
+    ({"run_id": 7}, "accepted without run_id (run_id must be a string)"),
+])
+def test_bad_run_id_or_tags_cost_only_themselves(changes: dict[str, Any], answer: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A push with a bad run id or bad tags is stored without them, answered 202 with what was dropped, and logged
+    once per run: the phases are never lost to a label."""
+    store = TrainingStore(IngestSettings(), clock=Clock())
+    assert push(store, snapshot(**changes)) == (202, answer)
+    assert push(store, snapshot(**changes, steps=11)) == (202, answer)
+    m = scrape(store)
+    key = (("rank", "0"), ("run", "resnet50"), ("uuid", "GPU-1111"))
+    assert m[("gpu_training_steps_total", key)] == 11
+    info = [labels for name, labels in m if name == "gpu_training_run_info"]
+    assert len(info) == 1 and not any(label.startswith("tag_") for label, _ in info[0])
+    assert [r.getMessage() for r in caplog.records] == [f"training run resnet50 rank 0: stored without {answer[17:]}"]

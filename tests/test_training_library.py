@@ -219,3 +219,69 @@ def test_identity_is_resolved_once_and_invalid_uuids_become_unknown(monkeypatch:
     assert run.identity() == ("", 0)
     assert run.identity() == ("", 0)
     assert calls == [0]
+
+
+def test_run_id_sources_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_id= wins, then $GPU_EXPORTER_RUN_ID, torchrun's rendezvous id (not its default 'none'), Slurm's job id,
+    then one launch id per process (docs/training.md#run-identity)."""
+    from gpu_exporter.training.identity import resolve_run_id
+
+    for name in ("GPU_EXPORTER_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    launch = Run("a", uuid="").run_id
+    assert launch.startswith("launch-") and len(launch) == len("launch-") + 12
+    assert Run("b", uuid="").run_id == launch  # one launch id per process
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert Run("a", uuid="").run_id == launch
+    monkeypatch.setenv("SLURM_JOB_ID", "8812")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert (Run("a", uuid="").run_id, Run("a", uuid="").run_id_source) == ("slurm-8812-r2", "SLURM_JOB_ID")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "3f9a-c1")
+    assert Run("a", uuid="").run_id == "3f9a-c1"
+    monkeypatch.setenv("GPU_EXPORTER_RUN_ID", "nightly 2026/12/04")  # the operator's: cleaned, not refused
+    assert Run("a", uuid="").run_id == "nightly_2026/12/04"
+    run = Run("a", uuid="", run_id="mine")
+    assert (run.run_id, run.run_id_source, run.snapshot()["run_id"]) == ("mine", "argument", "mine")
+    with pytest.raises(ValueError, match=r"^training.start: run_id 'a b' may only contain"):
+        resolve_run_id("a b")
+
+
+def test_default_names_never_collide_across_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """watch and the callbacks without a name: the script's name and the run id's tail, the same on every rank."""
+    from gpu_exporter.training import hooks
+
+    monkeypatch.setattr("sys.argv", ["/jobs/train.py"])
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a4f0e6c2-1b2c-4d5e-8f90-123456789abc")
+    run, owned = hooks.start_run(None, None, {"url": "http://127.0.0.1:1", "uuid": "", "push_interval": 60})
+    try:
+        assert (run.name, run.run_id, owned) == ("train-123456789abc", "a4f0e6c2-1b2c-4d5e-8f90-123456789abc", True)
+    finally:
+        run.close()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "b7")
+    run, _ = hooks.start_run(None, None, {"url": "http://127.0.0.1:1", "uuid": "", "push_interval": 60})
+    run.close()
+    assert run.name == "train-b7"
+
+
+@pytest.mark.parametrize(("tags", "message"), [
+    ({"Team": "x"}, "tag key 'Team' may only contain a-z, 0-9 and _, starting with a letter, up to 32 characters"),
+    ({"team": "a b"}, "tag team 'a b' may only contain A-Za-z0-9_.:/@+-"),
+    ({"team": "v" * 65}, "tag team is 65 characters long; the limit is 64"),
+    ({f"k{i}": "v" for i in range(9)}, "9 tags exceed the limit of 8"),
+    ({"team": 3}, "tag team must be a string, not int"),
+])
+def test_bad_tags_give_one_line_errors(tags: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        Run("a", uuid="", tags=tags)  # type: ignore[arg-type]
+    assert str(err.value) == f"training.start: {message}"
+
+
+def test_tags_from_the_environment_and_the_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_EXPORTER_TAGS", "team=nlp, user=ana")
+    run = Run("a", uuid="", tags={"team": "vision", "git": "3f2a1c9"})
+    assert run.snapshot()["tags"] == {"git": "3f2a1c9", "team": "vision", "user": "ana"}
+    monkeypatch.setenv("GPU_EXPORTER_TAGS", "team")
+    with pytest.raises(ValueError, match=r"^training.start: \$GPU_EXPORTER_TAGS: 'team' is not key=value$"):
+        Run("a", uuid="")
+    monkeypatch.delenv("GPU_EXPORTER_TAGS")
+    assert "tags" not in Run("a", uuid="").snapshot()

@@ -143,7 +143,10 @@ def resolve_tags(given: Mapping[str, str] | None = None, env: Mapping[str, str] 
     ValueError: training.start: tag team 'a b' may only contain A-Za-z0-9_.:/@+-
     """
     environ = os.environ if env is None else env
-    tags = parse_tags(environ.get(TAGS_ENV, ""))
+    try:
+        tags = parse_tags(environ.get(TAGS_ENV, ""))
+    except ValueError as err:
+        raise ValueError(f"training.start: {err}") from None
     tags.update(given or {})
     problem = check_tags(tags)
     if problem is not None:
