@@ -1,8 +1,8 @@
 """A complete instrumented PyTorch training script: copy it, swap in your model and data.
 
 It trains a small residual CNN on synthetic 3x32x32 images whose "decoding" waits 24 ms per
-image, like reading and decoding a JPEG. It trains for ``--seconds`` (default 30) whatever the
-loader, so a diagnosis window fits inside either run. Two loaders show remedy M1:
+image, like reading and decoding a JPEG. It trains for ``--seconds`` (default ``$DEMO_SECONDS``, else 30)
+whatever the loader, so a diagnosis window fits inside either run. Two loaders show remedy M1:
 
     python examples/train_resnet_like.py --loader slow    # input-bound: the training process decodes
     python examples/train_resnet_like.py --loader fixed   # 32 worker processes decode ahead
@@ -86,7 +86,8 @@ def main() -> None:
     parser.add_argument("--loader", choices=["slow", "fixed"], default="slow",
                         help="slow: input-bound single-process loader; fixed: parallel prefetching workers")
     parser.add_argument("--run", default=None, help="run name (default: resnet-like-<loader>)")
-    parser.add_argument("--seconds", type=float, default=30.0, help="train this long (whole steps), then stop")
+    parser.add_argument("--seconds", type=float, default=float(os.environ.get("DEMO_SECONDS", "30")),
+                        help="train this long (whole steps), then stop (default: $DEMO_SECONDS, else 30)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads for compute (1 keeps step times steady on a busy 2-core machine)")
     parser.add_argument("--batch-size", type=int, default=32)
