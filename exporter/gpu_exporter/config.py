@@ -316,6 +316,7 @@ SETTINGS: tuple[Setting, ...] = (
             "kubelet pod-resources Unix socket", "PATH"),
     Setting("kubernetes.refresh_seconds", _duration, 10.0,
             "time between pod-resources refreshes", "DURATION"),
+    Setting("evidence.cpu_share", _non_negative_float, 0.02, "CPU share for /proc reads (0: every poll)", "SHARE"),
     Setting("sampling.rate", _non_negative_float, 0.0, "samples per second of each GPU process's Python stack "
             "with py-spy, for the phases of jobs nobody instrumented (0: off; needs ptrace rights)", "HZ"),
 )
@@ -358,6 +359,7 @@ class Config:
     kubernetes_enabled: bool
     kubernetes_pod_resources_socket: str
     kubernetes_refresh_seconds: float
+    evidence_cpu_share: float
     sampling_rate: float
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
