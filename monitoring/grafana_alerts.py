@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 from gpu_exporter.thresholds import ThresholdsFile
-from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES
+from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, EVIDENCE_ALERT
+from gpu_exporter.verdict.levels import LOW
 
 from monitoring import rules
 from monitoring.model import Alert, Model, build, indent
@@ -54,10 +55,15 @@ class Mirror:
     dashboard: str
     panel: str
     description: str
+    level: str = ""
+    """Only the model rules of this ``level`` label (empty: every rule of the name)."""
+    summary: str = ""
+    """The summary (``${key}`` placeholders) when the rules' own one names one of several of them."""
 
 
 def mirrors(model: Model) -> list[Mirror]:
-    """The utilization alerts, then one rule per cause (level low) and one for all causes below target."""
+    """The utilization alerts, then one rule per cause (level low), one for all causes below target, and the
+    evidence warning of jobs nobody instrumented (level low: it replaces GpuUtilizationLow in Alertmanager)."""
     cfg = model.config
     low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
     below = model.alert("GpuUtilizationBelowTarget")
@@ -88,6 +94,15 @@ def mirrors(model: Model) -> list[Mirror]:
     out.append(Mirror("GpuTrainingBelowTarget", "gpu-training-run", "Likely causes",
                       cause_text + "below the utilization target, cause {{ $labels.code }} ({{ $labels.cause }}): "
                       "{{ $labels.remedy }}."))
+    low_line = f"{cfg.num('utilization_low_threshold') * 100:g}%"
+    out.append(Mirror(
+        EVIDENCE_ALERT, "gpu-node", "Processes",
+        "Process {{ $labels.pid }} on " + WHERE + f" reports no training phases (not instrumented) while the GPU is "
+        f"below the {low_line} alert threshold, and /proc points at the input pipeline: evidence "
+        "{{ $labels.hint }} ({{ $labels.code }}, reading {{ humanize $values.B.Value }}). The runbook says what each "
+        "hint means and its remedy; instrument the job with gpu_exporter.training to measure its phases.",
+        level=LOW, summary="A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization; "
+                           "its processes point at the input pipeline (M1)."))
     return out
 
 
@@ -117,6 +132,8 @@ def query(cfg: ThresholdsFile, same: list[Alert]) -> Query:
 def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
     """The Grafana rule of ``mirror`` from the model alerts of the same name and the dashboards' models."""
     cfg, same = model.config, model.named(mirror.alert)
+    if mirror.level:
+        same = [a for a in same if ("level", mirror.level) in a.labels]
     if not same:
         raise KeyError(f"{mirror.alert}: no such alert in the model")
     first, q = same[0], query(model.config, same)
@@ -140,7 +157,7 @@ def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
         "execErrState": "Error",
         "labels": labels,
         "annotations": {
-            "summary": rules.render(first.summary, cfg, source=first.name),
+            "summary": rules.render(mirror.summary or first.summary, cfg, source=first.name),
             "description": mirror.description,
             "runbook_url": cfg.runbook_url(first.anchor),
             "__dashboardUid__": mirror.dashboard,
