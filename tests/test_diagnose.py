@@ -191,7 +191,8 @@ def test_healthy_node_exits_0() -> None:
                                     "refused (is gpu-exporter running there?)"),
     (["--prometheus-url", "127.0.0.1:{port}"], "cannot connect to the Prometheus server at http://127.0.0.1:{port}/api/v1/"
                                                "query: connection refused (is it running there?)"),
-    (["--url", "127.0.0.1:{port}", "--window", "soon"], "--window: 'soon' is not a duration like 30s, 15m, 1h or 1d"),
+    (["--url", "127.0.0.1:{port}", "--window", "soon"],
+     "--window: 'soon' is not a duration like 1s, 500ms, 1m30s, 2h, or seconds"),
     (["--node", "a"], "--node needs --prometheus-url (an exporter only knows its own node)"),
     (["--thresholds", "/nonexistent.yml"], "/nonexistent.yml cannot be read: No such file or directory"),
 ])

@@ -495,3 +495,20 @@ def test_every_client_command_has_the_same_connection_flags(command: str) -> Non
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     dests = {a.dest for a in sub._actions}
     assert set(CLIENT_FLAGS) <= dests
+
+
+def test_client_times_take_the_settings_duration_grammar() -> None:
+    """-l, diagnose --window, report --step and --at/--from offsets read 500ms, 1m30s, 1.5h as serve's settings do."""
+    from gpu_exporter.commands.diagnose import _window
+    from gpu_exporter.commands.metrics_client import MetricsError, parse_seconds, parse_time
+
+    assert _parse("-l", "500ms").loop == 0.5 and _parse("-l", "1m").loop == 60.0 and _parse("-l", "2").loop == 2.0
+    with pytest.raises(argparse.ArgumentError, match="'1m1m' is not a duration"):
+        _parse("-l", "1m1m")
+    assert _window("1m30s") == (90.0, "1m30s") and _window("3") == (3.0, "3s")
+    assert parse_seconds("1.5h", "--step") == 5400.0
+    assert parse_time("-1h30m", "--at", now=10000.0) == 4600.0
+    for text, message in (("0s", "--step must be longer than 0 s, not '0s'"),
+                          ("fast", "--step: 'fast' is not a duration like 1s, 500ms, 1m30s, 2h, or seconds")):
+        with pytest.raises(MetricsError, match=re.escape(message)):
+            parse_seconds(text, "--step")

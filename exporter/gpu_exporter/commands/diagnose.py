@@ -52,6 +52,7 @@ from gpu_exporter.commands.metrics_client import (
     connection,
     fail,
     iso,
+    parse_seconds,
     parse_time,
     read_after,
 )
@@ -99,14 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _window(text: str) -> tuple[float, str]:
     """Seconds and a label (``30s``, ``15m``) of a ``--window`` value: a duration or plain seconds."""
-    plain = text.replace(".", "", 1).isdigit()
-    try:
-        seconds = float(text) if plain else parse_duration(text)
-    except ValueError as err:
-        raise MetricsError(f"--window: {err}") from None
-    if seconds <= 0:
-        raise MetricsError(f"--window must be longer than 0 s, not {text!r}")
-    return seconds, f"{seconds:g}s" if plain else text
+    value = parse_seconds(text, "--window")
+    return value, f"{value:g}s" if text.replace(".", "", 1).isdigit() else text
 
 
 def _wait(seconds: float, url: str, err: TextIO) -> None:
@@ -160,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url
         views = select(build_views(readings, thresholds, seconds), args.node, args.namespace, args.run_name, args.id)
-        chosen, note = launches.choose(readings.launches, args.run_name, args.run_id)
+        live = {key: launch for key, launch in readings.launches.items() if key in readings.live}
+        chosen, note = launches.choose(live, args.run_name, args.run_id)
         if chosen is not None:
             views = launches.keep(views, chosen)
         if note is not None:

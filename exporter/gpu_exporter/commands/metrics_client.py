@@ -19,6 +19,7 @@ import base64
 import datetime
 import json
 import os
+import re
 import socket
 import ssl
 import sys
@@ -375,6 +376,25 @@ class NvmlSource:
             simulate.uninstall()
 
 
+def parse_seconds(text: str, what: str) -> float:
+    """Seconds in a client flag's time: plain seconds (``2.5``) or a Go/Prometheus duration (``500ms``, ``1m30s``),
+    the grammar of every time setting (:func:`gpu_exporter.config.parse_duration`); MetricsError naming ``what``.
+
+    >>> parse_seconds("1m30s", "--window"), parse_seconds("2.5", "--window")
+    (90.0, 2.5)
+    """
+    from gpu_exporter.config import DURATION_EXAMPLES, parse_duration
+
+    text = text.strip()
+    try:
+        value = float(text) if re.fullmatch(r"\d+\.?\d*|\.\d+", text) else parse_duration(text)
+    except ValueError:
+        raise MetricsError(f"{what}: {text!r} is not a duration like {DURATION_EXAMPLES}, or seconds") from None
+    if value <= 0:
+        raise MetricsError(f"{what} must be longer than 0 s, not {text!r}")
+    return value
+
+
 def parse_time(text: str, what: str, now: float | None = None) -> float:
     """Unix seconds of ``text``: ``now``, ``-DURATION`` (before now), Unix seconds, or ISO 8601 (UTC if no zone).
 
@@ -383,7 +403,8 @@ def parse_time(text: str, what: str, now: float | None = None) -> float:
     >>> parse_time("-1h", "--at", now=7200.0)
     3600.0
     """
-    from gpu_exporter.thresholds import parse_duration
+    from gpu_exporter.config import parse_duration
+
     now = time.time() if now is None else now
     text = text.strip()
     try:

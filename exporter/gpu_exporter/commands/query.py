@@ -44,6 +44,7 @@ from gpu_exporter.commands.metrics_client import (
     connection,
     fail,
     new_poll_gap,
+    parse_seconds,
     read_after,
 )
 
@@ -359,6 +360,18 @@ def run_query(source: Source, fields: Sequence[Field], ids: str | None, header: 
         fresh = base is None or cur.at - base.at >= max(gap, 1e-6)
 
 
+def _loop_seconds(text: str) -> float:
+    """``-l``'s value: seconds as nvidia-smi takes them, or a duration (``500ms``, ``1m``); 0 and less are refused
+    later, with the flag named."""
+    try:
+        return float(text)
+    except ValueError:
+        try:
+            return parse_seconds(text, "-l")
+        except MetricsError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``gpu-exporter query`` (nvidia-smi's names where nvidia-smi has one; no short form that
     means something else in nvidia-smi)."""
@@ -374,9 +387,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--help-query-gpu", action="store_true", help="list the GPU fields and exit")
     parser.add_argument("--help-query-compute-apps", action="store_true", help="list the process fields and exit")
     loop = parser.add_mutually_exclusive_group()
-    loop.add_argument("-l", "--loop", type=float, nargs="?", const=DEFAULT_LOOP_SECONDS, metavar="SECONDS",
-                      help="print rows every SECONDS (default 5 without a value; each row the mean over those "
-                      "seconds) until Ctrl-C")
+    loop.add_argument("-l", "--loop", type=_loop_seconds, nargs="?", const=DEFAULT_LOOP_SECONDS, metavar="SECONDS",
+                      help="print rows every SECONDS, or a duration such as 500ms or 1m (default 5 without a value; "
+                      "each row the mean over that time) until Ctrl-C")
     loop.add_argument("-lms", "--loop-ms", type=float, metavar="MILLISECONDS",
                       help="as -l, in milliseconds")
     parser.add_argument("--count", type=int, metavar="N", help="stop after N sets of rows (default: 1 without a "

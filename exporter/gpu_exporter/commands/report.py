@@ -54,6 +54,7 @@ from gpu_exporter.commands.metrics_client import (
     connection,
     fail,
     iso,
+    parse_seconds,
     parse_time,
     promql_duration,
 )
@@ -286,7 +287,9 @@ def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None,
         names = sorted({launch.run for launch in found})
         if len(names) > 1:
             raise MetricsError(f"run id {run_id!r} names {len(names)} runs ({', '.join(names)}): add --run NAME")
-        return found[-1], None
+        # The name's later launches bound the reads (Launch.until).
+        named = [launch for launch in launches(prom, at, lookback, names[0]) if launch.run_id == run_id]
+        return (named or found)[-1], None
     if not found:
         return None, None
     latest = found[-1]
@@ -722,7 +725,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"time between points of the series (default: the range / {POINTS}, at least "
                              f"{MIN_STEP:g}s); each point's rate window is {WINDOW_STEPS} steps")
     parser.add_argument("--lookback", metavar="DURATION", default="30d",
-                        help="how far back to look for the run (default 30d)")
+                        help="how far back to look for the run (default 30d; a PromQL range: 2w, 36h)")
     parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (default: the packaged copy)")
     parser.add_argument("--output", choices=tuple(RENDERERS), default="text", help="the format (default text)")
     parser.add_argument("--out", metavar="FILE", help="write the report to FILE instead of standard output")
@@ -738,14 +741,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         prom = Prometheus(args.prometheus_url, connection=connection(args, args.prometheus_url, "--prometheus-url"))
         now = parse_time("now", "now")
-        step = None
-        if args.step is not None:
-            try:
-                step = parse_duration(args.step)
-            except ValueError as err:
-                raise MetricsError(f"--step: {err}") from None
-            if step <= 0:
-                raise MetricsError(f"--step must be longer than 0 s, not {args.step!r}")
+        step = None if args.step is None else parse_seconds(args.step, "--step")
         try:
             parse_duration(args.lookback)
         except ValueError as err:
