@@ -17,7 +17,9 @@ import pytest
 import yaml
 from evidence_standins import direct_io_works
 from gpu_exporter.causes import HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, ProcessSignals, find_hints
-from gpu_exporter.collectors.evidence import STATES, ProcReader, parse_stat
+from gpu_exporter.collectors.base import PollContext
+from gpu_exporter.collectors.evidence import MAX_AGE, STATES, Evidence, EvidenceCollector, ProcReader, parse_stat
+from gpu_exporter.nvml import Gpu
 from gpu_exporter.thresholds import load_thresholds
 from harness import Harness
 
@@ -220,3 +222,80 @@ def test_only_real_gpus_suggest_hostpid_for_hidden_processes() -> None:
 
     assert evidence(simulated=False).hint_hidden and not evidence(simulated=True).hint_hidden
     assert not [c for c in polling_collectors({"evidence"}) if isinstance(c, EvidenceCollector)]
+
+
+# --- the /proc budget: evidence.cpu_share --------------------------------------------------------
+
+class _FakeProc(ProcReader):
+    """Every PID is a sleeping process; each read costs ``cost`` seconds of a fake CPU clock."""
+
+    def __init__(self, cost: float) -> None:
+        super().__init__("/nonexistent")
+        self.cost, self.cpu = cost, 0.0
+        self.read: list[int] = []
+
+    def evidence(self, pid: int) -> Evidence | None:
+        self.cpu += self.cost
+        self.read.append(pid)
+        return Evidence("sleeping", 1.0 + len(self.read), 0.0, 0, None)
+
+
+def _budgeted(cpu_share: float, cost: float = 0.001) -> tuple[EvidenceCollector, _FakeProc]:
+    proc = _FakeProc(cost)
+    return EvidenceCollector(proc, cpu_share=cpu_share, cpu_clock=lambda: proc.cpu), proc
+
+
+def _poll(collector: EvidenceCollector, now: float, pids: dict[str, list[int]]) -> None:
+    gpus = [Gpu(i, uuid, None, "NVIDIA H100 80GB HBM3", f"00000000:{i:02X}:00.0", "hopper", False)
+            for i, uuid in enumerate(pids)]
+    ctx = PollContext(nvml=None, gpus=gpus, now=now,  # type: ignore[arg-type]  # the process lists are given
+                      _processes={uuid: dict.fromkeys(p, 0) for uuid, p in pids.items()})
+    assert collector.poll(ctx)
+
+
+def test_reads_keep_to_the_cpu_share_oldest_first_and_every_process_stays_exported() -> None:
+    node = {f"GPU-{g}": [1000 * (g + 1) + n for n in range(25)] for g in range(4)}  # 100 processes
+    collector, proc = _budgeted(cpu_share=0.02)  # 20 ms of CPU per second; a read costs 1 ms
+    _poll(collector, 0.0, node)
+    assert len(proc.read) == 100  # new processes are read at once
+    last_read: dict[int, float] = dict.fromkeys(proc.read, 0.0)
+    for second in range(1, 26):
+        proc.read.clear()
+        _poll(collector, float(second), node)
+        if second <= 5:  # the first poll's 100 ms are paid back first
+            assert proc.read == []
+        else:
+            assert 15 <= len(proc.read) <= 25, len(proc.read)  # about 20 per poll: 2% of a CPU
+        oldest = min(last_read.values())
+        assert all(last_read[pid] == oldest or second - last_read[pid] >= 4 for pid in proc.read)  # oldest first
+        last_read.update(dict.fromkeys(proc.read, float(second)))
+        text = collector.exposition.decode()
+        assert text.count("gpu_process_cpu_seconds_total{") == 100  # read or not, every process is exported
+        assert max(second - t for t in last_read.values()) <= (11 if second < 11 else 6)  # then about every 5 s
+    states = collector._counters[("GPU-0", 1000)].states
+    assert sum(states.values()) == pytest.approx(last_read[1000])  # the time between reads, none lost
+    proc.read.clear()
+    node["GPU-3"].append(9999)  # a new process is read at once, whatever the budget
+    _poll(collector, 21.0, node)
+    assert 9999 in proc.read
+
+
+def test_a_budget_that_covers_every_process_reads_each_at_every_poll_and_zero_means_no_budget() -> None:
+    node = {"GPU-0": list(range(100, 108))}
+    for share, cost in ((0.02, 0.0002), (0.0, 0.01)):  # 8 x 0.2 ms within 20 ms; no budget at 10 ms a read
+        collector, proc = _budgeted(cpu_share=share, cost=cost)
+        for second in range(5):
+            proc.read.clear()
+            _poll(collector, float(second), node)
+            assert sorted(proc.read) == node["GPU-0"]
+
+
+def test_no_process_waits_longer_than_max_age() -> None:
+    node = {"GPU-0": list(range(100, 400))}
+    collector, proc = _budgeted(cpu_share=0.001, cost=0.001)  # 1 read per second for 300 processes
+    last: dict[int, float] = {}
+    for second in range(int(MAX_AGE) + 10):
+        proc.read.clear()
+        _poll(collector, float(second), node)
+        last.update(dict.fromkeys(proc.read, float(second)))
+        assert all(second - t <= MAX_AGE for t in last.values())

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpu_exporter import collectors, sampling
 from gpu_exporter.collectors.base import PollingCollector
-from gpu_exporter.collectors.evidence import EvidenceCollector
+from gpu_exporter.collectors.evidence import CPU_SHARE, EvidenceCollector
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import Source
@@ -33,14 +33,16 @@ POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = tuple(collectors.pollin
 """The sampler's collectors, from the registry (gpu_exporter.collectors)."""
 
 
-def polling_collectors(disabled: set[str] | frozenset[str] = frozenset(), simulated: bool = False
-                       ) -> list[PollingCollector]:
+def polling_collectors(disabled: set[str] | frozenset[str] = frozenset(), simulated: bool = False,
+                       evidence_cpu_share: float = CPU_SHARE) -> list[PollingCollector]:
     """One instance of every enabled polling collector; on simulated GPUs the evidence collector does not
-    suggest hostPID for PIDs it cannot see (a scenario's PIDs need not exist on this node)."""
+    suggest hostPID for PIDs it cannot see (a scenario's PIDs need not exist on this node). The evidence
+    collector's /proc reads keep to ``evidence_cpu_share`` of one CPU (0: every process at every poll)."""
     polling = [cls() for cls in POLLING_COLLECTORS if cls.name not in disabled]
     for collector in polling:
         if isinstance(collector, EvidenceCollector):
             collector.hint_hidden = not simulated
+            collector.cpu_share = evidence_cpu_share
     return polling
 
 
@@ -56,7 +58,8 @@ class Exporter:
             self.simulated = simulate.install(config.simulate_scenario)
         self.nvml = Nvml()
         disabled = set(config.collectors_disabled)
-        polling = polling_collectors(disabled, simulated=self.simulated is not None)
+        polling = polling_collectors(disabled, simulated=self.simulated is not None,
+                                     evidence_cpu_share=config.evidence_cpu_share)
         self.sampler = Sampler(self.nvml, polling, poll_interval=config.poll_interval,
                                discovery_interval=config.discovery_interval)
         self.xid = XidCollector(self.nvml, lambda: self.sampler.gpus) if "xid" not in disabled else None

@@ -13,8 +13,18 @@ for storage. For every process NVML lists on a GPU (host PIDs), this collector r
   (``read_bytes`` of /proc/PID/io; page-cache hits are not counted);
 * ``gpu_process_main_thread_state_seconds_total{state}``: seconds the main thread was seen
   ``running`` (R: on a CPU or runnable), ``sleeping`` (S: waiting on a pipe, socket, lock,
-  queue or the GPU), ``disk`` (D: blocked on I/O) or ``other``; sampled at each poll, the time
-  since the previous poll is given to the state seen now.
+  queue or the GPU), ``disk`` (D: blocked on I/O) or ``other``; sampled at each read, the time
+  since the previous read of that process is given to the state seen now.
+
+Budget: reading a process costs about 0.1-0.2 ms of CPU (three to five /proc files), so a node
+with 512 GPU processes would spend 50-100 ms of every one-second poll here. The collector keeps
+to ``cpu_share`` of one CPU (``evidence.cpu_share``, default 2%): each poll it earns that share
+of the time since the previous poll and spends it reading the processes read longest ago (a
+process NVML lists for the first time is read at once). While the budget covers every process,
+every process is read at every poll; past it, each is read every few polls (512 processes at
+0.2 ms: about every 5 s), and its series keep their last values in between. No process waits
+longer than ``MAX_AGE`` seconds, whatever the budget. ``cpu_share`` 0 reads every process at
+every poll.
 
 Privileges: the PIDs are host PIDs, so the exporter must share the host PID namespace
 (``hostPID: true`` in the DaemonSet, ``--pid=host`` for a container). Without it no PID resolves
@@ -30,7 +40,10 @@ Stat(state='R', ppid=1, cpu_ticks=200, children_ticks=15)
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +57,13 @@ STATES = {"R": "running", "S": "sleeping", "D": "disk"}
 """/proc state letters and the ``state`` label value each gets; every other letter is ``other``."""
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 """Clock ticks per second of the CPU times in /proc/PID/stat."""
+CPU_SHARE = 0.02
+"""Default share of one CPU the /proc reads may take (config ``evidence.cpu_share``)."""
+MAX_AGE = 60.0
+"""Seconds after which a process is read whatever the budget (the rules' rates span 5 minutes)."""
+MAX_CREDIT_POLLS = 2.0
+"""Budget saved up is capped at this many polls' worth (polls of a second at least), so a quiet spell never
+buys a long poll."""
 
 
 @dataclass(frozen=True)
@@ -144,12 +164,13 @@ class ProcReader:
 
 
 class _Counters:
-    """Per-process state kept between polls: counters that never go down, state seconds."""
+    """Per-process state kept between reads: counters that never go down, state seconds, live children."""
 
-    __slots__ = ("children_cpu", "cpu", "polled_at", "read_bytes", "states")
+    __slots__ = ("children", "children_cpu", "cpu", "polled_at", "read_bytes", "states")
 
     def __init__(self, now: float) -> None:
         self.cpu = self.children_cpu = 0.0
+        self.children = 0
         self.read_bytes: float | None = None
         self.states = dict.fromkeys((*STATES.values(), "other"), 0.0)
         self.polled_at = now
@@ -158,6 +179,7 @@ class _Counters:
         # A child reaped between two reads moves from "live" to cutime; never let a counter step back.
         self.cpu = max(self.cpu, ev.cpu_seconds)
         self.children_cpu = max(self.children_cpu, ev.children_cpu_seconds)
+        self.children = ev.child_processes
         if ev.read_bytes is not None:
             self.read_bytes = max(self.read_bytes or 0.0, ev.read_bytes)
         self.states[ev.state] += max(0.0, now - self.polled_at)
@@ -171,19 +193,68 @@ class EvidenceCollector(PollingCollector):
     hint_hidden = True
     """Log once that a GPU process is outside this PID namespace (the app turns it off for simulated GPUs)."""
 
-    def __init__(self, proc: ProcReader | None = None) -> None:
+    def __init__(self, proc: ProcReader | None = None, cpu_share: float = CPU_SHARE,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         super().__init__()
         self.proc = proc or ProcReader()
+        self.cpu_share = cpu_share
+        self._cpu_clock = cpu_clock
         self._counters: dict[tuple[str, int], _Counters] = {}
+        self._read_at: dict[tuple[str, int], float] = {}
+        """When each listed process was last read (visible or not): the oldest are read first."""
+        self._due: set[tuple[str, int]] = set()
+        """The processes read this poll besides the new ones (chosen by :meth:`poll`)."""
+        self._credit = 0.0
+        """CPU seconds the budget still allows (negative: spent ahead)."""
+        self._cost = 0.0
+        """CPU seconds of one read, averaged (0 until the first read)."""
+        self._polled_at: float | None = None
+        self.reads = 0
+        """Processes read so far (each read is three to five /proc files)."""
         self._seen: set[tuple[str, int]] = set()
+        self._listed: set[tuple[str, int]] = set()
         self.processes: tuple[tuple[int, str, str], ...] = ()
         """(pid, gpu index, uuid) of the visible GPU processes of the latest poll (read by the phase sampler)."""
         self._polled: list[tuple[int, str, str]] = []
         self._hidden_logged = False
 
+    def reset(self) -> None:
+        proc, share, clock = self.proc, self.cpu_share, self._cpu_clock
+        type(self).__init__(self, proc, share, clock)
+
     def poll(self, ctx: PollContext) -> bool:
-        self._seen, self._polled = set(), []
+        self._seen, self._listed, self._polled = set(), set(), []
+        self._due = self._choose(ctx.now)
         return super().poll(ctx)
+
+    def _choose(self, now: float) -> set[tuple[str, int]]:
+        """The known processes to read this poll: all within budget, else the oldest reads the budget pays for."""
+        elapsed = 0.0 if self._polled_at is None else max(0.0, now - self._polled_at)
+        self._polled_at = now
+        known = self._read_at
+        if self.cpu_share <= 0 or not known:
+            return set(known)
+        cap = self.cpu_share * MAX_CREDIT_POLLS * max(elapsed, 1.0)
+        self._credit = min(self._credit + self.cpu_share * elapsed, cap)
+        if self._cost <= 0:
+            return set(known)
+        affordable = max(0, math.floor(self._credit / self._cost))
+        if affordable >= len(known):
+            return set(known)
+        oldest = sorted(known, key=known.__getitem__)
+        due = set(oldest[:affordable])
+        due.update(k for k in oldest[affordable:] if now - known[k] >= MAX_AGE)
+        return due
+
+    def _read(self, key: tuple[str, int], now: float) -> Evidence | None:
+        started = self._cpu_clock()
+        ev = self.proc.evidence(key[1])
+        cost = max(0.0, self._cpu_clock() - started)
+        self._credit -= cost
+        self._cost = cost if self.reads == 0 else 0.9 * self._cost + 0.1 * cost
+        self.reads += 1
+        self._read_at[key] = now
+        return ev
 
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
         pids = ctx.processes(gpu).keys()
@@ -195,21 +266,26 @@ class EvidenceCollector(PollingCollector):
         reads = out.of(catalog.GPU_PROCESS_READ_BYTES_TOTAL)
         states = out.of(catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL)
         for pid in sorted(pids):
-            ev = self.proc.evidence(pid)
-            if ev is None:
-                self._note_hidden(pid)
-                continue
             key = (gpu.uuid, pid)
+            self._listed.add(key)
             counters = self._counters.get(key)
-            if counters is None:
-                counters = self._counters[key] = _Counters(ctx.now)
-            counters.update(ev, ctx.now)
+            if key in self._due or key not in self._read_at:
+                ev = self._read(key, ctx.now)
+                if ev is None:
+                    self._counters.pop(key, None)
+                    self._note_hidden(pid)
+                    continue
+                if counters is None:
+                    counters = self._counters[key] = _Counters(ctx.now)
+                counters.update(ev, ctx.now)
+            elif counters is None:
+                continue  # not visible when last read
             self._seen.add(key)
             self._polled.append((pid, gpu.labels[0], gpu.uuid))
             labels = [*gpu.labels, str(pid)]
             cpu.add_metric(labels, counters.cpu)
             children_cpu.add_metric(labels, counters.children_cpu)
-            kids.add_metric(labels, ev.child_processes)
+            kids.add_metric(labels, counters.children)
             if counters.read_bytes is not None:
                 reads.add_metric(labels, counters.read_bytes)
             for state, seconds in counters.states.items():
@@ -225,4 +301,5 @@ class EvidenceCollector(PollingCollector):
 
     def finish_poll(self, ctx: PollContext) -> None:
         self._counters = {k: v for k, v in self._counters.items() if k in self._seen}
+        self._read_at = {k: v for k, v in self._read_at.items() if k in self._listed}
         self.processes = tuple(self._polled)
