@@ -44,7 +44,12 @@ def test_release_builds_the_library_alone_with_the_package_version_and_no_depend
         metadata = whl.read(f"gpu_utilization_exporter_training-{version}.dist-info/METADATA").decode()
     package = {n for n in names if not n.startswith("gpu_utilization_exporter_training-")}
     expected = {str(p.relative_to(SOURCE)) for pattern in release.TRAINING_FILES for p in SOURCE.glob(pattern)}
-    assert package == expected  # the library's files, every one of them, and nothing else
+    hook_name, hook_line = release.startup_hook()
+    assert package == expected | {hook_name}  # the library's files, every one of them, the startup hook, nothing else
+    assert hook_name == "gpu_exporter_training_auto.pth"
+    with zipfile.ZipFile(training) as whl:  # at the wheel's root: site-packages, where site runs .pth files
+        assert whl.read(hook_name).decode() == hook_line and hook_line.startswith("import os; ")
+    package -= {hook_name}
     assert "gpu_exporter/training/__init__.py" in package and "gpu_exporter/cli.py" not in package
     assert "Name: gpu-utilization-exporter-training" in metadata and f"Version: {version}" in metadata
     assert "Requires-Dist" not in metadata
@@ -72,6 +77,17 @@ def test_the_wheel_in_a_fresh_venv_pushes_an_instrumented_loop_to_a_real_exporte
     assert probe.returncode == 0, probe.stderr
     location, heavy = probe.stdout.strip().splitlines()
     assert Path(location).is_relative_to(env_dir) and heavy == "[]", probe.stdout
+    # The zero-code startup hook (gpu_exporter.training.auto): installed at site-packages' root; unset, a fresh
+    # interpreter imports nothing of the library; set, only the hook's module (torch absent: nothing to time).
+    assert list(env_dir.glob("lib/python*/site-packages/gpu_exporter_training_auto.pth"))
+    loaded = "import sys; print(sorted(m for m in sys.modules if m.startswith('gpu_exporter')))"
+    for switch, expected in ((None, "[]"), ("1", "['gpu_exporter', 'gpu_exporter.training', "
+                                                "'gpu_exporter.training.auto', 'gpu_exporter.training.protocol']")):
+        hook_env = {"PATH": "/usr/bin:/bin", **({"GPU_EXPORTER_AUTO": switch} if switch else {})}
+        started = subprocess.run([str(python), "-I", "-c", loaded], env=hook_env, capture_output=True, text=True,
+                                 timeout=60, cwd=tmp_path)
+        assert started.returncode == 0 and not started.stderr and started.stdout.strip() == expected, (
+            switch, started.stdout, started.stderr)
 
     uuid = "GPU-9ef2e72b-a881-44eb-cb9c-2ef2828e52b8"  # demo-training's GPU that follows a training job
     with run_exporter(["--simulate", "demo-training"]) as url:
