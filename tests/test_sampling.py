@@ -104,8 +104,21 @@ def _shares(before: dict[str, float], after: dict[str, float]) -> dict[str, floa
     return {p: v / total for p, v in delta.items()} if total > 0 else {}
 
 
+def _sampled_rules() -> dict[str, str]:
+    """The shipped rules shrunk 60-fold, but the phase-share window to 20 s only: the sampler moves its estimates
+    once per 5 s window."""
+    files = shipped_fast_rules()
+    recording = files["rules/gpu-recording.rules.yml"]
+    files["rules/gpu-recording.rules.yml"] = recording.replace("gpu_training_phase_seconds_total[5s]",
+                                                               "gpu_training_phase_seconds_total[20s]")
+    assert files["rules/gpu-recording.rules.yml"] != recording
+    return files
+
+
 @pytest.fixture(scope="module")
-def sampled_stack() -> Iterator[tuple[str, dict[str, int]]]:
+def sampled_stack() -> Iterator[tuple[str, dict[str, int], str]]:
+    """The loops, the exporter sampling them, and Prometheus with the rules of :func:`_sampled_rules` scraping it
+    from the start (so its alerts come due while the first test compares shares); yields (exporter, pids, prom)."""
     why = _pyspy_works()
     if why:
         pytest.skip(why)
@@ -124,8 +137,9 @@ def sampled_stack() -> Iterator[tuple[str, dict[str, int]]]:
             for name, p in loops.items()))
         try:
             with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.5", "--sampling.rate", "50"],
-                              env=channel, port=port) as exporter:
-                yield exporter, {name: p.pid for name, p in loops.items()}
+                              env=channel, port=port) as exporter, \
+                    run_prometheus(scrape_config(exporter, "sampled-node"), _sampled_rules()) as prom:
+                yield exporter, {name: p.pid for name, p in loops.items()}, prom
         except BaseException:
             for p in loops.values():
                 p.terminate()
@@ -139,8 +153,8 @@ def sampled_stack() -> Iterator[tuple[str, dict[str, int]]]:
 
 
 @pytest.mark.slow
-def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dict[str, int]]) -> None:
-    url, pids = sampled_stack
+def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dict[str, int], str]) -> None:
+    url, pids, _ = sampled_stack
     def started() -> bool:  # every loop reports (torch imported, steps running) and is sampled
         seen = _phase_seconds(url)
         return all(seen.get((f"GPU-e2e-{n}", ""), {}).get("compute", 0) > 0 and (f"GPU-s-{n}", "sampled") in seen
@@ -172,18 +186,11 @@ def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dic
 
 @pytest.mark.slow
 def test_sampled_phases_reach_the_rules_alerts_and_diagnose_from_prometheus(
-        sampled_stack: tuple[str, dict[str, int]]) -> None:
+        sampled_stack: tuple[str, dict[str, int], str]) -> None:
     """The shipped rules name the cause of a sampled run, keep source="sampled" on its series, fire the
-    cause alert; diagnose --prometheus-url says it is sampled. The rules' windows are shrunk 60-fold, but
-    the phase-share window to 20 s only: the sampler moves its estimates once per 5 s window."""
-    url, pids = sampled_stack
-    files = shipped_fast_rules()
-    recording = files["rules/gpu-recording.rules.yml"]
-    files["rules/gpu-recording.rules.yml"] = recording.replace("gpu_training_phase_seconds_total[5s]",
-                                                               "gpu_training_phase_seconds_total[20s]")
-    assert files["rules/gpu-recording.rules.yml"] != recording
-    with run_prometheus(scrape_config(url, "sampled-node"), files) as prom:
-        _from_prometheus(prom, f"pid-{pids['checkpoint']}")
+    cause alert; diagnose --prometheus-url says it is sampled (rules: :func:`_sampled_rules`)."""
+    _, pids, prom = sampled_stack
+    _from_prometheus(prom, f"pid-{pids['checkpoint']}")
 
 
 def _from_prometheus(prom: str, run_name: str) -> None:
