@@ -11,10 +11,12 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from servers import exporter_env, promql, wait_until
 from test_alerting_e2e import PROM, fast_rules
+from test_query import run_cli
 
 
 def shipped_fast_rules() -> dict[str, str]:
@@ -46,6 +48,18 @@ def wait_for_causes(prom: str, wanted: Mapping[str, set[tuple[str, str]]], secon
                   for r in promql(prom, "run:gpu_training_phase:share5m > 0.01")]
         util = [(r["metric"]["uuid"], r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")]
         raise AssertionError(f"{err}: firing {firing_causes(prom)}; shares {shares}; utilization {util}") from None
+
+
+def run_clis(calls: Sequence[Sequence[str]], timeout: float = 60.0) -> list[subprocess.CompletedProcess[str]]:
+    """``run_cli(*args)`` of each of ``calls`` at the same time, the results in the order of ``calls``.
+
+    ``diagnose --url URL --window W`` reads the exporter twice, W seconds apart, and spends the time between
+    asleep: run one after another, N of them take N x W; side by side, about W (each still reads its own two
+    readings over its own window)."""
+    if not calls:
+        return []
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return list(pool.map(lambda args: run_cli(*args, timeout=timeout), calls))
 
 
 def keep_output(variable: str, name: str, data: bytes | str) -> None:

@@ -43,9 +43,8 @@ from typing import Any
 
 import pytest
 from async_loops import PLANS
-from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules, wait_for_causes
+from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from servers import http_get, promql, run_exporter, run_prometheus, scrape_config
-from test_query import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -131,14 +130,19 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: St
     _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
 
     # diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules) agree.
+    # Every call at once (run_clis): each --url one still judges its own 5 s window.
     docs: dict[str, dict[str, Any]] = {}
-    for flag, source, extra in (("url", exporter, ["--window", "5s"]), ("prometheus", prom, [])):
-        option = "--url" if flag == "url" else "--prometheus-url"
-        result = run_cli("diagnose", option, source, *extra, "--output", "json")
+    runs = sorted({r for r, *_ in EXPECTED.values()})
+    sources = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
+    calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
+             for flag, source, extra in sources for tail in (["--output", "json"], *(["--run", r] for r in runs))]
+    results = iter(run_clis(calls))
+    for flag, _, _ in sources:
+        result = next(results)
         assert result.returncode == 1, result.stderr
         docs[flag] = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
-        for run in sorted({r for r, *_ in EXPECTED.values()}):
-            text = run_cli("diagnose", option, source, *extra, "--run", run)
+        for run in runs:
+            text = next(results)
             assert text.returncode == (0 if run == "healthy_item" else 1), text.stdout + text.stderr
             _keep(f"diagnose-{flag}-{run}.txt", text.stdout)
     for uuid, (run, verdict, title, _) in EXPECTED.items():
