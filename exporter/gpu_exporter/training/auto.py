@@ -65,6 +65,9 @@ _LIGHTNING_TRAINERS = {"lightning.pytorch.trainer.trainer": "lightning.pytorch",
 """The modules that define Lightning's ``Trainer``, and the package its callback class comes from."""
 _TRANSFORMERS_TRAINER = "transformers.trainer"
 _TORCH_OPTIMIZER = "torch.optim.optimizer"
+NARROW_AFTER = 2
+"""Optimizer steps after which the global forward hooks give way to hooks on the modules that opened ``compute``."""
+MAX_OPENERS = 16
 _WATCHED = ("torch", _TORCH_OPTIMIZER, _TRANSFORMERS_TRAINER, *_LIGHTNING_TRAINERS)
 
 
@@ -102,6 +105,10 @@ class _State:
         self.opener: Any = None
         """The module whose evaluation forward opened ``compute`` (closed at its end)."""
         self.module_hooks: list[Any] = []
+        self.openers: list[Any] = []
+        """The modules whose calls opened ``compute`` (the job's models), until the hooks are narrowed to them."""
+        self.narrow_after = NARROW_AFTER
+        self.narrowed = False
         self.lock = threading.Lock()
 
 
@@ -323,6 +330,9 @@ def _forward_pre(module: Any, args: Any) -> None:
     if current is compute or current is not run._other or threading.get_ident() != _state.thread:
         return  # inside compute already, or in data / checkpoint / communication (a transform, a save)
     compute.__enter__()
+    openers = _state.openers
+    if not _state.narrowed and len(openers) < MAX_OPENERS and not any(m is module for m in openers):
+        openers.append(module)
     torch = sys.modules["torch"]
     if not (torch.is_grad_enabled() and module.training):
         _state.opener = module  # an evaluation forward: compute for its own duration
@@ -374,8 +384,28 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if optimizer is _state.first_optimizer:
             run.step(samples=_state.pending_samples)
             _state.pending_samples = 0
+            if not _state.narrowed and run.steps >= _state.narrow_after and _state.openers:
+                _narrow()
     except Exception as err:
         _disable(err)
+
+
+def _narrow() -> None:
+    """Replace the global forward hooks with hooks on the modules that opened ``compute`` so far (the job's models).
+
+    A global hook makes every module call of the job take torch's slow path (about 5 µs a call measured on a
+    loaded 2-core machine: 5 ms per forward of a thousand modules); on the top modules alone it costs that once per
+    forward. A module that first runs after this (a model used only for evaluation later) is not timed.
+    """
+    state = _state
+    state.narrowed = True
+    hooks, state.module_hooks = state.module_hooks, []
+    for handle in hooks:
+        handle.remove()
+    for module in state.openers:
+        state.module_hooks.append(module.register_forward_pre_hook(_forward_pre))
+        state.module_hooks.append(module.register_forward_hook(_forward_post, always_call=True))
+    state.openers = []
 
 
 # ---------------------------------------------------------------------------------------------- frameworks
