@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the GPUs of this training run, judged by this run alone (its latest launch, with "
                              "a note on stderr when other launches of the name are live)")
     parser.add_argument("--run-id", dest="run_id", metavar="ID",
-                        help="only the GPUs of the launch with this run id (gpu_training_run_info{run_id})")
+                        help="only the GPUs of the launch with this run id (its run_id label)")
     parser.add_argument("-i", "--id", metavar="ID[,ID...]", help="only these GPUs (indexes or UUIDs)")
     parser.add_argument("--thresholds", metavar="FILE",
                         help="thresholds YAML to judge with (default: the copy packaged with gpu_exporter, "

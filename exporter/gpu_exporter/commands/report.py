@@ -717,7 +717,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the training run by name (its run label): its latest launch, with a note on stderr when "
                              "the name was used by several launches")
     parser.add_argument("--run-id", dest="run_id", metavar="ID",
-                        help="the training run by the run id of one launch (gpu_training_run_info{run_id})")
+                        help="the training run by the run id of one launch (its run_id label)")
     parser.add_argument("--from", dest="start", metavar="TIME",
                         help="start of the range (default: the run's start): --from=-8h, Unix seconds or ISO 8601")
     parser.add_argument("--to", dest="end", metavar="TIME", help="end of the range (default: the run's last push)")
