@@ -125,3 +125,29 @@ def test_jobs_started_with_only_the_variable_report_their_own_timers(tmp_path: P
     for job in ("plain", "launch"):
         assert table[job]["checkpoint"][1] > 0.02 and table[job]["data"][1] > 0.2, table
     assert table["lightning"]["metrics"][1] > 0.1, table
+
+
+def test_a_patch_that_fails_is_one_log_line_and_the_job_runs_on(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A framework whose Trainer looks different (no callback_handler), a torch without the optimizer hooks."""
+    import types
+
+    from gpu_exporter.training import transformers as integration
+
+    monkeypatch.setattr(integration, "_class", [type("GpuExporterCallback", (integration._Hooks,), {})])
+    monkeypatch.setattr(auto, "_state", auto._State())
+
+    class Trainer:  # a Transformers version this module does not know
+        def __init__(self, model: object, *, callbacks: object = None) -> None:
+            self.model = model
+
+    module = types.SimpleNamespace(Trainer=Trainer)
+    with caplog.at_level("WARNING", logger="gpu_exporter.training"):
+        auto._imported(auto._TRANSFORMERS_TRAINER, module)  # type: ignore[arg-type]
+        trainer = Trainer("model")
+        auto._imported(auto._TORCH_OPTIMIZER, types.SimpleNamespace())  # type: ignore[arg-type]
+    assert trainer.model == "model" and getattr(Trainer.__init__, "__wrapped__", None) is not None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "attaching the Transformers callback failed (AttributeError" in lines[0]
+    assert "patching torch.optim.optimizer failed" in lines[1] and "the job runs on without it" in lines[1]
