@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 from ddp_loops import PLANS
-from e2e import firing_causes, keep_output, running_jobs, shipped_fast_rules, wait_for_causes
+from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from prometheus_client.parser import text_string_to_metric_families
 from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config
 from test_query import run_cli
@@ -97,14 +97,18 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
     _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
 
     # diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules) agree.
+    # Every call at once (run_clis): each --url one still judges its own 5 s window.
     docs: dict[str, dict[str, Any]] = {}
-    for flag, source, extra in (("url", exporter, ["--window", "5s"]), ("prometheus", prom, [])):
-        option = "--url" if flag == "url" else "--prometheus-url"
-        result = run_cli("diagnose", option, source, *extra, "--output", "json")
+    sources = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
+    calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
+             for flag, source, extra in sources for tail in (["--output", "json"], *(["--run", j] for j in PLANS))]
+    results = iter(run_clis(calls))
+    for flag, _, _ in sources:
+        result = next(results)
         assert result.returncode == 1, result.stderr
         docs[flag] = json.loads(result.stdout)
         for job in PLANS:
-            text = run_cli("diagnose", option, source, *extra, "--run", job)
+            text = next(results)
             assert text.returncode == 1, text.stdout + text.stderr
             assert f"Run {job}: 2 of 2 ranks reporting" in text.stdout, text.stdout
             _keep(f"diagnose-{flag}-{job}.txt", text.stdout)

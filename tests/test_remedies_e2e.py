@@ -20,11 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e import keep_output, running_jobs, shipped_fast_rules
+from e2e import keep_output, run_clis, running_jobs, shipped_fast_rules
 from gpu_exporter.remedies import suggested_workers
 from gpu_exporter.training.context import cpu_cores
 from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
-from test_query import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +77,14 @@ def test_verdicts_carry_the_runs_own_numbers(stack: tuple[str, str]) -> None:
                    described["GpuBatchTooSmall"])
     assert m3 is not None and int(m3.group(1)) == 2 * int(m3.group(2)) >= 4, described["GpuBatchTooSmall"]
 
-    for flag, source, extra in (("url", exporter, ["--window", "5s"]), ("prometheus", prom, [])):
-        option = "--url" if flag == "url" else "--prometheus-url"
-        result = run_cli("diagnose", option, source, *extra, "--output", "json")
+    # Every call at once (run_clis): each --url one still judges its own 5 s window.
+    sources = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
+    calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
+             for flag, source, extra in sources
+             for tail in (["--output", "json"], ["--run", "mixed"], ["--run", "batch2"])]
+    results = iter(run_clis(calls))
+    for flag, _, _ in sources:
+        result = next(results)
         gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
         mixed, batch2 = gpus["GPU-e2e-mixed"]["verdict"], gpus["GPU-e2e-batch2"]["verdict"]
         assert mixed["code"] == "M1", mixed
@@ -89,4 +93,4 @@ def test_verdicts_carry_the_runs_own_numbers(stack: tuple[str, str]) -> None:
         assert batch2["code"] == "M3" and re.match(r"batch 2 uses 4\.0 of 80 GiB: try batch \d+ and scale the "
                                                    r"learning rate by \d+$", batch2["suggestion"]), batch2
         for loop in ("mixed", "batch2"):
-            _keep(f"diagnose-{flag}-{loop}.txt", run_cli("diagnose", option, source, *extra, "--run", loop).stdout)
+            _keep(f"diagnose-{flag}-{loop}.txt", next(results).stdout)
