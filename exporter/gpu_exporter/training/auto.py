@@ -122,13 +122,16 @@ class _Finder(importlib.abc.MetaPathFinder):
                   target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _WATCHED or fullname in _state.done:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        except Exception:  # let the import system ask the finders itself (and raise what it raises)
             return None
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
@@ -411,6 +414,20 @@ def _narrow() -> None:
 # ---------------------------------------------------------------------------------------------- frameworks
 
 
+def _stand_aside() -> None:
+    """A framework callback takes over: the global timers stop (a global run already open is closed)."""
+    state = _state
+    state.framework = True
+    hooks, state.module_hooks = state.module_hooks, []
+    for handle in hooks:
+        with contextlib.suppress(Exception):
+            handle.remove()
+    run, state.run = state.run, None
+    if run is not None:
+        with contextlib.suppress(Exception):
+            run.close()
+
+
 def _patch_init(cls: type, before: Callable[[dict[str, Any]], None] | None,
                 after: Callable[[Any], None] | None, label: str) -> None:
     """Wrap ``cls.__init__``: ``before(kwargs)`` or ``after(trainer)`` attaches the callback (a failure: one line)."""
@@ -445,7 +462,7 @@ def _patch_lightning(module: types.ModuleType, package: str) -> None:
         from . import lightning
 
         callback_type = lightning._callback_class(package)
-        _state.framework = True
+        _stand_aside()
         given = kwargs.get("callbacks")
         callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
         if not any(isinstance(c, lightning._Hooks) for c in callbacks):
@@ -461,7 +478,7 @@ def _patch_transformers(module: types.ModuleType) -> None:
         from . import transformers as integration
 
         callback_type = integration.GpuExporterCallback
-        _state.framework = True
+        _stand_aside()
         if not any(isinstance(c, integration._Hooks) for c in trainer.callback_handler.callbacks):
             trainer.add_callback(callback_type(_name()))
 
