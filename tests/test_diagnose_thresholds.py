@@ -49,8 +49,8 @@ def test_bad_thresholds_file_is_one_sentence(tmp_path: Path, change: tuple[str, 
 @pytest.mark.slow  # end-to-end: real processes
 def test_diagnose_judges_with_the_thresholds_file_it_is_given(tmp_path: Path) -> None:
     """``--thresholds FILE`` changes diagnose's verdicts (the packaged copy is only the default)."""
+    from e2e import run_clis
     from servers import run_exporter
-    from test_query import run_cli
 
     t = load_thresholds()
     assert (t.utilization_target, t.checkpoint_share, t.batch_busy_ratio) == (0.85, 0.2, 0.5)
@@ -63,8 +63,8 @@ def test_diagnose_judges_with_the_thresholds_file_it_is_given(tmp_path: Path) ->
                         .replace("constant: 0.97", "constant: 0.92").replace("constant: 0.96", "constant: 0.92"))
     assert scenario.read_text().count("constant: 0.92") == 2
     with run_exporter(["--simulate", str(scenario), "--poll-interval", "0.2"]) as url:
-        default = run_cli("diagnose", "--url", url, "--window", "5s")
-        custom = run_cli("diagnose", "--url", url, "--window", "5s", "--thresholds", str(stricter))
+        default, custom = run_clis([["diagnose", "--url", url, "--window", "5s"],  # side by side, each its window
+                                    ["diagnose", "--url", url, "--window", "5s", "--thresholds", str(stricter)]])
     assert default.returncode == 0, default.stdout + default.stderr
     assert custom.returncode == 1, custom.stdout + custom.stderr
     assert "  verdict      below target: not instrumented: " in custom.stdout

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e import keep_output, shipped_fast_rules
+from e2e import keep_output, run_clis, shipped_fast_rules
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.sampling import parse_raw, phase_of, pyspy_binary
 from prometheus_client.parser import text_string_to_metric_families
@@ -173,13 +173,14 @@ def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dic
             assert sampled.get(phase, 0.0) == pytest.approx(own.get(phase, 0.0), abs=0.1), (name, phase, own, sampled)
 
     # diagnose reads the sampled run like a reported one, judges it with the cause table and says it is sampled.
-    result = run_cli("diagnose", "--url", url, "--window", "6s", "--output", "json")
+    result, text_result = run_clis([["diagnose", "--url", url, "--window", "6s", "--output", "json"],
+                                    ["diagnose", "--url", url, "--window", "6s", "--id", "GPU-s-checkpoint"]])
     gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
     (run,) = gpus["GPU-s-checkpoint"]["runs"]
     assert run["run"] == f"pid-{pids['checkpoint']}" and run["source"] == "sampled" and run["live"], run
     verdict = gpus["GPU-s-checkpoint"]["verdict"]
     assert verdict["verdict"] == "checkpoint" and "sampled from the Python stack" in verdict["reason"], verdict
-    text = run_cli("diagnose", "--url", url, "--window", "6s", "--id", "GPU-s-checkpoint").stdout
+    text = text_result.stdout
     _keep("diagnose-checkpoint.txt", text)
     assert "[sampled from the Python stack]" in text, text
 
