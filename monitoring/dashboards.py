@@ -127,7 +127,7 @@ def fleet(cfg: Config) -> dash.Dashboard:
              .with_panel(table_panel(
                  "Underused GPUs: owner and likely cause",
                  f"GPUs below {pct} over the last 5 minutes, with their model, the pod or training run holding "
-                 "them, and the causes the cause engine found (run:gpu_training_cause:share: the share of time "
+                 f"them, and the causes the cause engine found ({m.RUN_TRAINING_CAUSE_SHARE.name}: the share of time "
                  "that explains it, and the utilization the GPU could reach without it; see docs/runbooks.md). "
                  "Click a GPU for its detail dashboard, a run for the training-run dashboard.",
                  [query(below, "", instant=True, table_format=True),
@@ -137,10 +137,10 @@ def fleet(cfg: Config) -> dash.Dashboard:
                         instant=True, table_format=True),
                   query(f"{cfg.sel(m.GPU_WORKLOAD_INFO.name, 'namespace', 'pod')} and {cfg.on('uuid')} {below}", "",
                         instant=True, table_format=True),
-                  query(f"max {cfg.by('uuid', 'code', 'remedy')} ({cfg.sel('run:gpu_training_cause:share')}) "
+                  query(f"max {cfg.by('uuid', 'code', 'remedy')} ({cfg.sel(m.RUN_TRAINING_CAUSE_SHARE.name)}) "
                         f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
                   query(f"max {cfg.by('uuid', 'code', 'remedy')} "
-                        f"({cfg.sel('run:gpu_training_cause:projected_utilization')}) and {cfg.on('uuid')} {below}",
+                        f"({cfg.sel(m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name)}) and {cfg.on('uuid')} {below}",
                         "", instant=True, table_format=True)],
                  unit="percentunit", w=24, h=10,
                  hide=("Value #B", "Value #D", "container"),
@@ -306,8 +306,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
     phase_share = (f"sum {cfg.by('phase')} (increase({sel(m.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)}[$__range])) "
                    f"/ ignoring (phase) group_left "
                    f"sum {cfg.by()} (increase({sel(m.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)}[$__range]))")
-    causes = cfg.sel("run:gpu_training_cause:share", "run")
-    projected = cfg.sel("run:gpu_training_cause:projected_utilization", "run")
+    causes = cfg.sel(m.RUN_TRAINING_CAUSE_SHARE.name, "run")
+    projected = cfg.sel(m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name, "run")
     cause_labels = cfg.by("uuid", "code", "cause", "remedy", "level", "straggler_rank")
     board = (board.with_row(dash.Row("Where the time goes"))
              .with_panel(timeseries(
@@ -333,7 +333,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                                    query(phase_share, "{{phase}}", instant=True)))
              .with_panel(table_panel(
                  "Likely causes",
-                 "The causes the cause engine finds for this run now (run:gpu_training_cause:share, from the "
+                 f"The causes the cause engine finds for this run now ({m.RUN_TRAINING_CAUSE_SHARE.name}, from the "
                  "same cause table as diagnose and the cause alerts): the share of time that explains it, and the "
                  "utilization the GPU could reach without it (an upper bound). Level low: the GPU is below "
                  f"{pct}; target: below the {cfg.num('utilization_target') * 100:g}% target. "
@@ -350,12 +350,12 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "Concrete remedies",
                  "What the run reports about itself (DataLoader workers, CPU cores, batch size) and the numbers "
                  "the formulas of docs/runbooks.md (Concrete remedies) suggest: M1 workers that keep up with "
-                 "compute (run:gpu_training_remedy:num_workers), M3 the batch its memory and GPU allow "
-                 "(run:gpu_training_remedy:batch_size). Empty where the run reports no DataLoader or memory.",
+                 f"compute ({m.RUN_TRAINING_REMEDY_NUM_WORKERS.name}), M3 the batch its memory and GPU allow "
+                 f"({m.RUN_TRAINING_REMEDY_BATCH_SIZE.name}). Empty where the run reports no DataLoader or memory.",
                  [query(f"max {cfg.by('rank')} ({sel(metric)})", "", instant=True, table_format=True)
                   for metric in (m.GPU_TRAINING_LOADER_WORKERS.name, m.GPU_TRAINING_CPU_CORES.name,
-                                 "run:gpu_training_remedy:num_workers", m.GPU_TRAINING_BATCH_SIZE.name,
-                                 "run:gpu_training_remedy:batch_size")],
+                                 m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, m.GPU_TRAINING_BATCH_SIZE.name,
+                                 m.RUN_TRAINING_REMEDY_BATCH_SIZE.name)],
                  w=8, order=("rank", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E"),
                  rename={"rank": "Rank", "Value #A": "Workers", "Value #B": "Cores", "Value #C": "Try workers",
                          "Value #D": "Batch", "Value #E": "Try batch"}))

@@ -33,13 +33,13 @@ UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{uti
 """GPUs below target on which no live training run reports (the sampled phases of sampling.py count as one)."""
 
 RATES = (
-    ("process:gpu_process_cpu:rate5m", f"rate({m.GPU_PROCESS_CPU_SECONDS_TOTAL.name}[5m])",
+    (m.PROCESS_CPU_RATE5M.name, f"rate({m.GPU_PROCESS_CPU_SECONDS_TOTAL.name}[5m])",
      "CPU cores used by each GPU process (1 = one whole core)."),
-    ("process:gpu_process_children_cpu:rate5m", f"rate({m.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL.name}[5m])",
+    (m.PROCESS_CHILDREN_CPU_RATE5M.name, f"rate({m.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL.name}[5m])",
      "CPU cores used by each GPU process's child processes (DataLoader workers)."),
-    ("process:gpu_process_read_bytes:rate5m", f"rate({m.GPU_PROCESS_READ_BYTES_TOTAL.name}[5m])",
+    (m.PROCESS_READ_BYTES_RATE5M.name, f"rate({m.GPU_PROCESS_READ_BYTES_TOTAL.name}[5m])",
      "Bytes per second each GPU process and its live children read from storage."),
-    ("process:gpu_process_main_thread_state:share5m",
+    (m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name,
      f"rate({m.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name}[5m])\n/ ignoring (state) group_left ()\n"
      f"(sum without (state) (rate({m.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name}[5m])) > 0)",
      "Share of the window the main thread of each GPU process was running, sleeping, in disk wait, other."),
@@ -49,12 +49,12 @@ RATES = (
 def _condition(hint: Hint) -> str:
     """PromQL of the hint on one process; the value is the reading that passes (as in find_hints)."""
     if hint.hint == STORAGE_WAIT:
-        return ('max without (state) (process:gpu_process_main_thread_state:share5m{state="disk"})'
+        return (f'max without (state) ({m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="disk"}})'
                 " > ${evidence_io_wait_share}")
     if hint.hint == MAIN_BUSY:
-        return ('max without (state) (process:gpu_process_main_thread_state:share5m{state="running"})'
+        return (f'max without (state) ({m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="running"}})'
                 f" >= ${{evidence_busy_core_ratio}}\nand\n{m.GPU_PROCESS_CHILD_PROCESSES.name} == 0")
-    return (f"process:gpu_process_children_cpu:rate5m\n/\n({m.GPU_PROCESS_CHILD_PROCESSES.name} > 0)\n"
+    return (f"{m.PROCESS_CHILDREN_CPU_RATE5M.name}\n/\n({m.GPU_PROCESS_CHILD_PROCESSES.name} > 0)\n"
             ">= ${evidence_busy_core_ratio}")
 
 
@@ -66,7 +66,7 @@ def evidence_records() -> list[Record]:
     rules = [Record(RECORDING, name, expr, comment=doc) for name, expr, doc in RATES]
     for hint in HINTS:
         expr = f"(\n{_indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{_indent(UNINSTRUMENTED, 2)}\n)\n"
-        rules.append(Record(RECORDING, "process:gpu_process_hint:value", expr,
+        rules.append(Record(RECORDING, m.PROCESS_HINT_VALUE.name, expr,
                             (("hint", hint.hint), ("code", hint.code)),
                             f"{hint.label}: {hint.finding.format(value='<value>')}."))
     return rules
@@ -100,7 +100,7 @@ def _evidence_alert(hint: Hint, lvl: str) -> Alert:
     the low line within alert_hold, as GpuUtilizationLow judges it) is a warning that replaces GpuUtilizationLow
     (prometheus/alertmanager.yml inhibits that for the GPU); ``target`` (the rest, up to the target) is info."""
     keep = "and" if lvl == LOW else "unless"
-    expr = (f'(\n    process:gpu_process_hint:value{{hint="{hint.hint}"}}\n  {keep} on ({C}, uuid)\n'
+    expr = (f'(\n    {m.PROCESS_HINT_VALUE.name}{{hint="{hint.hint}"}}\n  {keep} on ({C}, uuid)\n'
             f"    {HELD_LOW}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     description = (
@@ -122,7 +122,7 @@ def evidence_alerts() -> list[Alert]:
 def evidence_alert_group(model: Model) -> str:
     """The ``gpu-process-evidence.alerts`` group, written from the model's alerts."""
     return model.group_text(ALERTS, "Generated from gpu_exporter.verdict.causes.HINTS (monitoring/evidence.py); "
-                            "they read only process:gpu_process_hint:value.")
+                            f"they read only {m.PROCESS_HINT_VALUE.name}.")
 
 
 def _recording_groups(model: Model) -> str:

@@ -36,7 +36,7 @@ W = m.GPU_TRAINING_LOADER_WORKERS.name
 S = _share("data")
 NEED = (f"ceil(\n  (\n      ({W} >= {S})\n    or\n      {S}\n  )\n  / (1 - ({S} < 1))\n  - 1e-9\n)\n"
         f"or\n({S} >= 1) * 0 + Inf")
-NEEDED = "run:gpu_training_remedy:workers_needed"
+NEEDED = m.RUN_TRAINING_REMEDY_WORKERS_NEEDED.name
 AT_LEAST = f"({NEEDED} >= ({W} + 1))\nor\n({W} + 1)"
 SPARE = f"floor({m.GPU_TRAINING_CPU_CORES.name}) - 1"
 USED = (f"({m.GPU_TRAINING_ALLOCATOR_PEAK_BYTES.name} > 0)\nor\n({m.GPU_TRAINING_MEMORY_USED_BYTES.name} > 0)\nor\n"
@@ -51,15 +51,15 @@ FACTOR = f"2 ^ floor(log2(\n  (\n{_indent(K, 4)}\n  ) >= 2\n))"
 RULES = (
     (NEEDED, "M1: workers that keep up with compute: ceil(max(w, s) / (1 - s)); +Inf when all the time is data.",
      NEED),
-    ("run:gpu_training_remedy:num_workers",
+    (m.RUN_TRAINING_REMEDY_NUM_WORKERS.name,
      "M1: DataLoader workers that keep up with compute, one core left for the main process:\n"
      "min(floor(cores) - 1, max(w + 1, ceil(max(w, s) / (1 - s)))) (gpu_exporter.remedies).",
      _min(AT_LEAST, SPARE)),
-    ("run:gpu_training_remedy:batch_factor",
+    (m.RUN_TRAINING_REMEDY_BATCH_FACTOR.name,
      "M3: the power of two the batch can grow by: 2^floor(log2(min(remedy_memory_target_ratio * total /\n"
      "used, compute share / utilization))), where at least 2 (gpu_exporter.remedies).", FACTOR),
-    ("run:gpu_training_remedy:batch_size", "M3: the suggested batch size: the batch times that factor.",
-     f"({BATCH})\n* run:gpu_training_remedy:batch_factor"),
+    (m.RUN_TRAINING_REMEDY_BATCH_SIZE.name, "M3: the suggested batch size: the batch times that factor.",
+     f"({BATCH})\n* {m.RUN_TRAINING_REMEDY_BATCH_FACTOR.name}"),
 )
 
 
@@ -86,13 +86,13 @@ def annotation(cause: Cause) -> str:
     if cause.cause == "input_bound":
         pin = _query(m.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
         persistent = _query(m.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
-        more = _query("run:gpu_training_remedy:num_workers", f" > on (run, rank, uuid) {W}")
+        more = _query(m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on (run, rank, uuid) {W}")
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")
     if cause.cause == "batch_too_small":
-        batch = _query("run:gpu_training_remedy:batch_size")
-        factor = _query("run:gpu_training_remedy:batch_factor")
+        batch = _query(m.RUN_TRAINING_REMEDY_BATCH_SIZE.name)
+        factor = _query(m.RUN_TRAINING_REMEDY_BATCH_FACTOR.name)
         return (f"{{{{ with {batch} | query }}}}Its memory allows batch {{{{ . | first | value }}}}"
                 f"{{{{ with {factor} | query }}}} (scale the learning rate by {{{{ . | first | value }}}})"
                 "{{ end }}. {{ end }}")

@@ -158,7 +158,7 @@ def _condition(cause: Cause) -> str:
 
 
 CAUSE_RECORDING = "gpu-cause.recording"
-CAUSE_SHARE = "run:gpu_training_cause:share"
+CAUSE_SHARE = m.RUN_TRAINING_CAUSE_SHARE.name
 """The recording series of the causes: what the cause alerts, the projections and the dashboards read."""
 
 
@@ -177,7 +177,7 @@ def cause_records() -> list[Record]:
     phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER, COLLECTIVE))
     launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
     rules.append(Record(
-        CAUSE_RECORDING, "run:gpu_training_cause:projected_utilization",
+        CAUSE_RECORDING, m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name,
         f"clamp_max(\n    (\n        {USEFUL}\n      / on {RUN} group_right ()\n"
         f'        (1 - {CAUSE_SHARE}{{cause=~"{phase_causes}"}})\n    )\n  or\n'
         f"    (\n        {USEFUL}\n      + on {RUN} group_right ()\n"
@@ -201,7 +201,7 @@ def _projection(cause: Cause) -> str:
         return ""
     if cause.kind == STRAGGLER:
         return straggler.projection(cause)
-    query = ('printf "run:gpu_training_cause:projected_utilization{cause=%q,run=%q,rank=%q,uuid=%q}" '
+    query = (f'printf "{m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
              f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
     return (f"{{{{ with {query} | query }}}} If that were removed the GPU could reach at most"
             f" {{{{ . | first | value | humanizePercentage }}}} ({cause.hidden}).{{{{ end }}}}")

@@ -30,7 +30,7 @@ LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
 STEP = catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
 """Each rank's mean step time (recorded in prometheus/templates/gpu-recording.rules.yml.in)."""
-PROJECTED_STEP = "run:gpu_training_straggler:projected_step_seconds"
+PROJECTED_STEP = catalog.RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS.name
 """The run's step time if the straggler kept up, per waiting rank."""
 
 
@@ -60,7 +60,7 @@ def projected_step_rule(cause: Cause, c: str, group: str) -> Record:
     return Record(group, PROJECTED_STEP,
                   f"{STEP}\n* on ({c}, run, rank, uuid) group_right ()\n"
                   f"(1 - max by ({c}, run, rank, uuid, {LABEL}) "
-                  f'(run:gpu_training_cause:share{{cause="{cause.cause}"}}))\n',
+                  f'({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause="{cause.cause}"}}))\n',
                   comment=f"The run's step time if rank {LABEL} kept up: the waiting rank's step time without its "
                           "wait.")
 
@@ -77,7 +77,7 @@ def _said(cause: Cause) -> str:
 def what(cause: Cause) -> str:
     """The alert text: which rank this one waits for, how much, and the straggler's own cause."""
     run_wide = "|".join(c.cause for c in CAUSES if c.kind in RUN_WIDE)  # not the straggler's own cause
-    query = (f'printf "topk(1, max without (level) (run:gpu_training_cause:share{{run=%q,rank=%q,'
+    query = (f'printf "topk(1, max without (level) ({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{run=%q,rank=%q,'
              f'cause!~\\"{run_wide}\\"}}))" $labels.run $labels.{LABEL}')
     chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $c "{other.cause}" }}}}{_said(other)}'
                     for i, other in enumerate(c for c in CAUSES if c.kind not in RUN_WIDE))
@@ -91,7 +91,7 @@ def what(cause: Cause) -> str:
 
 def projection(cause: Cause) -> str:
     """The alert text of the projections: the GPU's utilization and the run's step time if the straggler kept up."""
-    util = ('printf "run:gpu_training_cause:projected_utilization{cause=%q,run=%q,rank=%q,uuid=%q}" '
+    util = (f'printf "{catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
             f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
     step = f'printf "{STEP}{{run=%q,rank=%q,uuid=%q}}" $labels.run $labels.rank $labels.uuid'
     projected = f'printf "{PROJECTED_STEP}{{run=%q,rank=%q,uuid=%q}}" $labels.run $labels.rank $labels.uuid'

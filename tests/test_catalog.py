@@ -9,7 +9,8 @@
   *.in), the generated rules, dashboards and Helm copies (YAML/JSON), status_page.js/html.
   A name assembled at run time from pieces (``f"gpu_memory_{attr}_bytes"``) is not caught.
 - No literal holds a name shaped like ours (``gpu_*_seconds`` ...) that the catalog lacks: a typo
-  or a family the exporter never emits.
+  or a family the exporter never emits. Likewise for a recorded series (``level:metric:operation``):
+  the catalog holds every series the shipped rules record, the generated ones included, and no other.
 - The scans can fail: they are run on planted snippets.
 - A real scrape of a simulated exporter (with a training run pushing) has every family in the
   catalog with the same HELP text and type, and docs/metrics.md lists the catalog's type, unit
@@ -139,10 +140,41 @@ def test_catalog_names_are_unique_and_well_formed() -> None:
         catalog.family("gpu_nope")
 
 
+RECORD = re.compile(r"^\s*- record: (\S+)$", re.MULTILINE)
+
+
 def test_recorded_series_are_the_shipped_recording_rules() -> None:
-    template = (ROOT / "prometheus" / "templates" / "gpu-recording.rules.yml.in").read_text()
-    shipped = set(re.findall(r"^\s*- record: (\S+)$", template, re.MULTILINE))
-    assert {s.name for s in catalog.RECORDED} == shipped
+    """The template's series are the catalog's hand-written ones; the generated rules record the rest, and only those."""
+    template = set(RECORD.findall((ROOT / "prometheus" / "templates" / "gpu-recording.rules.yml.in").read_text()))
+    shipped = {name for path in sorted((ROOT / "prometheus" / "rules").glob("*.rules.yml"))
+               for name in RECORD.findall(path.read_text())}
+    assert {s.name for s in catalog.RECORDED if not s.generated} == template
+    assert {s.name for s in catalog.RECORDED if s.generated} == shipped - template
+    assert len(catalog.RECORDED) >= 27  # 15 hand-written, 12 generated (causes, projections, evidence, remedies)
+
+
+RECORDED_SHAPE = re.compile(r"(?<![A-Za-z0-9_:])[a-z]+:[a-z0-9_]+:[a-z0-9_]+(?![A-Za-z0-9_])")
+"""A literal shaped like a recorded series (``level:metric:operation``), catalogued or not."""
+
+
+def unrecorded(source: str) -> list[tuple[int, str]]:
+    """(line, name) of recorded-series-shaped literals that name no catalogued series (a typo, or a series that no
+    catalogued rule records)."""
+    return [(line, name) for line, name in literal_names(source, RECORDED_SHAPE) if name not in catalog.names()]
+
+
+def test_unrecorded_scan_finds_planted_names() -> None:
+    snippet = ('A = "run:gpu_training_cause:shares"\nB = f"max({\'x\'}) (process:gpu_process_hint:valu{{hint=1}})"\n'
+               'C = "run:gpu_training_cause:share"\nD = "https://example.com:9090/a"\nE = "not:a_name"\n'
+               '"""run:gpu_training_typo:share in a docstring is documentation."""\n')
+    assert unrecorded(snippet) == [(1, "run:gpu_training_cause:shares"), (2, "process:gpu_process_hint:valu")]
+
+
+def test_no_uncatalogued_recorded_series() -> None:
+    """Every recorded-series name a literal holds is in the catalog (where the literal scan above then forbids it)."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {name}" for base in SCANNED for path in sorted(base.rglob("*.py"))
+                 if path != CATALOG_FILE for line, name in unrecorded(path.read_text())]
+    assert not offenders, "recorded series that are not in gpu_exporter.catalog:\n  " + "\n  ".join(offenders)
 
 
 DOC_ROW = re.compile(r"^\| ((?:gpu|process)_[a-z0-9_]+) \| (gauge|counter) \| ([^|]*) \|([^|]*)\|")

@@ -85,9 +85,9 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "") -> Readings:
     readings.step_seconds = keys.per_run(prom.query(catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name))
     readings.live = _live(fleet)
     projected = {(*keys.run(labels), labels.get("cause", "")): value for labels, value in
-                 prom.query("run:gpu_training_cause:projected_utilization")}
+                 prom.query(catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name)}
     readings.findings = {}
-    for labels, value in prom.query("run:gpu_training_cause:share"):
+    for labels, value in prom.query(catalog.RUN_TRAINING_CAUSE_SHARE.name):
         cause = BY_ID.get(labels.get("cause", ""))
         if cause is None or labels.get("level") not in BY_LEVEL:
             continue

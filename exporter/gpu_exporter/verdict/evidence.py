@@ -90,14 +90,14 @@ def from_series(query: Callable[[str], list[tuple[Labels, float]]]
 
     ``query`` answers a PromQL expression with (labels, value) pairs (Prometheus' instant query).
     """
-    signals = _signals(_by_key(query("process:gpu_process_cpu:rate5m")),
-                       _by_key(query("process:gpu_process_children_cpu:rate5m")),
+    signals = _signals(_by_key(query(catalog.PROCESS_CPU_RATE5M.name)),
+                       _by_key(query(catalog.PROCESS_CHILDREN_CPU_RATE5M.name)),
                        _by_key(query(catalog.GPU_PROCESS_CHILD_PROCESSES.name)),
-                       _by_key(query("process:gpu_process_read_bytes:rate5m")),
-                       _states(query("process:gpu_process_main_thread_state:share5m")),
+                       _by_key(query(catalog.PROCESS_READ_BYTES_RATE5M.name)),
+                       _states(query(catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name)),
                        _names(query(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
     hints: dict[Key, list[tuple[Hint, float]]] = {}
-    for labels, value in query("process:gpu_process_hint:value"):
+    for labels, value in query(catalog.PROCESS_HINT_VALUE.name):
         hint = HINTS_BY_ID.get(labels.get("hint", ""))
         if hint is not None:
             hints.setdefault(_key(labels), []).append((hint, value))

@@ -213,7 +213,8 @@ def _cause_row(cause: Cause) -> Row:
 
     return Row(cause.cause, cause.cause, cause.label,
                f"the biggest finding of a live run on the GPU (allocator first) is {cause.label}", cause.keys, BELOW,
-               cause.advice, cause.anchor, f"{cause.alert} (run:gpu_training_cause:share{{cause=\"{cause.cause}\"}})",
+               cause.advice, cause.anchor,
+               f"{cause.alert} ({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause=\"{cause.cause}\"}})",
                holds, _cause)
 
 
@@ -236,7 +237,7 @@ LADDER: tuple[Row, ...] = (
         "no live run reports, and the processes' /proc evidence passes a row of HINTS",
         tuple(dict.fromkeys(k for h in HINTS for k in h.keys)), BELOW,
         f"Instrument it to confirm:\n{INSTRUMENT_SNIPPET}", EVIDENCE_ALERT.lower(),
-        f"{EVIDENCE_ALERT} (process:gpu_process_hint:value)",
+        f"{EVIDENCE_ALERT} ({catalog.PROCESS_HINT_VALUE.name})",
         lambda f, t: not f.live and bool(f.view.evidence_hint), _hinted),
     Row("idle_but_allocated", "idle_but_allocated", "idle but allocated",
         "utilization below idle_utilization_threshold while work holds the GPU", ("idle_utilization_threshold",),
@@ -255,7 +256,8 @@ LADDER: tuple[Row, ...] = (
         ("utilization_low_threshold", "utilization_target"), BELOW,
         "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
         "inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow",
-        "GpuUtilizationLow / GpuUtilizationBelowTarget with a run label and no run:gpu_training_cause:share",
+        "GpuUtilizationLow / GpuUtilizationBelowTarget with a run label and no "
+        f"{catalog.RUN_TRAINING_CAUSE_SHARE.name}",
         lambda f, t: True, _underutilized, BELOW_TARGET_ANCHOR),
 )
 """Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""
