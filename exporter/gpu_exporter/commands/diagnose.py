@@ -6,8 +6,8 @@ table: ``gpu:gpu_utilization:avg5m``, ``gpu:gpu_has_work:bool``, ``run:gpu_train
 ``run:gpu_training_cause:share`` and ``run:gpu_training_cause:projected_utilization``), joins the
 live training runs on each GPU by ``uuid``, and gives each GPU one verdict. The verdicts, in
 the order they are tried, are the rows of the ladder table
-(:data:`gpu_exporter.verdict.ladder.LADDER`: healthy, a cause with its projection, idle but
-allocated, not instrumented, underutilized / below target, unused, unknown).
+(:data:`gpu_exporter.verdict.ladder.LADDER`: unknown, healthy, unused, a cause with its projection,
+not instrumented with /proc evidence, idle but allocated, not instrumented, underutilized).
 
 This module is only the command line: the sources (:mod:`gpu_exporter.verdict.readings` for
 an exporter, :mod:`gpu_exporter.commands.diagnose_sources` for Prometheus), the join
