@@ -187,7 +187,7 @@ def _plus(stamp: str, seconds: float) -> str:
 
 
 def test_a_reused_name_reports_each_launch_alone(stack: tuple[str, str, Path]) -> None:
-    """Issue 28: two launches of one name on one GPU and rank, one right after the other, the second 70% data.
+    """Issue 28: two 6 s launches of one name on one GPU and rank, one right after the other, the second 70% data.
     Each report (by run id; by name: the latest, with a note) covers that launch only: its own range, wall time
     within 2% of its own timers, its own data share, one GPU. Before run ids, the second one's report subtracted
     the first one's final totals and read wall 14.0 s, data 100% for a 20.1 s run at 70% data."""
@@ -195,7 +195,7 @@ def test_a_reused_name_reports_each_launch_alone(stack: tuple[str, str, Path]) -
     uuid, own = GPUS[1], []
     for i, share in enumerate((0.2, 0.7)):
         out = tmp / f"reused{i}.json"
-        loop = subprocess.run([sys.executable, str(REUSED), "nightly", exporter, uuid, "5", str(share), str(out)],
+        loop = subprocess.run([sys.executable, str(REUSED), "nightly", exporter, uuid, "6", str(share), str(out)],
                               env=exporter_env(), capture_output=True, text=True, timeout=60, check=False)
         assert loop.returncode == 0, loop.stderr[-2000:]
         timers = json.loads(out.read_text())
@@ -223,6 +223,8 @@ def test_a_reused_name_reports_each_launch_alone(stack: tuple[str, str, Path]) -
     assert by_name.stderr == (f"gpu-exporter: note: run name 'nightly' was reused by 2 launches in the last 30d; this "
                               f"is the latest, run id {own[1]['run_id']} (started {second['start']}); earlier: "
                               f"{own[0]['run_id']} ({first['start']}): pick one with --run-id\n")
+    _keep("reused-name.json", json.dumps({"timers": own, "reports": [first, second], "note": by_name.stderr},
+                                         indent=2))
 
 
 def test_diagnose_judges_the_latest_launch_of_a_name(stack: tuple[str, str, Path]) -> None:

@@ -322,12 +322,17 @@ def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, 
     return replace(launch, end=end), _launch_totals(prom, launch, now)
 
 
-def _launch_totals(prom: Prometheus, launch: Launch, at: float) -> Totals:
-    """The phase seconds of ``launch``'s ranks in their last sample up to ``at`` (none before it began)."""
+def _launch_totals(prom: Prometheus, launch: Launch, at: float, final: bool = True) -> Totals:
+    """The phase seconds of ``launch``'s ranks in their last sample up to ``at`` (none before it began).
+
+    ``final``: its last sample at all (a subquery over its life: the next launch may have replaced it
+    by ``at``); else the sample current at ``at``, a time within the launch (an instant query, exact)."""
     out: Totals = {}
     if at <= launch.start:
         return out
-    for labels, value in launch.last(prom, f"{_PHASES}{{run={_quote(launch.run)}}}", at):
+    phases = f"{_PHASES}{{run={_quote(launch.run)}}}"
+    found = launch.last(prom, phases, at) if final else _at(prom, at, launch.only(phases))
+    for labels, value in found:
         out.setdefault(_key(labels), {})[labels.get("phase", "other")] = value
     return out
 
@@ -339,8 +344,8 @@ def _deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str,
     With ``launch``, only that launch's own samples count (its counters start at 0: nothing of an
     earlier launch of the name is subtracted)."""
     if launch is not None:
-        after = final if final is not None else _launch_totals(prom, launch, end)
-        before = _launch_totals(prom, launch, start) if start < end else {}
+        after = final if final is not None else _launch_totals(prom, launch, end, final=False)
+        before = _launch_totals(prom, launch, start, final=False) if start < end else {}
         return {key: {p: max(v - before.get(key, {}).get(p, 0.0), 0.0) for p, v in phases.items()}
                 for key, phases in after.items()}
     after = final if final is not None else _phase_totals(prom, end, run, promql_duration(max(end - start, 1.0)))
