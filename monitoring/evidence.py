@@ -12,7 +12,7 @@ The alert ``GpuUninstrumentedInputBound`` reads that series at two levels, like 
 GPU, so the one warning an operator gets for an uninstrumented job carries the /proc evidence and the
 real utilization; between that line and the target it is *info* (``level="target"``) and replaces
 GpuUtilizationBelowTarget. ``gpu_exporter.verdict.causes.find_hints`` is the same logic in Python
-(tests/test_evidence_rules.py runs both on the same cases).
+(tests/test_evidence.py, ``test_promql_hints_equal_find_hints``, runs both on the same cases).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 ``run:gpu_training_remedy:batch_factor`` (M3) are the formulas of gpu_exporter.remedies, computed
 from the gpu_training_* context gauges the library reports; :func:`annotation` is the sentence a
 cause alert's description gets from them (monitoring.rules puts it before the cause's advice).
-prometheus/tests/remedies.test.yml checks the rules against the Python formulas' results.
+tests/test_remedies.py (``test_promql_remedies_equal_the_python_formulas``) checks the rules against the
+Python formulas' results with promtool.
 """
 
 from __future__ import annotations

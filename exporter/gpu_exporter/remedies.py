@@ -4,9 +4,10 @@ The training library sends a ``context`` object with each snapshot (training/con
 DataLoader's settings, the CPU cores the process may use, its GPU memory. :func:`parse_context`
 validates it at ingest, :func:`context_families` exports it as gpu_training_* gauges, and the
 formulas below (written down in docs/runbooks.md, "Concrete remedies") turn it into a suggestion
-for the cause that applies. ``monitoring/evidence.py`` writes the same formulas in PromQL
+for the cause that applies. ``monitoring/remedies.py`` writes the same formulas in PromQL
 (``run:gpu_training_remedy:num_workers``, ``run:gpu_training_remedy:batch_size``) for the alerts
-and the dashboard; prometheus/tests/remedies.test.yml checks they agree with these.
+and the dashboard; tests/test_remedies.py (``test_promql_remedies_equal_the_python_formulas``,
+promtool) checks they agree with these.
 
 M1 (input-bound, data share ``s``, ``w`` workers, ``C`` cores)::
 

@@ -7,9 +7,9 @@ communication-bound cause CM of :mod:`gpu_exporter.verdict.causes` compare), the
 cause in words for the waiting ranks' verdicts, and a table of the run's ranks (rank, node, GPU,
 phases, verdict) with the run's step time and the step time if the straggler kept up. Example::
 
-    comm = communication_by_run(views)                 # {"ddp": {"0": 0.71, "1": 0.02}}
-    views = name_straggler_causes(views, utilization)  # fills Finding.straggler_cause
-    for run in distributed_runs(results): ...
+    comm = communication_by_run(run_views)          # {"ddp": {"0": 0.71, "1": 0.02}}
+    views = name_straggler_causes(views)            # fills Finding.straggler_cause
+    for run in distributed_runs(judged_views): ...  # judged_views: (GpuView, Verdict) pairs
 """
 
 from __future__ import annotations
