@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_PATHS = ("/healthz", "/readyz")
 PAGE_PATHS = ("/", "/api/v1/status")
-"""The live status page and its JSON (``/`` and status_page.STATUS_PATH), named here so the page loads only when asked."""
+"""The status page and its JSON (``/``, status_page.STATUS_PATH), named here so the page loads only when asked."""
 REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "too_large", "open_files")
 """Every value of the ``reason`` label of gpu_exporter_http_rejected_total."""
 LOG_EVERY_SECONDS = 10.0
