@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gpu_exporter.thresholds import read_thresholds_file
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"
@@ -95,7 +96,7 @@ def test_rules_files_are_generated_from_thresholds() -> None:
 
 def test_threshold_values_reach_the_rules() -> None:
     gen = load_generator()
-    values = gen.load_thresholds()
+    values = read_thresholds_file()
     assert values.text("utilization_low_threshold") == "0.3"
     changed = values.with_values(utilization_low_threshold=0.42, utilization_low_for="17m")
     text = "".join(gen.generate(changed).values())
@@ -109,7 +110,7 @@ def test_threshold_values_reach_the_rules() -> None:
 
 def test_generator_rejects_unknown_and_unused_keys() -> None:
     gen = load_generator()
-    values = gen.load_thresholds()
+    values = read_thresholds_file()
     with pytest.raises(KeyError, match="unknown threshold"):
         gen.render("x > ${nope}", values, source="t.in")
     with pytest.raises(ValueError, match="unknown threshold 'never_used'"):
@@ -119,11 +120,10 @@ def test_generator_rejects_unknown_and_unused_keys() -> None:
 
 
 def test_bad_thresholds_file_is_one_clear_error(tmp_path: Path) -> None:
-    gen = load_generator()
     bad = tmp_path / "thresholds.yml"
     bad.write_text("utilization_low_threshold: [0.3]\n")
     with pytest.raises(ValueError, match=r"thresholds.yml:1: utilization_low_threshold must be a number, got \[0.3\]$"):
-        gen.load_thresholds(bad)
+        read_thresholds_file(bad)
 
 
 def test_recording_rules_follow_naming_and_contract() -> None:
@@ -230,7 +230,7 @@ def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -
 
 def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:
     gen = load_generator()
-    values = gen.load_thresholds().with_values(cluster_label="region",
+    values = read_thresholds_file().with_values(cluster_label="region",
                                                runbook_url_pattern="https://wiki.example.com/gpu/{anchor}")
     text = "".join(gen.generate(values).values())
     assert "runbook_url: https://wiki.example.com/gpu/gpuutilizationlow" in text

@@ -25,7 +25,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -177,7 +177,3 @@ class StatusPage:
             return self.json(), "application/json"
         return self.html(), "text/html; charset=utf-8"
 
-
-def paths() -> Sequence[str]:
-    """The routes this module answers."""
-    return ("/", STATUS_PATH)

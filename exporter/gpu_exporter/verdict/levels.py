@@ -44,12 +44,12 @@ OK = "ok"
 
 @dataclass(frozen=True)
 class Level:
-    """One level: utilization below the thresholds.yml value of ``key`` (and at or above the previous level's)."""
+    """One level: utilization below the thresholds.yml value of ``key`` (and at or above the previous level's);
+    ``severity``: that of the cause alerts (and the evidence alert) at this level."""
 
     level: str
     key: str
     severity: str
-    meaning: str
 
     def below(self, t: Thresholds) -> float:
         """The utilization under which this level applies."""
@@ -59,8 +59,8 @@ class Level:
 
 
 LEVELS: tuple[Level, ...] = (
-    Level(LOW, "utilization_low_threshold", "warning", "below the low line: warning alerts name the cause"),
-    Level(TARGET, "utilization_target", "info", "above the low line, below the target: one info alert"),
+    Level(LOW, "utilization_low_threshold", "warning"),  # below the low line: warning alerts name the cause
+    Level(TARGET, "utilization_target", "info"),  # above the low line, below the target: one info alert
 )
 """The levels, lowest first. A utilization matches the first level whose line it is below."""
 

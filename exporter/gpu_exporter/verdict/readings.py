@@ -9,7 +9,7 @@ from a fleet and keys GPUs by cluster as the rules do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpu_exporter import catalog, remedies
@@ -139,6 +139,3 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     readings.sampled = keys.sampled(cur.series(catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name))
     return readings
 
-
-Query = Callable[[str], Pairs]
-"""A PromQL instant query answering (labels, value) pairs."""
