@@ -161,7 +161,8 @@ CAUSES: tuple[Cause, ...] = (
                  "fp16_compress_hook), and use a faster interconnect (NVLink, InfiniBand; NCCL_DEBUG=INFO shows "
                  "which one NCCL picked, NCCL_IB_HCA / NCCL_SOCKET_IFNAME choose it)."),
 )
-"""Every cause, in the order diagnose breaks ties (the allocator first: it also explains the others)."""
+"""Every cause, in the order the generated rules and alerts list them. Findings are ranked by :func:`cause_order`
+(the allocator first: it also explains the others; then the biggest); equal ones keep this order."""
 
 BY_ID: dict[str, Cause] = {c.cause: c for c in CAUSES}
 
