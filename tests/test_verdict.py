@@ -6,10 +6,14 @@ Prometheus (a dict of PromQL expression -> samples) through diagnose's real sour
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
+from gpu_exporter import catalog
 from gpu_exporter.commands.diagnose_sources import from_prometheus, from_prometheus_window
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.causes import CAUSES
@@ -19,6 +23,7 @@ from gpu_exporter.verdict.levels import LEVELS, describe
 from servers import exporter_env
 
 T = load_thresholds()
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import sys
@@ -51,6 +56,46 @@ def test_the_ladder_has_every_verdict_once_and_every_cause_as_a_row() -> None:
         assert row.promql, row.row
     assert [d["level"] for d in describe(T)] == [lv.level for lv in LEVELS]
     assert [d["below"] for d in describe(T)] == [T.utilization_low_threshold, T.utilization_target]
+
+
+def _shipped_rules() -> tuple[dict[str, list[str]], dict[str, list[dict[str, str]]]]:
+    """alert name -> its expressions, recorded series -> the labels of each of its rules (prometheus/rules)."""
+    alerts: dict[str, list[str]] = {}
+    records: dict[str, list[dict[str, str]]] = {}
+    for path in sorted((ROOT / "prometheus" / "rules").glob("*.rules.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    alerts.setdefault(rule["alert"], []).append(rule["expr"])
+                else:
+                    records.setdefault(rule["record"], []).append(rule.get("labels", {}))
+    return alerts, records
+
+
+def test_every_rows_promql_names_the_shipped_rules_that_express_it() -> None:
+    """Row.promql names alerts and series of the generated rules: each exists, a cause row's alert reads its
+    cause's share series (recorded with that cause label), and the row's runbook anchor is a runbooks section."""
+    alerts, records = _shipped_rules()
+    sections = {line[3:].strip().lower() for line in (ROOT / "docs" / "runbooks.md").read_text().splitlines()
+                if line.startswith("## ")}
+    causes = {c.cause: c for c in CAUSES}
+    for row in LADDER:
+        named_alerts = re.findall(r"\bGpu[A-Z]\w+", row.promql)
+        named_series = re.findall(r"\b[a-z]+:[a-z0-9_]+:[a-z0-9_]+\b", row.promql)
+        assert named_alerts or named_series, (row.row, row.promql)
+        for alert in named_alerts:
+            assert alert in alerts, (row.row, alert)
+        for series in named_series:
+            assert series in records, (row.row, series)
+        if row.anchor:
+            assert row.anchor in sections, (row.row, row.anchor)
+        if row.row in causes:
+            cause = causes[row.row]
+            selector = f'{catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause="{cause.cause}"}}'
+            assert named_alerts == [cause.alert] and selector in row.promql, (row.row, row.promql)
+            assert any(selector in expr for expr in alerts[cause.alert]), (row.row, alerts[cause.alert])
+            assert {lv.level for lv in LEVELS} == {labels["level"] for labels in records[named_series[0]]
+                                                   if labels.get("cause") == cause.cause}, row.row
 
 
 class FakePrometheus:
