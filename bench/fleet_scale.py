@@ -34,11 +34,10 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -61,8 +60,9 @@ SERIES_PER_GPU_BUDGET = 80.0
 """Budget: series stored per GPU (exporter series, scrape series and recording-rule results) on
 the simulated mix (docs/fleet.md)."""
 TARGET_GPUS = 10_000
-DCGM_DEFAULT_FIELDS = 37
-"""Fields in dcgm-exporter's default-counters.csv (docs/fleet.md says which): one series per GPU each."""
+DCGM_DEFAULT_FIELDS = 25
+"""Metric fields in dcgm-exporter's etc/default-counters.csv (main, 2026-05: 26 entries, one of them,
+DCGM_FI_DRIVER_VERSION, a label): one series per GPU each (docs/fleet.md)."""
 
 
 @dataclass
@@ -84,7 +84,10 @@ class Figures:
     recorded_other_series: float = 0.0
     alert_series: float = 0.0
     groups: dict[str, list[float]] = field(default_factory=dict)
-    """{group: last durations sampled, one per evaluation}"""
+    """{group: its evaluations' durations, after the warm-up}"""
+    startup_groups: dict[str, list[float]] = field(default_factory=dict)
+    """{group: its evaluations' durations during the warm-up, while the 5m and 10m windows fill (rates
+    read low, so every GPU is pending in GpuUtilizationLow)}"""
     intervals: dict[str, float] = field(default_factory=dict)
     missed: float = 0.0
     rss_bytes: float = 0.0
@@ -94,6 +97,8 @@ class Figures:
     diagnose_seconds: float = 0.0
     diagnose_status: int = 0
     simulator_cpu_seconds: float = 0.0
+    slowest_rules: list[tuple[float, str, str]] = field(default_factory=list)
+    """(seconds of its last evaluation, group, rule name): the slowest rules"""
 
     @property
     def series_per_gpu(self) -> float:
@@ -118,13 +123,34 @@ def _group_of(head: str) -> str:
     return match.group(1) if match else head
 
 
-def rule_groups(url: str) -> tuple[dict[str, float], dict[str, float], float]:
-    """({group: last duration}, {group: interval}, evaluations missed in all) from Prometheus' /metrics."""
+def rule_groups(url: str) -> tuple[dict[str, tuple[float, float]], dict[str, float], float]:
+    """({group: (last evaluation's timestamp, its duration)}, {group: interval}, evaluations missed in all)
+    from a Prometheus' own /metrics."""
     text = _metrics(url)
-    durations = {_group_of(h): v for h, v in _metric_values(text, "prometheus_rule_group_last_duration_seconds")}
+    stamps = {_group_of(h): v
+              for h, v in _metric_values(text, "prometheus_rule_group_last_evaluation_timestamp_seconds")}
+    durations = {_group_of(h): (stamps.get(_group_of(h), 0.0), v)
+                 for h, v in _metric_values(text, "prometheus_rule_group_last_duration_seconds")}
     intervals = {_group_of(h): v for h, v in _metric_values(text, "prometheus_rule_group_interval_seconds")}
     missed = sum(v for _, v in _metric_values(text, "prometheus_rule_group_iterations_missed_total"))
     return durations, intervals, missed
+
+
+def sample_rule_groups(url: str, seconds: float, every: float,
+                       into: dict[str, list[float]]) -> tuple[dict[str, float], float]:
+    """Append each new evaluation's duration of every group to ``into`` for ``seconds``, polling
+    every ``every`` seconds; return (intervals, evaluations missed)."""
+    seen: dict[str, float] = {}
+    start = time.monotonic()
+    while True:
+        durations, intervals, missed = rule_groups(url)
+        for group, (stamp, value) in durations.items():
+            if stamp and seen.get(group) != stamp:
+                seen[group] = stamp
+                into.setdefault(group, []).append(value)
+        if time.monotonic() - start >= seconds:
+            return intervals, missed
+        time.sleep(every)
 
 
 def timed_query(prom: str, expr: str, range_seconds: float = 0.0, step: float = 15.0) -> tuple[float, int]:
@@ -143,6 +169,13 @@ def timed_query(prom: str, expr: str, range_seconds: float = 0.0, step: float = 
     if body.get("status") != "success":
         raise RuntimeError(f"query {expr!r} failed: {body}")
     return took, len(body["data"]["result"])
+
+
+def scalar(prom: str, expr: str) -> float:
+    """An instant query's single value (NaN when empty), waiting up to a minute."""
+    body = json.loads(http_get(f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=60))
+    result = body["data"]["result"]
+    return float(result[0]["value"][1]) if result else float("nan")
 
 
 def prometheus_config(nodes: int, hostport: str, scrape_interval: float,
@@ -196,36 +229,28 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
     nodes = figures.nodes
     wait_until(lambda: len(promql(prom, "node:gpu_utilization:avg5m")) >= nodes, 60 + nodes * 0.2,
                interval=1, what="node:gpu_utilization:avg5m for every node")
-    time.sleep(warmup)
+    sample_rule_groups(prom, warmup, EVALUATION_INTERVAL / 4, figures.startup_groups)
     for kind in dict.fromkeys(fleet_sim.node_kind(i) for i in range(nodes)):
         index = next(i for i in range(nodes) if fleet_sim.node_kind(i) == kind)
         text = http_get(f"http://{hostport}/node/{index}/metrics")
         lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
         figures.exporter_series_per_gpu[kind] = len(lines) / fleet_sim.GPUS_PER_NODE
-    start = time.monotonic()
-    last: dict[str, float] = {}
-    while True:
-        durations, intervals, missed = rule_groups(prom)
-        figures.intervals, figures.missed = intervals, missed
-        if durations != last:  # a new evaluation of some group
-            for group, value in durations.items():
-                figures.groups.setdefault(group, []).append(value)
-            last = durations
-        if time.monotonic() - start >= seconds:
-            break
-        time.sleep(EVALUATION_INTERVAL / 3)
+    figures.intervals, figures.missed = sample_rule_groups(prom, seconds, EVALUATION_INTERVAL / 4, figures.groups)
+    groups = json.loads(http_get(prom + "/api/v1/rules", timeout=30))["data"]["groups"]
+    figures.slowest_rules = sorted(((float(r["evaluationTime"]), g["name"], r["name"]) for g in groups
+                                    for r in g["rules"]), reverse=True)[:8]
     text = _metrics(prom)
     figures.rss_bytes = _metric_values(text, "process_resident_memory_bytes")[0][1]
     figures.heap_bytes = _metric_values(text, "go_memstats_heap_inuse_bytes")[0][1]
     figures.head_series = _metric_values(text, "prometheus_tsdb_head_series")[0][1]
-    figures.stored_series = fleet.scalar(prom, 'count({__name__=~".+"})')
-    figures.alert_series = fleet.scalar(prom, 'count(ALERTS) or vector(0)')
-    figures.recorded_run_series = fleet.scalar(prom, 'count({__name__=~".+:.+", run!=""}) or vector(0)')
-    figures.recorded_gpu_series = fleet.scalar(
+    figures.stored_series = scalar(prom, 'count({__name__=~".+"})')
+    figures.alert_series = scalar(prom, 'count(ALERTS) or vector(0)')
+    figures.recorded_run_series = scalar(prom, 'count({__name__=~".+:.+", run!=""}) or vector(0)')
+    figures.recorded_gpu_series = scalar(
         prom, 'count({__name__=~".+:.+", run="", uuid!=""} or {__name__=~".+:.+", run="", gpu!=""}) or vector(0)')
-    recorded = fleet.scalar(prom, 'count({__name__=~".+:.+"})')
+    recorded = scalar(prom, 'count({__name__=~".+:.+"})')
     figures.recorded_other_series = recorded - figures.recorded_run_series - figures.recorded_gpu_series
-    figures.runs = int(fleet.scalar(prom, "count(count by (run) (gpu_training_steps_total)) or vector(0)"))
+    figures.runs = int(scalar(prom, "count(count by (run) (gpu_training_steps_total)) or vector(0)"))
     if queries:
         for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
             instant, size = timed_query(prom, expr)
@@ -236,7 +261,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
     return figures
 
 
-def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 30.0) -> Figures:
+def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 660.0) -> Figures:
     """Run the simulated fleet of ``nodes`` nodes and a Prometheus with the shipped rules; measure."""
     with simulator(nodes) as (hostport, sim):
         cpu0 = _cpu_seconds(sim.pid)
@@ -265,7 +290,7 @@ class Row:
 
 def extrapolated(gpus: Sequence[int], values: Sequence[float], target: int = TARGET_GPUS) -> float:
     """The value at ``target`` GPUs on the straight line through the two largest measured sizes."""
-    (g1, v1), (g2, v2) = sorted(zip(gpus, values))[-2:]
+    (g1, v1), (g2, v2) = sorted(zip(gpus, values, strict=True))[-2:]
     slope = max(0.0, (v2 - v1) / (g2 - g1)) if g2 != g1 else 0.0  # a cost does not shrink with the fleet
     return v2 + slope * (target - g2)
 
@@ -301,6 +326,10 @@ def rows(figs: Sequence[Figures]) -> list[Row]:
                        f"< {RULE_BUDGET_SHARE * interval * 1000:,.0f} ms ({RULE_BUDGET_SHARE:.0%} of {interval:g} s)"))
     out.append(Row("all rule groups, ms per round (median sum)",
                    tuple(sum(group_stat(f, g) for g in groups) * 1000 for f in figs), "{:,.1f}"))
+    if all(f.startup_groups for f in figs):
+        out.append(Row("all rule groups during the warm-up (windows filling, every GPU pending low), ms per "
+                       "round (median sum)", tuple(sum(statistics.median(v) for v in f.startup_groups.values()) * 1000
+                                                   for f in figs), "{:,.1f}"))
     if all(f.queries for f in figs):
         out += [
             Row("dashboard query, instant, slowest, ms", tuple(max(q[0] for q in f.queries) * 1000 for f in figs),
@@ -361,7 +390,8 @@ def details(figs: Sequence[Figures]) -> str:
             f"{f.load[0]:.1f} -> {f.load[1]:.1f} on {os.cpu_count()} CPUs; evaluations missed: {f.missed:g}; "
             f"ALERTS series: {f.alert_series:g}; recorded series not per GPU or run: {f.recorded_other_series:g}; "
             f"simulator CPU {f.simulator_cpu_seconds * 1000:.0f} ms/s; diagnose exit status {f.diagnose_status}; "
-            "slowest instant queries: " + "; ".join(f"{d}/{t} {s * 1000:.0f} ms" for s, _, d, t, _ in slow))
+            "slowest instant queries: " + "; ".join(f"{d}/{t} {s * 1000:.0f} ms" for s, _, d, t, _ in slow)
+            + "; slowest rules: " + ", ".join(f"{n} ({g}) {s * 1000:.0f} ms" for s, g, n in f.slowest_rules))
     return "\n".join(out)
 
 
@@ -380,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[12, 124],
                         help="fleet sizes in 8-GPU nodes (default 12 124: 96 and 992 GPUs)")
     parser.add_argument("--seconds", type=float, default=120, help="rule evaluations sampled for (default 120)")
-    parser.add_argument("--warmup", type=float, default=60,
-                        help="seconds after the first rule results before sampling (default 60)")
+    parser.add_argument("--warmup", type=float, default=660,
+                        help="seconds after the first rule results before sampling (default 660: the 10m "
+                             "windows of the alerts' hysteresis fill, and the low rates of the start leave them)")
     parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args(argv)

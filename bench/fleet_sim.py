@@ -183,7 +183,7 @@ class Template:
             seen.setdefault(match, None)
         t.uuids = list(seen)
         text: list[str] = []
-        for la, lb in zip(a, b):
+        for la, lb in zip(a, b, strict=True):
             if la == lb or la.startswith("#"):
                 text.append(lb + "\n")
                 continue
@@ -217,7 +217,7 @@ class Template:
     def render(self, now: float, tick: int) -> bytes:
         out = [self.statics[0]]
         dt = now - self.rendered_at
-        for (how, value, other), static in zip(self.slots, self.statics[1:]):
+        for (how, value, other), static in zip(self.slots, self.statics[1:], strict=True):
             if how == 0:
                 v = value + other * dt
             elif how == 1:
@@ -280,7 +280,7 @@ def serve(fleet: Fleet, host: str = "127.0.0.1", port: int = 0) -> http.server.T
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             match = _PATH_RE.match(self.path)
             if not match or int(match.group(1)) >= len(fleet):
                 self.send_error(404)
@@ -292,7 +292,7 @@ def serve(fleet: Fleet, host: str = "127.0.0.1", port: int = 0) -> http.server.T
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     http.server.ThreadingHTTPServer.daemon_threads = True
