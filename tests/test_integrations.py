@@ -22,20 +22,26 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from gpu_exporter.verdict.levels import TARGET
 from integration_loops import PLANS
 from prometheus_client.parser import text_string_to_metric_families
 from servers import exporter_env, http_get, run_exporter
+
+if TYPE_CHECKING:
+    from gpu_exporter.verdict.views import Verdict
 
 LOOPS = Path(__file__).with_name("integration_loops.py")
 TOLERANCE = 0.05
 PHASES = ("data", "compute", "metrics", "checkpoint")
 MAIN_PHASE = {"input_bound": "data", "metrics_heavy": "metrics", "checkpoint_heavy": "checkpoint",
               "healthy": "compute"}
-EXPECTED_CAUSE = {"input_bound": "input_bound", "metrics_heavy": "metrics_bound", "checkpoint_heavy": "checkpoint",
-                  "healthy": None}
+EXPECTED_VERDICT = {"input_bound": ("input_bound",), "metrics_heavy": ("metrics_bound",),
+                    "checkpoint_heavy": ("checkpoint",), "healthy": ("healthy", "underutilized")}
+"""The ladder's verdict for each loop's GPU. The healthy loop's phases pass no cause's threshold, so its GPU is
+healthy, or, when a busy machine holds its utilization under the target, underutilized at level target."""
 MEMORY = 30 / 80
 """GPU memory used (the processes of tests/scenarios/integrations-e2e.yaml)."""
 
@@ -46,16 +52,19 @@ def gpu_work(truth: dict[str, Any]) -> float:
     return float(truth["busy"] + truth["idle"].get("compute", 0.0)) / float(truth["wall"])
 
 
-def verdict(utilization: float, shares: dict[str, float]) -> tuple[str | None, str]:
-    """The cause diagnose's judge (causes.find_causes) names for these shares on a GPU this busy."""
-    from gpu_exporter.causes import LOW, RunSignals, find_causes
+def verdict(utilization: float, shares: dict[str, float], seconds: float) -> Verdict:
+    """The verdict diagnose and the status page give a GPU this busy with one live run of these shares: the run's
+    causes (verdict.causes.find_causes, as the join finds them) judged by the ladder (verdict.ladder.judge)."""
     from gpu_exporter.thresholds import load_thresholds
+    from gpu_exporter.verdict.causes import RunSignals, find_causes
+    from gpu_exporter.verdict.ladder import judge
+    from gpu_exporter.verdict.views import GpuView, RunView
 
-    findings = find_causes(utilization, MEMORY, RunSignals(shares), load_thresholds())
-    if not findings:
-        return None, "healthy"
-    first = findings[0]
-    return first.cause.cause, f"{first.cause.label}{'' if first.level == LOW else ' (below target)'}"
+    t = load_thresholds()
+    findings = tuple(find_causes(utilization, MEMORY, RunSignals(shares), t))
+    run = RunView("loop", "0", shares, seconds, since_start=True, batch_size=None, allocator_retries=0.0,
+                  allocator_ooms=0.0, findings=findings)
+    return judge(GpuView("GPU-int", "0", "simulated", "node", utilization, MEMORY, 1, (), (run,)), t)
 
 
 def test_importing_the_library_imports_no_framework() -> None:
@@ -196,7 +205,7 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
         assert job.returncode == 0, (loop, err[-3000:])
     time.sleep(0.2)
     table = {}
-    verdicts: dict[str, tuple[str | None, str]] = {}
+    verdicts: dict[str, Verdict] = {}
     busy: dict[str, float] = {}
     for loop in PLANS:
         written = json.loads((tmp_path / f"{loop}.json").read_text())
@@ -210,20 +219,19 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
         counted = written["reported"]
         table[loop]["compute"] = (round(counted["compute"] / sum(counted.values()), 3),
                                   round(gpu_work(truth), 3))
-        verdicts[loop] = verdict(busy[loop], {p: v / total for p, v in reported.items()})
+        verdicts[loop] = verdict(busy[loop], {p: v / total for p, v in reported.items()}, total)
     print(f"\n{integration}: phase -> [reported share, own timers' share (compute: the device's)]; verdict")
     for loop, shares in table.items():
-        print(f"  {loop}: {json.dumps(shares)}; {verdicts[loop][1]}")
+        print(f"  {loop}: {json.dumps(shares)}; {verdicts[loop].title} ({verdicts[loop].verdict})")
     for loop, shares in table.items():
         for phase, (reported_share, own_share) in shares.items():
             assert reported_share == pytest.approx(own_share, abs=TOLERANCE), (integration, loop, phase, table)
         main = MAIN_PHASE[loop]
         assert shares[main][1] > 0.5, (loop, shares)  # the loop does what its name says
-        cause, _ = verdicts[loop]
-        if EXPECTED_CAUSE[loop] is not None:
-            assert cause == EXPECTED_CAUSE[loop], (integration, loop, verdicts[loop])
-        else:  # healthy: no warning-level cause (near the 85% target an info-level one may remain)
-            assert "below target" in verdicts[loop][1] or cause is None, (integration, loop, verdicts[loop])
+        judged = verdicts[loop]
+        assert judged.verdict in EXPECTED_VERDICT[loop], (integration, loop, judged)
+        if judged.verdict == "underutilized":  # the healthy loop near the target: never the low line's warning
+            assert judged.level == TARGET, (integration, loop, judged)
 
 
 @pytest.mark.slow  # imports Lightning and fits a model (about 15 s)
