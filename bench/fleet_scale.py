@@ -97,6 +97,7 @@ class Figures:
     diagnose_seconds: float = 0.0
     diagnose_status: int = 0
     simulator_cpu_seconds: float = 0.0
+    warmup: float = 0.0
     slowest_rules: list[tuple[float, str, str]] = field(default_factory=list)
     """(seconds of its last evaluation, group, rule name): the slowest rules"""
 
@@ -266,7 +267,7 @@ def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: fl
     with simulator(nodes) as (hostport, sim):
         cpu0 = _cpu_seconds(sim.pid)
         figures = Figures(nodes=nodes, gpus=nodes * fleet_sim.GPUS_PER_NODE, runs=0, scrape_interval=scrape_interval,
-                          seconds=seconds, load=(os.getloadavg()[0], 0.0))
+                          seconds=seconds, load=(os.getloadavg()[0], 0.0), warmup=warmup)
         started = time.monotonic()
         with run_prometheus(prometheus_config(nodes, hostport, scrape_interval), files=fleet.shipped_rules(),
                             ready_timeout=60) as prom:
@@ -306,12 +307,16 @@ def rows(figs: Sequence[Figures]) -> list[Row]:
             tuple(f.exporter_series_per_gpu.get("shared", 0.0) for f in figs), "{:.1f}", extrapolate=False),
         Row("series per GPU, exporter (instrumented node: 1 process, 1 rank per GPU)",
             tuple(f.exporter_series_per_gpu.get("solo", 0.0) for f in figs), "{:.1f}", extrapolate=False),
+        Row("series per GPU, dcgm-exporter's default counters (for comparison)",
+            tuple(float(DCGM_DEFAULT_FIELDS) for _ in figs), "{:.0f}", extrapolate=False),
         Row("series stored per GPU (all: exporter, scrape, recorded, ALERTS)",
             tuple(f.series_per_gpu for f in figs), "{:.1f}", f"< {SERIES_PER_GPU_BUDGET:g}", extrapolate=False),
         Row("recorded series per GPU (GPU-level rules)", tuple(f.recorded_gpu_series / f.gpus for f in figs), "{:.2f}",
             extrapolate=False),
         Row("recorded series per training run (run-level rules)",
             tuple(f.recorded_run_series / max(1, f.runs) for f in figs), "{:.1f}", extrapolate=False),
+        Row("active alerts (ALERTS series, pending or firing) per GPU", tuple(f.alert_series / f.gpus for f in figs),
+            "{:.2f}", extrapolate=False),
         Row("head series", tuple(f.head_series for f in figs), "{:,.0f}"),
         Row("Prometheus RSS, MiB", tuple(f.rss_bytes / 2**20 for f in figs), "{:,.0f}"),
         Row("Prometheus RSS per GPU, KiB", tuple(f.rss_bytes / 1024 / f.gpus for f in figs), "{:.0f}",
@@ -405,6 +410,26 @@ def report(figs: Sequence[Figures], command: str) -> str:
     return (f"`{command}` on {when}, commit {commit}\n\n{table(figs)}\n\n{details(figs)}\n\n{verdict}\n")
 
 
+BEGIN, END = "<!-- bench.fleet_scale: begin -->", "<!-- bench.fleet_scale: end -->"
+"""The markers around the section that ``--update-docs`` owns in docs/benchmarks.md."""
+DOC = REPO / "docs" / "benchmarks.md"
+
+
+def section(text: str) -> str:
+    return "\n".join([BEGIN, "## The shipped rules at fleet scale", "",
+                      "Written by `python -m bench.fleet_scale --update-docs` (bench/fleet_scale.py says how it "
+                      "measures; docs/fleet.md sets the budgets and reads the figures). `~`: extrapolated on the "
+                      "straight line through the two largest measured sizes.", "", text.rstrip("\n"), END, ""])
+
+
+def update_docs(doc: str, new: str) -> str:
+    """``doc`` with its marked section replaced by ``new`` (appended when there is none)."""
+    if BEGIN in doc and END in doc:
+        head, rest = doc.split(BEGIN, 1)
+        return head + new.rstrip("\n") + rest.split(END, 1)[1]
+    return doc.rstrip("\n") + "\n\n" + new
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, nargs="+", default=[12, 124],
@@ -415,15 +440,27 @@ def main(argv: list[str] | None = None) -> int:
                              "windows of the alerts' hysteresis fill, and the low rates of the start leave them)")
     parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
+    parser.add_argument("--update-docs", action="store_true",
+                        help=f"replace the fleet-scale section of {DOC.relative_to(REPO)}")
     args = parser.parse_args(argv)
     figs = []
-    for nodes in args.nodes:
+    if args.from_json:
+        figs = [Figures(**{**d, "load": tuple(d["load"])}) for d in json.loads(args.from_json.read_text())]
+    for nodes in [] if args.from_json else args.nodes:
         print(f"fleet_scale: {nodes} nodes ({nodes * fleet_sim.GPUS_PER_NODE} GPUs)...", file=sys.stderr, flush=True)
         figs.append(measure(nodes, args.seconds, args.scrape_interval, args.warmup))
         if args.json:
             args.json.write_text(json.dumps([f.__dict__ for f in figs], indent=1, default=str))
-    command = "python -m bench.fleet_scale " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(report(figs, command.strip()))
+    if args.from_json:
+        command = f"python -m bench.fleet_scale --nodes {' '.join(str(f.nodes) for f in figs)} --seconds " \
+                  f"{figs[0].seconds:g} --warmup {figs[0].warmup:g} --scrape-interval {figs[0].scrape_interval:g}"
+    else:
+        command = "python -m bench.fleet_scale " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(figs, command.strip())
+    print(text)
+    if args.update_docs:
+        DOC.write_text(update_docs(DOC.read_text(), section(text)))
     return 1 if budget_misses(figs) else 0
 
 
