@@ -486,6 +486,13 @@ class Prometheus:
         return [(dict(item["metric"]), float(item["value"][1]))
                 for item in self._data("query", params, expr, "vector")]
 
+    def samples(self, selector: str) -> list[tuple[Labels, Series]]:
+        """The raw samples of a range selector (``metric{...}[10m]``) up to now (or ``at``), each at its own scrape
+        time: (labels, [(time, value)]). Exact where a range query's steps may fall between two scrapes."""
+        params = {"query": selector} if self.at is None else {"query": selector, "time": f"{self.at:.3f}"}
+        return [(dict(item["metric"]), [(float(t), float(v)) for t, v in item["values"]])
+                for item in self._data("query", params, selector, "matrix")]
+
     def require(self, metric: str, window: str) -> None:
         """Raise MetricsError unless Prometheus holds ``metric`` within the last ``window``."""
         if not self.query(f"count(last_over_time({metric}[{window}]))"):

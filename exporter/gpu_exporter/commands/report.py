@@ -236,18 +236,16 @@ class Launch:
     until: float = math.inf
     """An hour after the next launch of the name started: its own samples all lie before (reads stop there)."""
 
-    def only(self, expr: str) -> str:
-        """``expr`` (series keyed by run, rank, uuid), kept only where this launch's info series is."""
+    @property
+    def info(self) -> str:
+        """The selector of its ``gpu_training_run_info`` series."""
         ids = self.run_id.split(",")
         match = f"run_id={_quote(ids[0])}" if len(ids) == 1 else f"run_id=~{_quote('|'.join(ids))}"
-        return f"({expr}) and on(run, rank, uuid) {_INFO}{{{match}}}"
+        return f"{_INFO}{{{match}}}"
 
-    def last(self, prom: Prometheus, inner: str, at: float, func: str = "last_over_time") -> list[tuple[Labels, float]]:
-        """``func`` over this launch's samples of ``inner`` from its start up to ``at`` (a subquery whose
-        step is short enough to see every scrape, as long as the range is hours, not weeks)."""
-        span = max(at - self.start, 1.0) + 1.0
-        step = max(0.5, span / 10000)
-        return _at(prom, at, f"{func}(({self.only(inner)})[{promql_duration(span)}:{promql_duration(step)}])")
+    def only(self, expr: str) -> str:
+        """``expr`` (series keyed by run, rank, uuid), kept only where this launch's info series is."""
+        return f"({expr}) and on(run, rank, uuid) {self.info}"
 
 
 def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
@@ -312,27 +310,39 @@ def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None,
 
 
 def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, Totals]:
-    """``launch`` with its end (its last push), and its final phase seconds per rank."""
+    """``launch`` with its end (its last push), and its final phase seconds per rank.
+
+    Both come from the last scrape that saw the launch, found among the raw samples of its info series
+    (each sample at its scrape's time): a query at that very time reads that scrape, however soon the
+    next launch of the name replaced it, where a range query's or subquery's steps could fall around it.
+    """
     now = min(now, launch.until)
-    pushes = launch.last(prom, f"{_LAST_PUSH}{{run={_quote(launch.run)}}}", now, "max_over_time")
-    if not pushes:
+    span = promql_duration(max(now - launch.start, 1.0) + 1.0)
+    last: dict[float, set[RankKey]] = {}
+    for labels, series in prom.at_time(now).samples(f"{launch.info}[{span}]"):
+        if series:
+            last.setdefault(max(t for t, _ in series), set()).add(_key(labels))
+    end, totals = 0.0, Totals()
+    for when, keys in sorted(last.items()):
+        for labels, value in _at(prom, when, launch.only(f"{_LAST_PUSH}{{run={_quote(launch.run)}}}")):
+            if _key(labels) in keys:
+                end = max(end, value)
+        for labels, value in _at(prom, when, launch.only(f"{_PHASES}{{run={_quote(launch.run)}}}")):
+            if _key(labels) in keys:
+                totals.setdefault(_key(labels), {})[labels.get("phase", "other")] = value
+    if not totals or end <= 0:
         raise MetricsError(f"Prometheus at {prom.base} holds no snapshot of run {launch.run!r} run id "
                            f"{launch.run_id!r} (its info series came without its timers)")
-    end = max(value for _, value in pushes)
-    return replace(launch, end=end), _launch_totals(prom, launch, now)
+    return replace(launch, end=end), totals
 
 
-def _launch_totals(prom: Prometheus, launch: Launch, at: float, final: bool = True) -> Totals:
-    """The phase seconds of ``launch``'s ranks in their last sample up to ``at`` (none before it began).
-
-    ``final``: its last sample at all (a subquery over its life: the next launch may have replaced it
-    by ``at``); else the sample current at ``at``, a time within the launch (an instant query, exact)."""
+def _launch_totals(prom: Prometheus, launch: Launch, at: float) -> Totals:
+    """The phase seconds of ``launch``'s ranks in the sample current at ``at``, a time within the launch
+    (none before its first scrape)."""
     out: Totals = {}
     if at <= launch.start:
         return out
-    phases = f"{_PHASES}{{run={_quote(launch.run)}}}"
-    found = launch.last(prom, phases, at) if final else _at(prom, at, launch.only(phases))
-    for labels, value in found:
+    for labels, value in _at(prom, at, launch.only(f"{_PHASES}{{run={_quote(launch.run)}}}")):
         out.setdefault(_key(labels), {})[labels.get("phase", "other")] = value
     return out
 
@@ -344,8 +354,8 @@ def _deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str,
     With ``launch``, only that launch's own samples count (its counters start at 0: nothing of an
     earlier launch of the name is subtracted)."""
     if launch is not None:
-        after = final if final is not None else _launch_totals(prom, launch, end, final=False)
-        before = _launch_totals(prom, launch, start, final=False) if start < end else {}
+        after = final if final is not None else _launch_totals(prom, launch, end)
+        before = _launch_totals(prom, launch, start) if start < end else {}
         return {key: {p: max(v - before.get(key, {}).get(p, 0.0), 0.0) for p, v in phases.items()}
                 for key, phases in after.items()}
     after = final if final is not None else _phase_totals(prom, end, run, promql_duration(max(end - start, 1.0)))
