@@ -16,8 +16,10 @@ allreduce  both load in 0.01 s, compute 0.03 s, then all-     both communication
 
 Every GPU uses little memory, so a rank whose wait were compute would read as batch too small (M3):
 the test checks it never does, at any time of the run. The rules are the shipped files shrunk 60-fold
-(test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``). A second test runs the DDP
-example of docs/training.md under torchrun.
+(test_alerting_e2e.fast_rules: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``). One set of jobs and servers
+(the module fixtures ``stack``, ``fired`` and ``diagnosed``) serves one test per reader: the alerts, each
+diagnose path, the live page, the rules' history and the report. The last test runs the DDP example of
+docs/training.md under torchrun.
 
 Set DISTRIBUTED_E2E_OUTPUT=DIR to keep the diagnose outputs and the alerts (docs/runbooks.md shows them).
 """
@@ -72,8 +74,12 @@ def stack() -> Iterator[tuple[str, str]]:
             yield exporter, prom
 
 
-def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: tuple[str, str],
-                                                                          tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fired(stack: tuple[str, str]) -> tuple[str, str]:
+    """``stack`` once every GPU's expected cause alerts fire (never M3 on the way); yields (exporter, prom).
+
+    The tests below read this one settled run in turn, each for one reader (alerts, diagnose, page, report),
+    so that each failure shows on its own and no job or server is started twice."""
     exporter, prom = stack
     http_get(exporter + "/api/v1/status")  # the live page averages over the readings it saw since: start them
 
@@ -81,9 +87,35 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
         assert not promql(prom, 'ALERTS{alertname="GpuBatchTooSmall"}'), "a rank was called M3"
     wait_for_causes(prom, {uuid: alerts for uuid, (_, alerts) in EXPECTED.items()}, 150,
                     "the straggler, input-bound and communication-bound alerts to fire", check=no_m3)
-
-    # Alerts: each GPU fires exactly its expected causes; the waiting rank's alert names rank 1 and its cause.
     time.sleep(2)
+    return exporter, prom
+
+
+SOURCES = ("url", "prometheus")
+"""diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules)."""
+
+
+@pytest.fixture(scope="module")
+def diagnosed(fired: tuple[str, str]) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+    """(source, "json" or a job) -> that diagnose call's result. Every call at once (run_clis): each --url one
+    still judges its own 5 s window."""
+    exporter, prom = fired
+    options = {"url": ["--url", exporter, "--window", "5s"], "prometheus": ["--prometheus-url", prom]}
+    keys = [(flag, tail) for flag in SOURCES for tail in ("json", *PLANS)]
+    calls = [["diagnose", *options[flag], *(["--output", "json"] if tail == "json" else ["--run", tail])]
+             for flag, tail in keys]
+    return dict(zip(keys, run_clis(calls), strict=True))
+
+
+def _diagnose_doc(diagnosed: dict[tuple[str, str], subprocess.CompletedProcess[str]], flag: str) -> dict[str, Any]:
+    result = diagnosed[(flag, "json")]
+    assert result.returncode == 1, result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def test_alerts_fire_each_gpus_cause_and_the_straggler_alert_names_rank_1(fired: tuple[str, str]) -> None:
+    _, prom = fired
     firing = firing_causes(prom)
     for uuid, (_, alerts) in EXPECTED.items():
         assert firing.get(uuid, set()) == alerts, (uuid, firing)
@@ -94,47 +126,57 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
     said = (r"is waiting for rank 1 \(straggler\): rank 1 is input-bound \(M1\), [0-9.]+% of its time in data\. .* "
             r"and the run's step would take ~[0-9.]+ms instead of [0-9.]+ms\.")
     assert re.search(said, description), description
+    assert not promql(prom, 'ALERTS{alertname="GpuTrainingStraggler", run="allreduce"}')
     _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
 
-    # diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules) agree.
-    # Every call at once (run_clis): each --url one still judges its own 5 s window.
-    docs: dict[str, dict[str, Any]] = {}
-    sources = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
-    calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
-             for flag, source, extra in sources for tail in (["--output", "json"], *(["--run", j] for j in PLANS))]
-    results = iter(run_clis(calls))
-    for flag, _, _ in sources:
-        result = next(results)
-        assert result.returncode == 1, result.stderr
-        docs[flag] = json.loads(result.stdout)
-        for job in PLANS:
-            text = next(results)
-            assert text.returncode == 1, text.stdout + text.stderr
-            assert f"Run {job}: 2 of 2 ranks reporting" in text.stdout, text.stdout
-            _keep(f"diagnose-{flag}-{job}.txt", text.stdout)
-    for flag, doc in docs.items():
-        gpus = {g["uuid"]: g for g in doc["gpus"]}
-        for uuid, (verdict, _) in EXPECTED.items():
-            assert gpus[uuid]["verdict"]["verdict"] == verdict, (flag, uuid, gpus[uuid]["verdict"])
-        reason = gpus[WAITING]["verdict"]["reason"]
-        assert gpus[WAITING]["verdict"]["title"] == "waiting for a straggler (ST)"
-        assert "is waiting for rank 1 (straggler): rank 1 is input-bound (M1)" in reason, (flag, reason)
-        assert " if rank 1 kept up; the run's step would take ~" in reason, (flag, reason)
-        runs = {r["run"]: r for r in doc["distributed_runs"]}
-        assert runs["straggler"]["straggler"] == "1" and runs["allreduce"]["straggler"] is None, (flag, runs)
-        assert [r["rank"] for r in runs["straggler"]["ranks"]] == ["0", "1"]
-        assert runs["straggler"]["world_size"] == 2
-        # The projection: the run's step time without rank 0's wait, well below what it is now.
-        assert 0 < runs["straggler"]["projected_step_seconds"] < 0.6 * runs["straggler"]["step_seconds"], runs
-    # The shares the jobs set are the shares diagnose saw; the waiting rank's wait is communication.
-    gpus = {g["uuid"]: g for g in docs["url"]["gpus"]}
+
+@pytest.mark.parametrize("flag", SOURCES)
+@pytest.mark.parametrize("job", PLANS)
+def test_diagnose_run_text_lists_both_ranks(diagnosed: dict[tuple[str, str], subprocess.CompletedProcess[str]],
+                                            flag: str, job: str) -> None:
+    text = diagnosed[(flag, job)]
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert f"Run {job}: 2 of 2 ranks reporting" in text.stdout, text.stdout
+    _keep(f"diagnose-{flag}-{job}.txt", text.stdout)
+
+
+@pytest.mark.parametrize("flag", SOURCES)
+def test_diagnose_gives_each_gpu_its_verdict(diagnosed: dict[tuple[str, str], subprocess.CompletedProcess[str]],
+                                             flag: str) -> None:
+    gpus = {g["uuid"]: g for g in _diagnose_doc(diagnosed, flag)["gpus"]}
+    for uuid, (verdict, _) in EXPECTED.items():
+        assert gpus[uuid]["verdict"]["verdict"] == verdict, (flag, uuid, gpus[uuid]["verdict"])
+    reason = gpus[WAITING]["verdict"]["reason"]
+    assert gpus[WAITING]["verdict"]["title"] == "waiting for a straggler (ST)"
+    assert "is waiting for rank 1 (straggler): rank 1 is input-bound (M1)" in reason, (flag, reason)
+    assert " if rank 1 kept up; the run's step would take ~" in reason, (flag, reason)
+
+
+@pytest.mark.parametrize("flag", SOURCES)
+def test_diagnose_run_table_names_the_straggler_and_projects_the_step(
+        diagnosed: dict[tuple[str, str], subprocess.CompletedProcess[str]], flag: str) -> None:
+    runs = {r["run"]: r for r in _diagnose_doc(diagnosed, flag)["distributed_runs"]}
+    assert runs["straggler"]["straggler"] == "1" and runs["allreduce"]["straggler"] is None, (flag, runs)
+    assert [r["rank"] for r in runs["straggler"]["ranks"]] == ["0", "1"]
+    assert runs["straggler"]["world_size"] == 2
+    # The projection: the run's step time without rank 0's wait, well below what it is now.
+    assert 0 < runs["straggler"]["projected_step_seconds"] < 0.6 * runs["straggler"]["step_seconds"], runs
+
+
+def test_the_shares_the_jobs_set_are_what_diagnose_saw(
+        diagnosed: dict[tuple[str, str], subprocess.CompletedProcess[str]]) -> None:
+    """The waiting rank's wait is communication; the slow rank's time is data."""
+    gpus = {g["uuid"]: g for g in _diagnose_doc(diagnosed, "url")["gpus"]}
     waiting, slow = gpus[WAITING]["runs"][0]["shares"], gpus[SLOW]["runs"][0]["shares"]
     assert waiting["communication"] > 0.55 and waiting["compute"] < 0.35, waiting
     assert slow["data"] > 0.55 and slow["communication"] < 0.1, slow
     for rank in ("0", "1"):  # the all-reduce job: every rank's step is mostly communication, alike
         assert gpus[f"GPU-ddp-allreduce-{rank}"]["runs"][0]["shares"]["communication"] > 0.4, gpus
-    assert not promql(prom, 'ALERTS{alertname="GpuTrainingStraggler", run="allreduce"}')
-    # The live page shows the run's ranks side by side, judged like diagnose --url, also after its script redraws.
+
+
+def test_the_live_page_shows_the_ranks_side_by_side(fired: tuple[str, str], tmp_path: Path) -> None:
+    """Judged like diagnose --url, also after its script redraws."""
+    exporter, _ = fired
     status = {d["run"]: d for d in json.loads(http_get(exporter + "/api/v1/status"))["distributed_runs"]}
     assert status["straggler"]["straggler"] == "1" and status["allreduce"]["straggler"] is None, status
     assert status["straggler"]["straggler_cause"].startswith("rank 1 is input-bound (M1), "), status
@@ -146,9 +188,17 @@ def test_straggler_named_by_alerts_both_diagnose_paths_and_the_live_page(stack: 
              r"<tr class=\"?straggler\"?><td>1</td>.*straggler rank 1: rank 1 is input-bound \(M1\)")
     assert re.search(drawn, page, re.S), page[:4000]
     _keep("status-page.html", page)
-    # Never M3 on any GPU at any time of the run, not even for one evaluation of the recording rules.
+
+
+def test_no_gpu_was_ever_batch_too_small(fired: tuple[str, str]) -> None:
+    """Never M3 on any GPU at any time of the run so far, not even for one evaluation of the recording rules."""
+    _, prom = fired
     assert promql(prom, 'max_over_time(run:gpu_training_cause:share{cause="batch_too_small"}[1h])') == []
-    # The report over the run so far judges its ranks together at each step, as the rules do.
+
+
+def test_the_report_judges_the_ranks_together(fired: tuple[str, str]) -> None:
+    """The report over the run so far judges its ranks together at each step, as the rules do."""
+    _, prom = fired
     report = run_cli("report", "--prometheus-url", prom, "--run", "straggler", "--step", "1s", "--output", "json")
     assert report.returncode == 0, report.stderr
     doc = json.loads(report.stdout)
