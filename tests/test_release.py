@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,18 +87,66 @@ def test_wheels_only_builds_the_two_wheels_without_podman_or_helm(tmp_path: Path
     assert _build_dirs() == before  # built from copies: the checkout's build/ folders are left as they were
 
 
+def readme_install_command() -> str:
+    """README command 1 up to its install step: the first line of the README's first ``sh`` block that runs
+    pip, without the ``{ gpu-exporter || ... }`` part (that serves until stopped)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("```sh\n") + len("```sh\n")
+    block = text[start:text.index("```", start)]
+    (line,) = [ln for ln in block.splitlines() if "pip install" in ln and not ln.startswith("#")][:1]
+    command = line.split(" && { ", 1)[0]
+    assert "python3 -m venv .venv" in command and ".venv/bin/pip install" in command, line
+    return command
+
+
+@pytest.fixture(scope="module")
+def readme_clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh clone of this repository's HEAD in which README command 1's install step ran, as written
+    (``python3 -m venv .venv && .venv/bin/pip install -q .``): its ``.venv`` is a user's plain venv (an old
+    setuptools, no ``wheel``), and pip may leave ``build/`` in the checkout, as it does for a user."""
+    clone = tmp_path_factory.mktemp("readme") / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(str(REPO / ".venv")))  # `python3` is not this venv's
+    result = subprocess.run(["bash", "-c", readme_install_command()], cwd=clone, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return clone
+
+
 @pytest.mark.slow
-def test_wheels_only_works_in_a_fresh_venv_without_the_wheel_package(tmp_path: Path) -> None:
-    """A plain `python -m venv` (what README command 1 makes) has an old setuptools and no `wheel`; release.py
-    falls back to `pip wheel` there. Costs a venv, PyYAML from pip's cache and two isolated builds (~15 s)."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "pyyaml"], check=True, timeout=300)
+def test_readme_command_1_then_the_test_commands_pytest_stage_in_one_clone(readme_clone: Path) -> None:
+    """The issue-29 failure: after README command 1 in a clone, the test command's pytest stage failed on
+    the build/ that pip left. Here that stage (tests/run.sh's last line, with this Python: command 1's venv
+    has no pytest) runs a test file in the same clone, on the clone's sources, and passes."""
+    run_sh = (readme_clone / "tests" / "run.sh").read_text().rstrip().splitlines()[-1]
+    assert run_sh.startswith(".venv/bin/python -m pytest -q -p no:cacheprovider"), run_sh
+    argv = [sys.executable, *run_sh.split()[1:-1], "tests/test_release.py", "-k", "not readme and not fresh_venv"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(argv, cwd=readme_clone, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert re.search(r"^\d+ passed", result.stdout.splitlines()[-1]), result.stdout[-2000:]
+    # the clone's own sources were tested, not this checkout's
+    where = subprocess.run([sys.executable, "-c", "import sys; sys.path[:0] = ['exporter']; import gpu_exporter; "
+                            "print(gpu_exporter.__file__)"], cwd=readme_clone, env=env, capture_output=True,
+                           text=True, check=True)
+    assert where.stdout.strip().startswith(str(readme_clone)), where.stdout
+    # and command 1's venv runs the exporter (README: `.venv/bin/gpu-exporter --simulate` where there is no driver)
+    help_text = subprocess.run([str(readme_clone / ".venv" / "bin" / "gpu-exporter"), "serve", "--help"],
+                               capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0 and "--simulate" in help_text.stdout, help_text.stderr
+
+
+@pytest.mark.slow
+def test_wheels_only_works_in_a_fresh_venv_without_the_wheel_package(readme_clone: Path, tmp_path: Path) -> None:
+    """The venv of README command 1 (a plain `python3 -m venv` with the package installed) has an old setuptools
+    and no `wheel`; release.py falls back to `pip wheel` there (two isolated builds, ~10 s)."""
+    py = readme_clone / ".venv" / "bin" / "python"
     has_wheel = subprocess.run([str(py), "-c", "import wheel"], capture_output=True, timeout=60).returncode == 0
     out = tmp_path / "dist"
-    result = subprocess.run([str(py), str(SCRIPT), "--wheels-only", "--out", str(out)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([str(py), str(readme_clone / "scripts" / "release.py"), "--wheels-only", "--out", str(out)],
+                            cwd=readme_clone, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     version = release.package_version()
     assert sorted(p.name for p in out.iterdir()) == [f"gpu_utilization_exporter-{version}-py3-none-any.whl",
