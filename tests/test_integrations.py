@@ -11,7 +11,8 @@ tests/integration_loops.py (input-bound, metrics-heavy, checkpoint-heavy, health
 integration, side by side in their own processes on ops-mode devices, pushing to a real exporter,
 and requires every phase the exporter reports to be within 0.05 of the run's wall time of what the
 job's own timers measured around that work (compute: of the time the device was busy), and the
-verdict for the device's utilization to be the loop's cause.
+ladder's verdict (``verdict.ladder.judge``) for the device's utilization to be the loop's cause (the healthy
+loop: healthy, or underutilized at level target).
 """
 
 from __future__ import annotations
