@@ -171,14 +171,20 @@ class ProcReader:
 class _Counters:
     """Per-process state kept between reads: counters that never go down, state seconds, live children."""
 
-    __slots__ = ("children", "children_cpu", "cpu", "polled_at", "read_bytes", "states")
+    __slots__ = ("children", "children_cpu", "cpu", "labels", "polled_at", "read_bytes", "state_labels", "states")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, labels: list[str]) -> None:
+        self.relabel(labels)
         self.cpu = self.children_cpu = 0.0
         self.children = 0
         self.read_bytes: float | None = None
         self.states = dict.fromkeys((*STATES.values(), "other"), 0.0)
         self.polled_at = now
+
+    def relabel(self, labels: list[str]) -> None:
+        """gpu, uuid, pid: kept as lists for the rows of every poll (reads are rarer than polls)."""
+        self.labels = labels
+        self.state_labels = [[*labels, state] for state in (*STATES.values(), "other")]
 
     def update(self, ev: Evidence, now: float) -> None:
         # A child reaped between two reads moves from "live" to cutime; never let a counter step back.
@@ -281,20 +287,22 @@ class EvidenceCollector(PollingCollector):
                     self._note_hidden(pid)
                     continue
                 if counters is None:
-                    counters = self._counters[key] = _Counters(ctx.now)
+                    counters = self._counters[key] = _Counters(ctx.now, [*gpu.labels, str(pid)])
                 counters.update(ev, ctx.now)
             elif counters is None:
                 continue  # not visible when last read
+            if counters.labels[0] != gpu.labels[0]:  # the GPU's index changed at a re-discovery
+                counters.relabel([*gpu.labels, str(pid)])
             self._seen.add(key)
             self._polled.append((pid, gpu.labels[0], gpu.uuid))
-            labels = [*gpu.labels, str(pid)]
+            labels = counters.labels
             cpu.add_metric(labels, counters.cpu)
             children_cpu.add_metric(labels, counters.children_cpu)
             kids.add_metric(labels, counters.children)
             if counters.read_bytes is not None:
                 reads.add_metric(labels, counters.read_bytes)
-            for state, seconds in counters.states.items():
-                states.add_metric([*labels, state], seconds)
+            for state_labels, seconds in zip(counters.state_labels, counters.states.values(), strict=True):
+                states.add_metric(state_labels, seconds)
 
     def _note_hidden(self, pid: int) -> None:
         if not self._hidden_logged:
