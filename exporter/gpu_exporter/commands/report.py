@@ -241,7 +241,7 @@ class Launch:
         """The selector of its ``gpu_training_run_info`` series."""
         ids = self.run_id.split(",")
         match = f"run_id={_quote(ids[0])}" if len(ids) == 1 else f"run_id=~{_quote('|'.join(ids))}"
-        return f"{_INFO}{{{match}}}"
+        return f"{_INFO}{{run={_quote(self.run)}, {match}}}"
 
     def only(self, expr: str) -> str:
         """``expr`` (series keyed by run, rank, uuid), kept only where this launch's info series is."""
