@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import accuracy, hotspots, instrumentation, load, report, scrape
+from bench import accuracy, hotspots, instrumentation, load, readme, report, scrape
 from bench.node import Sleepers, write_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = output.read_text() if output.is_file() else ""
     output.write_text(keep_sections(report.render(results), old))
     _say(f"wrote {output} in {results.elapsed_s:.0f} s")
+    if args.update_docs:  # the README's Measured table is generated from the document just written
+        readme.main([])
     return 0
 
 

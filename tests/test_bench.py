@@ -121,3 +121,24 @@ def test_a_rewrite_keeps_the_sections_other_benches_wrote() -> None:
     # a section the new text writes itself is not doubled
     again = keep_sections(rewritten, doc)
     assert again == rewritten
+
+
+def test_readme_measured_section_is_generated_from_docs_benchmarks() -> None:
+    """README.md's Measured table and missed goals are what ``python -m bench.readme`` makes of docs/benchmarks.md:
+    a figure changed on either side without the other fails here."""
+    from bench import readme
+
+    text, doc = (REPO / "README.md").read_text(), (REPO / "docs" / "benchmarks.md").read_text()
+    assert readme.update(text, doc) == text, "README.md and docs/benchmarks.md disagree: run python -m bench.readme"
+    generated = text[text.index(readme.BEGIN):text.index(readme.END)]
+    rows = [line for line in generated.splitlines() if line.startswith("| ") and not line.startswith("| claim ")]
+    assert len(rows) >= 8
+    for row in rows:  # every row names its run: date and commit
+        assert re.search(r"\| \d{4}-\d\d-\d\d, [0-9a-f]{7,} \|", row), row
+    # the count of missed goals is the Goals table's
+    missed = sum("**missed**" in status for _, _, status in tables(doc)["### Goals"])
+    assert f"of the {len(tables(doc)['### Goals'])} [goals]" in generated and "\n- *" in generated
+    assert generated.count("\n- *") == missed
+    # a figure changed in docs/benchmarks.md alone makes the README stale
+    changed = doc.replace("| 16 GPUs, 256 processes | 35.2x | 16.1x |", "| 16 GPUs, 256 processes | 35.2x | 9.9x |")
+    assert changed != doc and readme.update(text, changed) != text

@@ -133,7 +133,7 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: St
     # Every call at once (run_clis): each --url one still judges its own 5 s window.
     docs: dict[str, dict[str, Any]] = {}
     runs = sorted({r for r, *_ in EXPECTED.values()})
-    sources = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
+    sources: tuple[tuple[str, str, list[str]], ...] = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
     calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
              for flag, source, extra in sources for tail in (["--output", "json"], *(["--run", r] for r in runs))]
     results = iter(run_clis(calls))

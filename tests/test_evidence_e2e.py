@@ -82,7 +82,7 @@ def test_uninstrumented_jobs_get_their_evidence_verdict(stack: tuple[str, str]) 
     _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
 
     # Every call at once (run_clis): each --url one still judges its own 4 s window.
-    sources = (("url", exporter, ["--window", "4s"]), ("prometheus", prom, []))
+    sources: tuple[tuple[str, str, list[str]], ...] = (("url", exporter, ["--window", "4s"]), ("prometheus", prom, []))
     calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
              for flag, source, extra in sources for tail in (["--output", "json"], [])]
     results = iter(run_clis(calls))

@@ -78,7 +78,7 @@ def test_verdicts_carry_the_runs_own_numbers(stack: tuple[str, str]) -> None:
     assert m3 is not None and int(m3.group(1)) == 2 * int(m3.group(2)) >= 4, described["GpuBatchTooSmall"]
 
     # Every call at once (run_clis): each --url one still judges its own 5 s window.
-    sources = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
+    sources: tuple[tuple[str, str, list[str]], ...] = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
     calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
              for flag, source, extra in sources
              for tail in (["--output", "json"], ["--run", "mixed"], ["--run", "batch2"])]
