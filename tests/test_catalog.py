@@ -144,7 +144,7 @@ RECORD = re.compile(r"^\s*- record: (\S+)$", re.MULTILINE)
 
 
 def test_recorded_series_are_the_shipped_recording_rules() -> None:
-    """The template's series are the catalog's hand-written ones; the generated rules record the rest, and only those."""
+    """The template's series are the catalog's hand-written ones; the generated rules record the rest, only those."""
     template = set(RECORD.findall((ROOT / "prometheus" / "templates" / "gpu-recording.rules.yml.in").read_text()))
     shipped = {name for path in sorted((ROOT / "prometheus" / "rules").glob("*.rules.yml"))
                for name in RECORD.findall(path.read_text())}

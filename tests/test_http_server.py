@@ -393,7 +393,7 @@ def test_at_the_open_file_limit_a_scrape_still_gets_every_process_metric(tmp_pat
 
 
 def test_page_routes_are_the_status_pages() -> None:
-    """The server's list of page routes (for 405 answers) is the status page's own."""
+    """The server's list of page routes (for 405 answers) is the status page's own: the page and its JSON."""
     from gpu_exporter import server, status_page
 
-    assert tuple(server.PAGE_PATHS) == tuple(status_page.paths())
+    assert tuple(server.PAGE_PATHS) == ("/", status_page.STATUS_PATH)

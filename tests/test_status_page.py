@@ -84,13 +84,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
 
 
 @pytest.mark.slow
-def test_server_routes_the_page_and_its_json() -> None:
-    """server.py names the page's routes itself (so the page's module loads only when asked): the same two."""
-    from gpu_exporter import server
-
-    assert server.PAGE_PATHS == ("/", STATUS_PATH)
-
-
 def test_status_json_judges_each_gpu_like_diagnose(node: tuple[str, dict[str, str]]) -> None:
     url, auth = node
     doc = json.loads(http_get(url + STATUS_PATH, headers=auth))
