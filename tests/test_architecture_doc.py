@@ -10,6 +10,8 @@
   thresholds modules with that attribute or field; a recorded series name (``run:gpu_*:*``) is
   catalogued.
 - The checks can fail: they run on a planted page.
+- The same for the Python source's docstrings and comments (exporter/gpu_exporter, monitoring/): a path
+  into this repository they give (``monitoring/remedies.py``, ``tests/test_evidence.py``) exists.
 """
 
 from __future__ import annotations
@@ -169,3 +171,24 @@ status_page.js draws it; nope_page.js does not exist; commands/diagnose_render a
         "name Row.nope",
         "series run:gpu_training_cause:shares",
     ]
+
+
+REPO_PATH = re.compile(r"(?<![\w/.\\-])((?:exporter|monitoring|prometheus|grafana|helm|docs|tests|bench|scripts|"
+                       r"examples|gpu_exporter|collectors|verdict|commands|training|simulate)/[\w./*-]*[\w*])")
+"""A path into this repository, as docstrings and comments write it (from the top or from the package)."""
+
+
+def source_path_problems(source: str) -> list[str]:
+    """(line: path) of each repository path in ``source`` that does not exist."""
+    return [f"{line}: {m.group(1)}" for line, text in enumerate(source.splitlines(), 1)
+            for m in REPO_PATH.finditer(text) if not _exists(m.group(1), (ROOT, ROOT / "exporter", PACKAGE))]
+
+
+def test_source_comments_name_only_existing_files() -> None:
+    """prometheus/tests/remedies.test.yml and tests/test_evidence_rules.py were named and never existed."""
+    planted = ('"""See prometheus/tests/remedies.test.yml and monitoring/rules.py."""\n'
+               "# tests/test_nope.py, torch/x.py\n")
+    assert source_path_problems(planted) == ["1: prometheus/tests/remedies.test.yml", "2: tests/test_nope.py"]
+    problems = [f"{path.relative_to(ROOT)}:{problem}" for base in (PACKAGE, ROOT / "monitoring")
+                for path in sorted(base.rglob("*.py")) for problem in source_path_problems(path.read_text())]
+    assert not problems, "comments and docstrings name files that do not exist:\n  " + "\n  ".join(problems)
