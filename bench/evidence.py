@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter import catalog
 from gpu_exporter.collectors.evidence import CPU_SHARE, ProcReader
 
 from bench import scrape
@@ -89,7 +90,7 @@ def _evidence_duration_ms(port: int) -> tuple[float, int]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             series += 1
-            if line.startswith('gpu_exporter_collector_duration_seconds{collector="evidence"}'):
+            if line.startswith(f'{catalog.GPU_EXPORTER_COLLECTOR_DURATION_SECONDS.name}{{collector="evidence"}}'):
                 ms = float(line.split()[-1]) * 1000
     return ms, series
 

@@ -46,6 +46,7 @@ for _path in (REPO / "tests", REPO / "exporter"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from gpu_exporter import catalog  # noqa: E402
 from servers import http_get, promql, run_prometheus, wait_until  # noqa: E402
 
 from bench import fleet, fleet_sim  # noqa: E402
@@ -228,8 +229,9 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
                        queries: bool = True, diagnose: bool = True) -> Figures:
     """Fill ``figures`` from a Prometheus scraping the fleet at ``hostport``."""
     nodes = figures.nodes
-    wait_until(lambda: len(promql(prom, "node:gpu_utilization:avg5m")) >= nodes, 60 + nodes * 0.2,
-               interval=1, what="node:gpu_utilization:avg5m for every node")
+    node_utilization = catalog.NODE_UTILIZATION_AVG5M.name
+    wait_until(lambda: len(promql(prom, node_utilization)) >= nodes, 60 + nodes * 0.2,
+               interval=1, what=f"{node_utilization} for every node")
     sample_rule_groups(prom, warmup, EVALUATION_INTERVAL / 4, figures.startup_groups)
     for kind in dict.fromkeys(fleet_sim.node_kind(i) for i in range(nodes)):
         index = next(i for i in range(nodes) if fleet_sim.node_kind(i) == kind)
@@ -241,7 +243,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
     figures.slowest_rules = sorted(((float(r["evaluationTime"]), g["name"], r["name"]) for g in groups
                                     for r in g["rules"]), reverse=True)[:8]
     text = _metrics(prom)
-    figures.rss_bytes = _metric_values(text, "process_resident_memory_bytes")[0][1]
+    figures.rss_bytes = _metric_values(text, catalog.PROCESS_RESIDENT_MEMORY_BYTES.name)[0][1]
     figures.heap_bytes = _metric_values(text, "go_memstats_heap_inuse_bytes")[0][1]
     figures.head_series = _metric_values(text, "prometheus_tsdb_head_series")[0][1]
     figures.stored_series = scalar(prom, 'count({__name__=~".+"})')
@@ -251,7 +253,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
         prom, 'count({__name__=~".+:.+", run="", uuid!=""} or {__name__=~".+:.+", run="", gpu!=""}) or vector(0)')
     recorded = scalar(prom, 'count({__name__=~".+:.+"})')
     figures.recorded_other_series = recorded - figures.recorded_run_series - figures.recorded_gpu_series
-    figures.runs = int(scalar(prom, "count(count by (run) (gpu_training_steps_total)) or vector(0)"))
+    figures.runs = int(scalar(prom, f"count(count by (run) ({catalog.GPU_TRAINING_STEPS_TOTAL.name})) or vector(0)"))
     if queries:
         for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
             instant, size = timed_query(prom, expr)
