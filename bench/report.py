@@ -297,7 +297,7 @@ def _method(results: Results) -> list[str]:
         "back N/A, which if anything saves it work.",
         f"- **Scraper.** After the exporter serves GPU metrics: {num(d.warmup)} s warm-up at the steady rate, "
         f"then RSS (psutil), then {num(d.idle)} s without scrapes (CPU of polling alone, from "
-        f"{num(bench_scrape.SETTLE)} s after the last scrape: gpu-exporter may still render once for a scrape its "
+        f"{num(d.settle)} s after the last scrape: gpu-exporter may still render once for a scrape its "
         f"scraper's interval made it expect), then {num(d.scrape)} s "
         f"of steady scraping at {num(d.rate)} scrapes/s, one at a time, each on a fresh connection with the "
         "headers Prometheus 2.x sends (OpenMetrics preferred, `Accept-Encoding: gzip`). Latency is request "

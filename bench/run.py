@@ -52,7 +52,8 @@ class Mode:
 
 
 QUICK = Mode("quick", ((1, 0), (8, 0), (8, 64)),
-             scrape.Durations(warmup=0.5, idle=1.5, scrape=2.0, rate=4.0, burst=10, spaced=2, floor=2),
+             scrape.Durations(warmup=0.5, idle=1.0, scrape=2.0, rate=4.0, burst=10, spaced=2, floor=2,
+                              settle=0.5),
              accuracy_seconds=3600, micro_number=20_000, micro_repeat=3, training_pairs=2, training_seconds=0.4,
              profile_polls=3, load_seconds=5.0)
 """Every stage of FULL, each as short as still gives each figure (the test checks the document's form, not its

@@ -113,6 +113,8 @@ class Durations:
     spaced: int = 0
     floor: int = 0
     """Spaced scrapes of a second start of gpu-exporter that polls once and never again (:func:`idle_floor`)."""
+    settle: float = SETTLE
+    """Seconds between the last warm-up scrape and the idle stage (:data:`SETTLE`; shorter in quick mode)."""
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,7 @@ def measure(spec: ExporterSpec, durations: Durations, gpus: int, processes: int)
         ps = psutil.Process(proc.pid)
         _steady(port, durations.warmup, durations.rate)
         rss = ps.memory_info().rss / MB
-        time.sleep(SETTLE)
+        time.sleep(durations.settle)
         m0 = read_meter(spec.meter)
         s0, c0, t0 = thread_cpu_ns(proc.pid), _cpu_seconds(ps), time.perf_counter()
         time.sleep(durations.idle)
