@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e import run_clis
 from gpu_exporter.commands.metrics_client import Snapshot
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.causes import RunSignals, find_causes
@@ -165,13 +166,17 @@ def test_every_runbook_link_has_its_section() -> None:
 
 @pytest.mark.slow  # end-to-end: real processes
 def test_filters_and_exit_0_when_every_gpu_is_at_target(node: str) -> None:
-    result = run_cli("diagnose", "--url", node, "--window", "1", "--run", "loader", "--output", "json")
+    loader, at_target, nope = run_clis([  # side by side, each over its own window
+        ["diagnose", "--url", node, "--window", "1", "--run", "loader", "--output", "json"],
+        ["diagnose", "--url", node, "--window", "3", "--id", "GPU-diag-healthy,7"],
+        ["diagnose", "--url", node, "--window", "1", "--run", "nope"]])
+    result = loader
     assert result.returncode == 1
     assert [g["uuid"] for g in json.loads(result.stdout)["gpus"]] == ["GPU-diag-input"]
-    result = run_cli("diagnose", "--url", node, "--window", "3", "--id", "GPU-diag-healthy,7")
+    result = at_target
     assert result.returncode == 0, result.stdout
     assert "No GPU with work is below the 85% utilization target (2 GPU(s) checked)." in result.stdout
-    result = run_cli("diagnose", "--url", node, "--window", "1", "--run", "nope")
+    result = nope
     assert result.returncode == 2
     assert result.stderr.endswith(f"gpu-exporter: error: no GPU matches --run nope at {node}/metrics\n")
 
