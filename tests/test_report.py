@@ -37,12 +37,17 @@ SCENARIO = """gpus:
      processes: [{pid: 74001, name: "python train.py --slow-loader --f1-every-step", memory_gib: 30}]}
   - {name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: "GPU-e2e-checkpoint", device: true,
      processes: [{pid: 74002, name: "python train.py --slow-loader --f1-every-step", memory_gib: 30}]}
+  - {name: "NVIDIA A100-SXM4-80GB", architecture: ampere, memory_gib: 80, uuid: "GPU-e2e-uninstrumented",
+     utilization: 0.4, processes: [{pid: 74003, name: "python serve.py", memory_gib: 20}]}
 """
 LOOPS = Path(__file__).with_name("cause_loops.py")
 REUSED = Path(__file__).with_name("reused_name_loop.py")
 SECONDS = 20
 GPUS = ("GPU-e2e-mixed", "GPU-e2e-checkpoint")
 """Rank 0 and rank 1 of the run, each on its own simulated GPU."""
+UNINSTRUMENTED = "GPU-e2e-uninstrumented"
+"""A GPU 40% busy with a process and no training run: the fleet report's "not instrumented" time."""
+PRICES = "currency: EUR\ngpu_hour:\n  NVIDIA H100 80GB HBM3: 4.0\n  default: 2.0\n"
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +230,96 @@ def test_a_reused_name_reports_each_launch_alone(stack: tuple[str, str, Path]) -
                               f"{own[0]['run_id']} ({first['start']}): pick one with --run-id\n")
     _keep("reused-name.json", json.dumps({"timers": own, "reports": [first, second], "note": by_name.stderr},
                                          indent=2))
+
+
+def test_fleet_report_and_list_of_runs(stack: tuple[str, str, Path]) -> None:
+    """Issue 28: two teams (tag team), one of them twice under one name, and a GPU no run reports. Over their
+    range, the fleet report's GPU-hours by team and by cause match the jobs' own timers within 5%, the
+    uninstrumented GPU's hours (and its idle share, 60%) are counted as "not instrumented", the money is idle
+    GPU-hours x the price of the model, and ``--list`` shows the three launches with their tags."""
+    exporter, prom, tmp = stack
+    # Every GPU's busy rate over the report's window (4 steps) is there: the range starts with data.
+    wait_until(lambda: len(promql(prom, "rate(gpu_busy_seconds_total[4s])")) == 3, 20, what="4 s of scrapes")
+    start = time.time()
+
+    def job(name: str, uuid: str, seconds: float, share: float, team: str, out: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, str(REUSED), name, exporter, uuid, str(seconds), str(share), str(out)],
+                                env=exporter_env({"GPU_EXPORTER_TAGS": f"team={team},user=ana"}),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # vision: 10 s, 70% data (input-bound, M1); nlp: twice 5 s under one name, 80% compute on an idle GPU (M3).
+    vision = job("fleet-vision", GPUS[0], 10, 0.7, "vision", tmp / "vision.json")
+    for i in range(2):  # the next launch once Prometheus scraped the last snapshot of this one
+        nlp = job("fleet-nlp", GPUS[1], 5, 0.2, "nlp", tmp / f"nlp{i}.json")
+        assert nlp.wait(60) == 0, nlp.communicate()[1][-2000:]
+        last = (f'max(gpu_training_current_phase{{run="fleet-nlp"}}) == 0 and on() gpu_training_run_info'
+                f'{{run_id="{json.loads((tmp / f"nlp{i}.json").read_text())["run_id"]}"}}')
+        wait_until(lambda q=last: promql(prom, q), 20, what=f"launch {i}'s last snapshot in Prometheus")
+    assert vision.wait(60) == 0, vision.communicate()[1][-2000:]
+    own = {path.stem: json.loads(path.read_text()) for path in (tmp / "vision.json", tmp / "nlp0.json",
+                                                                 tmp / "nlp1.json")}
+    ids = "|".join(t["run_id"] for t in own.values())
+    wait_until(lambda: len(promql(prom, f'max by (run_id) (gpu_training_run_info{{run_id=~"{ids}"}}) and on() '
+                                        'max(gpu_training_current_phase{run=~"fleet-.*"}) == 0')) >= 1,
+               20, what="the fleet jobs' last snapshots in Prometheus")
+    time.sleep(1.5)
+    end = time.time()
+    prices = tmp / "prices.yaml"
+    prices.write_text(PRICES)
+    span = ["--from", str(round(start, 3)), "--to", str(round(end, 3)), "--step", "1s"]
+    result = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--prices", str(prices), "--output", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    seconds = doc["gpu_hours"] * 3600
+    assert seconds == pytest.approx(3 * (end - start), rel=0.05), doc
+    team = {row["team"]: row["gpu_hours"] * 3600 for row in doc["by_team"]}
+    cause = {row["verdict"]: row for row in doc["by_cause"]}
+    nlp = own["nlp0"]["wall"] + own["nlp1"]["wall"]
+    assert team["vision"] == pytest.approx(own["vision"]["wall"], rel=0.05), (team, own)
+    assert team["nlp"] == pytest.approx(nlp, rel=0.05), (team, own)
+    assert cause["input_bound"]["gpu_hours_below_target"] * 3600 == pytest.approx(own["vision"]["wall"], rel=0.05)
+    assert cause["batch_too_small"]["gpu_hours_below_target"] * 3600 == pytest.approx(nlp, rel=0.05)
+    # The GPU no run reports: all of its time, "not instrumented", 60% of it idle.
+    a100 = {row["model"]: row for row in doc["by_model"]}["NVIDIA A100-SXM4-80GB"]
+    assert a100["gpu_hours"] * 3600 == pytest.approx(end - start, rel=0.05)
+    assert cause["not_instrumented"]["gpu_hours"] * 3600 == pytest.approx(end - start, rel=0.05)
+    assert cause["not_instrumented"]["idle_gpu_hours_below_target"] == pytest.approx(
+        0.6 * cause["not_instrumented"]["gpu_hours"], rel=0.05)
+    # The jobs' GPUs between their runs: a process holds them, nothing runs.
+    assert cause["idle_but_allocated"]["gpu_hours"] * 3600 == pytest.approx(
+        2 * (end - start) - own["vision"]["wall"] - nlp, rel=0.1, abs=2.0)
+    h100 = sum(row["idle_gpu_hours_below_target"] for row in doc["by_model"] if row["model"] != a100["model"])
+    assert doc["money_lost"] == pytest.approx(4.0 * h100 + 2.0 * a100["idle_gpu_hours_below_target"], rel=1e-3)
+    who = {o["who"]: o for o in doc["offenders"]}
+    assert any(w.startswith(f"GPU {UNINSTRUMENTED} on ") for w in who), who
+    assert all(o["remedy"] for o in doc["offenders"])
+    by_team = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--team", "vision", "--output", "json")
+    assert json.loads(by_team.stdout)["gpu_hours"] * 3600 == pytest.approx(own["vision"]["wall"], rel=0.05)
+
+    listed = run_cli("report", "--prometheus-url", prom, "--list", *span, "--output", "json")
+    assert listed.returncode == 0, listed.stderr
+    runs = {r["run_id"]: r for r in json.loads(listed.stdout)["runs"]}
+    assert set(runs) == {t["run_id"] for t in own.values()}, runs
+    for name, timers in own.items():
+        row = runs[timers["run_id"]]
+        assert row["run"] == ("fleet-vision" if name == "vision" else "fleet-nlp")
+        assert row["tags"] == {"team": "vision" if name == "vision" else "nlp", "user": "ana"}
+        assert row["wall_seconds"] == pytest.approx(timers["wall"], rel=0.02)
+        assert row["main_cause"] == ("input_bound" if name == "vision" else "batch_too_small")
+    text = run_cli("report", "--prometheus-url", prom, "--list", *span)
+    assert text.returncode == 0 and "team=vision,user=ana" in text.stdout and "team=nlp,user=ana" in text.stdout
+    fleet_text = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--prices", str(prices))
+    assert fleet_text.returncode == 0 and "money lost" in fleet_text.stdout, fleet_text.stderr
+    markdown = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--output", "markdown")
+    assert markdown.stdout.startswith("### GPU fleet report\n"), markdown.stderr
+    bad = tmp / "bad-prices.yaml"
+    bad.write_text("currency: EUR\ngpu_hour:\n  default: cheap\n")
+    refused = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--prices", str(bad))
+    assert (refused.returncode, refused.stderr) == (2, f"gpu-exporter: error: --prices: {bad}:3: the price of "
+                                                       "'default' must be a number of EUR per GPU-hour (0 or more), "
+                                                       "not 'cheap'\n")
+    for name, out in (("fleet.json", result.stdout), ("fleet.txt", fleet_text.stdout), ("fleet.md", markdown.stdout),
+                      ("runs.txt", text.stdout), ("runs.json", listed.stdout), ("fleet-span.txt", " ".join(span))):
+        _keep(name, out)
 
 
 def test_diagnose_judges_the_latest_launch_of_a_name(stack: tuple[str, str, Path]) -> None:

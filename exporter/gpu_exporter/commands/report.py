@@ -744,6 +744,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (default: the packaged copy)")
     parser.add_argument("--output", choices=tuple(RENDERERS), default="text", help="the format (default text)")
     parser.add_argument("--out", metavar="FILE", help="write the report to FILE instead of standard output")
+    from gpu_exporter.commands import fleet  # fleet reads runs through this module
+
+    fleet.add_arguments(parser)
     add_client_arguments(parser, "--prometheus-url")
 
 
@@ -756,6 +759,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         prom = Prometheus(args.prometheus_url, connection=connection(args, args.prometheus_url, "--prometheus-url"))
         now = parse_time("now", "now")
+        if getattr(args, "list", False) or getattr(args, "fleet", False):
+            from gpu_exporter.commands import fleet
+
+            return fleet.run_range(args, prom, t)
         step = None if args.step is None else parse_seconds(args.step, "--step")
         try:
             parse_duration(args.lookback)
@@ -765,7 +772,8 @@ def run(args: argparse.Namespace) -> int:
         start = parse_time(args.start, "--from") if args.start else None
         final = None
         if args.run_name is None and args.run_id is None:
-            raise MetricsError("name the run: --run NAME (its latest launch) or --run-id ID (one launch)")
+            raise MetricsError("name the run: --run NAME (its latest launch) or --run-id ID (one launch); "
+                              "--list lists the runs of a range, --fleet reports on all GPUs")
         launch, note = pick_launch(prom, end if end is not None else now, args.lookback, args.run_name, args.run_id)
         if note is not None:
             sys.stderr.write(f"gpu-exporter: {note}\n")
