@@ -277,7 +277,7 @@ def test_compose_stack_runs_under_podman(image: Image, tmp_path: Path) -> None:
             gpus: dict[str, Any] = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
             return gpus
         # scrape and rule evaluation every 15 s (prometheus.yml as shipped): a few rounds
-        gpus = wait_until(diagnosed, 240, interval=5, what="a cause from Prometheus' recording rules")
+        gpus = wait_until(diagnosed, 240, interval=2, what="a cause from Prometheus' recording rules")
         up = ask("http://prometheus:9090/api/v1/query?query=up")["data"]["result"]
         managers = ask("http://prometheus:9090/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
         rules = ask("http://prometheus:9090/api/v1/rules")["data"]["groups"]
