@@ -36,11 +36,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e import firing_causes, shipped_fast_rules, wait_for_causes
+from e2e import firing_causes, run_clis, shipped_fast_rules, wait_for_causes
 from gpu_exporter.causes import BY_ID
 from servers import exporter_env, run_exporter, run_prometheus, scrape_config
 from test_integrations import LOOPS, gpu_work
-from test_query import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +99,10 @@ def test_each_integration_gets_its_cause_from_alerts_and_both_diagnose_paths(sta
     for uuid, alerts in wanted.items():
         assert firing.get(uuid) == alerts, (uuid, firing)
 
-    for option, source, extra in (("--url", exporter, ["--window", "5s"]), ("--prometheus-url", prom, [])):
-        result = run_cli("diagnose", option, source, *extra, "--output", "json")
+    sources: tuple[tuple[str, str, list[str]], ...] = (("--url", exporter, ["--window", "5s"]),
+                                                       ("--prometheus-url", prom, []))
+    results = run_clis([["diagnose", option, source, *extra, "--output", "json"] for option, source, extra in sources])
+    for (option, _, _), result in zip(sources, results, strict=True):
         assert result.returncode == 1, result.stderr
         gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
         for key, cause in JOBS.items():
