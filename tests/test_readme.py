@@ -60,12 +60,12 @@ def test_readme_benchmark_claims_link_to_their_measurement_and_name_the_missed_g
     # Every figure the README quotes is one of the document's (regenerate both together).
     quoted = set(re.findall(r"\d+\.\d+", section))
     assert quoted and not {n for n in quoted if n not in doc}, sorted(n for n in quoted if n not in doc)
-    # Every goal the document marks missed is named as missed.
+    # Every goal the document marks missed, in any of its runs, is named as missed.
     goals = doc[doc.index("### Goals"):doc.index("\n## ", doc.index("### Goals"))]
     rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in goals.splitlines() if row.startswith("| ")]
     # a goal's name without its link to a section: "goal (1 to 64 GPUs; [section](#...))" -> "goal"
     missed = [re.sub(r"\s*\([^()]*\]\([^)]*\)\)", "", goal) for goal, _, status in rows
-              if status.startswith("**missed**")]
+              if "**missed**" in status]
     flat = " ".join(section.split())
     said = flat.find("are **missed**")
     named = re.findall(r"(?<!\*)\*([^*]+)\*(?!\*)", flat[said:]) if said >= 0 else []
