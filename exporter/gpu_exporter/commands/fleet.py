@@ -126,6 +126,8 @@ class Point:
     remedy: str
     launch: tuple[str, str] | None
     """(run, run id) of the live run on the GPU (run id "" from a library without run ids); None: no live run."""
+    seconds: float = 0.0
+    """The time of the range it stands for: the step before it (the first point: what is left of the range)."""
 
 
 @dataclass
@@ -188,10 +190,16 @@ class Range:
     target: float
 
 
-def _grid(start: float, end: float, step: float) -> list[float]:
-    """The points ``start + k * step`` (k >= 1) up to ``end``; each stands for the ``step`` before it."""
-    count = max(1, math.floor((end - start) / step + 1e-9))
-    return [start + k * step for k in range(1, count + 1)]
+def _grid(start: float, end: float, step: float) -> list[tuple[float, float]]:
+    """(time, seconds it stands for) of the points ``end - k * step`` after ``start``: each stands for the step
+    before it, the first for what is left of the range (the seconds add up to ``end - start``).
+
+    >>> _grid(0.0, 2.5, 1.0)
+    [(0.5, 0.5), (1.5, 1.0), (2.5, 1.0)]
+    """
+    count = max(1, math.ceil((end - start) / step - 1e-9))
+    times = [end - k * step for k in range(count - 1, -1, -1)]
+    return [(ts, min(step, ts - start)) for ts in times]
 
 
 def _launches(prom: Prometheus, start: float, end: float, now: float) -> list[LaunchRow]:
@@ -225,11 +233,11 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
     step = step or max(run_report.MIN_STEP, (end - start) / run_report.POINTS)
     window = run_report.WINDOW_STEPS * step
-    times = _grid(start, end, step)
-    stepped = Stepped(prom, times, step)
+    grid = _grid(start, end, step)
+    stepped = Stepped(prom, [ts for ts, _ in grid], step)
     stepped.require(catalog.GPU_INFO.name, "15m")
     points: list[Point] = []
-    for ts in times:
+    for ts, seconds in grid:
         at = stepped.at_time(ts)
         if not at.query(catalog.GPU_INFO.name):
             continue
@@ -245,7 +253,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 launch = (run, readings.launches[key][0] if key else "")
             points.append(Point(ts, f"{view.cluster}/{view.uuid}" if view.cluster else view.uuid, view.uuid,
                                 view.node, view.name, view.pods, verdict.verdict, verdict.title, verdict.code,
-                                verdict.below_target, view.utilization, verdict.remedy, launch))
+                                verdict.below_target, view.utilization, verdict.remedy, launch, seconds))
     rows = _launches(prom, start, end, now)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
     for point in points:
@@ -264,7 +272,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
 
 @dataclass(frozen=True)
 class Prices:
-    """Price of one GPU-hour per GPU model (``gpu_info``'s ``name``), from ``--prices FILE``::
+    """Price of one GPU-hour per GPU model (the GPU's ``name`` label), from ``--prices FILE``::
 
         currency: USD
         gpu_hour:
@@ -300,7 +308,8 @@ def load_prices(path: str) -> Prices:
         raise MetricsError(f"--prices: {doc.where('currency')}: currency must be a name such as USD")
     table = doc.get("gpu_hour")
     if not isinstance(table, YamlMap) or not table:
-        raise MetricsError(f"--prices: {doc.where('gpu_hour')}: gpu_hour must map GPU models (gpu_info's name) "
+        raise MetricsError(f"--prices: {doc.where('gpu_hour')}: gpu_hour must map GPU models (as the "
+                           f"name label of {catalog.GPU_INFO.name} spells them) "
                            "to a price per GPU-hour, e.g. 'NVIDIA H100 80GB HBM3: 4.10'")
     prices: dict[str, float] = {}
     for model, value in table.items():
@@ -354,7 +363,7 @@ def shares(r: Range) -> list[Share]:
             row = rows.get((run, ident.split(",")[0]))
             wall = row.wall_on(first.uuid) if row else 0.0
             if wall <= 0:  # a run without a run id (older library): each point its step
-                wall = len(pts) * r.step
+                wall = sum(p.seconds for p in pts)
             used += wall
             tags = row.tags if row else {}
             name = f"run {run} ({ident})" if ident else f"run {run}"
@@ -366,7 +375,7 @@ def shares(r: Range) -> list[Share]:
                 unjudged = Point(row.start, first.gpu, first.uuid, first.node, first.model, (), UNJUDGED,
                                  UNJUDGED_TITLE, "", False, None, "", (row.run, row.run_ids[0]))
                 out.append(_share(unjudged, wall, row.tags.get(TEAM_TAG, NONE), f"run {row.run} ({row.ident})"))
-        rest = max(0.0, len(points) * r.step - used)
+        rest = max(0.0, sum(p.seconds for p in points) - used)
         out += [_share(p, rest / len(free), NONE, f"GPU {p.uuid} on {p.node or NONE}") for p in free]
     return out
 
@@ -707,8 +716,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--team", help=f"only the runs whose tag {TEAM_TAG} is TEAM")
     group.add_argument("--node", help="only GPUs of this node (its node or instance label)")
     group.add_argument("--prices", metavar="FILE",
-                       help="YAML: currency and gpu_hour (price per GPU-hour per GPU model, gpu_info's name, or "
-                            "default): --fleet adds the money lost")
+                       help="YAML: currency and gpu_hour (price per GPU-hour per GPU model, as the GPU's name label "
+                            "spells it, or default): --fleet adds the money lost")
     group.add_argument("--top", type=int, default=TOP, metavar="N", help=f"offenders to list (default {TOP})")
 
 
