@@ -104,6 +104,8 @@ def readme_clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh clone of this repository's HEAD in which README command 1's install step ran, as written
     (``python3 -m venv .venv && .venv/bin/pip install -q .``): its ``.venv`` is a user's plain venv (an old
     setuptools, no ``wheel``), and pip may leave ``build/`` in the checkout, as it does for a user."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout (or no git): nothing to clone")
     clone = tmp_path_factory.mktemp("readme") / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
