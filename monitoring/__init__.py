@@ -1,10 +1,14 @@
 """One generator for all monitoring content: ``python -m monitoring`` (``--check`` reports drift).
 
 The one config (exporter/gpu_exporter/thresholds.yml, read by gpu_exporter.thresholds) and the cause
-table (gpu_exporter.verdict.causes) are built once into :class:`monitoring.model.Model`: the generated alerts
-as objects with their parts, and the dashboards as Grafana models. Each module below contributes
-``generate(model) -> {path: text}`` from that model; :data:`GENERATORS` lists them, and ``__main__``
-writes or checks their union. No generator reads another's output.
+table (gpu_exporter.verdict.causes) are built once into :class:`monitoring.model.Model` by :func:`build`:
+each concern (monitoring.utilization, .causes with .straggler, .evidence, .remedies) exports its records
+and alerts, every alert gets its runbook anchor from its name in one pass, and the dashboards are built
+as Grafana models. Each writer below contributes ``generate(model) -> {path: text}``; :data:`GENERATORS`
+lists them, and ``__main__`` writes or checks their union. No generator reads another's output.
+
+Imports go one way: the writers (rules, dashboards, grafana_alerts) over the concerns, over the leaves
+(model, promql, paths, panels); tests/test_import_graph.py holds it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from monitoring import dashboards, grafana_alerts, rules
-from monitoring.model import Model
+from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
+
+from monitoring import causes, dashboards, evidence, grafana_alerts, remedies, rules, utilization
+from monitoring.model import Model, runbooks
+from monitoring.panels import Config
+
+
+def build(config: ThresholdsFile | None = None) -> Model:
+    """The model of ``config`` (default: the packaged thresholds.yml)."""
+    config = read_thresholds_file() if config is None else config
+    alerts = runbooks([*utilization.alerts(), *causes.alerts(), *evidence.alerts()])
+    records = (*causes.records(), *evidence.records(), *remedies.records())
+    return Model(config, alerts, records, dashboards.build(Config.load(config)))
+
 
 GENERATORS: list[Callable[[Model], dict[Path, str]]] = [rules.generate, dashboards.generate, grafana_alerts.generate]

@@ -6,9 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from monitoring import GENERATORS
-from monitoring.model import build
-from monitoring.rules import ROOT
+from monitoring import GENERATORS, build
+from monitoring.paths import ROOT
 
 
 def main(argv: list[str] | None = None) -> int:

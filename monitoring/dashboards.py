@@ -42,9 +42,8 @@ from monitoring.panels import (
     utilization_timeseries,
     variable,
 )
-from monitoring.rules import ROOT
+from monitoring.paths import DASHBOARD_DIR
 
-OUT = ROOT / "grafana" / "dashboards"
 NODE_LINK = ("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}", "gpu-node",
              {"node": "${__field.labels.node}", "gpu": "${__field.labels.gpu}"})
 
@@ -501,7 +500,6 @@ def build(cfg: Config) -> dict[str, dict[str, Any]]:
     return {name: model(make(cfg)) for name, make in DASHBOARDS.items()}
 
 
-def generate(cfg: Config | Model | None = None) -> dict[Path, str]:
+def generate(model: Model) -> dict[Path, str]:
     """``{grafana/dashboards/<name>.json: JSON}`` for the four dashboards."""
-    boards = cfg.dashboards if isinstance(cfg, Model) else build(Config.load() if cfg is None else cfg)
-    return {OUT / name: render(board) for name, board in boards.items()}
+    return {DASHBOARD_DIR / name: render(board) for name, board in model.dashboards.items()}

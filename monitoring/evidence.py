@@ -1,7 +1,7 @@
 """Rules for GPU processes nobody instrumented, generated from the evidence table (gpu_exporter.verdict.causes.HINTS).
 
-``python -m monitoring`` appends :func:`evidence_recording_group` to the recording rules and
-:func:`evidence_alert_group` to the alert rules (see :data:`GROUPS`). The recording rules turn the
+:func:`records` are the ``gpu-process-evidence.recording`` group, :func:`alerts` the
+``gpu-process-evidence.alerts`` group (each spliced where its template names it). The recording rules turn the
 gpu_process_* counters of ``collectors/evidence.py`` into 5m rates and shares, and record one
 ``process:gpu_process_hint:value`` series (labels ``hint``, ``code``) per process whose evidence
 passes a row of the table, on a GPU below ``utilization_target`` with no live training run.
@@ -17,17 +17,13 @@ GpuUtilizationBelowTarget. ``gpu_exporter.verdict.causes.find_hints`` is the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 
-from monitoring.model import Alert, Model, Record
-from monitoring.model import indent as _indent
-from monitoring.rules import HELD_LOW, _wrap
+from monitoring.model import Alert, Record, indent, wrap
+from monitoring.promql import GPU_SEL, HELD_LOW, C
 
-C = "${cluster_label}"
 UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{utilization_target}}\n"
                   f"unless on ({C}, uuid)\n({m.GPU_TRAINING_CURRENT_PHASE.name} == 1)")
 """GPUs below target on which no live training run reports (the sampled phases of sampling.py count as one)."""
@@ -61,21 +57,15 @@ def _condition(hint: Hint) -> str:
 RECORDING = "gpu-process-evidence.recording"
 
 
-def evidence_records() -> list[Record]:
+def records() -> list[Record]:
     """The ``gpu-process-evidence.recording`` group: rates, shares and one hint rule per row of HINTS."""
     rules = [Record(RECORDING, name, expr, comment=doc) for name, expr, doc in RATES]
     for hint in HINTS:
-        expr = f"(\n{_indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{_indent(UNINSTRUMENTED, 2)}\n)\n"
+        expr = f"(\n{indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{indent(UNINSTRUMENTED, 2)}\n)\n"
         rules.append(Record(RECORDING, m.PROCESS_HINT_VALUE.name, expr,
                             (("hint", hint.hint), ("code", hint.code)),
                             f"{hint.label}: {hint.finding.format(value='<value>')}."))
     return rules
-
-
-def evidence_recording_group(model: Model) -> str:
-    """The ``gpu-process-evidence.recording`` group, written from the model."""
-    return model.group_text(RECORDING, "Generated from gpu_exporter.verdict.causes.HINTS (monitoring/evidence.py): "
-                            "what /proc shows of GPU processes\nnobody instrumented.")
 
 
 def _finding(hint: Hint) -> str:
@@ -85,7 +75,7 @@ def _finding(hint: Hint) -> str:
 
 
 ALERTS = "gpu-process-evidence.alerts"
-GPU_NOW = (f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{{{C}=%q,uuid=%q}}" $labels.{C} $labels.uuid | query }}}}'
+GPU_NOW = (f'{{{{ with printf "{m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}" {GPU_SEL[1]} | query }}}}'
            "{{ . | first | value | humanizePercentage }}{{ end }}")
 """Template text: the GPU's 5m mean utilization now (a GPU without a live run is judged at it)."""
 GAP = {LOW: "below the ${utilization_low_threshold|percent} alert threshold",
@@ -110,30 +100,10 @@ def _evidence_alert(hint: Hint, lvl: str) -> Alert:
         f"{hint.advice}")
     labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl), ("hint", hint.hint))
     return Alert(ALERTS, EVIDENCE_ALERT, expr, "cause_for", labels,
-                 f"{SUMMARY[lvl]}; its processes point at {hint.label}.", _wrap(description), EVIDENCE_ALERT.lower())
+                 f"{SUMMARY[lvl]}; its processes point at {hint.label}.", wrap(description))
 
 
-def evidence_alerts() -> list[Alert]:
+def alerts() -> list[Alert]:
     """The ``gpu-process-evidence.alerts`` group: GpuUninstrumentedInputBound, one rule per hint and level
     (the warnings of level low first, then the info alerts of level target)."""
     return [_evidence_alert(hint, lvl) for lvl in (LOW, TARGET) for hint in HINTS]
-
-
-def evidence_alert_group(model: Model) -> str:
-    """The ``gpu-process-evidence.alerts`` group, written from the model's alerts."""
-    return model.group_text(ALERTS, "Generated from gpu_exporter.verdict.causes.HINTS (monitoring/evidence.py); "
-                            f"they read only {m.PROCESS_HINT_VALUE.name}.")
-
-
-def _recording_groups(model: Model) -> str:
-    from monitoring.remedies import remedy_recording_group  # it imports monitoring.rules too
-
-    return evidence_recording_group(model) + "\n" + remedy_recording_group(model)
-
-
-GROUPS: dict[str, Callable[[Model], str]] = {
-    "gpu-recording.rules.yml": _recording_groups,
-    "gpu-alerts.rules.yml": evidence_alert_group,
-}
-"""Rules file -> the generated groups appended to it (monitoring.rules.generate); the recording rules
-also get the concrete remedies of monitoring/remedies.py."""

@@ -21,11 +21,11 @@ from gpu_exporter.thresholds import ThresholdsFile
 from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import LOW
 
-from monitoring import rules
-from monitoring.model import Alert, Model, build, indent
+from monitoring.model import Alert, Model, indent
 from monitoring.panels import DATASOURCE_UID, Config, panel_id
+from monitoring.paths import GRAFANA_ALERTS
+from monitoring.rules import render
 
-OUT = rules.ROOT / "grafana" / "provisioning" / "alerting" / "gpu-utilization.yml"
 FOLDER = "GPU alerts"
 CONTACT_POINT = "external-alertmanager"
 HEADER = """\
@@ -123,7 +123,7 @@ def query(cfg: ThresholdsFile, same: list[Alert]) -> Query:
     without the comparison, which becomes the evaluator (no comparison: any series fires, > 0)."""
     if len({(a.op, a.threshold) for a in same}) != 1:
         raise ValueError(f"{same[0].name}: its rules compare differently; Grafana needs one threshold")
-    exprs = [rules.render(a.expr(compared=False), cfg, source=a.name) for a in same]
+    exprs = [render(a.expr(compared=False), cfg, source=a.name) for a in same]
     expr = exprs[0] if len(exprs) == 1 else "\nor\n".join(f"(\n{indent(e, 2)})" for e in exprs) + "\n"
     first = same[0]
     return Query(expr, (OPS[first.op], cfg.num(first.threshold)) if first.op else ("gt", 0.0))
@@ -157,7 +157,7 @@ def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
         "execErrState": "Error",
         "labels": labels,
         "annotations": {
-            "summary": rules.render(mirror.summary or first.summary, cfg, source=first.name),
+            "summary": render(mirror.summary or first.summary, cfg, source=first.name),
             "description": mirror.description,
             "runbook_url": cfg.runbook_url(first.anchor),
             "__dashboardUid__": mirror.dashboard,
@@ -178,9 +178,8 @@ def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def generate(source: Model | Config | None = None) -> dict[Path, str]:
+def generate(model: Model) -> dict[Path, str]:
     """``{grafana/provisioning/alerting/gpu-utilization.yml: YAML}``."""
-    model = source if isinstance(source, Model) else build(None if source is None else source.file)
     cfg = Config.load(model.config)
     doc = {
         "apiVersion": 1,
@@ -192,4 +191,4 @@ def generate(source: Model | Config | None = None) -> dict[Path, str]:
         "policies": [{"orgId": 1, "receiver": CONTACT_POINT, "group_by": ["alertname", cfg.cluster, "node"],
                       "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"}],
     }
-    return {OUT: HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)}
+    return {GRAFANA_ALERTS: HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)}

@@ -10,10 +10,13 @@ its threshold key, the expression around it, ``for``, labels, annotations), ever
 rule a :class:`Record` (the hand-written rules of prometheus/templates stay text); ``monitoring.rules``
 writes them as Prometheus YAML, ``monitoring.grafana_alerts`` takes the query without the comparison
 and the threshold straight from them, and both read the dashboards as built models (:class:`Model`).
+A leaf: the concerns (causes, straggler, utilization, evidence, remedies) build these objects, and
+``monitoring.build`` gathers them into the model, deriving every alert's runbook anchor (:func:`runbooks`).
 
 Texts hold ``${key}`` placeholders of thresholds.yml (``monitoring.rules.render`` fills them), so one
 model serves every config. Example::
 
+    >>> from monitoring import build
     >>> m = build()
     >>> low = m.alert("GpuUtilizationLow")
     >>> low.op, low.threshold, low.for_key
@@ -25,10 +28,10 @@ model serves every config. Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
+from gpu_exporter.thresholds import ThresholdsFile
 
 VALUE = "{value}"
 """Where an alert's ``shape`` holds its value (compared or not)."""
@@ -39,6 +42,23 @@ def indent(text: str, spaces: int) -> str:
     return "".join(" " * spaces + line if line.strip() else line for line in text.splitlines(keepends=True))
 
 
+def wrap(text: str, width: int = 108) -> str:
+    """``text`` broken into lines of at most ``width`` characters at spaces (an alert's description)."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join([*lines, line]) + "\n"
+
+
+def anchor(alert: str) -> str:
+    """The runbook section of the alert named ``alert``: GitHub's anchor of its heading, the lower-cased name."""
+    return alert.lower()
+
+
 @dataclass(frozen=True)
 class Alert:
     """One alerting rule with its parts.
@@ -46,8 +66,8 @@ class Alert:
     ``value`` is the PromQL whose value the alert judges; ``op`` and ``threshold`` (a thresholds.yml key)
     compare it (``op == ""``: no comparison, every series of the value fires); ``shape`` is the whole
     expression with :data:`VALUE` where the (compared) value goes. ``description`` is the Prometheus
-    template text as written (line-broken); ``anchor`` the runbook section; ``comment`` lines go
-    before the rule in the YAML.
+    template text as written (line-broken); ``anchor`` the runbook section, set from the name by
+    :func:`runbooks` for every alert of the model; ``comment`` lines go before the rule in the YAML.
     """
 
     group: str
@@ -57,11 +77,11 @@ class Alert:
     labels: tuple[tuple[str, str], ...]
     summary: str
     description: str
-    anchor: str
     op: str = ""
     threshold: str = ""
     shape: str = VALUE
     comment: str = ""
+    anchor: str = ""
 
     def expr(self, compared: bool = True) -> str:
         """The PromQL (``${key}`` placeholders kept), with the comparison or without it."""
@@ -96,6 +116,11 @@ class Record:
         return f"{comment}- record: {self.name}\n  expr: |\n{indent(expr, 4)}{labels}"
 
 
+def runbooks(alerts: Sequence[Alert]) -> tuple[Alert, ...]:
+    """Every alert with its runbook anchor derived from its name (the one place anchors are made)."""
+    return tuple(replace(a, anchor=anchor(a.name)) for a in alerts)
+
+
 def group_rules(texts: Sequence[str]) -> str:
     """Rules (their YAML texts) as the body of a group's ``rules:``, a blank line between them."""
     return "".join(indent(text, 6) + "\n" for text in texts).rstrip("\n") + "\n"
@@ -127,14 +152,6 @@ class Model:
         rules: list[Alert | Record] = [*self.records, *self.alerts]
         return [r for r in rules if r.group == name]
 
-    def group_text(self, name: str, comment: str) -> str:
-        """The group ``name`` as Prometheus YAML (an item of ``groups:``), ``comment`` above it."""
-        rules = self.group(name)
-        if not rules:
-            raise KeyError(f"the model has no rules of group {name}")
-        head = "".join(f"  # {line}\n" for line in comment.splitlines())
-        return f"{head}  - name: {name}\n    rules:\n" + group_rules([r.text() for r in rules])
-
     def dashboard(self, uid: str) -> dict[str, Any]:
         """The dashboard model with ``uid`` (KeyError when there is none)."""
         for board in self.dashboards.values():
@@ -142,13 +159,3 @@ class Model:
                 return board
         raise KeyError(f"no generated dashboard with uid {uid}")
 
-
-def build(config: ThresholdsFile | None = None) -> Model:
-    """The model of ``config`` (default: the packaged thresholds.yml)."""
-    from monitoring import dashboards, evidence, remedies, rules, utilization  # they import this module
-    from monitoring.panels import Config
-
-    config = read_thresholds_file() if config is None else config
-    alerts = (*utilization.alerts(), *rules.cause_alerts(), *evidence.evidence_alerts())
-    records = (*rules.cause_records(), *evidence.evidence_records(), *remedies.remedy_records())
-    return Model(config, alerts, records, dashboards.build(Config.load(config)))

@@ -31,6 +31,8 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from monitoring.model import anchor
+
 DATASOURCE_UID = "gpu-prometheus"
 """The provisioned Prometheus (grafana/provisioning/datasources/prometheus.yml) the dashboards default to."""
 DATASOURCE = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -82,8 +84,8 @@ class Config:
         return _setting("ingest.stale_after_seconds")
 
     def runbook(self, alert: str) -> str:
-        """The runbook URL of an alert: its section's anchor is the lower-cased name."""
-        return self.file.runbook_url(alert.lower())
+        """The runbook URL of an alert (its section: :func:`monitoring.model.anchor`)."""
+        return self.file.runbook_url(anchor(alert))
 
     def sel(self, metric: str, *labels: str, **fixed: str) -> str:
         """``metric{cluster=~"$cluster", node=~"$node", ...}``: the cluster variable, then one ``=~"$x"``

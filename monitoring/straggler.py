@@ -1,5 +1,5 @@
 """The causes of a distributed run, straggler (ST) and communication-bound (CM), in PromQL and alert text,
-for the generator in monitoring/rules.py.
+for the cause rules of monitoring/causes.py.
 
 The problem: the other causes are judged per rank, from that rank's own phases. A straggler is a
 relation between the ranks of one run: a rank waits in collectives (phase ``communication``)
@@ -15,8 +15,8 @@ communication share (``min by (cluster, run)``) is what every rank pays, and a r
 carries it. A waiting rank's communication is thus split once: the common part (CM) and its excess
 over it (ST), never the same time twice.
 
-The pieces take the generator's shared fragments (cluster label placeholder, the live-run filter,
-the phase share expression) as arguments, so they are defined once, in monitoring/rules.py.
+The pieces read the shared fragments (cluster label placeholder, the live-run filter, the phase share
+expression) from monitoring/promql.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpu_exporter import catalog
 from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, LAUNCH, RUN_WIDE, Cause
 
 from monitoring.model import Record
+from monitoring.promql import CAUSE_SHARE, LIVE, C, share
 
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
@@ -34,18 +35,20 @@ PROJECTED_STEP = catalog.RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS.name
 """The run's step time if the straggler kept up, per waiting rank."""
 
 
-def condition(cause: Cause, share: str, live: str, c: str) -> str:
+def condition(cause: Cause) -> str:
     """A waiting rank: its communication share minus the run's lowest, above ``straggler_wait_share``."""
-    lowest = (f"label_replace(\n      bottomk by ({c}, run) (1, {share} and {live}),\n"
+    comm = share(cause.phase)
+    lowest = (f"label_replace(\n      bottomk by ({C}, run) (1, {comm} and {LIVE}),\n"
               f'      "{LABEL}", "$1", "rank", "(.*)"\n    )')
-    return (f"(\n    {share}\n  - on ({c}, run) group_left ({LABEL})\n    {lowest}\n)\n"
-            f"> ${{{cause.keys[0]}}}\nand ignoring ({LABEL})\n{live}")
+    return (f"(\n    {comm}\n  - on ({C}, run) group_left ({LABEL})\n    {lowest}\n)\n"
+            f"> ${{{cause.keys[0]}}}\nand ignoring ({LABEL})\n{LIVE}")
 
 
-def common_condition(cause: Cause, share: str, live: str, c: str) -> str:
+def common_condition(cause: Cause) -> str:
     """Every live rank of a run: the run's lowest live communication share, above ``communication_bound_share``."""
-    return (f"(\n    0 * {share}\n  + on ({c}, run) group_left ()\n    min by ({c}, run) ({share} and {live})\n)\n"
-            f"> ${{{cause.keys[0]}}}\nand\n{live}")
+    comm = share(cause.phase)
+    return (f"(\n    0 * {comm}\n  + on ({C}, run) group_left ()\n    min by ({C}, run) ({comm} and {LIVE})\n)\n"
+            f"> ${{{cause.keys[0]}}}\nand\n{LIVE}")
 
 
 def common_what(cause: Cause) -> str:
@@ -55,12 +58,12 @@ def common_what(cause: Cause) -> str:
             "explains it): the gradient exchange itself is slow.")
 
 
-def projected_step_rule(cause: Cause, c: str, group: str) -> Record:
+def projected_step_rule(cause: Cause, group: str) -> Record:
     """The recording rule of the run's step time if the straggler kept up: step time x (1 - wait)."""
     return Record(group, PROJECTED_STEP,
-                  f"{STEP}\n* on ({c}, run, rank, uuid) group_right ()\n"
-                  f"(1 - max by ({c}, run, rank, uuid, {LABEL}) "
-                  f'({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause="{cause.cause}"}}))\n',
+                  f"{STEP}\n* on ({C}, run, rank, uuid) group_right ()\n"
+                  f"(1 - max by ({C}, run, rank, uuid, {LABEL}) "
+                  f'({CAUSE_SHARE}{{cause="{cause.cause}"}}))\n',
                   comment=f"The run's step time if rank {LABEL} kept up: the waiting rank's step time without its "
                           "wait.")
 
@@ -77,7 +80,7 @@ def _said(cause: Cause) -> str:
 def what(cause: Cause) -> str:
     """The alert text: which rank this one waits for, how much, and the straggler's own cause."""
     run_wide = "|".join(c.cause for c in CAUSES if c.kind in RUN_WIDE)  # not the straggler's own cause
-    query = (f'printf "topk(1, max without (level) ({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{run=%q,rank=%q,'
+    query = (f'printf "topk(1, max without (level) ({CAUSE_SHARE}{{run=%q,rank=%q,'
              f'cause!~\\"{run_wide}\\"}}))" $labels.run $labels.{LABEL}')
     chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $c "{other.cause}" }}}}{_said(other)}'
                     for i, other in enumerate(c for c in CAUSES if c.kind not in RUN_WIDE))

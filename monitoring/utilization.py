@@ -5,7 +5,7 @@ They judge one GPU's utilization against a threshold of thresholds.yml while wor
 join the workload (pod, run) for the text. GpuUtilizationLow and GpuUtilizationBelowTarget judge the
 level, so they read the GPU's useful utilization (``gpu:gpu_useful_utilization:avg5m``: its live run's
 time in collectives, where NCCL kernels spin, does not count; without a live run it is the
-utilization); GpuIdleButAllocated reads the busy time itself. ``monitoring.rules`` writes them into the
+utilization); GpuIdleButAllocated reads the busy time itself. ``monitoring.rules`` splices them into the
 ``gpu-utilization.alerts`` group of gpu-alerts.rules.yml (where the template says so);
 ``monitoring.grafana_alerts`` mirrors them with the same query, comparison and ``for``.
 """
@@ -19,10 +19,9 @@ from gpu_exporter.catalog import (
     GPU_WORKLOAD_INFO,
 )
 from gpu_exporter.verdict.causes import CAUSES
-from gpu_exporter.verdict.ladder import BELOW_TARGET_ANCHOR
 
 from monitoring.model import VALUE, Alert
-from monitoring.rules import BUSY_NOTE, CAUSE_SHARE, HELD_LOW, C
+from monitoring.promql import CAUSE_SHARE, GPU_SEL, HELD_LOW, C, busier
 
 GROUP = "gpu-utilization.alerts"
 
@@ -39,7 +38,7 @@ WITH_WORK = _with_work()
 """A GPU's value while it holds memory, processes or a training run, with the workload's labels."""
 HELD_CAUSE = f"max by ({C}, uuid) (last_over_time({CAUSE_SHARE}[${{alert_hold}}]))"
 """A cause applied to a live run on the GPU (at either level) at any time in the last ``alert_hold``: what
-the cause alerts read (monitoring.rules), so GpuTrainingBelowTarget and GpuUtilizationBelowTarget never
+the cause alerts read (monitoring.causes), so GpuTrainingBelowTarget and GpuUtilizationBelowTarget never
 take turns either."""
 BELOW_TARGET = _with_work(HELD_LOW, HELD_CAUSE)
 """WITH_WORK, less the GPUs GpuUtilizationLow covers (low at any time in the last alert_hold) and those
@@ -47,6 +46,11 @@ whose live run has a cause (GpuTrainingBelowTarget, or a cause warning alert, na
 WHO = ('GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
        'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n')
 """The first two lines of each description: the GPU and its workload."""
+BUSY_NOTE = (f"{busier(GPU_USEFUL_UTILIZATION_AVG5M.name, GPU_SEL)}"
+             " NVML reads it {{ . | first | value | humanizePercentage }} busy now, but the time its training run "
+             "spends in collectives (phase communication, where NCCL kernels spin while they wait) is not useful "
+             "work and does not count.{{ end }}")
+"""A note when the GPU's useful utilization is below its busy time (GpuUtilizationLow, ...BelowTarget)."""
 
 LOW_DESCRIPTION = (
     WHO +
@@ -92,19 +96,19 @@ def alerts() -> list[Alert]:
         Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", warning,
               "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
-              "gpuutilizationlow", op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
+              op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
               comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
         Alert(GROUP, "GpuUtilizationBelowTarget",
               f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", info,
               "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
-              "is known.", BELOW_TARGET_DESCRIPTION, BELOW_TARGET_ANCHOR, op="<",
+              "is known.", BELOW_TARGET_DESCRIPTION, op="<",
               threshold="utilization_target", shape=BELOW_TARGET,
               comment="The ladder's not_instrumented / underutilized rows up to the target "
                       "(gpu_exporter.verdict.ladder).\n"
                       "Hysteresis at both lines: below the target within alert_hold, unless low within it\n"
                       "(GpuUtilizationLow's) or a cause applied within it (the cause alerts'), so none take turns."),
         Alert(GROUP, "GpuIdleButAllocated", GPU_UTILIZATION_AVG5M.name, "idle_for", warning,
-              "A GPU is idle but allocated to a workload.", IDLE_DESCRIPTION, "gpuidlebutallocated",
+              "A GPU is idle but allocated to a workload.", IDLE_DESCRIPTION,
               op="<", threshold="idle_utilization_threshold", shape=WITH_WORK),
     ]

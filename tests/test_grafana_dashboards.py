@@ -41,7 +41,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 from servers import free_port, http_status, promql, run_exporter, run_prometheus, wait_until
 
-from monitoring import dashboards, grafana_alerts
+from monitoring import build, dashboards, grafana_alerts
 from monitoring.panels import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,12 +128,12 @@ def metric_names(expr: str) -> set[str]:
 def test_config_reaches_every_query_and_colour() -> None:
     """Another threshold, target, cluster label, exporter job and runbook URL pattern in the config
     change every dashboard and alert: nothing the config holds is typed into the generator."""
-    cfg = Config.load(read_thresholds_file().with_values(
+    model = build(read_thresholds_file().with_values(
         utilization_low_threshold=0.42, utilization_target=0.77, cluster_label="k8s_cluster",
         dashboard_temperature_warn_celsius=71, exporter_job_regex="gpux.*", dashboard_time_below_warn=0.33,
         runbook_url_pattern="https://runbooks.example/gpu#{anchor}"))
-    text = "".join(dashboards.generate(cfg).values())
-    boards = [json.loads(t) for t in dashboards.generate(cfg).values()]
+    text = "".join(dashboards.generate(model).values())
+    boards = [json.loads(t) for t in dashboards.generate(model).values()]
     exprs = [t["expr"] for d in boards for p in panels(d) for t in p.get("targets", [])]
     assert all('k8s_cluster=~"$cluster"' in e for e in exprs), [e for e in exprs if "k8s_cluster" not in e]
     assert not any(re.search(r"\bcluster\b", e.replace("$cluster", "")) for e in exprs)
@@ -142,7 +142,7 @@ def test_config_reaches_every_query_and_colour() -> None:
              for s in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])]
     assert 0.42 in steps and 0.77 in steps and 71 in steps and 0.3 not in steps and 0.85 not in steps
     assert any('up{job=~"gpux.*", k8s_cluster=~"$cluster"' in e for e in exprs)
-    alerts = "".join(grafana_alerts.generate(cfg).values())
+    alerts = "".join(grafana_alerts.generate(model).values())
     assert "- 0.42" in alerts and "k8s_cluster" in alerts
     for generated in (text, alerts):
         assert "https://runbooks.example/gpu#gputraininginputbound" in generated and "github.com" not in generated
@@ -167,7 +167,7 @@ def test_bad_config_is_one_clear_error(tmp_path: Path, change: tuple[str, str], 
     bad = tmp_path / "thresholds.yml"
     bad.write_text(text.replace(change[0], change[1]))
     with pytest.raises(ThresholdsError) as err:
-        dashboards.generate(Config.load(read_thresholds_file(bad)))
+        build(read_thresholds_file(bad))
     line = text[:text.index(change[0])].count("\n") + 1  # the changed key's line, or the next key's
     where = f"{bad} " if message.startswith("lacks") else f"{bad}:{line}: "
     assert str(err.value).startswith(where) and message in str(err.value) and "\n" not in str(err.value)

@@ -241,8 +241,7 @@ def test_prometheus_and_grafana_alerts_change_together_under_another_config() ->
     """Both files are written from one in-memory model (monitoring.model): with another threshold and
     pending period the Prometheus rule and its Grafana mirror change together, and Grafana's query is
     the Prometheus one without the comparison, which Grafana's threshold expression makes instead."""
-    from monitoring import grafana_alerts, rules
-    from monitoring.model import build
+    from monitoring import build, grafana_alerts, rules
 
     model = build(read_thresholds_file().with_values(utilization_low_threshold=0.42, utilization_low_for="17m",
                                                      idle_utilization_threshold=0.03, cause_for="7m"))

@@ -95,11 +95,13 @@ def test_rules_files_are_generated_from_thresholds() -> None:
 
 
 def test_threshold_values_reach_the_rules() -> None:
+    from monitoring import build
+
     gen = load_generator()
     values = read_thresholds_file()
     assert values.text("utilization_low_threshold") == "0.3"
     changed = values.with_values(utilization_low_threshold=0.42, utilization_low_for="17m")
-    text = "".join(gen.generate(changed).values())
+    text = "".join(gen.generate(build(changed)).values())
     assert "min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.42" in text  # GpuUtilizationLow
     assert "< bool 0.42" in text
     assert "for: 17m" in text
@@ -229,10 +231,12 @@ def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -
 
 
 def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:
+    from monitoring import build
+
     gen = load_generator()
     values = read_thresholds_file().with_values(cluster_label="region",
                                                runbook_url_pattern="https://wiki.example.com/gpu/{anchor}")
-    text = "".join(gen.generate(values).values())
+    text = "".join(gen.generate(build(values)).values())
     assert "runbook_url: https://wiki.example.com/gpu/gpuutilizationlow" in text
     assert "github.com" not in text
     assert "on (region, uuid)" in text and "by (region, uuid)" in text
@@ -247,7 +251,8 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
     """The generated rule groups are written from the model's objects (monitoring.model), in order, and
     each alert that compares keeps its comparison as a part (operator, thresholds.yml key), so the
     Grafana mirror takes the bare query instead of cutting the comparison out of the text."""
-    from monitoring.model import Alert, build
+    from monitoring import build
+    from monitoring.model import Alert
 
     model = build()
     cfg = model.config

@@ -157,7 +157,7 @@ def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
 def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> None:
     from gpu_exporter.verdict.views import GpuView, Process
 
-    from monitoring.model import build
+    from monitoring import build
 
     model = build()
     for utilization, alert in ((0.1, "GpuUtilizationLow"), (0.5, "GpuUtilizationBelowTarget")):

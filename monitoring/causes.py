@@ -1,0 +1,142 @@
+"""The cause rules, from gpu_exporter.verdict.causes.CAUSES: the ``gpu-cause.recording`` group
+(``run:gpu_training_cause:share`` per cause and level, the projections) and the ``gpu-cause.alerts`` group
+(a warning and an info alert per cause, reading only those series).
+
+Written as template text (``${key}`` placeholders), so the values come from thresholds.yml like
+everywhere else; gpu_exporter.verdict.causes.find_causes is the same logic in Python.
+"""
+
+from __future__ import annotations
+
+from gpu_exporter import catalog as m
+from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, COLLECTIVE, LAUNCH, PHASE, STRAGGLER, Cause
+from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
+from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
+
+from monitoring import remedies, straggler
+from monitoring.model import Alert, Record, indent, wrap
+from monitoring.promql import CAUSE_SHARE, LIVE, RUN, USEFUL, C, busier, held_low, share
+
+RECORDING = "gpu-cause.recording"
+ALERTS = "gpu-cause.alerts"
+UTIL = f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name})"
+LEVELS = {lv.level: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
+          for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
+"""Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
+
+
+def _condition(cause: Cause) -> str:
+    """The PromQL of ``cause`` before the level filter: value = the share (M4: events) that explains it."""
+    if cause.kind == PHASE:
+        return f"{share(cause.phase)} > ${{{cause.keys[0]}}}\nand\n{LIVE}"
+    if cause.kind == STRAGGLER:
+        return straggler.condition(cause)
+    if cause.kind == COLLECTIVE:
+        return straggler.common_condition(cause)
+    if cause.kind == LAUNCH:
+        compute_key, busy_key, memory_key = cause.keys
+        compute = f"({share(cause.phase)} > ${{{compute_key}}})"
+        return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
+                f"and\n(\n    {UTIL}\n  / on ({C}, uuid) group_right ()\n    {compute}\n"
+                f"  < ${{{busy_key}}}\n)\nand\n{LIVE}\n"
+                f"and on ({C}, uuid)\n(max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
+                f" < ${{{memory_key}}})")
+    window_key, retries_key = cause.keys
+    retries = f"increase({m.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{{window_key}}}])"
+    ooms = f"increase({m.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{{window_key}}}])"
+    return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{{retries_key}}} or {ooms} > 0)\n)\n"
+            f"and\n{LIVE}")
+
+
+def records() -> list[Record]:
+    """The ``gpu-cause.recording`` group: one share rule per cause and level, then the projections."""
+    rules = []
+    for cause in CAUSES:
+        for lvl, condition in LEVELS.items():
+            expr = f"(\n{indent(_condition(cause), 2)}\n)\nand on {RUN}\n({condition})\n"
+            rules.append(Record(
+                RECORDING, CAUSE_SHARE, expr,
+                (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
+                f"{cause.label}, level {lvl}: value = "
+                + (f"allocator retries + OOMs in ${{{cause.keys[0]}}}" if cause.kind == ALLOCATOR else
+                   "the share of the step it takes") + "."))
+    phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER, COLLECTIVE))
+    launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
+    rules.append(Record(
+        RECORDING, m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name,
+        f"clamp_max(\n    (\n        {USEFUL}\n      / on {RUN} group_right ()\n"
+        f'        (1 - {CAUSE_SHARE}{{cause=~"{phase_causes}"}})\n    )\n  or\n'
+        f"    (\n        {USEFUL}\n      + on {RUN} group_right ()\n"
+        f'        {CAUSE_SHARE}{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n',
+        comment="The utilization the GPU could reach without the cause (an upper bound), from its useful utilization\n"
+                f"u ({USEFUL}). Hiding a phase of share s leaves the GPU work and shortens the\n"
+                "step to 1 - s: u / (1 - s). A launch-bound GPU busy through its whole compute phase reaches the\n"
+                "compute share: u + share."))
+    return rules + [straggler.projected_step_rule(c, RECORDING) for c in CAUSES if c.kind == STRAGGLER]
+
+
+def _projection(cause: Cause) -> str:
+    if cause.kind == ALLOCATOR:
+        return ""
+    if cause.kind == STRAGGLER:
+        return straggler.projection(cause)
+    query = (f'printf "{m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
+             f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
+    return (f"{{{{ with {query} | query }}}} If that were removed the GPU could reach at most"
+            f" {{{{ . | first | value | humanizePercentage }}}} ({cause.hidden}).{{{{ end }}}}")
+
+
+def _what(cause: Cause) -> str:
+    if cause.kind == ALLOCATOR:
+        window_key, retries_key = cause.keys
+        return ("had {{ $value | humanize }} caching-allocator retries and out-of-memory errors in the last "
+                f"${{{window_key}}} (the limit is ${{{retries_key}}} retries and no OOM); each "
+                "retry frees the cache and stalls the GPU.")
+    if cause.kind == LAUNCH:
+        _, busy_key, memory_key = cause.keys
+        return ("keeps its GPU idle for {{ $value | humanizePercentage }} of the step inside the compute phase: "
+                f"the GPU is busy for less than ${{{busy_key}|percent}} of the time the job computes while less "
+                f"than ${{{memory_key}|percent}} of its memory is used (small batches or kernels, launch "
+                "overhead).")
+    if cause.kind == STRAGGLER:
+        return straggler.what(cause)
+    if cause.kind == COLLECTIVE:
+        return straggler.common_what(cause)
+    return f"spends {{{{ $value | humanizePercentage }}}} of its time {cause.doing}."
+
+
+WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "
+         "node {{ $labels.node }}{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}")
+_RUN_SEL = (f"{{{C}=%q,run=%q,rank=%q,uuid=%q}}", f"$labels.{C} $labels.run $labels.rank $labels.uuid")
+"""A selector of this alert's run (rank) on its GPU for the queries of the text, with its printf arguments."""
+UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }}"
+            f"{busier(USEFUL, _RUN_SEL)} useful ({{{{ . | first | value | humanizePercentage }}}} busy, "
+            f'{{{{ with printf "1 - {USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }} of the step in collectives){{ end }}")
+"""The run's useful utilization now, as :func:`gpu_exporter.verdict.levels.useful_text` writes it: ``8%``, or
+``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time."""
+HELD_LOW_RUN = held_low(USEFUL, RUN)
+"""The run's useful utilization (its causes' level) was low within ``alert_hold`` (see monitoring.promql.held_low)."""
+
+
+def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
+    # the cause's latest share (M4: events) in the last alert_hold, at either level
+    held = f'max without (level) (last_over_time({CAUSE_SHARE}{{cause="{cause.cause}"}}[${{alert_hold}}]))'
+    expr = (f"(\n    {held}\n  {'and' if lvl == LOW else 'unless'} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
+            f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
+    description = (f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} "
+                   f"{remedies.annotation(cause)}{cause.advice}")
+    labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl),
+              *((("cause", cause.cause),) if lvl == TARGET else ()))
+    return Alert(ALERTS, name, expr, "cause_for", labels, summary, wrap(description))
+
+
+def alerts() -> list[Alert]:
+    """The ``gpu-cause.alerts`` group: a warning alert per cause (level low), an info alert per cause (target)."""
+    return ([_alert(cause.alert, cause, LOW, "A training job's GPU is below ${utilization_low_threshold|percent}, "
+                    f"cause {cause.label}.", "the alert threshold is ${utilization_low_threshold|percent}")
+             for cause in CAUSES]
+            + [_alert("GpuTrainingBelowTarget", cause, TARGET, "A training job's GPU is below the "
+                      "${utilization_target|percent} target and the cause is known.",
+                      "the target is ${utilization_target|percent}") for cause in CAUSES])

@@ -1,0 +1,49 @@
+"""The PromQL fragments the generated rules share, as template text (``${key}`` placeholders of thresholds.yml).
+
+A leaf: the cause, straggler, evidence, remedy and utilization rules import these, so each fragment is
+written once. gpu_exporter.verdict is the same logic in Python.
+"""
+
+from __future__ import annotations
+
+from gpu_exporter import catalog as m
+from gpu_exporter.verdict.levels import BY_LEVEL, LOW
+
+C = "${cluster_label}"
+"""The cluster label: every aggregation and join keeps it, so two clusters never merge."""
+RUN = f"({C}, uuid, run, rank)"
+"""The labels of a run (rank) on a GPU: what the useful utilization and the cause series join on."""
+USEFUL = m.RUN_USEFUL_UTILIZATION_AVG5M.name
+"""The run's useful utilization, min(u, 1 - communication share) (prometheus/templates/gpu-recording.rules.yml.in,
+gpu_exporter.verdict.levels.useful_utilization): what the levels and the projections start from."""
+LIVE = f"(max without (phase) ({m.GPU_TRAINING_CURRENT_PHASE.name}) == 1)"
+"""The run (rank) reports a current phase: it is live."""
+CAUSE_SHARE = m.RUN_TRAINING_CAUSE_SHARE.name
+"""The recording series of the causes: what the cause alerts, the projections and the dashboards read."""
+
+
+def share(phase: str) -> str:
+    """The run's (rank's) 5m share of ``phase``."""
+    return f'max without (phase) ({m.RUN_TRAINING_PHASE_SHARE5M.name}{{phase="{phase}"}})'
+
+
+# Hysteresis (docs/prometheus.md): the alerts do not read the level of the cause series, which flips
+# whenever utilization crosses a line, but whether the cause applied (at any level below target) and
+# whether the (useful) utilization was low at any time in the last ${alert_hold}. The warning (low) and
+# info (target) alert of a cause exclude each other through the same held condition, so each keeps its
+# identity and its for: while utilization hovers around the low threshold or the target.
+def held_low(series: str, by: str) -> str:
+    """``series`` was below the low line at any time within ``alert_hold``."""
+    return f"max by {by} (min_over_time({series}[${{alert_hold}}])) < ${{{BY_LEVEL[LOW].key}}}"
+
+
+HELD_LOW = held_low(m.GPU_USEFUL_UTILIZATION_AVG5M.name, f"({C}, uuid)")
+"""The GPU's useful utilization was low within ``alert_hold`` (GpuUtilizationLow's, GpuUtilizationBelowTarget's)."""
+GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
+"""A selector of an alert's GPU for the queries of its text, with its printf arguments."""
+
+
+def busier(useful: str, sel: tuple[str, str]) -> str:
+    """Template text: ``with`` the GPU's busy time where it exceeds ``useful`` (the collectives hid part of it)."""
+    return (f'{{{{ with printf "max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}) > on ({C}, uuid) '
+            f'max by ({C}, uuid) ({useful}{sel[0]})" {GPU_SEL[1]} {sel[1]} | query }}}}')
