@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -162,8 +163,11 @@ def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dic
     wait_until(started, 120, interval=1.0, what="every loop to report and be sampled")
     time.sleep(6)  # one more sampling window: the windows compared hold no start-up (importing torch)
     before = _phase_seconds(url)
-    time.sleep(21)
-    after = _phase_seconds(url)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # diagnose (below) judges a 6 s window inside the 21 s compared
+        diagnosing = pool.submit(run_clis, [["diagnose", "--url", url, "--window", "6s", "--output", "json"],
+                                            ["diagnose", "--url", url, "--window", "6s", "--id", "GPU-s-checkpoint"]])
+        time.sleep(21)
+        after = _phase_seconds(url)
     for name in NAMES:
         own = _shares(before[(f"GPU-e2e-{name}", "")], after[(f"GPU-e2e-{name}", "")])
         sampled = _shares(before[(f"GPU-s-{name}", "sampled")], after[(f"GPU-s-{name}", "sampled")])
@@ -173,8 +177,7 @@ def test_sampled_shares_match_the_loops_own_timers(sampled_stack: tuple[str, dic
             assert sampled.get(phase, 0.0) == pytest.approx(own.get(phase, 0.0), abs=0.1), (name, phase, own, sampled)
 
     # diagnose reads the sampled run like a reported one, judges it with the cause table and says it is sampled.
-    result, text_result = run_clis([["diagnose", "--url", url, "--window", "6s", "--output", "json"],
-                                    ["diagnose", "--url", url, "--window", "6s", "--id", "GPU-s-checkpoint"]])
+    result, text_result = diagnosing.result()
     gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
     (run,) = gpus["GPU-s-checkpoint"]["runs"]
     assert run["run"] == f"pid-{pids['checkpoint']}" and run["source"] == "sampled" and run["live"], run
