@@ -3,9 +3,10 @@
 The one config (exporter/gpu_exporter/thresholds.yml, read by gpu_exporter.thresholds) and the cause
 table (gpu_exporter.verdict.causes) are built once into :class:`monitoring.model.Model` by :func:`build`:
 each concern (monitoring.utilization, .causes with .straggler, .evidence, .remedies) exports its records
-and alerts, every alert gets its runbook anchor from its name in one pass, and the dashboards are built
-as Grafana models. Each writer below contributes ``generate(model) -> {path: text}``; :data:`GENERATORS`
-lists them, and ``__main__`` writes or checks their union. No generator reads another's output.
+and alerts, and the dashboards are built as Grafana models. Each writer below contributes
+``generate(model) -> {path: text}``; :data:`GENERATORS` lists them, and ``__main__`` writes or checks their
+union. No generator reads another's output. Every alert's runbook link is its name's section
+(monitoring.model.anchor), set for all alerts of a rules file in one pass (monitoring.rules.runbooks).
 
 Imports go one way: the writers (rules, dashboards, grafana_alerts) over the concerns, over the leaves
 (model, promql, paths, panels); tests/test_import_graph.py holds it.
@@ -19,14 +20,14 @@ from pathlib import Path
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 
 from monitoring import causes, dashboards, evidence, grafana_alerts, remedies, rules, utilization
-from monitoring.model import Model, runbooks
+from monitoring.model import Model
 from monitoring.panels import Config
 
 
 def build(config: ThresholdsFile | None = None) -> Model:
     """The model of ``config`` (default: the packaged thresholds.yml)."""
     config = read_thresholds_file() if config is None else config
-    alerts = runbooks([*utilization.alerts(), *causes.alerts(), *evidence.alerts()])
+    alerts = (*utilization.alerts(), *causes.alerts(), *evidence.alerts())
     records = (*causes.records(), *evidence.records(), *remedies.records())
     return Model(config, alerts, records, dashboards.build(Config.load(config)))
 

@@ -11,7 +11,7 @@ rule a :class:`Record` (the hand-written rules of prometheus/templates stay text
 writes them as Prometheus YAML, ``monitoring.grafana_alerts`` takes the query without the comparison
 and the threshold straight from them, and both read the dashboards as built models (:class:`Model`).
 A leaf: the concerns (causes, straggler, utilization, evidence, remedies) build these objects, and
-``monitoring.build`` gathers them into the model, deriving every alert's runbook anchor (:func:`runbooks`).
+``monitoring.build`` gathers them into the model.
 
 Texts hold ``${key}`` placeholders of thresholds.yml (``monitoring.rules.render`` fills them), so one
 model serves every config. Example::
@@ -28,7 +28,7 @@ model serves every config. Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_exporter.thresholds import ThresholdsFile
@@ -66,8 +66,9 @@ class Alert:
     ``value`` is the PromQL whose value the alert judges; ``op`` and ``threshold`` (a thresholds.yml key)
     compare it (``op == ""``: no comparison, every series of the value fires); ``shape`` is the whole
     expression with :data:`VALUE` where the (compared) value goes. ``description`` is the Prometheus
-    template text as written (line-broken); ``anchor`` the runbook section, set from the name by
-    :func:`runbooks` for every alert of the model; ``comment`` lines go before the rule in the YAML.
+    template text as written (line-broken); ``comment`` lines go before the rule in the YAML. Its
+    ``runbook_url`` is ``${runbook_url}``, which monitoring.rules makes the link of :attr:`anchor`, as for
+    every alert of the templates.
     """
 
     group: str
@@ -81,7 +82,11 @@ class Alert:
     threshold: str = ""
     shape: str = VALUE
     comment: str = ""
-    anchor: str = ""
+
+    @property
+    def anchor(self) -> str:
+        """The runbook section of this alert (:func:`anchor` of its name)."""
+        return anchor(self.name)
 
     def expr(self, compared: bool = True) -> str:
         """The PromQL (``${key}`` placeholders kept), with the comparison or without it."""
@@ -94,7 +99,7 @@ class Alert:
         labels = "".join(f"    {key}: {value}\n" for key, value in self.labels)
         return (f"{comment}- alert: {self.name}\n  expr: |\n{indent(self.expr(), 4)}  for: ${{{self.for_key}}}\n"
                 f"  labels:\n{labels}  annotations:\n    summary: {self.summary}\n    description: >-\n"
-                f"{indent(self.description, 6)}    runbook_url: ${{runbook_url_pattern:{self.anchor}}}\n")
+                f"{indent(self.description, 6)}    runbook_url: ${{runbook_url}}\n")
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,6 @@ class Record:
         labels = "".join(f"    {key}: {value}\n" for key, value in self.labels)
         labels = f"  labels:\n{labels}" if labels else ""
         return f"{comment}- record: {self.name}\n  expr: |\n{indent(expr, 4)}{labels}"
-
-
-def runbooks(alerts: Sequence[Alert]) -> tuple[Alert, ...]:
-    """Every alert with its runbook anchor derived from its name (the one place anchors are made)."""
-    return tuple(replace(a, anchor=anchor(a.name)) for a in alerts)
 
 
 def group_rules(texts: Sequence[str]) -> str:
