@@ -15,7 +15,7 @@ from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
 
 from monitoring import remedies, straggler
 from monitoring.model import Alert, Record, indent, wrap
-from monitoring.promql import CAUSE_SHARE, LIVE, RUN, USEFUL, C, busier, held_low, share
+from monitoring.promql import CAUSE_SHARE, LIVE, RUN, USEFUL, C, busier, held_low, projected_query, share
 
 RECORDING = "gpu-cause.recording"
 ALERTS = "gpu-cause.alerts"
@@ -80,9 +80,7 @@ def _projection(cause: Cause) -> str:
         return ""
     if cause.kind == STRAGGLER:
         return straggler.projection(cause)
-    query = (f'printf "{m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
-             f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
-    return (f"{{{{ with {query} | query }}}} If that were removed the GPU could reach at most"
+    return (f"{{{{ with {projected_query(cause.cause)} | query }}}} If that were removed the GPU could reach at most"
             f" {{{{ . | first | value | humanizePercentage }}}} ({cause.hidden}).{{{{ end }}}}")
 
 

@@ -21,8 +21,9 @@ from gpu_exporter.thresholds import ThresholdsFile
 from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import LOW
 
+from monitoring import causes
 from monitoring.model import Alert, Model, indent
-from monitoring.panels import DATASOURCE_UID, Config, panel_id
+from monitoring.panels import DATASOURCE_UID, panel_id
 from monitoring.paths import GRAFANA_ALERTS
 from monitoring.rules import render
 
@@ -67,9 +68,7 @@ def mirrors(model: Model) -> list[Mirror]:
     cfg = model.config
     low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
     below = model.alert("GpuUtilizationBelowTarget")
-    cause_text = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} "
-                  "({{ $labels.uuid }}), node {{ $labels.node }}{{ with $labels.pod }}, pod "
-                  "{{ $labels.namespace }}/{{ . }}{{ end }}: ")
+    cause_text = causes.WHERE + ": "
     out = [
         Mirror(low.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean; its "
@@ -180,7 +179,6 @@ _Dumper.add_representer(str, _str)
 
 def generate(model: Model) -> dict[Path, str]:
     """``{grafana/provisioning/alerting/gpu-utilization.yml: YAML}``."""
-    cfg = Config.load(model.config)
     doc = {
         "apiVersion": 1,
         "groups": [{"orgId": 1, "name": "gpu-utilization", "folder": FOLDER, "interval": "1m",
@@ -188,7 +186,8 @@ def generate(model: Model) -> dict[Path, str]:
         "contactPoints": [{"orgId": 1, "name": CONTACT_POINT, "receivers": [
             {"uid": "gpu-external-alertmanager", "type": "prometheus-alertmanager", "disableResolveMessage": False,
              "settings": {"url": "${ALERTMANAGER_URL}"}}]}],
-        "policies": [{"orgId": 1, "receiver": CONTACT_POINT, "group_by": ["alertname", cfg.cluster, "node"],
+        "policies": [{"orgId": 1, "receiver": CONTACT_POINT,
+                      "group_by": ["alertname", model.config.text("cluster_label"), "node"],
                       "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"}],
     }
     return {GRAFANA_ALERTS: HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)}

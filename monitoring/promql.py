@@ -43,6 +43,17 @@ GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
 """A selector of an alert's GPU for the queries of its text, with its printf arguments."""
 
 
+def run_query(metric: str, extra: str = "") -> str:
+    """Template text: a printf of the query of ``metric`` for the alert's run (rank) on its GPU, ``extra`` after it."""
+    return f'printf "{metric}{{run=%q,rank=%q,uuid=%q}}{extra}" $labels.run $labels.rank $labels.uuid'
+
+
+def projected_query(cause: str) -> str:
+    """Template text: a printf of the query of the utilization the alert's GPU could reach without ``cause``."""
+    return (f'printf "{m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
+            f'"{cause}" $labels.run $labels.rank $labels.uuid')
+
+
 def busier(useful: str, sel: tuple[str, str]) -> str:
     """Template text: ``with`` the GPU's busy time where it exceeds ``useful`` (the collectives hid part of it)."""
     return (f'{{{{ with printf "max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}) > on ({C}, uuid) '

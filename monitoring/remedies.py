@@ -14,7 +14,7 @@ from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import Cause
 
 from monitoring.model import Record, indent
-from monitoring.promql import C, share
+from monitoring.promql import C, run_query, share
 
 
 def _per_run(gpu_metric: str) -> str:
@@ -66,22 +66,18 @@ def records() -> list[Record]:
     return [Record(GROUP, name, expr, comment=doc) for name, doc, expr in RULES]
 
 
-def _query(metric: str, extra: str = "") -> str:
-    return (f'printf "{metric}{{run=%q,rank=%q,uuid=%q}}{extra}" $labels.run $labels.rank $labels.uuid')
-
-
 def annotation(cause: Cause) -> str:
     """The suggestion a cause alert's description carries (before the advice), or "" for other causes."""
     if cause.cause == "input_bound":
-        pin = _query(m.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
-        persistent = _query(m.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
-        more = _query(m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on (run, rank, uuid) {W}")
+        pin = run_query(m.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
+        persistent = run_query(m.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
+        more = run_query(m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on (run, rank, uuid) {W}")
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")
     if cause.cause == "batch_too_small":
-        batch = _query(m.RUN_TRAINING_REMEDY_BATCH_SIZE.name)
-        factor = _query(m.RUN_TRAINING_REMEDY_BATCH_FACTOR.name)
+        batch = run_query(m.RUN_TRAINING_REMEDY_BATCH_SIZE.name)
+        factor = run_query(m.RUN_TRAINING_REMEDY_BATCH_FACTOR.name)
         return (f"{{{{ with {batch} | query }}}}Its memory allows batch {{{{ . | first | value }}}}"
                 f"{{{{ with {factor} | query }}}} (scale the learning rate by {{{{ . | first | value }}}})"
                 "{{ end }}. {{ end }}")

@@ -25,7 +25,7 @@ from gpu_exporter import catalog
 from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, LAUNCH, RUN_WIDE, Cause
 
 from monitoring.model import Record
-from monitoring.promql import CAUSE_SHARE, LIVE, C, share
+from monitoring.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
 
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
@@ -94,10 +94,7 @@ def what(cause: Cause) -> str:
 
 def projection(cause: Cause) -> str:
     """The alert text of the projections: the GPU's utilization and the run's step time if the straggler kept up."""
-    util = (f'printf "{catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
-            f'"{cause.cause}" $labels.run $labels.rank $labels.uuid')
-    step = f'printf "{STEP}{{run=%q,rank=%q,uuid=%q}}" $labels.run $labels.rank $labels.uuid'
-    projected = f'printf "{PROJECTED_STEP}{{run=%q,rank=%q,uuid=%q}}" $labels.run $labels.rank $labels.uuid'
+    util, step, projected = projected_query(cause.cause), run_query(STEP), run_query(PROJECTED_STEP)
     return (f"{{{{ with {util} | query }}}} If rank {{{{ $labels.{LABEL} }}}} kept up, the GPU could reach at most "
             f"{{{{ . | first | value | humanizePercentage }}}}{{{{ end }}}}{{{{ with {projected} | query }}}} and the "
             f"run's step would take ~{{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}"

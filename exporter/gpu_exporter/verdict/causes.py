@@ -1,6 +1,6 @@
 """Why a GPU is below its utilization target: one table of causes, and the pure judge that applies it.
 
-The same table (:data:`CAUSES`) is the single definition of every cause. ``monitoring/rules.py``
+The same table (:data:`CAUSES`) is the single definition of every cause. ``monitoring/causes.py``
 turns it into the Prometheus recording rules ``run:gpu_training_cause:share`` and
 ``run:gpu_training_cause:projected_utilization`` and the alerts that read only those series;
 :func:`find_causes` applies it in Python for ``gpu-exporter diagnose --url`` and the status page.

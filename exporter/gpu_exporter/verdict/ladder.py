@@ -57,7 +57,7 @@ for batch in run.data(loader):                # time spent waiting for the batch
 """The five lines that instrument a training loop (docs/training.md has the rest)."""
 
 BELOW_TARGET_ANCHOR = "gpuutilizationbelowtarget"
-"""The runbook section of GpuUtilizationBelowTarget (monitoring/utilization.py uses it for the alert)."""
+"""The runbook section of GpuUtilizationBelowTarget (monitoring.model.anchor derives the same for the alert)."""
 
 BELOW = tuple(lv.level for lv in LEVELS)
 """The levels below target: the rows that say why a GPU is below its target apply at these."""

@@ -9,7 +9,7 @@ generated rules record the same as ``run:gpu_useful_utilization:avg5m`` and
 ``gpu:gpu_useful_utilization:avg5m`` (prometheus/templates/gpu-recording.rules.yml.in).
 
 The verdict, the status page (its JSON carries :func:`describe`, the page's script colours bars
-from that), the alert rules (monitoring/rules.py) and the report all read these rows, so the
+from that), the alert rules (monitoring/causes.py) and the report all read these rows, so the
 levels' names and thresholds keys exist only here.
 
 >>> from gpu_exporter.thresholds import load_thresholds
