@@ -276,3 +276,21 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
 
 def gen_render(text: str, cfg: Any) -> str:
     return str(load_generator().render(text, cfg))
+
+
+def test_runbook_links_come_from_the_alert_names_and_every_group_is_spliced() -> None:
+    """One pass gives every alert of a rules file (generated or hand-written) the runbook section named
+    after it; a ``${runbook_url}`` outside an alert, and a generated group no template splices, are errors."""
+    from dataclasses import replace
+
+    from monitoring import build
+
+    gen = load_generator()
+    text = "      - alert: GpuMissing\n        annotations:\n          runbook_url: ${runbook_url}\n"
+    assert gen.runbooks(text).endswith("runbook_url: ${runbook_url_pattern:gpumissing}\n")
+    with pytest.raises(KeyError, match="outside an alert"):
+        gen.runbooks("groups: # ${runbook_url}\n")
+    model = build()
+    lost = replace(model, records=(*model.records, replace(model.records[0], group="gpu-nowhere.recording")))
+    with pytest.raises(ValueError, match=r"gpu-nowhere\.recording"):
+        gen.generate(lost)
