@@ -276,7 +276,7 @@ def test_fleet_report_and_list_of_runs(stack: tuple[str, str, Path]) -> None:
     nlp = own["nlp0"]["wall"] + own["nlp1"]["wall"]
     assert team["vision"] == pytest.approx(own["vision"]["wall"], rel=0.05), (team, own)
     assert team["nlp"] == pytest.approx(nlp, rel=0.05), (team, own)
-    assert cause["input_bound"]["gpu_hours_below_target"] * 3600 == pytest.approx(own["vision"]["wall"], rel=0.05)
+    assert cause["input_bound"]["gpu_hours_below_target"] * 3600 == pytest.approx(own["vision"]["wall"], rel=0.05), doc
     assert cause["batch_too_small"]["gpu_hours_below_target"] * 3600 == pytest.approx(nlp, rel=0.05)
     # The GPU no run reports: all of its time, "not instrumented", 60% of it idle.
     a100 = {row["model"]: row for row in doc["by_model"]}["NVIDIA A100-SXM4-80GB"]
@@ -317,8 +317,13 @@ def test_fleet_report_and_list_of_runs(stack: tuple[str, str, Path]) -> None:
     assert (refused.returncode, refused.stderr) == (2, f"gpu-exporter: error: --prices: {bad}:3: the price of "
                                                        "'default' must be a number of EUR per GPU-hour (0 or more), "
                                                        "not 'cheap'\n")
+    page = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--prices", str(prices), "--output", "html")
+    assert page.returncode == 0 and page.stdout.count("<svg") == 2, page.stderr
+    for remote in ("<script", "<link", "<img", "src=", "href=", "url("):
+        assert remote not in page.stdout, remote
     for name, out in (("fleet.json", result.stdout), ("fleet.txt", fleet_text.stdout), ("fleet.md", markdown.stdout),
-                      ("runs.txt", text.stdout), ("runs.json", listed.stdout), ("fleet-span.txt", " ".join(span))):
+                      ("fleet.html", page.stdout), ("runs.txt", text.stdout), ("runs.json", listed.stdout),
+                      ("fleet-span.txt", " ".join([prom, *span]))):
         _keep(name, out)
 
 

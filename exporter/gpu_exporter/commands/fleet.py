@@ -164,6 +164,13 @@ class LaunchRow:
     def ranks(self) -> list[str]:
         return sorted({rank for rank, _ in self.walls}, key=lambda r: (len(r), r))
 
+    def by_verdict(self) -> dict[str, float]:
+        """Its wall time by the verdicts of its points (each point its share of the wall time)."""
+        out: Counter[str] = Counter()
+        for p in self.points:
+            out[p.verdict] += 1
+        return {v: round(self.wall * n / len(self.points), 3) for v, n in out.most_common()}
+
     def owners(self) -> list[str]:
         return sorted({pod for p in self.points for pod in p.pods})
 
@@ -426,7 +433,7 @@ class Tally:
     def to_json(self, priced: bool) -> dict[str, Any]:
         out = {"gpu_hours": round(self.gpu_hours, 6), "gpu_hours_below_target": round(self.below_target, 6),
                "idle_gpu_hours_below_target": round(self.idle, 6)}
-        return {**out, "money_lost": round(self.money, 4)} if priced else out
+        return {**out, "money_lost": round(self.money, 6)} if priced else out
 
 
 def _tally(items: Iterable[Share], key: Any, prices: Prices | None) -> dict[str, Tally]:
@@ -521,11 +528,25 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
 # --- rendering ---------------------------------------------------------------------------------------
 
 def _h(hours: float) -> str:
-    return f"{hours:.3f}"
+    """GPU-hours to 3 decimals, or to 5 below 0.1 (a short range).
+
+    >>> _h(1234.56789), _h(0.0028)
+    ('1234.568', '0.00280')
+    """
+    return f"{hours:.3f}" if hours >= 0.1 or hours == 0 else f"{hours:.5f}"
 
 
 def _money(f: Fleet, value: float) -> str:
-    return f"{value:.2f} {f.prices.currency}" if f.prices else ""
+    if f.prices is None:
+        return ""
+    return f"{value:.2f} {f.prices.currency}" if value >= 1 or value == 0 else f"{value:.4f} {f.prices.currency}"
+
+
+def _first(remedy: str) -> str:
+    """The first sentence of a remedy (the JSON has all of it)."""
+    line = (remedy.splitlines() or [""])[0]
+    head, dot, _ = line.partition(". ")
+    return head + dot.strip() if dot else line
 
 
 def _headline(f: Fleet) -> list[tuple[str, str]]:
@@ -560,10 +581,12 @@ def _cells(f: Fleet, t: Tally) -> list[str]:
 
 
 def _offender_line(f: Fleet, i: int, o: dict[str, Any]) -> str:
-    money = f", {o['money_lost']:.2f} {f.prices.currency}" if f.prices else ""
-    remedy = o["remedy"].splitlines()[0] if o["remedy"] else "none"
-    team = f"team {o['team']}, " if o["team"] != NONE else ""
-    return (f"{i}. {o['who']} ({team}node {o['node'] or NONE}): {o['title']}, {_h(o['gpu_hours_below_target'])} "
+    money = f", {_money(f, o['money_lost'])}" if f.prices else ""
+    remedy = _first(o["remedy"]) or "none"
+    where = [f"team {o['team']}"] if o["team"] != NONE else []
+    where += [] if o["who"].startswith("GPU ") else [f"node {o['node'] or NONE}"]
+    return (f"{i}. {o['who']}{' (' + ', '.join(where) + ')' if where else ''}: {o['title']}, "
+            f"{_h(o['gpu_hours_below_target'])} "
             f"GPU-hours below target, {_h(o['idle_gpu_hours_below_target'])} idle{money}; remedy: {remedy}")
 
 
@@ -593,7 +616,7 @@ def render_markdown(f: Fleet) -> str:
         out += [f"| {k} | " + " | ".join(_cells(f, t)) + " |" for k, t in rows]
     out += ["", "| # | offender | team | verdict | below target | idle | remedy |", "|---|---|---|---|---:|---:|---|"]
     out += [f"| {i} | {o['who']} | {o['team']} | {o['title']} | {_h(o['gpu_hours_below_target'])} | "
-            f"{_h(o['idle_gpu_hours_below_target'])} | {(o['remedy'].splitlines() or [''])[0]} |"
+            f"{_h(o['idle_gpu_hours_below_target'])} | {_first(o['remedy'])} |"
             for i, o in enumerate(f.offenders, 1)]
     return "\n".join(out) + "\n"
 
@@ -655,7 +678,7 @@ def launch_json(row: LaunchRow) -> dict[str, Any]:
             "start": iso(row.start), "end": iso(row.end), "ranks": row.ranks, "gpus": row.gpus,
             "wall_seconds": round(row.wall, 3), "mean_utilization": None if row.utilization is None
             else round(row.utilization, 4),
-            "main_cause": None if main is None else main.verdict,
+            "seconds_by_verdict": row.by_verdict(), "main_cause": None if main is None else main.verdict,
             "main_cause_title": None if main is None else VERDICT_TITLES.get(main.verdict, main.verdict)}
 
 
