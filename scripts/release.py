@@ -41,7 +41,13 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the tomli backport, if installed
+    try:
+        import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+    except ModuleNotFoundError:
+        sys.exit("release.py: reading pyproject.toml needs Python 3.11+ or the tomli package (pip install tomli)")
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
