@@ -269,6 +269,7 @@ def test_fleet_report_and_list_of_runs(stack: tuple[str, str, Path]) -> None:
     result = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--prices", str(prices), "--output", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
+    _keep("fleet.json", result.stdout)
     seconds = doc["gpu_hours"] * 3600
     assert seconds == pytest.approx(3 * (end - start), rel=0.05), doc
     team = {row["team"]: row["gpu_hours"] * 3600 for row in doc["by_team"]}
@@ -321,9 +322,9 @@ def test_fleet_report_and_list_of_runs(stack: tuple[str, str, Path]) -> None:
     assert page.returncode == 0 and page.stdout.count("<svg") == 2, page.stderr
     for remote in ("<script", "<link", "<img", "src=", "href=", "url("):
         assert remote not in page.stdout, remote
-    for name, out in (("fleet.json", result.stdout), ("fleet.txt", fleet_text.stdout), ("fleet.md", markdown.stdout),
+    for name, out in (("fleet.txt", fleet_text.stdout), ("fleet.md", markdown.stdout),
                       ("fleet.html", page.stdout), ("runs.txt", text.stdout), ("runs.json", listed.stdout),
-                      ("fleet-span.txt", " ".join([prom, *span]))):
+                      ("fleet-span.txt", " ".join([prom, *span])), ("fleet-timers.json", json.dumps(own, indent=2))):
         _keep(name, out)
 
 
