@@ -379,7 +379,8 @@ def shares(r: Range) -> list[Share]:
             wall = row.wall_on(first.uuid)
             if wall > 0 and (row.run, row.ident) not in run_points:
                 used += wall
-                unjudged = Point(row.start, first.gpu, first.uuid, first.node, first.model, (), UNJUDGED,
+                near = min(points, key=lambda p: abs(p.time - row.start))  # its pods, most likely
+                unjudged = Point(row.start, first.gpu, first.uuid, near.node, first.model, near.pods, UNJUDGED,
                                  UNJUDGED_TITLE, "", False, None, "", (row.run, row.run_ids[0]))
                 out.append(_share(unjudged, wall, row.tags.get(TEAM_TAG, NONE), f"run {row.run} ({row.ident})"))
         rest = max(0.0, sum(p.seconds for p in points) - used)

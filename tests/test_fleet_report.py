@@ -1,0 +1,134 @@
+"""``report --list`` / ``report --fleet`` without servers: how GPU time is shared, the prices file, bad input.
+
+The end-to-end test against real jobs, a real exporter and a real Prometheus is
+tests/test_report.py::test_fleet_report_and_list_of_runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpu_exporter.commands.fleet import (
+    NONE,
+    UNJUDGED,
+    LaunchRow,
+    Point,
+    Range,
+    fleet,
+    load_prices,
+    render_html,
+    render_markdown,
+    render_text,
+    shares,
+)
+from gpu_exporter.commands.metrics_client import MetricsError
+from gpu_exporter.thresholds import load_thresholds
+from test_query import run_cli
+
+T = load_thresholds(None)
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+def _point(ts: float, uuid: str, verdict: str, below: bool, util: float, launch: tuple[str, str] | None,
+           model: str = H100, pods: tuple[str, ...] = ()) -> Point:
+    return Point(ts, uuid, uuid, "node-a", model, pods, verdict, verdict, "", below, util, f"fix {verdict}. More.",
+                 launch, 2.0)
+
+
+def _range() -> Range:
+    """Two GPUs, 10 points of 2 s: GPU-1 ran ``train`` (run id a, team vision) for 9 s of its timers at 5 points
+    (input-bound, 10% busy), idle with memory held at the others; GPU-2 (an A100 in namespace ml) is not
+    instrumented at 40%; ``short`` (team nlp) ran 1 s on GPU-2 between two points."""
+    points = [_point(2.0 * k, "GPU-1", "input_bound" if k < 5 else "idle_but_allocated", True, 0.1 if k < 5 else 0.0,
+                     ("train", "a") if k < 5 else None) for k in range(1, 11)]
+    points += [_point(2.0 * k, "GPU-2", "not_instrumented", True, 0.4, None, A100, ("ml/serve-0",))
+               for k in range(1, 11)]
+    rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", "GPU-1"): 9.0}),
+            LaunchRow("short", ["b"], 12.5, 13.5, {"team": "nlp"}, {("0", "GPU-2"): 1.0})]
+    by_id = {("train", "a"): rows[0]}
+    for p in points:
+        if p.launch in by_id:
+            by_id[p.launch].points.append(p)
+    return Range("http://prometheus:9090", 0.0, 20.0, 2.0, 8.0, points, rows, T.utilization_target)
+
+
+def test_a_gpus_time_adds_up_to_the_range_and_a_runs_to_its_timers() -> None:
+    items = shares(_range())
+    by_gpu: dict[str, float] = {}
+    for s in items:
+        by_gpu[s.point.uuid] = by_gpu.get(s.point.uuid, 0.0) + s.seconds
+    assert by_gpu == {"GPU-1": pytest.approx(20.0), "GPU-2": pytest.approx(20.0)}
+    run = [s for s in items if s.offender == "run train (a)"]
+    assert sum(s.seconds for s in run) == pytest.approx(9.0) and {s.team for s in run} == {"vision"}
+    short = [s for s in items if s.offender == "run short (b)"]  # live at no point: counted, not judged
+    assert [(s.seconds, s.point.verdict, s.team) for s in short] == [(1.0, UNJUDGED, "nlp")]
+    f = fleet(_range(), None)
+    causes = {k: v for k, v in f.by_cause.items()}
+    assert causes["input_bound"].below_target * 3600 == pytest.approx(9.0)
+    assert causes["input_bound"].idle * 3600 == pytest.approx(0.9 * 9.0)
+    assert causes["idle_but_allocated"].gpu_hours * 3600 == pytest.approx(11.0)
+    assert causes["not_instrumented"].gpu_hours * 3600 == pytest.approx(19.0)
+    assert causes[UNJUDGED].below_target == 0.0
+    assert f.by_team["vision"].gpu_hours * 3600 == pytest.approx(9.0)
+    assert f.by_namespace["ml"].gpu_hours * 3600 == pytest.approx(20.0)
+    assert f.by_namespace[NONE].gpu_hours * 3600 == pytest.approx(20.0)
+    assert f.total.gpu_hours * 3600 == pytest.approx(40.0)
+    # Offenders by idle time: GPU-2 (0.6 x 19 s) before GPU-1's idle time (11 s) before the run (8.1 s).
+    assert [o["who"] for o in f.offenders] == ["GPU GPU-2 on node-a", "GPU GPU-1 on node-a", "run train (a)"]
+    assert f.offenders[2]["remedy"] == "fix input_bound. More." and f.offenders[2]["team"] == "vision"
+    only = fleet(_range(), None, team="vision")
+    assert only.total.gpu_hours * 3600 == pytest.approx(9.0)
+    ml = fleet(_range(), None, namespace="ml")
+    assert ml.total.gpu_hours * 3600 == pytest.approx(20.0) and ml.filters == {"namespace": "ml"}
+    text = render_text(f)
+    assert "input_bound" in text and "remedy: fix input_bound." in text and "More." not in text
+    assert render_markdown(f).startswith("### GPU fleet report\n")
+    assert render_html(f).count("<svg") == 2
+
+
+def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
+    path = tmp_path / "prices.yaml"
+    path.write_text(f"currency: EUR\ngpu_hour:\n  {H100}: 4.0\n")
+    f = fleet(_range(), load_prices(str(path)))
+    h100_idle = (0.9 * 9.0 + 11.0) / 3600
+    assert f.total.money == pytest.approx(4.0 * h100_idle)
+    assert f.total.unpriced == pytest.approx(0.6 * 19.0 / 3600)  # the A100 has no price, and no default
+    assert "money lost" in render_text(f) and f.to_json()["prices"]["currency"] == "EUR"
+    path.write_text(f"gpu_hour:\n  {H100}: 4.0\n  default: 1.5\n")
+    prices = load_prices(str(path))
+    assert (prices.currency, prices.of(A100), prices.of(H100)) == ("USD", 1.5, 4.0)
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("gpu_hour: [1, 2]\n", "{p}:1: gpu_hour must map GPU models"),
+    ("currency: EUR\ngpu_hour:\n  default: cheap\n", "{p}:3: the price of 'default' must be a number of EUR per "
+                                                      "GPU-hour (0 or more), not 'cheap'"),
+    ("gpu_hour:\n  default: -1\n", "{p}:2: the price of 'default' must be a number of USD per GPU-hour (0 or more), "
+                                   "not -1"),
+    ("gpu_hour: {default: 1}\nprice: 2\n", "{p}:2: unknown key 'price' (currency, gpu_hour)"),
+    ("gpu_hour: {default: 1\n", "{p}:2: invalid YAML"),
+    ("- 1\n", "{p}: expected a mapping with currency and gpu_hour"),
+])
+def test_a_bad_prices_file_is_one_line(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "prices.yaml"
+    path.write_text(text)
+    with pytest.raises(MetricsError) as err:
+        load_prices(str(path))
+    message = str(err.value)
+    assert message.startswith("--prices: " + error.format(p=path)) and "\n" not in message, message
+
+
+def test_bad_flags_are_one_line_before_any_query(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:9"  # nothing listens: each error comes before a query
+    for args, error in (
+        (["--list", "--run", "x"], "--list and --fleet cover every run of the range: drop --run/--run-id"),
+        (["--list", "--output", "html"], "--list writes text, markdown or json (--output html is for a report)"),
+        (["--fleet", "--top", "-1"], "--top: -1 is not a count of offenders (0 or more)"),
+        (["--fleet", "--prices", str(tmp_path / "none.yaml")],
+         f"--prices: cannot read {tmp_path / 'none.yaml'}: No such file or directory"),
+    ):
+        result = run_cli("report", "--prometheus-url", url, *args)
+        assert (result.returncode, result.stderr) == (2, f"gpu-exporter: error: {error}\n"), args
+    both = run_cli("report", "--prometheus-url", url, "--list", "--fleet")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
