@@ -50,7 +50,8 @@ def _range() -> Range:
     for p in points:
         if p.launch in by_id:
             by_id[p.launch].points.append(p)
-    return Range("http://prometheus:9090", 0.0, 20.0, 2.0, 8.0, points, rows, T.utilization_target)
+    return Range("http://prometheus:9090", 0.0, 20.0, 2.0, 8.0, points, rows, T.utilization_target,
+                 T.utilization_low_threshold)
 
 
 def test_a_gpus_time_adds_up_to_the_range_and_a_runs_to_its_timers() -> None:
@@ -84,7 +85,8 @@ def test_a_gpus_time_adds_up_to_the_range_and_a_runs_to_its_timers() -> None:
     text = render_text(f)
     assert "input_bound" in text and "remedy: fix input_bound." in text and "More." not in text
     assert render_markdown(f).startswith("### GPU fleet report\n")
-    assert render_html(f).count("<svg") == 2
+    page = render_html(f)
+    assert page.count("<svg") == 3 and page.count("<polyline") == 2  # over time: all GPUs, the GPUs a run had
 
 
 def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:

@@ -319,7 +319,7 @@ def test_fleet_report_and_list_of_runs(stack: tuple[str, str, Path]) -> None:
                                                        "'default' must be a number of EUR per GPU-hour (0 or more), "
                                                        "not 'cheap'\n")
     page = run_cli("report", "--prometheus-url", prom, "--fleet", *span, "--prices", str(prices), "--output", "html")
-    assert page.returncode == 0 and page.stdout.count("<svg") == 2, page.stderr
+    assert page.returncode == 0 and page.stdout.count("<svg") == 3, page.stderr
     for remote in ("<script", "<link", "<img", "src=", "href=", "url("):
         assert remote not in page.stdout, remote
     for name, out in (("fleet.txt", fleet_text.stdout), ("fleet.md", markdown.stdout),

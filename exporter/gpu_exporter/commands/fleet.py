@@ -195,6 +195,8 @@ class Range:
     points: list[Point]
     launches: list[LaunchRow]
     target: float
+    low: float
+    """``utilization_low_threshold`` (the plots' alert line)."""
 
 
 def _grid(start: float, end: float, step: float) -> list[tuple[float, float]]:
@@ -272,7 +274,8 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
             span = max(min(end, row.end) - max(start, row.start), 1e-9)
             util = [min(1.0, max(0.0, v / span)) for v in busy.values()]
             row.utilization = sum(util) / len(util) if util else None
-    return Range(prom.base, start, end, step, window, points, rows, t.utilization_target)
+    return Range(prom.base, start, end, step, window, points, rows, t.utilization_target,
+                 t.utilization_low_threshold)
 
 
 # --- prices ------------------------------------------------------------------------------------------
@@ -464,6 +467,9 @@ class Fleet:
     titles: dict[str, str]
     codes: dict[str, str]
     below: dict[str, bool]
+    times: list[float] = field(default_factory=list)
+    utilization: dict[str, list[float | None]] = field(default_factory=dict)
+    """Mean utilization over time of every GPU, and of the GPUs a run had (the HTML's plot)."""
 
     def to_json(self) -> dict[str, Any]:
         priced = self.prices is not None
@@ -518,12 +524,22 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
                       "verdict": main, "title": titles[main], "code": s.point.code,
                       **sums.to_json(prices is not None), "remedy": s.point.remedy})
     filters = {k: v for k, v in (("namespace", namespace), ("team", team), ("node", node)) if v is not None}
+    times = sorted({s.point.time for s in items if s.point.verdict != UNJUDGED})
+    series: dict[str, list[float | None]] = {}
+    for name, runs_only in (("mean of all GPUs", False), ("mean of the GPUs a run had", True)):
+        at: dict[float, list[float]] = {}
+        for s in items:
+            if (s.point.launch is not None or not runs_only) and s.point.utilization is not None \
+                    and s.point.verdict != UNJUDGED:
+                at.setdefault(s.point.time, []).append(s.point.utilization)
+        if at:
+            series[name] = [sum(at[ts]) / len(at[ts]) if ts in at else None for ts in times]
     return Fleet(r, total, len({s.point.gpu for s in items}), len({s.point.node for s in items}),
                  _tally(items, lambda s: [s.point.verdict], prices), _tally(items, lambda s: [s.team], prices),
                  _tally(items, lambda s: list(s.namespaces) or [NONE], prices),
                  _tally(items, lambda s: [s.point.node or NONE], prices),
                  _tally(items, lambda s: [s.point.model or NONE], prices), found, prices, filters, titles, codes,
-                 below)
+                 below, times, series)
 
 
 # --- rendering ---------------------------------------------------------------------------------------
@@ -656,6 +672,14 @@ def render_html(f: Fleet) -> str:
         if name in ("cause", "team"):
             plots.append(svg_bars(f"GPU-hours by {name}: all (grey), below target (orange), idle below target (red)",
                                   rows))
+    if f.times:  # the run report's plot of utilization over time, with the target and alert lines
+        over_time = run_report.Report(
+            run="fleet", source=f.r.source, start=f.r.start, end=f.r.end, wall_seconds=f.r.end - f.r.start, gpus=[],
+            ranks=[], mean_utilization=None, shares={}, gpu_hours=f.total.gpu_hours,
+            gpu_hours_below_target=f.total.below_target, causes=[], main_cause=None, projected_wall_seconds=None,
+            projection_share=None, step=f.r.step, times=f.times, utilization=f.utilization, target=f.r.target,
+            low=f.r.low)
+        plots.insert(0, run_report.svg_utilization(over_time))
     offenders = "".join(f"<li>{html.escape(_offender_line(f, i, o)[len(str(i)) + 2:])}</li>"
                         for i, o in enumerate(f.offenders, 1)) or "<li>none: no GPU time below target</li>"
     style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
