@@ -16,13 +16,14 @@ for storage. For every process NVML lists on a GPU (host PIDs), this collector r
   queue or the GPU), ``disk`` (D: blocked on I/O) or ``other``; sampled at each read, the time
   since the previous read of that process is given to the state seen now.
 
-Budget: reading a process costs about 0.1-0.2 ms of CPU (three to five /proc files), so a node
-with 512 GPU processes would spend 50-100 ms of every one-second poll here. The collector keeps
+Budget: reading a process costs about 0.06 ms of CPU (three to five /proc files), and its rows a
+little more, so a node with 512 GPU processes spent 55 ms of CPU of every one-second poll here
+(docs/benchmarks.md, "Evidence collector with real GPU processes"). The collector keeps
 to ``cpu_share`` of one CPU (``evidence.cpu_share``, default 2%): each poll it earns that share
 of the time since the previous poll and spends it reading the processes read longest ago (a
 process NVML lists for the first time is read at once). While the budget covers every process,
-every process is read at every poll; past it, each is read every few polls (512 processes at
-0.2 ms: about every 5 s), and its series keep their last values in between. No process waits
+every process is read at every poll; past it, each is read every few polls (512 processes: about
+every 1.5-2 s, 25 ms a second in all), and its series keep their last values in between. No process waits
 longer than ``MAX_AGE`` seconds, whatever the budget. ``cpu_share`` 0 reads every process at
 every poll.
 
