@@ -279,6 +279,46 @@ def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: fl
     return figures
 
 
+def rules_without_annotations() -> dict[str, str]:
+    """The shipped rule files with every alert's annotations removed (no template queries)."""
+    out = {}
+    for name, text in fleet.shipped_rules().items():
+        doc = yaml.safe_load(text)
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                rule.pop("annotations", None)
+        out[name] = str(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
+def annotations_ab(nodes: int, seconds: float, scrape_interval: float = 5.0) -> str:
+    """Two Prometheus servers scrape the same fleet at once, one with the shipped rules and one with the
+    same rules without annotations; the median evaluation of each group in both, as a table. Started
+    together and sampled from their first rule results, so both are in the warm-up (every GPU pending
+    low): the share of the alert groups' time that their annotations' ``query`` calls take."""
+    with simulator(nodes) as (hostport, _):
+        config = prometheus_config(nodes, hostport, scrape_interval)
+        with run_prometheus(config, files=fleet.shipped_rules(), ready_timeout=60) as shipped, \
+                run_prometheus(config, files=rules_without_annotations(), ready_timeout=60) as bare:
+            for prom in (shipped, bare):
+                wait_until(lambda p=prom: len(promql(p, "node:gpu_utilization:avg5m")) >= nodes, 60 + nodes * 0.2,
+                           interval=1, what="node:gpu_utilization:avg5m for every node")
+            a: dict[str, list[float]] = {}
+            b: dict[str, list[float]] = {}
+            start = time.monotonic()
+            while time.monotonic() - start < seconds:
+                sample_rule_groups(shipped, EVALUATION_INTERVAL / 4, EVALUATION_INTERVAL / 4, a)
+                sample_rule_groups(bare, EVALUATION_INTERVAL / 4, EVALUATION_INTERVAL / 4, b)
+            alerts = (scalar(shipped, "count(ALERTS)"), scalar(bare, "count(ALERTS)"))
+    lines = [f"{nodes * fleet_sim.GPUS_PER_NODE:,} GPUs, {seconds:g} s from the first rule results, active alerts "
+             f"{alerts[0]:.0f} / {alerts[1]:.0f}", "",
+             "| rule group | shipped, ms | without annotations, ms |", "|---|---|---|"]
+    for group in sorted(a):
+        lines.append(f"| `{group}` | {statistics.median(a[group]) * 1000:,.1f} | "
+                     f"{statistics.median(b.get(group) or [0.0]) * 1000:,.1f} |")
+    return "\n".join(lines)
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -442,10 +482,16 @@ def main(argv: list[str] | None = None) -> int:
                              "windows of the alerts' hysteresis fill, and the low rates of the start leave them)")
     parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--annotations-ab", action="store_true",
+                        help="instead: compare the shipped rules with the same rules without annotations, side by "
+                             "side on one fleet (the first --nodes), for --seconds")
     parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
     parser.add_argument("--update-docs", action="store_true",
                         help=f"replace the fleet-scale section of {DOC.relative_to(REPO)}")
     args = parser.parse_args(argv)
+    if args.annotations_ab:
+        print(annotations_ab(args.nodes[0], args.seconds, args.scrape_interval))
+        return 0
     figs = []
     if args.from_json:
         figs = [Figures(**{**d, "load": tuple(d["load"])}) for d in json.loads(args.from_json.read_text())]
