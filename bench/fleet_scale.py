@@ -9,6 +9,8 @@ training runs with causes), and checks the budgets of docs/fleet.md::
 
     python -m bench.fleet_scale                          # 96 and 992 GPUs measured, 10,000 extrapolated
     python -m bench.fleet_scale --nodes 12 124 248 --seconds 300
+    python -m bench.fleet_scale --update-docs            # and write its section of docs/benchmarks.md
+    python -m bench.fleet_scale --annotations-ab --nodes 124 --seconds 180   # what the alert templates cost
 
 Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
 default, so the rate windows fill fast: a 5m window then holds 3x the samples of a 15 s scrape,
