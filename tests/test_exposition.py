@@ -136,6 +136,42 @@ def test_a_whole_body_rendered_ahead_is_served_until_the_next_poll_its_deadline_
         assert body._whole is None
 
 
+class _Live(_Dynamic):
+    """A trailing ``live`` source (like the sample age): rendered at every scrape, even into a prepared body."""
+
+    live = True
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily("gpu_exporter_live", "Rendered at every scrape.", value=self.value)]
+
+
+def test_a_prepared_body_still_renders_its_live_tail_at_every_scrape() -> None:
+    """The sample age clients time polls with must be the scrape's, not the prepared poll's (``query --url``)."""
+    with Harness("default.yaml") as h:
+        dynamic, live = _Dynamic(), _Live()
+        body = Body([*h.collectors, dynamic, live])
+        body.prepare(ahead=1.5)
+        for value in (1.0, 2.0):
+            dynamic.value = live.value = value  # only the live source's new value shows until the next poll
+            text = body.text()
+            assert text.endswith(f"gpu_exporter_live {value}\n".encode()) and b"gpu_exporter_dynamic 0.0" in text
+            assert gzip.decompress(body.gzip()) == zlib.decompress(body.gzip(), 31) == text  # one gzip member
+
+
+def test_the_exporter_serves_the_sample_age_last_and_live() -> None:
+    from gpu_exporter.app import Exporter
+    from gpu_exporter.config import load_config
+    from gpu_exporter.selfmetrics import SampleAge
+
+    exporter = Exporter(load_config(None, env={}, flags={"simulate.enabled": True}))
+    try:
+        assert isinstance(exporter.sources[-1], SampleAge) and exporter.sources[-1].live
+        assert not [s for s in exporter.sources[:-1] if getattr(s, "live", False)]
+    finally:
+        from gpu_exporter import simulate
+        simulate.uninstall()
+
+
 def _push(store: TrainingStore, steps: int, run: str = "r") -> None:
     doc = {"version": 1, "run": run, "rank": "0", "uuid": "GPU-a", "started_at": 100.0,
            "phases": {"compute": float(steps)}, "current_phase": "compute", "steps": steps, "samples": 0,

@@ -24,7 +24,7 @@ from gpu_exporter.exposition import Source
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.selfmetrics import ProcessMetrics, SelfMetrics
+from gpu_exporter.selfmetrics import ProcessMetrics, SampleAge, SelfMetrics
 from gpu_exporter.server import Limits, MetricsServer
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,13 @@ class Exporter:
 
             self.pods = PodAttribution(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds,
                                        devices=self._inventory)
-        self.health = SelfMetrics(self.sampler, self._extra_status)
+        self.health = SelfMetrics(self.sampler, self._extra_status, with_age=False)
         sources: list[Source] = [*polling]
         sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
         sources.append(self.health)
         self.process = ProcessMetrics()  # process_*: CPU, memory, open files (whole at the open-file limit)
         sources.append(self.process)
+        sources.append(SampleAge(self.sampler))  # last and live: the age at the scrape, even in a body rendered ahead
         self.sources = sources
         self.server: MetricsServer | None = None
 

@@ -23,9 +23,9 @@ body. So:
   renders the per-scrape parts and keeps the whole body, plain and gzip, which scrapes then
   serve as they are while no pre-rendered part changes (the next poll), for at most ``ahead``
   seconds, and until :meth:`Body.invalidate` (the server calls it when its own counters move):
-  the scrape Prometheus makes does no rendering and no compression at all. Its per-scrape
-  values (the exporter's health, ``process_*``) are then those of the poll, at most ``ahead``
-  seconds old.
+  the scrape Prometheus makes renders and compresses only the trailing ``live`` sources (the
+  sample age: one line). Its other per-scrape values (the exporter's health, ``process_*``) are
+  then those of the poll, at most ``ahead`` seconds old.
 
 This module imports nothing of the exporter, so collectors, the server and the tests can all use it.
 
@@ -249,12 +249,15 @@ def _same(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> bool:
 
 
 class _Whole(NamedTuple):
-    """A whole body rendered ahead: valid while the pre-rendered parts are ``key`` and until ``until``."""
+    """A body rendered ahead, all but its live tail: valid while the pre-rendered parts are ``key`` and
+    until ``until``; ``state`` is the compressor after ``gzip`` (sync-flushed), ready for the tail."""
 
     key: tuple[bytes, ...]
     until: float
     text: bytes
     gzip: bytes
+    state: zlib._Compress | None
+    """None when there is no live tail: ``gzip`` is then the whole member, served as it is."""
 
 
 class Body:
@@ -308,22 +311,29 @@ class Body:
             leading.append(cached)
         return tuple(leading)
 
+    def _live(self) -> int:
+        """How many trailing sources are ``live``: rendered at every scrape, even into a body rendered ahead."""
+        count = 0
+        while count < len(self.sources) and getattr(self.sources[-1 - count], "live", False):
+            count += 1
+        return count
+
     def prepare(self, ahead: float = 0.0) -> None:
         """Render and compress the pre-rendered sources now, ahead of a scrape.
 
-        With ``ahead`` > 0, render the per-scrape parts too and keep the whole body, plain and gzip:
-        scrapes serve it as it is for up to ``ahead`` seconds, while no pre-rendered part changes
-        and until :meth:`invalidate`.
+        With ``ahead`` > 0, render the per-scrape parts too (all but the trailing ``live`` sources) and
+        keep that body, plain and gzip: scrapes serve it, plus the live tail, for up to ``ahead`` seconds,
+        while no pre-rendered part changes and until :meth:`invalidate`.
         """
         if ahead <= 0:
             self._compressed_head(self._leading())
             return
-        made = self._clock()
-        parts, leading = self._parts(self.sources)
+        made, live = self._clock(), self._live()
+        parts, leading = self._parts(self.sources[:len(self.sources) - live])
         key = tuple(parts[:leading])
         head, state = self._compressed_head(key)
-        text = b"".join(parts)
-        whole = _Whole(key, made + ahead, text, head + state.compress(b"".join(parts[leading:])) + state.flush())
+        rest = state.compress(b"".join(parts[leading:])) + state.flush(zlib.Z_SYNC_FLUSH if live else zlib.Z_FINISH)
+        whole = _Whole(key, made + ahead, b"".join(parts), head + rest, state if live else None)
         with self._lock:
             self._whole = whole
 
@@ -347,13 +357,21 @@ class Body:
     def text(self) -> bytes:
         """The plain body."""
         whole = self._prepared()
-        return whole.text if whole is not None else exposition(self.sources)
+        if whole is None:
+            return exposition(self.sources)
+        if whole.state is None:
+            return whole.text
+        return whole.text + exposition(self.sources[len(self.sources) - self._live():])
 
     def gzip(self) -> bytes:
         """The body as one gzip member."""
         whole = self._prepared()
         if whole is not None:
-            return whole.gzip
+            if whole.state is None:
+                return whole.gzip
+            state = whole.state.copy()
+            tail = exposition(self.sources[len(self.sources) - self._live():])
+            return whole.gzip + state.compress(tail) + state.flush()
         parts, leading = self._parts(self.sources)
         head, state = self._compressed_head(tuple(parts[:leading]))
         return head + state.compress(b"".join(parts[leading:])) + state.flush()

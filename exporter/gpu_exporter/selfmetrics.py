@@ -41,8 +41,11 @@ class SelfMetrics:
 
     name = "self"
 
-    def __init__(self, sampler: Sampler, extra_status: Callable[[], dict[str, bool]] = dict) -> None:
+    def __init__(self, sampler: Sampler, extra_status: Callable[[], dict[str, bool]] = dict,
+                 with_age: bool = True) -> None:
         self._sampler = sampler
+        self._with_age = with_age
+        """False where a :class:`SampleAge` source serves the sample age (the exporter, last of its sources)."""
         self._extra_status = extra_status
         self._build = [__version__, platform.python_version(), _pynvml_version()]
         self._auth_failures = 0
@@ -73,14 +76,30 @@ class SelfMetrics:
             errors.add_metric([function, error], count)
         yield errors
 
-        age = self._sampler.sample_age()
-        if age is not None:
-            yield catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.new(age)
+        if self._with_age:
+            yield from SampleAge(self._sampler).collect()
         yield catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.new(self._sampler.poll_interval)
         yield catalog.GPU_EXPORTER_GPUS.new(len(self._sampler.gpus[1]))
         with self._lock:
             failures = self._auth_failures
         yield catalog.GPU_EXPORTER_HTTP_AUTH_FAILURES_TOTAL.new(failures)
+
+
+class SampleAge:
+    """``gpu_exporter_last_sample_age_seconds`` alone, ``live``: a /metrics body rendered ahead of a scrape
+    (exposition.Body.prepare) still renders it at the scrape, so the age is the scrape's, not the poll's.
+    Clients time the exporter's polls with it (the scrape time minus the age)."""
+
+    name = "age"
+    live = True
+
+    def __init__(self, sampler: Sampler) -> None:
+        self._sampler = sampler
+
+    def collect(self) -> Iterator[Metric]:
+        age = self._sampler.sample_age()
+        if age is not None:
+            yield catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.new(age)
 
 
 class ProcessMetrics:

@@ -131,7 +131,8 @@ class MetricsServer(ThreadingHTTPServer):
                  on_auth_failure: Callable[[], None] | None = None,
                  headers: dict[str, str] | None = None, limits: Limits | None = None,
                  accept_guard: contextlib.AbstractContextManager[Any] | None = None) -> None:
-        self.sources: list[Source] = [*sources, self]
+        live = [s for s in sources if getattr(s, "live", False)]  # stay last (exposition.Body)
+        self.sources: list[Source] = [*(s for s in sources if s not in live), self, *live]
         self.accept_guard = accept_guard or threading.Lock()  # held by whoever needs the next free descriptors
         self.body = Body(self.sources)
         """The /metrics body; ``body.prepare()`` renders ahead of an expected scrape."""
