@@ -12,7 +12,7 @@ teams, and why*. Both answers here come from one pass over the range (:func:`jud
   (:class:`Stepped`), which Prometheus evaluates exactly as those instant queries;
 * each launch of a training run (``gpu_training_run_info{run_id}``) in the range gets its ranks' wall time
   inside the range from its own phase timers, as the run report reads them; the points at which one of its
-  ranks was live on a GPU share that time by their verdicts. A GPU's other points share the rest of its time
+  ranks was live on a GPU (its phases grew within the window) share that time by their verdicts. A GPU's other points share the rest of its time
   in the range (not instrumented, idle but allocated, unused, ...).
 
 Figures, per verdict, team (the runs' ``team`` tag), namespace (pods on the GPU), node and GPU model:
@@ -254,7 +254,9 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
         for view in build_views(readings, t, window):
             verdict = judge(view, t)
             gpu_keys = {view.uuid, f"{view.cluster}/{view.uuid}"}
-            live = sorted((run, rank) for run, rank, gpu in readings.live if gpu in gpu_keys)
+            # The point is a run's once its phases grew within the window (two of its scrapes): at its first scrape
+            # a run's shares are those of its first instants ("since start"), not of its work.
+            live = sorted((r.run, r.rank) for r in view.runs if r.live and not r.since_start)
             launch = None
             if live:
                 run, rank = live[0]
