@@ -422,7 +422,7 @@ def table(figs: Sequence[Figures]) -> str:
         cells = [row.name, *(row.fmt.format(v) for v in row.values)]
         if extra:
             value = extrapolated(gpus, row.values) if row.extrapolate else row.values[-1]
-            cells.append(("~" if row.extrapolate else "") + row.fmt.format(value))
+            cells.append("~" + row.fmt.format(value))  # per-GPU figures: the largest size's, carried over
         cells.append(row.budget)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
