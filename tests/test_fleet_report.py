@@ -31,17 +31,18 @@ H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 
 
 def _point(ts: float, uuid: str, verdict: str, below: bool, util: float, launch: tuple[str, str] | None,
-           model: str = H100, pods: tuple[str, ...] = ()) -> Point:
+           model: str = H100, pods: tuple[str, ...] = (), starting: bool = False) -> Point:
     return Point(ts, uuid, uuid, "node-a", model, pods, verdict, verdict, "", below, util, f"fix {verdict}. More.",
-                 launch, 2.0)
+                 launch, 2.0, starting)
 
 
 def _range() -> Range:
-    """Two GPUs, 10 points of 2 s: GPU-1 ran ``train`` (run id a, team vision) for 9 s of its timers at 5 points
-    (input-bound, 10% busy), idle with memory held at the others; GPU-2 (an A100 in namespace ml) is not
-    instrumented at 40%; ``short`` (team nlp) ran 1 s on GPU-2 between two points."""
-    points = [_point(2.0 * k, "GPU-1", "input_bound" if k < 5 else "idle_but_allocated", True, 0.1 if k < 5 else 0.0,
-                     ("train", "a") if k < 5 else None) for k in range(1, 11)]
+    """Two GPUs, 10 points of 2 s: GPU-1 ran ``train`` (run id a, team vision) for 9 s of its timers at 4 points
+    (input-bound, 10% busy) after its first scrape (a starting point, which weighs nothing), idle with memory
+    held at the others; GPU-2 (an A100 in namespace ml) is not instrumented at 40%; ``short`` (team nlp) ran 1 s
+    on GPU-2 between two points."""
+    points = [_point(2.0 * k, "GPU-1", "input_bound" if k < 6 else "idle_but_allocated", True, 0.1 if k < 6 else 0.0,
+                     ("train", "a") if 1 < k < 6 else None, starting=k == 1) for k in range(1, 11)]
     points += [_point(2.0 * k, "GPU-2", "not_instrumented", True, 0.4, None, A100, ("ml/serve-0",))
                for k in range(1, 11)]
     rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", "GPU-1"): 9.0}),
@@ -60,6 +61,7 @@ def test_a_gpus_time_adds_up_to_the_range_and_a_runs_to_its_timers() -> None:
     for s in items:
         by_gpu[s.point.uuid] = by_gpu.get(s.point.uuid, 0.0) + s.seconds
     assert by_gpu == {"GPU-1": pytest.approx(20.0), "GPU-2": pytest.approx(20.0)}
+    assert not [s for s in items if s.point.starting]
     run = [s for s in items if s.offender == "run train (a)"]
     assert sum(s.seconds for s in run) == pytest.approx(9.0) and {s.team for s in run} == {"vision"}
     short = [s for s in items if s.offender == "run short (b)"]  # live at no point: counted, not judged

@@ -12,8 +12,9 @@ teams, and why*. Both answers here come from one pass over the range (:func:`jud
   (:class:`Stepped`), which Prometheus evaluates exactly as those instant queries;
 * each launch of a training run (``gpu_training_run_info{run_id}``) in the range gets its ranks' wall time
   inside the range from its own phase timers, as the run report reads them; the points at which one of its
-  ranks was live on a GPU (its phases grew within the window) share that time by their verdicts. A GPU's other points share the rest of its time
-  in the range (not instrumented, idle but allocated, unused, ...).
+  ranks was live on a GPU (its phases grew within the window) share that time by their verdicts. A GPU's
+  points without a live run share the rest of its time in the range (not instrumented, idle but allocated,
+  unused, ...); a point at a run's first scrape weighs nothing (its timers have that time).
 
 Figures, per verdict, team (the runs' ``team`` tag), namespace (pods on the GPU), node and GPU model:
 GPU-hours; GPU-hours below ``utilization_target`` (the verdicts the ladder marks below target); idle
@@ -128,6 +129,9 @@ class Point:
     """(run, run id) of the live run on the GPU (run id "" from a library without run ids); None: no live run."""
     seconds: float = 0.0
     """The time of the range it stands for: the step before it (the first point: what is left of the range)."""
+    starting: bool = False
+    """A run on the GPU is live but at its first scrape in the window: the point is neither the run's time (its
+    timers have it) nor the GPU's free time, and weighs nothing."""
 
 
 @dataclass
@@ -264,7 +268,8 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 launch = (run, readings.launches[key][0] if key else "")
             points.append(Point(ts, f"{view.cluster}/{view.uuid}" if view.cluster else view.uuid, view.uuid,
                                 view.node, view.name, view.pods, verdict.verdict, verdict.title, verdict.code,
-                                verdict.below_target, view.utilization, verdict.remedy, launch, seconds))
+                                verdict.below_target, view.utilization, verdict.remedy, launch, seconds,
+                                not live and any(r.live for r in view.runs)))
     rows = _launches(prom, start, end, now)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
     for point in points:
@@ -365,6 +370,8 @@ def shares(r: Range) -> list[Share]:
         run_points: dict[tuple[str, str], list[Point]] = {}
         free: list[Point] = []
         for p in points:
+            if p.starting:
+                continue
             if p.launch is None:
                 free.append(p)
             else:
