@@ -321,6 +321,60 @@ def annotations_ab(nodes: int, seconds: float, scrape_interval: float = 5.0) -> 
     return "\n".join(lines)
 
 
+def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float = 5.0) -> str:
+    """The same fleet scraped by VictoriaMetrics' single-node server (Debian 1.79, ``-promscrape.config``)
+    with vmalert evaluating the shipped rules every 15 s (results written back): vmalert's median
+    duration per group over ``seconds`` from the first results (the warm-up: windows filling), the
+    store's memory and series, every panel query's wall time, and fleet-wide diagnose. A table."""
+    from servers import _run_server, free_port, run_vmalert
+
+    with simulator(nodes) as (hostport, _):
+        scrape = prometheus_config(nodes, hostport, scrape_interval)
+        cfg = yaml.safe_load(scrape)
+        promscrape = str(yaml.safe_dump({"global": {"scrape_interval": cfg["global"]["scrape_interval"]},
+                                         "scrape_configs": cfg["scrape_configs"]}, sort_keys=False))
+        with _run_server(["victoria-metrics"], "victoria-metrics", "scrape.yml", promscrape,
+                         lambda d, port: [f"-storageDataPath={d / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+                                          "-search.latencyOffset=1s", f"-promscrape.config={d / 'scrape.yml'}"],
+                         None, 60) as store, \
+                run_vmalert(fleet.shipped_rules(), store, store, f"http://127.0.0.1:{free_port()}",
+                            evaluation_interval=f"{EVALUATION_INTERVAL:g}s", ready_timeout=60) as vmalert:
+            wait_until(lambda: len(promql(store, "node:gpu_utilization:avg5m")) >= nodes, 120 + nodes * 0.2,
+                       interval=1, what="vmalert's node:gpu_utilization:avg5m for every node")
+            time.sleep(seconds)
+            text = _metrics(vmalert)
+            groups: dict[str, float] = {}
+            for head, value in _metric_values(text, "vmalert_iteration_duration_seconds"):
+                match = re.search(r'group="([^"]+)"', head)
+                if match and 'quantile="0.5"' in head and value == value:
+                    groups[match.group(1)] = value
+            vm = _metrics(store)
+            rss = _metric_values(vm, "process_resident_memory_bytes")[0][1]
+            series = scalar(store, 'count({__name__=~".+"})')
+            timings = []
+            for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
+                try:
+                    timings.append((timed_query(store, expr)[0], dashboard, title))
+                except Exception as err:  # MetricsQL may refuse a query: say which
+                    timings.append((float("nan"), dashboard, f"{title} (failed: {str(err)[:80]})"))
+            diagnose, status = run_diagnose(store)
+    gpus = nodes * fleet_sim.GPUS_PER_NODE
+    ok = [t for t in timings if t[0] == t[0]]
+    lines = [f"VictoriaMetrics 1.79 + vmalert, {gpus:,} GPUs, scrape every {scrape_interval:g} s, rules every "
+             f"{EVALUATION_INTERVAL:g} s, {seconds:g} s after the first results (warm-up)", "",
+             "| figure | value |", "|---|---|",
+             f"| series stored per GPU | {series / gpus:.1f} |",
+             f"| VictoriaMetrics RSS, MiB (KiB per GPU) | {rss / 2**20:,.0f} ({rss / 1024 / gpus:.0f}) |"]
+    lines += [f"| vmalert `{g}`, ms per evaluation (median) | {v * 1000:,.1f} |" for g, v in sorted(groups.items())]
+    lines.append(f"| vmalert, all groups, ms per round (sum of medians) | {sum(groups.values()) * 1000:,.1f} |")
+    lines += [f"| dashboard query, instant, slowest / median, ms | {max(t[0] for t in ok) * 1000:,.0f} / "
+              f"{statistics.median(t[0] for t in ok) * 1000:,.1f} |",
+              f"| dashboard queries that failed | {len(timings) - len(ok)} of {len(timings)} |",
+              f"| `diagnose --prometheus-url`, whole fleet, ms (exit status {status}) | {diagnose * 1000:,.0f} |"]
+    failed = [t[2] for t in timings if t[0] != t[0]]
+    return "\n".join(lines + ([""] + [f"- failed: {f}" for f in failed] if failed else []))
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -487,12 +541,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--annotations-ab", action="store_true",
                         help="instead: compare the shipped rules with the same rules without annotations, side by "
                              "side on one fleet (the first --nodes), for --seconds")
+    parser.add_argument("--victoriametrics", action="store_true",
+                        help="instead: the same fleet (the first --nodes) in VictoriaMetrics + vmalert, for --seconds")
     parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
     parser.add_argument("--update-docs", action="store_true",
                         help=f"replace the fleet-scale section of {DOC.relative_to(REPO)}")
     args = parser.parse_args(argv)
     if args.annotations_ab:
         print(annotations_ab(args.nodes[0], args.seconds, args.scrape_interval))
+        return 0
+    if args.victoriametrics:
+        print(measure_victoriametrics(args.nodes[0], args.seconds, args.scrape_interval))
         return 0
     figs = []
     if args.from_json:
