@@ -6,6 +6,7 @@ tests/test_report.py::test_fleet_report_and_list_of_runs.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,12 @@ from gpu_exporter.commands.fleet import (
     Point,
     Range,
     fleet,
+    keep_launches,
     load_prices,
     render_html,
+    render_list_json,
+    render_list_markdown,
+    render_list_text,
     render_markdown,
     render_text,
     shares,
@@ -89,6 +94,24 @@ def test_a_gpus_time_adds_up_to_the_range_and_a_runs_to_its_timers() -> None:
     assert render_markdown(f).startswith("### GPU fleet report\n")
     page = render_html(f)
     assert page.count("<svg") == 3 and page.count("<polyline") == 2  # over time: all GPUs, the GPUs a run had
+
+
+def test_the_list_of_runs() -> None:
+    r = _range()
+    text = render_list_text(r.launches, r)
+    lines = text.splitlines()
+    assert lines[0].split() == ["RUN", "ID", "RUN", "TAGS", "OWNER", "RANKS", "GPUS", "START", "WALL", "UTIL", "MAIN",
+                                "CAUSE"]
+    assert lines[1].split()[:3] == ["a", "train", "team=vision"] and lines[1].endswith("input-bound (M1)")
+    assert lines[2].split()[:3] == ["b", "short", "team=nlp"] and lines[2].endswith("-")  # live at no point
+    assert lines[-1] == "2 run(s) between 1970-01-01T00:00:00Z and 1970-01-01T00:00:20Z at http://prometheus:9090"
+    doc = json.loads(render_list_json(r.launches, r))["runs"][0]
+    assert (doc["run_id"], doc["tags"], doc["wall_seconds"], doc["main_cause"]) == ("a", {"team": "vision"}, 9.0,
+                                                                                      "input_bound")
+    assert doc["seconds_by_verdict"] == {"input_bound": 9.0} and doc["gpus"] == ["GPU-1"]
+    assert "| a | train | team=vision |" in render_list_markdown(r.launches, r)
+    assert [row.run for row in keep_launches(r.launches, None, "nlp", None)] == ["short"]
+    assert [row.run for row in keep_launches(r.launches, None, None, "node-a")] == ["train"]
 
 
 def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
