@@ -12,10 +12,10 @@ from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, COLLECTIVE, LAUNCH, PHASE, STRAGGLER, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
+from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, RUN, USEFUL, C, busier, held_low, projected_query, share
 
 from monitoring import remedies, straggler
 from monitoring.model import Alert, Record, indent, wrap
-from monitoring.promql import CAUSE_SHARE, LIVE, RUN, USEFUL, C, busier, held_low, projected_query, share
 
 RECORDING = "gpu-cause.recording"
 ALERTS = "gpu-cause.alerts"
@@ -115,7 +115,7 @@ UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}
 """The run's useful utilization now, as :func:`gpu_exporter.verdict.levels.useful_text` writes it: ``8%``, or
 ``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time."""
 HELD_LOW_RUN = held_low(USEFUL, RUN)
-"""The run's useful utilization (its causes' level) was low within ``alert_hold`` (see monitoring.promql.held_low)."""
+"""The run's useful utilization (its causes' level) was low within ``alert_hold`` (verdict.promql.held_low)."""
 
 
 def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:

@@ -20,9 +20,9 @@ from __future__ import annotations
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
+from gpu_exporter.verdict.promql import GPU_SEL, HELD_LOW, C
 
 from monitoring.model import Alert, Record, indent, wrap
-from monitoring.promql import GPU_SEL, HELD_LOW, C
 
 UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{utilization_target}}\n"
                   f"unless on ({C}, uuid)\n({m.GPU_TRAINING_CURRENT_PHASE.name} == 1)")

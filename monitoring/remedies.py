@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import Cause
+from gpu_exporter.verdict.promql import C, run_query, share
 
 from monitoring.model import Record, indent
-from monitoring.promql import C, run_query, share
 
 
 def _per_run(gpu_metric: str) -> str:

@@ -16,16 +16,16 @@ carries it. A waiting rank's communication is thus split once: the common part (
 over it (ST), never the same time twice.
 
 The pieces read the shared fragments (cluster label placeholder, the live-run filter, the phase share
-expression) from monitoring/promql.py.
+expression) from gpu_exporter/verdict/promql.py.
 """
 
 from __future__ import annotations
 
 from gpu_exporter import catalog
 from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, LAUNCH, RUN_WIDE, Cause
+from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
 
 from monitoring.model import Record
-from monitoring.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
 
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""

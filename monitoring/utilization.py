@@ -19,9 +19,9 @@ from gpu_exporter.catalog import (
     GPU_WORKLOAD_INFO,
 )
 from gpu_exporter.verdict.causes import CAUSES
+from gpu_exporter.verdict.promql import CAUSE_SHARE, GPU_SEL, HELD_LOW, C, busier
 
 from monitoring.model import VALUE, Alert
-from monitoring.promql import CAUSE_SHARE, GPU_SEL, HELD_LOW, C, busier
 
 GROUP = "gpu-utilization.alerts"
 

@@ -1,7 +1,7 @@
 """The PromQL fragments the generated rules share, as template text (``${key}`` placeholders of thresholds.yml).
 
-A leaf: the cause, straggler, evidence, remedy and utilization rules import these, so each fragment is
-written once. gpu_exporter.verdict is the same logic in Python.
+A leaf: the cause kinds of gpu_exporter.verdict.causes (each holds its PromQL next to its Python) and the
+evidence, remedy and utilization rules of monitoring/ import these, so each fragment is written once.
 """
 
 from __future__ import annotations
