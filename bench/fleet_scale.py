@@ -303,8 +303,9 @@ def annotations_ab(nodes: int, seconds: float, scrape_interval: float = 5.0) -> 
         with run_prometheus(config, files=fleet.shipped_rules(), ready_timeout=60) as shipped, \
                 run_prometheus(config, files=rules_without_annotations(), ready_timeout=60) as bare:
             for prom in (shipped, bare):
-                wait_until(lambda p=prom: len(promql(p, "node:gpu_utilization:avg5m")) >= nodes, 60 + nodes * 0.2,
-                           interval=1, what="node:gpu_utilization:avg5m for every node")
+                wait_until(lambda p=prom: len(promql(p, catalog.NODE_UTILIZATION_AVG5M.name)) >= nodes,
+                           60 + nodes * 0.2,
+                           interval=1, what=f"{catalog.NODE_UTILIZATION_AVG5M.name} for every node")
             a: dict[str, list[float]] = {}
             b: dict[str, list[float]] = {}
             start = time.monotonic()
@@ -339,8 +340,8 @@ def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float =
                          None, 60) as store, \
                 run_vmalert(fleet.shipped_rules(), store, store, f"http://127.0.0.1:{free_port()}",
                             evaluation_interval=f"{EVALUATION_INTERVAL:g}s", ready_timeout=60) as vmalert:
-            wait_until(lambda: len(promql(store, "node:gpu_utilization:avg5m")) >= nodes, 120 + nodes * 0.2,
-                       interval=1, what="vmalert's node:gpu_utilization:avg5m for every node")
+            wait_until(lambda: len(promql(store, catalog.NODE_UTILIZATION_AVG5M.name)) >= nodes, 120 + nodes * 0.2,
+                       interval=1, what=f"vmalert's {catalog.NODE_UTILIZATION_AVG5M.name} for every node")
             time.sleep(seconds)
             text = _metrics(vmalert)
             groups: dict[str, float] = {}
@@ -349,7 +350,7 @@ def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float =
                 if match and 'quantile="0.5"' in head and value == value:
                     groups[match.group(1)] = value
             vm = _metrics(store)
-            rss = _metric_values(vm, "process_resident_memory_bytes")[0][1]
+            rss = _metric_values(vm, catalog.PROCESS_RESIDENT_MEMORY_BYTES.name)[0][1]
             series = scalar(store, 'count({__name__=~".+"})')
             timings = []
             for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
