@@ -2,14 +2,14 @@
 
 The one config (exporter/gpu_exporter/thresholds.yml, read by gpu_exporter.thresholds) and the cause
 table (gpu_exporter.verdict.causes) are built once into :class:`monitoring.model.Model` by :func:`build`:
-each concern (monitoring.utilization, .causes with .straggler, .evidence, .remedies) exports its records
+each concern (monitoring.utilization, .causes, .evidence, .remedies) exports its records
 and alerts, and the dashboards are built as Grafana models. Each writer below contributes
 ``generate(model) -> {path: text}``; :data:`GENERATORS` lists them, and ``__main__`` writes or checks their
 union. No generator reads another's output. Every alert's runbook link is its name's section
 (monitoring.model.anchor), set for all alerts of a rules file in one pass (monitoring.rules.runbooks).
 
 Imports go one way: the writers (rules, dashboards, grafana_alerts) over the concerns, over the leaves
-(model, promql, paths, panels); tests/test_import_graph.py holds it.
+(model, paths, panels; the PromQL fragments are gpu_exporter.verdict.promql); tests/test_import_graph.py holds it.
 """
 
 from __future__ import annotations

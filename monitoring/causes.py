@@ -3,49 +3,27 @@
 (a warning and an info alert per cause, reading only those series).
 
 Written as template text (``${key}`` placeholders), so the values come from thresholds.yml like
-everywhere else; gpu_exporter.verdict.causes.find_causes is the same logic in Python.
+everywhere else. Each cause's condition, alert reason and projection come from its kind
+(gpu_exporter.verdict.causes: ``Cause.promql``, ``alert_reason``, ``alert_projection``), next to the
+same logic in Python that gpu_exporter.verdict.causes.find_causes applies.
 """
 
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
-from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, COLLECTIVE, LAUNCH, PHASE, STRAGGLER, Cause
+from gpu_exporter.verdict.causes import CAUSES, COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
-from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, RUN, USEFUL, C, busier, held_low, projected_query, share
+from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, USEFUL, C, busier, held_low
 
-from monitoring import remedies, straggler
+from monitoring import remedies
 from monitoring.model import Alert, Record, indent, wrap
 
 RECORDING = "gpu-cause.recording"
 ALERTS = "gpu-cause.alerts"
-UTIL = f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name})"
 LEVELS = {lv.level: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
 """Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
-
-
-def _condition(cause: Cause) -> str:
-    """The PromQL of ``cause`` before the level filter: value = the share (M4: events) that explains it."""
-    if cause.kind == PHASE:
-        return f"{share(cause.phase)} > ${{{cause.keys[0]}}}\nand\n{LIVE}"
-    if cause.kind == STRAGGLER:
-        return straggler.condition(cause)
-    if cause.kind == COLLECTIVE:
-        return straggler.common_condition(cause)
-    if cause.kind == LAUNCH:
-        compute_key, busy_key, memory_key = cause.keys
-        compute = f"({share(cause.phase)} > ${{{compute_key}}})"
-        return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
-                f"and\n(\n    {UTIL}\n  / on ({C}, uuid) group_right ()\n    {compute}\n"
-                f"  < ${{{busy_key}}}\n)\nand\n{LIVE}\n"
-                f"and on ({C}, uuid)\n(max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
-                f" < ${{{memory_key}}})")
-    window_key, retries_key = cause.keys
-    retries = f"increase({m.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{{window_key}}}])"
-    ooms = f"increase({m.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{{window_key}}}])"
-    return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{{retries_key}}} or {ooms} > 0)\n)\n"
-            f"and\n{LIVE}")
 
 
 def records() -> list[Record]:
@@ -53,15 +31,13 @@ def records() -> list[Record]:
     rules = []
     for cause in CAUSES:
         for lvl, condition in LEVELS.items():
-            expr = f"(\n{indent(_condition(cause), 2)}\n)\nand on {RUN}\n({condition})\n"
+            expr = f"(\n{indent(cause.promql(), 2)}\n)\nand on {RUN}\n({condition})\n"
             rules.append(Record(
                 RECORDING, CAUSE_SHARE, expr,
                 (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
-                f"{cause.label}, level {lvl}: value = "
-                + (f"allocator retries + OOMs in ${{{cause.keys[0]}}}" if cause.kind == ALLOCATOR else
-                   "the share of the step it takes") + "."))
-    phase_causes = "|".join(c.cause for c in CAUSES if c.kind in (PHASE, STRAGGLER, COLLECTIVE))
-    launch_causes = "|".join(c.cause for c in CAUSES if c.kind == LAUNCH)
+                f"{cause.label}, level {lvl}: value = {cause.value_text()}."))
+    phase_causes = "|".join(c.cause for c in CAUSES if c.projected_by == HIDDEN)
+    launch_causes = "|".join(c.cause for c in CAUSES if c.projected_by == COMPUTED)
     rules.append(Record(
         RECORDING, m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name,
         f"clamp_max(\n    (\n        {USEFUL}\n      / on {RUN} group_right ()\n"
@@ -72,35 +48,7 @@ def records() -> list[Record]:
                 f"u ({USEFUL}). Hiding a phase of share s leaves the GPU work and shortens the\n"
                 "step to 1 - s: u / (1 - s). A launch-bound GPU busy through its whole compute phase reaches the\n"
                 "compute share: u + share."))
-    return rules + [straggler.projected_step_rule(c, RECORDING) for c in CAUSES if c.kind == STRAGGLER]
-
-
-def _projection(cause: Cause) -> str:
-    if cause.kind == ALLOCATOR:
-        return ""
-    if cause.kind == STRAGGLER:
-        return straggler.projection(cause)
-    return (f"{{{{ with {projected_query(cause.cause)} | query }}}} If that were removed the GPU could reach at most"
-            f" {{{{ . | first | value | humanizePercentage }}}} ({cause.hidden}).{{{{ end }}}}")
-
-
-def _what(cause: Cause) -> str:
-    if cause.kind == ALLOCATOR:
-        window_key, retries_key = cause.keys
-        return ("had {{ $value | humanize }} caching-allocator retries and out-of-memory errors in the last "
-                f"${{{window_key}}} (the limit is ${{{retries_key}}} retries and no OOM); each "
-                "retry frees the cache and stalls the GPU.")
-    if cause.kind == LAUNCH:
-        _, busy_key, memory_key = cause.keys
-        return ("keeps its GPU idle for {{ $value | humanizePercentage }} of the step inside the compute phase: "
-                f"the GPU is busy for less than ${{{busy_key}|percent}} of the time the job computes while less "
-                f"than ${{{memory_key}|percent}} of its memory is used (small batches or kernels, launch "
-                "overhead).")
-    if cause.kind == STRAGGLER:
-        return straggler.what(cause)
-    if cause.kind == COLLECTIVE:
-        return straggler.common_what(cause)
-    return f"spends {{{{ $value | humanizePercentage }}}} of its time {cause.doing}."
+    return rules + [Record(RECORDING, name, expr, comment=doc) for c in CAUSES for name, expr, doc in c.records()]
 
 
 WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "
@@ -123,7 +71,7 @@ def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
     held = f'max without (level) (last_over_time({CAUSE_SHARE}{{cause="{cause.cause}"}}[${{alert_hold}}]))'
     expr = (f"(\n    {held}\n  {'and' if lvl == LOW else 'unless'} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
-    description = (f"{WHERE} {_what(cause)} The GPU is at {UTIL_NOW} ({gap}).{_projection(cause)} "
+    description = (f"{WHERE} {cause.alert_reason()} The GPU is at {UTIL_NOW} ({gap}).{cause.alert_projection()} "
                    f"{remedies.annotation(cause)}{cause.advice}")
     labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl),
               *((("cause", cause.cause),) if lvl == TARGET else ()))

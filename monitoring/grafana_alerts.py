@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 from gpu_exporter.thresholds import ThresholdsFile
-from gpu_exporter.verdict.causes import ALLOCATOR, CAUSES, EVIDENCE_ALERT
+from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import LOW
 
 from monitoring import causes
@@ -88,7 +88,7 @@ def mirrors(model: Model) -> list[Mirror]:
     for cause in CAUSES:
         out.append(Mirror(cause.alert, "gpu-training-run", "Likely causes",
                           cause_text + f"{cause.label} explains {{{{ humanize $values.B.Value }}}} "
-                          f"({'allocator events' if cause.kind == ALLOCATOR else 'share of the step'}). "
+                          f"({cause.measures}). "
                           + cause.advice))
     out.append(Mirror("GpuTrainingBelowTarget", "gpu-training-run", "Likely causes",
                       cause_text + "below the utilization target, cause {{ $labels.code }} ({{ $labels.cause }}): "

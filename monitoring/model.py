@@ -10,7 +10,7 @@ its threshold key, the expression around it, ``for``, labels, annotations), ever
 rule a :class:`Record` (the hand-written rules of prometheus/templates stay text); ``monitoring.rules``
 writes them as Prometheus YAML, ``monitoring.grafana_alerts`` takes the query without the comparison
 and the threshold straight from them, and both read the dashboards as built models (:class:`Model`).
-A leaf: the concerns (causes, straggler, utilization, evidence, remedies) build these objects, and
+A leaf: the concerns (causes, utilization, evidence, remedies) build these objects, and
 ``monitoring.build`` gathers them into the model.
 
 Texts hold ``${key}`` placeholders of thresholds.yml (``monitoring.rules.render`` fills them), so one

@@ -45,18 +45,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from gpu_exporter import catalog
 from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
+from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
 
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
 __all__ = ["ALLOCATOR", "BY_ID", "CAUSES", "COLLECTIVE", "EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "LAUNCH", "LOW",
-           "MAIN_BUSY", "PHASE", "RUN_WIDE", "STORAGE_WAIT", "STRAGGLER", "TARGET", "WORKERS_BUSY", "Cause", "Finding",
-           "Hint", "ProcessSignals", "RunSignals", "allocator_limit", "cause_order", "common_communication", "cores",
-           "find_causes", "find_hints", "hint_text", "level", "pct", "seconds", "straggler_of"]
+           "MAIN_BUSY", "PHASE", "STORAGE_WAIT", "STRAGGLER", "TARGET", "WORKERS_BUSY", "Allocator", "Cause",
+           "Communication", "Finding", "Hint", "Launch", "Phase", "ProcessSignals", "RunSignals", "Straggler",
+           "allocator_limit", "cause_order", "common_communication", "cores", "find_causes", "find_hints", "hint_text",
+           "level", "pct", "seconds", "straggler_of"]
 
 PHASE = "phase"
 """A cause explained by the share of one phase of the step (M1, M2, CK)."""
@@ -68,25 +70,49 @@ STRAGGLER = "straggler"
 """ST: a rank of a distributed run waits in collectives for a slower rank of the same run."""
 COLLECTIVE = "collective"
 """CM: every rank of a run spends much of the step in collectives (the run's lowest communication share)."""
-RUN_WIDE = (STRAGGLER, COLLECTIVE)
-"""The kinds judged across the ranks of a run: never a rank's own cause (what a straggler is named for)."""
+HIDDEN, COMPUTED = "hidden", "computed"
+"""How ``run:gpu_training_cause:projected_utilization`` projects a kind: ``u / (1 - share)``, or ``u + share``."""
+UTIL = f"max by ({C}, uuid) ({catalog.GPU_UTILIZATION_AVG5M.name})"
+"""The GPU's utilization (5m mean), one series per GPU."""
+LABEL = "straggler_rank"
+"""The label of a waiting rank's ST series that names the rank it waits for."""
+STEP = catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
+"""Each rank's mean step time (recorded in prometheus/templates/gpu-recording.rules.yml.in)."""
 
 
 @dataclass(frozen=True)
 class Cause:
-    """One row of the cause table. ``keys`` are the thresholds.yml keys its condition reads."""
+    """One row of the cause table; its class is its kind, which holds everything that differs between kinds.
+
+    ``keys`` are the thresholds.yml keys its condition reads. A kind gives the same thing twice, for the
+    judge in Python and for the generated rules (monitoring/causes.py) in PromQL and alert text: its
+    condition (:meth:`find`, :meth:`promql`), the reason (:meth:`reason`, :meth:`alert_reason`), the
+    projection (:meth:`projection`, :meth:`alert_projection`) and how a straggler that has it reads
+    (:meth:`own`, :meth:`alert_own`). A new kind is one new subclass.
+    """
 
     cause: str
     code: str
     title: str
     alert: str
-    kind: str
     phase: str
     keys: tuple[str, ...]
     doing: str
     hidden: str
     remedy: str
     advice: str
+
+    kind: ClassVar[str]
+    first: ClassVar[bool] = False
+    """Ranked before the others by :func:`cause_order` (it also explains them)."""
+    run_wide: ClassVar[bool] = False
+    """Judged across the ranks of a run: never a rank's own cause (what a straggler is named for)."""
+    waits: ClassVar[bool] = False
+    """Its findings wait for another rank (``Finding.straggler``), whose own cause diagnose names."""
+    projected_by: ClassVar[str] = HIDDEN
+    """How the projected-utilization rule projects it (:data:`HIDDEN`, :data:`COMPUTED`; "": not at all)."""
+    measures: ClassVar[str] = "share of the step"
+    """What a finding's value is, in the Grafana alert's words."""
 
     @property
     def label(self) -> str:
@@ -98,14 +124,255 @@ class Cause:
         """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
         return self.alert.lower()
 
+    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
+             retry_limit: float) -> Finding | None:
+        """Python condition: the finding of ``run`` at useful ``utilization`` and level ``lvl``, or None."""
+        share = run.shares.get(self.phase, 0.0)
+        return Finding(self, lvl, share, _hidden(utilization, share)) if share > _threshold(t, self.keys[0]) else None
+
+    def promql(self) -> str:
+        """PromQL condition before the level filter: value = the share (M4: events) that explains it."""
+        return f"{share(self.phase)} > ${{{self.keys[0]}}}\nand\n{LIVE}"
+
+    def value_text(self) -> str:
+        """What the value of its ``run:gpu_training_cause:share`` series is, for the rule's comment."""
+        return "the share of the step it takes"
+
+    def projection(self, f: Finding, now: str) -> str:
+        """``"8% now, at most ~90% if loading overlapped compute"`` (``f.projected`` is set)."""
+        return f"{now} now, at most ~{pct(f.projected or 0.0)} {self.hidden}"
+
+    def alert_projection(self) -> str:
+        """The alert text of the projection (Go template)."""
+        return (f"{{{{ with {projected_query(self.cause)} | query }}}} If that were removed the GPU could reach at "
+                f"most {{{{ . | first | value | humanizePercentage }}}} ({self.hidden}).{{{{ end }}}}")
+
+    def projected_step(self, f: Finding) -> float | None:
+        """The run's step time without this cause, where the kind projects one."""
+        return None
+
+    def reason(self, f: Finding, run: str, rank: str) -> str:
+        """One sentence on what the run does, for diagnose."""
+        return f"run {run} rank {rank} spends {pct(f.value)} of its time {self.doing}."
+
+    def alert_reason(self) -> str:
+        """The same sentence in the alert's description, after the run's place."""
+        return f"spends {{{{ $value | humanizePercentage }}}} of its time {self.doing}."
+
+    def own(self, value: float) -> str:
+        """How a straggler with this cause reads after its label, with its ``value``."""
+        return f"{pct(value)} of its time in {self.phase}"
+
+    def alert_own(self) -> str:
+        """The same as Go template text, the value in ``$v``."""
+        return f"{{{{ $v | humanizePercentage }}}} of its time in {self.phase}"
+
+    def records(self) -> tuple[tuple[str, str, str], ...]:
+        """Further recording rules of the kind: (name, expression, comment)."""
+        return ()
+
+
+class Phase(Cause):
+    """A phase of the step above its share (M1, M2, CK): the base class's behaviour."""
+
+    kind = PHASE
+
+
+class Launch(Cause):
+    """M3: the GPU idle inside the compute phase while memory is left: its value is compute share - ``u``."""
+
+    kind = LAUNCH
+    projected_by = COMPUTED
+
+    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
+             retry_limit: float) -> Finding | None:
+        compute = run.shares.get(self.phase, 0.0)
+        compute_key, busy_key, memory_key = self.keys
+        if (compute > _threshold(t, compute_key) and utilization / compute < _threshold(t, busy_key)
+                and memory_used_ratio is not None and memory_used_ratio < _threshold(t, memory_key)):
+            return Finding(self, lvl, compute - utilization, min(1.0, compute), run.batch_size)
+        return None
+
+    def promql(self) -> str:
+        compute_key, busy_key, memory_key = self.keys
+        compute = f"({share(self.phase)} > ${{{compute_key}}})"
+        return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
+                f"and\n(\n    {UTIL}\n  / on ({C}, uuid) group_right ()\n    {compute}\n"
+                f"  < ${{{busy_key}}}\n)\nand\n{LIVE}\n"
+                f"and on ({C}, uuid)\n(max by ({C}, uuid) ({catalog.GPU_MEMORY_USED_RATIO.name})"
+                f" < ${{{memory_key}}})")
+
+    def reason(self, f: Finding, run: str, rank: str) -> str:
+        batch = f" with batch size {f.batch_size:.0f}" if f.batch_size is not None else ""
+        return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(f.value)} of the "
+                "step inside the compute phase (small kernels, launch overhead).")
+
+    def alert_reason(self) -> str:
+        _, busy_key, memory_key = self.keys
+        return ("keeps its GPU idle for {{ $value | humanizePercentage }} of the step inside the compute phase: "
+                f"the GPU is busy for less than ${{{busy_key}|percent}} of the time the job computes while less "
+                f"than ${{{memory_key}|percent}} of its memory is used (small batches or kernels, launch "
+                "overhead).")
+
+    def own(self, value: float) -> str:
+        return f"its GPU idle for {pct(value)} of the step inside compute"
+
+    def alert_own(self) -> str:
+        return "its GPU idle for {{ $v | humanizePercentage }} of the step inside compute"
+
+
+class Allocator(Cause):
+    """M4: allocator retries above the window's limit, or an OOM: counted, not timed (no projection)."""
+
+    kind = ALLOCATOR
+    first = True
+    projected_by = ""
+    measures = "allocator events"
+
+    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
+             retry_limit: float) -> Finding | None:
+        if run.allocator_ooms > 0 or run.allocator_retries > retry_limit:
+            return Finding(self, lvl, run.allocator_retries + run.allocator_ooms, None)
+        return None
+
+    def promql(self) -> str:
+        window_key, retries_key = self.keys
+        retries = f"increase({catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{{window_key}}}])"
+        ooms = f"increase({catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{{window_key}}}])"
+        return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{{retries_key}}} or {ooms} > 0)\n)\n"
+                f"and\n{LIVE}")
+
+    def value_text(self) -> str:
+        return f"allocator retries + OOMs in ${{{self.keys[0]}}}"
+
+    def alert_projection(self) -> str:
+        return ""
+
+    def reason(self, f: Finding, run: str, rank: str) -> str:
+        return f"run {run} rank {rank}: the CUDA caching allocator had {f.value:.0f} retries/OOMs."
+
+    def alert_reason(self) -> str:
+        window_key, retries_key = self.keys
+        return ("had {{ $value | humanize }} caching-allocator retries and out-of-memory errors in the last "
+                f"${{{window_key}}} (the limit is ${{{retries_key}}} retries and no OOM); each "
+                "retry frees the cache and stalls the GPU.")
+
+    def own(self, value: float) -> str:
+        return f"{value:.0f} allocator retries and OOMs"
+
+    def alert_own(self) -> str:
+        return "{{ $v | humanize }} allocator retries and OOMs"
+
+
+class Straggler(Cause):
+    """ST: a relation between the ranks of one run. A rank waits in collectives for the rank that communicates
+    least, the straggler: its value is its communication share minus the run's lowest (``bottomk by (cluster,
+    run)``, the straggler's rank added as label :data:`LABEL`), and the alert names the straggler's own cause
+    from the straggler's ``run:gpu_training_cause:share`` series."""
+
+    kind = STRAGGLER
+    run_wide = True
+    waits = True
+
+    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
+             retry_limit: float) -> Finding | None:
+        straggler = straggler_of(run.communication or {})
+        wait = run.shares.get(self.phase, 0.0) - straggler[1] if straggler else 0.0
+        if straggler is not None and wait > _threshold(t, self.keys[0]):
+            return Finding(self, lvl, wait, _hidden(utilization, wait), straggler=straggler[0],
+                           step_seconds=run.step_seconds)
+        return None
+
+    def promql(self) -> str:
+        comm = share(self.phase)
+        lowest = (f"label_replace(\n      bottomk by ({C}, run) (1, {comm} and {LIVE}),\n"
+                  f'      "{LABEL}", "$1", "rank", "(.*)"\n    )')
+        return (f"(\n    {comm}\n  - on ({C}, run) group_left ({LABEL})\n    {lowest}\n)\n"
+                f"> ${{{self.keys[0]}}}\nand ignoring ({LABEL})\n{LIVE}")
+
+    def projection(self, f: Finding, now: str) -> str:
+        step = ""
+        if f.step_seconds is not None:
+            step = (f"; the run's step would take ~{seconds(f.projected_step_seconds or 0.0)} instead of "
+                    f"{seconds(f.step_seconds)}")
+        return f"{now} now, at most ~{pct(f.projected or 0.0)} if rank {f.straggler} kept up{step}"
+
+    def alert_projection(self) -> str:
+        util, step = projected_query(self.cause), run_query(STEP)
+        projected = run_query(catalog.RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS.name)
+        return (f"{{{{ with {util} | query }}}} If rank {{{{ $labels.{LABEL} }}}} kept up, the GPU could reach at "
+                f"most {{{{ . | first | value | humanizePercentage }}}}{{{{ end }}}}{{{{ with {projected} | query }}}} "
+                f"and the run's step would take ~{{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}"
+                f"{{{{ with {step} | query }}}} instead of {{{{ . | first | value | humanizeDuration }}}}"
+                "{{ end }}.")
+
+    def projected_step(self, f: Finding) -> float | None:
+        return None if f.step_seconds is None else f.step_seconds * (1.0 - f.value)
+
+    def reason(self, f: Finding, run: str, rank: str) -> str:
+        why = f.straggler_cause or f"rank {f.straggler} is slower"
+        return (f"run {run} rank {rank} is waiting for rank {f.straggler} (straggler): {why}. "
+                f"{pct(f.value)} of rank {rank}'s time is that wait (its communication beyond rank "
+                f"{f.straggler}'s).")
+
+    def alert_reason(self) -> str:
+        run_wide = "|".join(c.cause for c in CAUSES if c.run_wide)  # not the straggler's own cause
+        query = (f'printf "topk(1, max without (level) ({CAUSE_SHARE}{{run=%q,rank=%q,'
+                 f'cause!~\\"{run_wide}\\"}}))" $labels.run $labels.{LABEL}')
+        chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $c "{other.cause}" }}}}{other.label}, '
+                        f"{other.alert_own()}" for i, other in enumerate(c for c in CAUSES if not c.run_wide))
+        return (f"is waiting for rank {{{{ $labels.{LABEL} }}}} (straggler): {{{{ with {query} | query }}}}"
+                f'{{{{ $c := . | first | label "cause" }}}}{{{{ $v := . | first | value }}}}'
+                f"rank {{{{ $labels.{LABEL} }}}} is {chain}{{{{ else }}}}{{{{ $c }}}}{{{{ end }}}}"
+                f"{{{{ else }}}}rank {{{{ $labels.{LABEL} }}}} has no cause of its own above the thresholds (more "
+                f"work, or a slower or throttled GPU){{{{ end }}}}. {{{{ $value | humanizePercentage }}}} of this "
+                f"rank's time is that wait (its communication beyond rank {{{{ $labels.{LABEL} }}}}'s).")
+
+    def records(self) -> tuple[tuple[str, str, str], ...]:
+        return ((catalog.RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS.name,
+                 f"{STEP}\n* on ({C}, run, rank, uuid) group_right ()\n"
+                 f"(1 - max by ({C}, run, rank, uuid, {LABEL}) ({CAUSE_SHARE}{{cause=\"{self.cause}\"}}))\n",
+                 f"The run's step time if rank {LABEL} kept up: the waiting rank's step time without its wait."),)
+
+
+class Communication(Cause):
+    """CM: the other half of ST's comparison. The run's lowest live communication share (``min by (cluster,
+    run)``) is what every rank pays; a waiting rank's communication splits once, into this and ST's excess."""
+
+    kind = COLLECTIVE
+    run_wide = True
+
+    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
+             retry_limit: float) -> Finding | None:
+        if self.phase not in run.shares:
+            return None
+        common = common_communication(run.shares[self.phase], run.communication)
+        return Finding(self, lvl, common, _hidden(utilization, common)) if common > _threshold(t, self.keys[0]) \
+            else None
+
+    def promql(self) -> str:
+        comm = share(self.phase)
+        return (f"(\n    0 * {comm}\n  + on ({C}, run) group_left ()\n    min by ({C}, run) ({comm} and {LIVE})\n)\n"
+                f"> ${{{self.keys[0]}}}\nand\n{LIVE}")
+
+    def reason(self, f: Finding, run: str, rank: str) -> str:
+        return (f"run {run} rank {rank} spends {pct(f.value)} of its time in collectives that every live rank "
+                "of the run pays (the run's least-communicating rank spends as much, so no straggler explains "
+                "it): the gradient exchange itself is slow.")
+
+    def alert_reason(self) -> str:
+        return ("spends {{ $value | humanizePercentage }} of its time in collectives (phase communication) that "
+                "every live rank of the run pays (the run's least-communicating rank spends as much, so no straggler "
+                "explains it): the gradient exchange itself is slow.")
+
 
 CAUSES: tuple[Cause, ...] = (
-    Cause("input_bound", "M1", "input-bound", "GpuTrainingInputBound", PHASE, "data", ("input_bound_share",),
+    Phase("input_bound", "M1", "input-bound", "GpuTrainingInputBound", "data", ("input_bound_share",),
           doing="waiting for the next batch", hidden="if loading overlapped compute",
           remedy="more DataLoader workers, pinned memory, prefetch, cache the data set",
           advice="M1: feed the GPU faster: DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
                  "persistent_workers=True), preload or cache the data set, move augmentation to the GPU."),
-    Cause("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", PHASE, "metrics",
+    Phase("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", "metrics",
           ("metrics_bound_share",),
           doing="on CPU work in the step that is not GPU work (metrics, logging, .item()/.cpu(), host-side "
                 "preprocessing)",
@@ -116,14 +383,14 @@ CAUSES: tuple[Cause, ...] = (
                  "step, host-side preprocessing inside training_step): compute metrics every N steps or at epoch "
                  "end and keep them on the GPU (torchmetrics), drop the ones nobody reads, avoid .item()/.cpu() per "
                  "step, log asynchronously, and move preprocessing into the DataLoader's workers or onto the GPU."),
-    Cause("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", PHASE, "checkpoint",
+    Phase("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", "checkpoint",
           ("checkpoint_share",),
           doing="saving checkpoints", hidden="if checkpoints were written asynchronously",
           remedy="save checkpoints asynchronously or less often",
           advice="CK: save checkpoints less often (every N minutes, not every N steps), write them from a "
                  "background thread or process (torch.distributed.checkpoint.async_save), copy the state "
                  "to CPU memory first and write it off the training path, save to fast local disk."),
-    Cause("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", LAUNCH, "compute",
+    Launch("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", "compute",
           ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
           doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",
           remedy="raise the batch size while memory allows; fewer, larger kernels (launch overhead; Python work "
@@ -134,14 +401,14 @@ CAUSES: tuple[Cause, ...] = (
                  "the GPU idles; Python or CPU work in the step that is not GPU work is M2 instead, told apart by the "
                  "phase shares (that time counts as metrics, not compute) or sampled stacks (frames in your own "
                  "code, not in torch operators)."),
-    Cause("allocator", "M4", "allocator trouble", "GpuMemoryAllocatorThrashing", ALLOCATOR, "",
+    Allocator("allocator", "M4", "allocator trouble", "GpuMemoryAllocatorThrashing", "",
           ("allocator_window", "allocator_retries_threshold"),
           doing="", hidden="",
           remedy="expandable_segments, stable tensor shapes, no empty_cache() in the loop",
           advice="M4: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, stable tensor shapes, no "
                  "torch.cuda.empty_cache() in the loop; lower the batch size a little if memory is really "
                  "too small."),
-    Cause("straggler", "ST", "waiting for a straggler", "GpuTrainingStraggler", STRAGGLER, "communication",
+    Straggler("straggler", "ST", "waiting for a straggler", "GpuTrainingStraggler", "communication",
           ("straggler_wait_share",),
           doing="waiting in collectives for a slower rank", hidden="if the straggler kept up",
           remedy="remove the straggler's own cause (its verdict names it); balance data and work across ranks",
@@ -149,8 +416,8 @@ CAUSES: tuple[Cause, ...] = (
                  "(input pipeline M1, metrics M2, checkpoints CK on one rank only, ...), give every rank the same "
                  "share of the data and work (same batch size, sequence lengths, no rank-0-only work in the "
                  f"step), and check the straggler's GPU for throttling ({catalog.GPU_CLOCK_EVENT_ACTIVE.name})."),
-    Cause("communication_bound", "CM", "communication-bound", "GpuTrainingCommunicationBound", COLLECTIVE,
-          "communication", ("communication_bound_share",),
+    Communication("communication_bound", "CM", "communication-bound", "GpuTrainingCommunicationBound",
+                  "communication", ("communication_bound_share",),
           doing="in collectives that every rank of the run pays", hidden="if communication overlapped compute",
           remedy="fewer all-reduces (gradient accumulation), larger DDP buckets overlapping backward, gradient "
                  "compression, a faster interconnect",
@@ -216,39 +483,16 @@ class Finding:
         now = useful_text(utilization, *(() if shares is None else (shares,)))
         if self.projected is None:
             return f"{now} now; no projection (allocator stalls are counted, not timed)"
-        if self.cause.kind == STRAGGLER:
-            step = ""
-            if self.step_seconds is not None:
-                step = (f"; the run's step would take ~{seconds(self.projected_step_seconds or 0.0)} instead of "
-                        f"{seconds(self.step_seconds)}")
-            return f"{now} now, at most ~{pct(self.projected)} if rank {self.straggler} kept up{step}"
-        return f"{now} now, at most ~{pct(self.projected)} {self.cause.hidden}"
+        return self.cause.projection(self, now)
 
     @property
     def projected_step_seconds(self) -> float | None:
         """ST: the run's step time if the straggler kept up (this rank's step time without its wait)."""
-        if self.cause.kind != STRAGGLER or self.step_seconds is None:
-            return None
-        return self.step_seconds * (1.0 - self.value)
+        return self.cause.projected_step(self)
 
     def reason(self, run: str, rank: str) -> str:
         """One sentence on what the run does, for diagnose."""
-        if self.cause.kind == ALLOCATOR:
-            return f"run {run} rank {rank}: the CUDA caching allocator had {self.value:.0f} retries/OOMs."
-        if self.cause.kind == STRAGGLER:
-            why = self.straggler_cause or f"rank {self.straggler} is slower"
-            return (f"run {run} rank {rank} is waiting for rank {self.straggler} (straggler): {why}. "
-                    f"{pct(self.value)} of rank {rank}'s time is that wait (its communication beyond rank "
-                    f"{self.straggler}'s).")
-        if self.cause.kind == COLLECTIVE:
-            return (f"run {run} rank {rank} spends {pct(self.value)} of its time in collectives that every live rank "
-                    "of the run pays (the run's least-communicating rank spends as much, so no straggler explains "
-                    "it): the gradient exchange itself is slow.")
-        if self.cause.kind == LAUNCH:
-            batch = f" with batch size {self.batch_size:.0f}" if self.batch_size is not None else ""
-            return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(self.value)} of the "
-                    "step inside the compute phase (small kernels, launch overhead).")
-        return f"run {run} rank {rank} spends {pct(self.value)} of its time {self.cause.doing}."
+        return self.cause.reason(self, run, rank)
 
 
 def pct(ratio: float) -> str:
@@ -299,7 +543,7 @@ def cause_order(finding: Finding) -> tuple[bool, float]:
     >>> [f.cause.code for f in sorted(fs, key=cause_order)]
     ['M4', 'M1']
     """
-    return finding.cause.kind != ALLOCATOR, -finding.value
+    return not finding.cause.first, -finding.value
 
 
 def allocator_limit(t: Thresholds, window_seconds: float) -> float:
@@ -339,31 +583,8 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
     if lvl is None:
         return []
     limit = _threshold(t, BY_ID["allocator"].keys[1]) if retry_limit is None else retry_limit
-    found: list[Finding] = []
-    for cause in CAUSES:
-        if cause.kind == PHASE:
-            share = run.shares.get(cause.phase, 0.0)
-            if share > _threshold(t, cause.keys[0]):
-                found.append(Finding(cause, lvl, share, _hidden(utilization, share)))
-        elif cause.kind == STRAGGLER:
-            straggler = straggler_of(run.communication or {})
-            wait = run.shares.get(cause.phase, 0.0) - straggler[1] if straggler else 0.0
-            if straggler is not None and wait > _threshold(t, cause.keys[0]):
-                found.append(Finding(cause, lvl, wait, _hidden(utilization, wait), straggler=straggler[0],
-                                     step_seconds=run.step_seconds))
-        elif cause.kind == COLLECTIVE and cause.phase in run.shares:
-            common = common_communication(run.shares[cause.phase], run.communication)
-            if common > _threshold(t, cause.keys[0]):
-                found.append(Finding(cause, lvl, common, _hidden(utilization, common)))
-        elif cause.kind == LAUNCH:
-            compute = run.shares.get(cause.phase, 0.0)
-            compute_key, busy_key, memory_key = cause.keys
-            if (compute > _threshold(t, compute_key) and utilization / compute < _threshold(t, busy_key)
-                    and memory_used_ratio is not None and memory_used_ratio < _threshold(t, memory_key)):
-                found.append(Finding(cause, lvl, compute - utilization, min(1.0, compute), run.batch_size))
-        elif cause.kind == ALLOCATOR and (run.allocator_ooms > 0 or run.allocator_retries > limit):
-            found.append(Finding(cause, lvl, run.allocator_retries + run.allocator_ooms, None))
-    return sorted(found, key=cause_order)
+    found = (cause.find(utilization, memory_used_ratio, run, t, lvl, limit) for cause in CAUSES)
+    return sorted((f for f in found if f is not None), key=cause_order)
 
 
 # --- evidence for GPU processes nobody instrumented (collectors/evidence.py) -------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.training.protocol import COMMUNICATION
-from gpu_exporter.verdict.causes import ALLOCATOR, LAUNCH, RUN_WIDE, STRAGGLER, Finding, cause_order, pct, seconds
+from gpu_exporter.verdict.causes import Finding, cause_order, pct, seconds
 
 if TYPE_CHECKING:
     from gpu_exporter.verdict.views import GpuView, RunView, Verdict
@@ -51,12 +51,7 @@ def own_cause(rank: str, finding: Finding | None, utilization: float | None) -> 
         gpu = f"its GPU at {pct(utilization)}: " if utilization is not None else ""
         return (f"rank {rank} has no cause of its own above the thresholds ({gpu}more work, or a slower or "
                 "throttled GPU)")
-    label = finding.cause.label
-    if finding.cause.kind == ALLOCATOR:
-        return f"rank {rank} is {label}, {finding.value:.0f} allocator retries and OOMs"
-    if finding.cause.kind == LAUNCH:
-        return f"rank {rank} is {label}, its GPU idle for {pct(finding.value)} of the step inside compute"
-    return f"rank {rank} is {label}, {pct(finding.value)} of its time in {finding.cause.phase}"
+    return f"rank {rank} is {finding.cause.label}, {finding.cause.own(finding.value)}"
 
 
 def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
@@ -65,14 +60,14 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
         (r.run, r.rank): (r, v.utilization) for v in views for r in v.runs if r.live}
 
     def named(f: Finding, run: str) -> Finding:
-        if f.cause.kind != STRAGGLER:
+        if not f.cause.waits:
             return f
         straggler, util = by_rank.get((run, f.straggler), (None, None))
         if straggler is None:  # its snapshots carry no GPU UUID: its own cause is not judged here
             return replace(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
                                               "GPU read here)")
         # Its own cause: not what every rank pays (CM) nor a wait (ST), the same as the alert's text.
-        own = sorted((g for g in straggler.findings if g.cause.kind not in RUN_WIDE), key=cause_order)
+        own = sorted((g for g in straggler.findings if not g.cause.run_wide), key=cause_order)
         return replace(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
 
     return [replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))
@@ -121,7 +116,7 @@ def distributed_runs(results: Sequence[tuple[GpuView, Verdict]]) -> list[Distrib
             rows.setdefault(r.run, []).append(RankRow(r.rank, view.node, view.gpu, view.uuid, r.shares,
                                                       r.step_seconds, verdict.title))
             sizes[r.run] = max(sizes.get(r.run, 1), r.world_size)
-            waits.setdefault(r.run, []).extend(f for f in r.findings if f.cause.kind == STRAGGLER)
+            waits.setdefault(r.run, []).extend(f for f in r.findings if f.cause.waits)
     out = []
     for run, ranks in sorted(rows.items()):
         if len(ranks) < 2 and sizes[run] < 2:
