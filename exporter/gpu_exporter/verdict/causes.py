@@ -60,24 +60,13 @@ __all__ = ["ALLOCATOR", "BY_ID", "CAUSES", "COLLECTIVE", "EVIDENCE_ALERT", "HINT
            "allocator_limit", "cause_order", "common_communication", "cores", "find_causes", "find_hints", "hint_text",
            "level", "pct", "seconds", "straggler_of"]
 
-PHASE = "phase"
-"""A cause explained by the share of one phase of the step (M1, M2, CK)."""
-LAUNCH = "launch"
-"""M3: the GPU is busy for only part of the compute phase (small batches, launch overhead)."""
-ALLOCATOR = "allocator"
-"""M4: the caching allocator retries or runs out of memory (counted, not timed)."""
-STRAGGLER = "straggler"
-"""ST: a rank of a distributed run waits in collectives for a slower rank of the same run."""
-COLLECTIVE = "collective"
-"""CM: every rank of a run spends much of the step in collectives (the run's lowest communication share)."""
+PHASE, LAUNCH, ALLOCATOR, STRAGGLER, COLLECTIVE = "phase", "launch", "allocator", "straggler", "collective"
+"""``Cause.kind``: the name of each kind (class) below."""
 HIDDEN, COMPUTED = "hidden", "computed"
 """How ``run:gpu_training_cause:projected_utilization`` projects a kind: ``u / (1 - share)``, or ``u + share``."""
-UTIL = f"max by ({C}, uuid) ({catalog.GPU_UTILIZATION_AVG5M.name})"
-"""The GPU's utilization (5m mean), one series per GPU."""
+UTIL, STEP = f"max by ({C}, uuid) ({catalog.GPU_UTILIZATION_AVG5M.name})", catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
-STEP = catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
-"""Each rank's mean step time (recorded in prometheus/templates/gpu-recording.rules.yml.in)."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +75,12 @@ class Cause:
 
     ``keys`` are the thresholds.yml keys its condition reads. A kind gives the same thing twice, for the
     judge in Python and for the generated rules (monitoring/causes.py) in PromQL and alert text: its
-    condition (:meth:`find`, :meth:`promql`), the reason (:meth:`reason`, :meth:`alert_reason`), the
-    projection (:meth:`projection`, :meth:`alert_projection`) and how a straggler that has it reads
-    (:meth:`own`, :meth:`alert_own`). A new kind is one new subclass.
+    condition (:meth:`find`: the finding of a run at useful ``utilization``, or None; :meth:`promql`: the
+    query before the level filter, its value the share, M4: events, that explains it), the reason of a
+    finding (:meth:`reason`, :meth:`alert_reason`), its projection (:meth:`projection`, :meth:`alert_projection`,
+    :meth:`projected_step`), how a straggler with it reads (:meth:`own`, :meth:`alert_own`), the value of its
+    series (:meth:`value_text`, the rule's comment) and further recording rules (:meth:`records`: name,
+    expression, comment). A new kind is one new subclass.
     """
 
     cause: str
@@ -113,6 +105,10 @@ class Cause:
     """How the projected-utilization rule projects it (:data:`HIDDEN`, :data:`COMPUTED`; "": not at all)."""
     measures: ClassVar[str] = "share of the step"
     """What a finding's value is, in the Grafana alert's words."""
+    owns: ClassVar[str] = "{} of its time in {phase}"
+    """How a straggler with this cause reads after its label, ``{}`` its value."""
+    alert_amount: ClassVar[str] = "{{ $v | humanizePercentage }}"
+    """A value ``$v`` as Go template text."""
 
     @property
     def label(self) -> str:
@@ -126,16 +122,13 @@ class Cause:
 
     def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
              retry_limit: float) -> Finding | None:
-        """Python condition: the finding of ``run`` at useful ``utilization`` and level ``lvl``, or None."""
         share = run.shares.get(self.phase, 0.0)
         return Finding(self, lvl, share, _hidden(utilization, share)) if share > _threshold(t, self.keys[0]) else None
 
     def promql(self) -> str:
-        """PromQL condition before the level filter: value = the share (M4: events) that explains it."""
         return f"{share(self.phase)} > ${{{self.keys[0]}}}\nand\n{LIVE}"
 
     def value_text(self) -> str:
-        """What the value of its ``run:gpu_training_cause:share`` series is, for the rule's comment."""
         return "the share of the step it takes"
 
     def projection(self, f: Finding, now: str) -> str:
@@ -143,12 +136,10 @@ class Cause:
         return f"{now} now, at most ~{pct(f.projected or 0.0)} {self.hidden}"
 
     def alert_projection(self) -> str:
-        """The alert text of the projection (Go template)."""
         return (f"{{{{ with {projected_query(self.cause)} | query }}}} If that were removed the GPU could reach at "
                 f"most {{{{ . | first | value | humanizePercentage }}}} ({self.hidden}).{{{{ end }}}}")
 
     def projected_step(self, f: Finding) -> float | None:
-        """The run's step time without this cause, where the kind projects one."""
         return None
 
     def reason(self, f: Finding, run: str, rank: str) -> str:
@@ -156,19 +147,19 @@ class Cause:
         return f"run {run} rank {rank} spends {pct(f.value)} of its time {self.doing}."
 
     def alert_reason(self) -> str:
-        """The same sentence in the alert's description, after the run's place."""
         return f"spends {{{{ $value | humanizePercentage }}}} of its time {self.doing}."
 
+    def amount(self, value: float) -> str:
+        """A finding's value in words: ``"38%"`` (M4: ``"3"`` events)."""
+        return pct(value)
+
     def own(self, value: float) -> str:
-        """How a straggler with this cause reads after its label, with its ``value``."""
-        return f"{pct(value)} of its time in {self.phase}"
+        return self.owns.format(self.amount(value), phase=self.phase)
 
     def alert_own(self) -> str:
-        """The same as Go template text, the value in ``$v``."""
-        return f"{{{{ $v | humanizePercentage }}}} of its time in {self.phase}"
+        return self.owns.format(self.alert_amount, phase=self.phase)
 
     def records(self) -> tuple[tuple[str, str, str], ...]:
-        """Further recording rules of the kind: (name, expression, comment)."""
         return ()
 
 
@@ -183,6 +174,7 @@ class Launch(Cause):
 
     kind = LAUNCH
     projected_by = COMPUTED
+    owns = "its GPU idle for {} of the step inside compute"
 
     def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
              retry_limit: float) -> Finding | None:
@@ -214,20 +206,13 @@ class Launch(Cause):
                 f"than ${{{memory_key}|percent}} of its memory is used (small batches or kernels, launch "
                 "overhead).")
 
-    def own(self, value: float) -> str:
-        return f"its GPU idle for {pct(value)} of the step inside compute"
-
-    def alert_own(self) -> str:
-        return "its GPU idle for {{ $v | humanizePercentage }} of the step inside compute"
-
 
 class Allocator(Cause):
     """M4: allocator retries above the window's limit, or an OOM: counted, not timed (no projection)."""
 
-    kind = ALLOCATOR
-    first = True
-    projected_by = ""
-    measures = "allocator events"
+    kind, first = ALLOCATOR, True
+    projected_by, measures, owns = "", "allocator events", "{} allocator retries and OOMs"
+    alert_amount = "{{ $v | humanize }}"
 
     def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
              retry_limit: float) -> Finding | None:
@@ -245,11 +230,14 @@ class Allocator(Cause):
     def value_text(self) -> str:
         return f"allocator retries + OOMs in ${{{self.keys[0]}}}"
 
+    def amount(self, value: float) -> str:
+        return f"{value:.0f}"
+
     def alert_projection(self) -> str:
         return ""
 
     def reason(self, f: Finding, run: str, rank: str) -> str:
-        return f"run {run} rank {rank}: the CUDA caching allocator had {f.value:.0f} retries/OOMs."
+        return f"run {run} rank {rank}: the CUDA caching allocator had {self.amount(f.value)} retries/OOMs."
 
     def alert_reason(self) -> str:
         window_key, retries_key = self.keys
@@ -257,22 +245,12 @@ class Allocator(Cause):
                 f"${{{window_key}}} (the limit is ${{{retries_key}}} retries and no OOM); each "
                 "retry frees the cache and stalls the GPU.")
 
-    def own(self, value: float) -> str:
-        return f"{value:.0f} allocator retries and OOMs"
-
-    def alert_own(self) -> str:
-        return "{{ $v | humanize }} allocator retries and OOMs"
-
 
 class Straggler(Cause):
-    """ST: a relation between the ranks of one run. A rank waits in collectives for the rank that communicates
-    least, the straggler: its value is its communication share minus the run's lowest (``bottomk by (cluster,
-    run)``, the straggler's rank added as label :data:`LABEL`), and the alert names the straggler's own cause
-    from the straggler's ``run:gpu_training_cause:share`` series."""
+    """ST: a rank waits in collectives for the run's least-communicating rank (``bottomk by (cluster, run)``, its
+    rank as label :data:`LABEL`); the alert names that straggler's own cause from its series."""
 
-    kind = STRAGGLER
-    run_wide = True
-    waits = True
+    kind, run_wide, waits = STRAGGLER, True, True
 
     def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
              retry_limit: float) -> Finding | None:
@@ -336,11 +314,9 @@ class Straggler(Cause):
 
 
 class Communication(Cause):
-    """CM: the other half of ST's comparison. The run's lowest live communication share (``min by (cluster,
-    run)``) is what every rank pays; a waiting rank's communication splits once, into this and ST's excess."""
+    """CM: the run's lowest live communication share (``min by (cluster, run)``), what every rank pays."""
 
-    kind = COLLECTIVE
-    run_wide = True
+    kind, run_wide = COLLECTIVE, True
 
     def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
              retry_limit: float) -> Finding | None:

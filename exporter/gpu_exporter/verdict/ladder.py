@@ -136,7 +136,7 @@ def _unused(row: Row, f: Facts, t: Thresholds) -> Verdict:
 def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
     (first, run), others = f.found[0], f.found[1:]
     cause = first.cause
-    also = "".join(f" Also {g.cause.label}: {pct(g.value) if g.projected is not None else f'{g.value:.0f}'}"
+    also = "".join(f" Also {g.cause.label}: {g.cause.amount(g.value)}"
                    + (f" (at most ~{pct(g.projected)} without it)" if g.projected is not None else "") + "."
                    for g, _ in others)
     reason = f"{first.projection(f.u, run.shares)}. {first.reason(run.run, run.rank)}{also}"
