@@ -6,7 +6,7 @@ events, live or finished, optional cluster label). The same cases are fed to
 * promtool: a rule unit test generated here feeds them as input series to the shipped rules and
   expects ``run:gpu_training_cause:share`` and ``run:gpu_training_cause:projected_utilization`` to
   hold exactly the findings of the judge (labels cause/code/remedy/level and values);
-* the judge, :func:`gpu_exporter.causes.find_causes`, whose findings are those expectations.
+* the judge, :func:`gpu_exporter.verdict.causes.find_causes`, whose findings are those expectations.
 
 promtool fails the test on any disagreement in either direction. The cases cover every cause at
 both levels, the healthy band, finished runs, thresholds not passed, two clusters that reuse
@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_exporter.causes import CAUSES, LOW, TARGET, Finding, RunSignals, find_causes
 from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.causes import CAUSES, LOW, TARGET, Finding, RunSignals, find_causes
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "prometheus" / "rules"

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 from evidence_standins import direct_io_works
-from gpu_exporter.causes import HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, ProcessSignals, find_hints
 from gpu_exporter.collectors.base import PollContext
 from gpu_exporter.collectors.evidence import MAX_AGE, STATES, Evidence, EvidenceCollector, ProcReader, parse_stat
 from gpu_exporter.nvml import Gpu
 from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.causes import HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, ProcessSignals, find_hints
 from harness import Harness
 
 STANDINS = Path(__file__).with_name("evidence_standins.py")

@@ -206,7 +206,7 @@ def test_every_alert_has_silent_and_firing_promtool_tests() -> None:
 
 def test_info_alert_carries_every_cause_below_target() -> None:
     below = [rule for rule in rules("alert") if rule["alert"] == "GpuTrainingBelowTarget"]
-    from gpu_exporter.causes import CAUSES
+    from gpu_exporter.verdict.causes import CAUSES
     assert sorted(rule["labels"]["cause"] for rule in below) == sorted(c.cause for c in CAUSES)
     for rule in below:
         assert rule["labels"]["severity"] == "info"
