@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from gpu_exporter import catalog
 from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
@@ -67,6 +67,7 @@ HIDDEN, COMPUTED = "hidden", "computed"
 UTIL, STEP = f"max by ({C}, uuid) ({catalog.GPU_UTILIZATION_AVG5M.name})", catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
 LABEL = "straggler_rank"
 """The label of a waiting rank's ST series that names the rank it waits for."""
+Found: TypeAlias = "Finding | None"
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,10 @@ class Cause:
         """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
         return self.alert.lower()
 
-    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
-             retry_limit: float) -> Finding | None:
+    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
+        """The finding of ``run`` at useful utilization ``u`` and level ``lvl`` (M4: ``limit`` retries), or None."""
         share = run.shares.get(self.phase, 0.0)
-        return Finding(self, lvl, share, _hidden(utilization, share)) if share > _threshold(t, self.keys[0]) else None
+        return Finding(self, lvl, share, _hidden(u, share)) if share > _threshold(t, self.keys[0]) else None
 
     def promql(self) -> str:
         return f"{share(self.phase)} > ${{{self.keys[0]}}}\nand\n{LIVE}"
@@ -176,13 +177,12 @@ class Launch(Cause):
     projected_by = COMPUTED
     owns = "its GPU idle for {} of the step inside compute"
 
-    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
-             retry_limit: float) -> Finding | None:
+    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         compute = run.shares.get(self.phase, 0.0)
         compute_key, busy_key, memory_key = self.keys
-        if (compute > _threshold(t, compute_key) and utilization / compute < _threshold(t, busy_key)
-                and memory_used_ratio is not None and memory_used_ratio < _threshold(t, memory_key)):
-            return Finding(self, lvl, compute - utilization, min(1.0, compute), run.batch_size)
+        if (compute > _threshold(t, compute_key) and u / compute < _threshold(t, busy_key)
+                and memory is not None and memory < _threshold(t, memory_key)):
+            return Finding(self, lvl, compute - u, min(1.0, compute), run.batch_size)
         return None
 
     def promql(self) -> str:
@@ -214,9 +214,8 @@ class Allocator(Cause):
     projected_by, measures, owns = "", "allocator events", "{} allocator retries and OOMs"
     alert_amount = "{{ $v | humanize }}"
 
-    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
-             retry_limit: float) -> Finding | None:
-        if run.allocator_ooms > 0 or run.allocator_retries > retry_limit:
+    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
+        if run.allocator_ooms > 0 or run.allocator_retries > limit:
             return Finding(self, lvl, run.allocator_retries + run.allocator_ooms, None)
         return None
 
@@ -252,13 +251,11 @@ class Straggler(Cause):
 
     kind, run_wide, waits = STRAGGLER, True, True
 
-    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
-             retry_limit: float) -> Finding | None:
+    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         straggler = straggler_of(run.communication or {})
         wait = run.shares.get(self.phase, 0.0) - straggler[1] if straggler else 0.0
         if straggler is not None and wait > _threshold(t, self.keys[0]):
-            return Finding(self, lvl, wait, _hidden(utilization, wait), straggler=straggler[0],
-                           step_seconds=run.step_seconds)
+            return Finding(self, lvl, wait, _hidden(u, wait), straggler=straggler[0], step_seconds=run.step_seconds)
         return None
 
     def promql(self) -> str:
@@ -318,13 +315,11 @@ class Communication(Cause):
 
     kind, run_wide = COLLECTIVE, True
 
-    def find(self, utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds, lvl: str,
-             retry_limit: float) -> Finding | None:
+    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         if self.phase not in run.shares:
             return None
         common = common_communication(run.shares[self.phase], run.communication)
-        return Finding(self, lvl, common, _hidden(utilization, common)) if common > _threshold(t, self.keys[0]) \
-            else None
+        return Finding(self, lvl, common, _hidden(u, common)) if common > _threshold(t, self.keys[0]) else None
 
     def promql(self) -> str:
         comm = share(self.phase)
