@@ -78,8 +78,8 @@ class Cause:
     judge in Python and for the generated rules (monitoring/causes.py) in PromQL and alert text: its
     condition (:meth:`find`: the finding of a run at useful ``utilization``, or None; :meth:`promql`: the
     query before the level filter, its value the share, M4: events, that explains it), the reason of a
-    finding (:meth:`reason`, :meth:`alert_reason`), its projection (:meth:`projection`, :meth:`alert_projection`,
-    :meth:`projected_step`), how a straggler with it reads (:meth:`own`, :meth:`alert_own`), the value of its
+    finding (:meth:`reason`, :meth:`alert_reason`), its projection (:meth:`projection`, :meth:`alert_projection`),
+    how a straggler with it reads (:meth:`own`, :meth:`alert_own`), the value of its
     series (:meth:`value_text`, the rule's comment) and further recording rules (:meth:`records`: name,
     expression, comment). A new kind is one new subclass.
     """
@@ -101,15 +101,12 @@ class Cause:
     run_wide: ClassVar[bool] = False
     """Judged across the ranks of a run: never a rank's own cause (what a straggler is named for)."""
     waits: ClassVar[bool] = False
-    """Its findings wait for another rank (``Finding.straggler``), whose own cause diagnose names."""
+    """Its findings wait for another rank (``Finding.straggler``, the step time projected without the wait)."""
     projected_by: ClassVar[str] = HIDDEN
     """How the projected-utilization rule projects it (:data:`HIDDEN`, :data:`COMPUTED`; "": not at all)."""
-    measures: ClassVar[str] = "share of the step"
-    """What a finding's value is, in the Grafana alert's words."""
-    owns: ClassVar[str] = "{} of its time in {phase}"
-    """How a straggler with this cause reads after its label, ``{}`` its value."""
-    alert_amount: ClassVar[str] = "{{ $v | humanizePercentage }}"
-    """A value ``$v`` as Go template text."""
+    measures, owns, alert_amount = "share of the step", "{} of its time in {phase}", "{{ $v | humanizePercentage }}"
+    """What a value is in the Grafana alert's words; a straggler with it after its label (``{}`` the value);
+    a value ``$v`` as Go template text."""
 
     @property
     def label(self) -> str:
@@ -139,9 +136,6 @@ class Cause:
     def alert_projection(self) -> str:
         return (f"{{{{ with {projected_query(self.cause)} | query }}}} If that were removed the GPU could reach at "
                 f"most {{{{ . | first | value | humanizePercentage }}}} ({self.hidden}).{{{{ end }}}}")
-
-    def projected_step(self, f: Finding) -> float | None:
-        return None
 
     def reason(self, f: Finding, run: str, rank: str) -> str:
         """One sentence on what the run does, for diagnose."""
@@ -280,9 +274,6 @@ class Straggler(Cause):
                 f"and the run's step would take ~{{{{ . | first | value | humanizeDuration }}}}{{{{ end }}}}"
                 f"{{{{ with {step} | query }}}} instead of {{{{ . | first | value | humanizeDuration }}}}"
                 "{{ end }}.")
-
-    def projected_step(self, f: Finding) -> float | None:
-        return None if f.step_seconds is None else f.step_seconds * (1.0 - f.value)
 
     def reason(self, f: Finding, run: str, rank: str) -> str:
         why = f.straggler_cause or f"rank {f.straggler} is slower"
@@ -459,7 +450,7 @@ class Finding:
     @property
     def projected_step_seconds(self) -> float | None:
         """ST: the run's step time if the straggler kept up (this rank's step time without its wait)."""
-        return self.cause.projected_step(self)
+        return None if self.step_seconds is None or not self.cause.waits else self.step_seconds * (1.0 - self.value)
 
     def reason(self, run: str, rank: str) -> str:
         """One sentence on what the run does, for diagnose."""
