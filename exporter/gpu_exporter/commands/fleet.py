@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog
-from gpu_exporter.causes import pct
 from gpu_exporter.commands import report as run_report
 from gpu_exporter.commands.diagnose_sources import from_prometheus_window
 from gpu_exporter.commands.metrics_client import (
@@ -50,6 +49,7 @@ from gpu_exporter.commands.metrics_client import (
     promql_duration,
 )
 from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.verdict.causes import pct
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS

@@ -7,9 +7,9 @@ reads one run (every rank and GPU) from Prometheus over its whole lifetime, or o
 
 * wall time (the run's own phase timers: the phases add up to wall time), GPU-hours, mean utilization;
 * phase shares over the whole range and over time;
-* each cause of the cause table (:data:`gpu_exporter.causes.CAUSES`) with when it applied: the same
+* each cause of the cause table (:data:`gpu_exporter.verdict.causes.CAUSES`) with when it applied: the same
   signals as the recording rules (``rate(gpu_busy_seconds_total[W])``, the phases' ``increase``, memory,
-  allocator events), judged at every step by :func:`gpu_exporter.causes.find_causes`, the judge the
+  allocator events), judged at every step by :func:`gpu_exporter.verdict.causes.find_causes`, the judge the
   conformance test holds equal to the generated rules (a distributed run's ranks are judged together at each
   step, so a rank that waits for a straggler is told so: ST);
 * GPU-hours spent below ``utilization_target`` (per GPU: the share of its utilization points below the
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog
-from gpu_exporter.causes import BY_ID, COLLECTIVE, LAUNCH, PHASE, STRAGGLER, RunSignals, find_causes, pct, straggler_of
 from gpu_exporter.commands.metrics_client import (
     Labels,
     MetricsError,
@@ -59,6 +58,7 @@ from gpu_exporter.commands.metrics_client import (
     promql_duration,
 )
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
+from gpu_exporter.verdict.causes import BY_ID, RunSignals, find_causes, pct
 from gpu_exporter.verdict.levels import useful_utilization
 
 _PHASES = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name
@@ -442,25 +442,12 @@ def _projection_share(main: CauseSpan, deltas: Totals, util: float | None) -> fl
     """
     cause = BY_ID[main.cause]
     walls = {key: sum(phases.values()) for key, phases in deltas.items()}
-    if cause.kind in (STRAGGLER, COLLECTIVE):
-        communication = {rank: phases.get(cause.phase, 0.0) / walls[(rank, uuid)]
-                         for (rank, uuid), phases in deltas.items() if walls[(rank, uuid)] > 0}
-        if cause.kind == COLLECTIVE:  # the communication every rank pays: the run's lowest share
-            return min(communication.values()) if communication else None
-        # ST: the waiting ranks' communication beyond the straggler's
-        straggler = straggler_of(communication)
-        if straggler is None:
-            return None
-        waiting = [v for r, v in communication.items() if r != straggler[0]]
-        return max(0.0, sum(waiting) / len(waiting) - straggler[1]) if waiting else None
+    communication = {rank: phases.get(cause.phase, 0.0) / walls[(rank, uuid)]
+                     for (rank, uuid), phases in deltas.items() if walls[(rank, uuid)] > 0}
     on = [key for key in deltas if key[0] in main.ranks]
     total = sum(walls[key] for key in on)
     share = sum(deltas[key].get(cause.phase, 0.0) for key in on) / total if total > 0 else 0.0
-    if cause.kind == PHASE:
-        return min(share, 1.0)
-    if cause.kind == LAUNCH and util is not None:
-        return max(0.0, share - util)
-    return None
+    return cause.run_share(share, communication, util)
 
 
 def _timeline(prom: Prometheus, run: str, gpus: Sequence[str], t: Thresholds, start: float, end: float,

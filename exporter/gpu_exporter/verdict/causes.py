@@ -54,14 +54,12 @@ from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, projected_query, r
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["ALLOCATOR", "BY_ID", "CAUSES", "COLLECTIVE", "EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "LAUNCH", "LOW",
-           "MAIN_BUSY", "PHASE", "STORAGE_WAIT", "STRAGGLER", "TARGET", "WORKERS_BUSY", "Allocator", "Cause",
+__all__ = ["BY_ID", "CAUSES", "EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "LOW",
+           "MAIN_BUSY", "STORAGE_WAIT", "TARGET", "WORKERS_BUSY", "Allocator", "Cause",
            "Communication", "Finding", "Hint", "Launch", "Phase", "ProcessSignals", "RunSignals", "Straggler",
            "allocator_limit", "cause_order", "common_communication", "cores", "find_causes", "find_hints", "hint_text",
            "level", "pct", "seconds", "straggler_of"]
 
-PHASE, LAUNCH, ALLOCATOR, STRAGGLER, COLLECTIVE = "phase", "launch", "allocator", "straggler", "collective"
-"""``Cause.kind``: the name of each kind (class) below."""
 HIDDEN, COMPUTED = "hidden", "computed"
 """How ``run:gpu_training_cause:projected_utilization`` projects a kind: ``u / (1 - share)``, or ``u + share``."""
 UTIL, STEP = f"max by ({C}, uuid) ({catalog.GPU_UTILIZATION_AVG5M.name})", catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name
@@ -95,7 +93,6 @@ class Cause:
     remedy: str
     advice: str
 
-    kind: ClassVar[str]
     first: ClassVar[bool] = False
     """Ranked before the others by :func:`cause_order` (it also explains them)."""
     run_wide: ClassVar[bool] = False
@@ -157,17 +154,20 @@ class Cause:
     def records(self) -> tuple[tuple[str, str, str], ...]:
         return ()
 
+    def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
+        """The share of a finished run's wall time the cause takes (the report's projection, docs/cli.md):
+        ``share`` its phase's share over the ranks it applied to, ``communication`` each rank's
+        communication share over the whole run, ``utilization`` the run's mean; None: not projected."""
+        return min(share, 1.0)
+
 
 class Phase(Cause):
     """A phase of the step above its share (M1, M2, CK): the base class's behaviour."""
-
-    kind = PHASE
 
 
 class Launch(Cause):
     """M3: the GPU idle inside the compute phase while memory is left: its value is compute share - ``u``."""
 
-    kind = LAUNCH
     projected_by = COMPUTED
     owns = "its GPU idle for {} of the step inside compute"
 
@@ -188,6 +188,9 @@ class Launch(Cause):
                 f"and on ({C}, uuid)\n(max by ({C}, uuid) ({catalog.GPU_MEMORY_USED_RATIO.name})"
                 f" < ${{{memory_key}}})")
 
+    def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
+        return max(0.0, share - utilization) if utilization is not None else None
+
     def reason(self, f: Finding, run: str, rank: str) -> str:
         batch = f" with batch size {f.batch_size:.0f}" if f.batch_size is not None else ""
         return (f"run {run} rank {rank} computes{batch}, but the GPU is idle for {pct(f.value)} of the "
@@ -204,13 +207,16 @@ class Launch(Cause):
 class Allocator(Cause):
     """M4: allocator retries above the window's limit, or an OOM: counted, not timed (no projection)."""
 
-    kind, first = ALLOCATOR, True
+    first = True
     projected_by, measures, owns = "", "allocator events", "{} allocator retries and OOMs"
     alert_amount = "{{ $v | humanize }}"
 
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         if run.allocator_ooms > 0 or run.allocator_retries > limit:
             return Finding(self, lvl, run.allocator_retries + run.allocator_ooms, None)
+        return None
+
+    def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
         return None
 
     def promql(self) -> str:
@@ -243,7 +249,7 @@ class Straggler(Cause):
     """ST: a rank waits in collectives for the run's least-communicating rank (``bottomk by (cluster, run)``, its
     rank as label :data:`LABEL`); the alert names that straggler's own cause from its series."""
 
-    kind, run_wide, waits = STRAGGLER, True, True
+    run_wide, waits = True, True
 
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         straggler = straggler_of(run.communication or {})
@@ -294,6 +300,12 @@ class Straggler(Cause):
                 f"work, or a slower or throttled GPU){{{{ end }}}}. {{{{ $value | humanizePercentage }}}} of this "
                 f"rank's time is that wait (its communication beyond rank {{{{ $labels.{LABEL} }}}}'s).")
 
+    def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
+        """The waiting ranks' mean communication beyond the straggler's."""
+        straggler = straggler_of(communication)
+        waiting = [v for r, v in communication.items() if straggler is not None and r != straggler[0]]
+        return max(0.0, sum(waiting) / len(waiting) - straggler[1]) if straggler is not None and waiting else None
+
     def records(self) -> tuple[tuple[str, str, str], ...]:
         return ((catalog.RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS.name,
                  f"{STEP}\n* on ({C}, run, rank, uuid) group_right ()\n"
@@ -304,7 +316,7 @@ class Straggler(Cause):
 class Communication(Cause):
     """CM: the run's lowest live communication share (``min by (cluster, run)``), what every rank pays."""
 
-    kind, run_wide = COLLECTIVE, True
+    run_wide = True
 
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         if self.phase not in run.shares:
@@ -316,6 +328,10 @@ class Communication(Cause):
         comm = share(self.phase)
         return (f"(\n    0 * {comm}\n  + on ({C}, run) group_left ()\n    min by ({C}, run) ({comm} and {LIVE})\n)\n"
                 f"> ${{{self.keys[0]}}}\nand\n{LIVE}")
+
+    def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
+        """The communication every rank pays: the run's lowest share."""
+        return min(communication.values()) if communication else None
 
     def reason(self, f: Finding, run: str, rank: str) -> str:
         return (f"run {run} rank {rank} spends {pct(f.value)} of its time in collectives that every live rank "
