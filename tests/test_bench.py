@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.readme import tables
+
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,19 +38,6 @@ EXPECTED: dict[str, tuple[int, tuple[int, ...]]] = {
     "### A real training loop": (2, (1, 2, 3, 4, 5)),
     "## Under load": (1, tuple(range(15))),
 }
-
-
-def tables(markdown: str) -> dict[str, list[list[str]]]:
-    """Data rows of every markdown table, keyed by the heading above it."""
-    found: dict[str, list[list[str]]] = {}
-    heading = ""
-    for line in markdown.splitlines():
-        if line.startswith("#"):
-            heading = line.strip()
-        elif line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            found.setdefault(heading, []).append(cells)
-    return {h: rows[1:] for h, rows in found.items()}  # drop each header row
 
 
 @pytest.fixture(scope="module")

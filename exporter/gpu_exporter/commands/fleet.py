@@ -28,7 +28,6 @@ import argparse
 import html
 import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -802,11 +801,4 @@ def run_range(args: argparse.Namespace, prom: Prometheus, t: Thresholds) -> int:
         return fail(str(err))
     except KeyboardInterrupt:
         return fail("interrupted", 130)
-    if args.out:
-        try:
-            Path(args.out).write_text(text)
-        except OSError as err:
-            return fail(f"cannot write {args.out}: {err.strerror}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return run_report.write(text, args.out)

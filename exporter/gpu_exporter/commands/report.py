@@ -782,12 +782,16 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(err))
     except KeyboardInterrupt:
         return fail("interrupted", 130)
-    text = RENDERERS[args.output](report)
-    if args.out:
+    return write(RENDERERS[args.output](report), args.out)
+
+
+def write(text: str, out: str | None) -> int:
+    """Write a rendered report to ``out`` (stdout when None); the exit status (2: cannot write)."""
+    if out:
         try:
-            Path(args.out).write_text(text)
+            Path(out).write_text(text)
         except OSError as err:
-            return fail(f"cannot write {args.out}: {err.strerror}")
+            return fail(f"cannot write {out}: {err.strerror}")
     else:
         sys.stdout.write(text)
     return 0
