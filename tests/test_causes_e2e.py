@@ -38,7 +38,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +94,16 @@ def _keep(name: str, text: str) -> None:
 Stack = tuple[str, str, Path, list[subprocess.Popen[str]]]
 
 
-def _check_alerts(prom: str) -> None:
-    """Each GPU fires exactly its expected causes (after a breath, none flaps in), the healthy one none; the
-    hovering GPU crosses the 30% line both ways while its cause alert stays firing (hysteresis)."""
+def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: Stack) -> None:
+    exporter, prom, _, _ = stack
+    wanted = {uuid: alerts for uuid, (_, _, _, alerts) in EXPECTED.items() if alerts}
+
+    def no_m3_on_the_waiting_rank() -> None:
+        assert ("GpuBatchTooSmall", "batch_too_small") not in firing_causes(prom).get("GPU-async-ddp-0", set())
+
+    wait_for_causes(prom, wanted, 150, "every loop's cause alert to fire", check=no_m3_on_the_waiting_rank)
+
+    # Alerts: each GPU fires exactly its expected causes (after a breath, none flaps in), the healthy one none.
     time.sleep(3)
     firing = firing_causes(prom)
     for uuid, (_, _, _, alerts) in EXPECTED.items():
@@ -123,29 +129,14 @@ def _check_alerts(prom: str) -> None:
     assert {r["metric"]["severity"] for r in below} == {"info"}
     _keep("alerts.json", http_get(prom + "/api/v1/alerts"))
 
-
-def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: Stack) -> None:
-    exporter, prom, _, _ = stack
-    wanted = {uuid: alerts for uuid, (_, _, _, alerts) in EXPECTED.items() if alerts}
-
-    def no_m3_on_the_waiting_rank() -> None:
-        assert ("GpuBatchTooSmall", "batch_too_small") not in firing_causes(prom).get("GPU-async-ddp-0", set())
-
-    wait_for_causes(prom, wanted, 150, "every loop's cause alert to fire", check=no_m3_on_the_waiting_rank)
-
-    # The diagnose calls of the end of this test, started now, all at once (run_clis; each --url one still judges
-    # its own 5 s window): they run while the alerts are checked below, every loop in its steady state.
+    # diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules) agree.
+    # Every call at once (run_clis): each --url one still judges its own 5 s window.
     docs: dict[str, dict[str, Any]] = {}
     runs = sorted({r for r, *_ in EXPECTED.values()})
     sources: tuple[tuple[str, str, list[str]], ...] = (("url", exporter, ["--window", "5s"]), ("prometheus", prom, []))
     calls = [["diagnose", "--url" if flag == "url" else "--prometheus-url", source, *extra, *tail]
              for flag, source, extra in sources for tail in (["--output", "json"], *(["--run", r] for r in runs))]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        diagnosing = pool.submit(run_clis, calls)
-        _check_alerts(prom)
-
-    # diagnose --url (the exporter, judged in Python) and --prometheus-url (the recording rules) agree.
-    results = iter(diagnosing.result())
+    results = iter(run_clis(calls))
     for flag, _, _ in sources:
         result = next(results)
         assert result.returncode == 1, result.stderr
