@@ -11,6 +11,7 @@ training runs with causes), and checks the budgets of docs/fleet.md::
     python -m bench.fleet_scale --nodes 12 124 248 --seconds 300
     python -m bench.fleet_scale --update-docs            # and write its section of docs/benchmarks.md
     python -m bench.fleet_scale --annotations-ab --nodes 124 --seconds 180   # what the alert templates cost
+    python -m bench.fleet_scale --ab-revision HEAD~1 --nodes 124 --seconds 180  # these rules against older ones
 
 Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
 default, so the rate windows fill fast: a 5m window then holds 3x the samples of a 15 s scrape,
@@ -293,15 +294,22 @@ def rules_without_annotations() -> dict[str, str]:
     return out
 
 
-def annotations_ab(nodes: int, seconds: float, scrape_interval: float = 5.0) -> str:
-    """Two Prometheus servers scrape the same fleet at once, one with the shipped rules and one with the
-    same rules without annotations; the median evaluation of each group in both, as a table. Started
-    together and sampled from their first rule results, so both are in the warm-up (every GPU pending
-    low): the share of the alert groups' time that their annotations' ``query`` calls take."""
+def rules_at(revision: str) -> dict[str, str]:
+    """The rule files of prometheus/rules as committed at git ``revision`` (the shipped ones' names)."""
+    return {name: subprocess.run(["git", "show", f"{revision}:{fleet.RULES.relative_to(REPO)}/{name}"], cwd=REPO,
+                                 check=True, capture_output=True, text=True).stdout
+            for name in fleet.shipped_rules()}
+
+
+def rules_ab(nodes: int, seconds: float, other: dict[str, str], other_name: str, scrape_interval: float = 5.0) -> str:
+    """Two Prometheus servers scrape the same fleet at once, one with the shipped rules and one with ``other``;
+    the median evaluation of each group in both, as a table. Started together and sampled from their first
+    rule results, so both are in the warm-up (every GPU pending low, the most alerts active): side by side,
+    the load of the machine is the same for both."""
     with simulator(nodes) as (hostport, _):
         config = prometheus_config(nodes, hostport, scrape_interval)
         with run_prometheus(config, files=fleet.shipped_rules(), ready_timeout=60) as shipped, \
-                run_prometheus(config, files=rules_without_annotations(), ready_timeout=60) as bare:
+                run_prometheus(config, files=other, ready_timeout=60) as bare:
             for prom in (shipped, bare):
                 wait_until(lambda p=prom: len(promql(p, catalog.NODE_UTILIZATION_AVG5M.name)) >= nodes,
                            60 + nodes * 0.2,
@@ -315,10 +323,12 @@ def annotations_ab(nodes: int, seconds: float, scrape_interval: float = 5.0) -> 
             alerts = (scalar(shipped, "count(ALERTS)"), scalar(bare, "count(ALERTS)"))
     lines = [f"{nodes * fleet_sim.GPUS_PER_NODE:,} GPUs, {seconds:g} s from the first rule results, active alerts "
              f"{alerts[0]:.0f} / {alerts[1]:.0f}", "",
-             "| rule group | shipped, ms | without annotations, ms |", "|---|---|---|"]
-    for group in sorted(a):
-        lines.append(f"| `{group}` | {statistics.median(a[group]) * 1000:,.1f} | "
+             f"| rule group | shipped, ms | {other_name}, ms |", "|---|---|---|"]
+    for group in sorted(set(a) | set(b)):
+        lines.append(f"| `{group}` | {statistics.median(a.get(group) or [0.0]) * 1000:,.1f} | "
                      f"{statistics.median(b.get(group) or [0.0]) * 1000:,.1f} |")
+    lines.append(f"| all groups (sum) | {sum(statistics.median(v) for v in a.values()) * 1000:,.1f} | "
+                 f"{sum(statistics.median(v) for v in b.values()) * 1000:,.1f} |")
     return "\n".join(lines)
 
 
@@ -542,14 +552,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--annotations-ab", action="store_true",
                         help="instead: compare the shipped rules with the same rules without annotations, side by "
                              "side on one fleet (the first --nodes), for --seconds")
+    parser.add_argument("--ab-revision", metavar="REV",
+                        help="instead: compare the shipped rules with the rules committed at git REV, side by side "
+                             "on one fleet (the first --nodes), for --seconds")
     parser.add_argument("--victoriametrics", action="store_true",
                         help="instead: the same fleet (the first --nodes) in VictoriaMetrics + vmalert, for --seconds")
     parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
     parser.add_argument("--update-docs", action="store_true",
                         help=f"replace the fleet-scale section of {DOC.relative_to(REPO)}")
     args = parser.parse_args(argv)
-    if args.annotations_ab:
-        print(annotations_ab(args.nodes[0], args.seconds, args.scrape_interval))
+    if args.annotations_ab or args.ab_revision:
+        other, name = ((rules_at(args.ab_revision), f"rules at {args.ab_revision}") if args.ab_revision else
+                       (rules_without_annotations(), "without annotations"))
+        print(rules_ab(args.nodes[0], args.seconds, other, name, args.scrape_interval))
         return 0
     if args.victoriametrics:
         print(measure_victoriametrics(args.nodes[0], args.seconds, args.scrape_interval))
