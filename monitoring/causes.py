@@ -1,5 +1,5 @@
-"""The cause rules, from gpu_exporter.verdict.causes.CAUSES: the ``gpu-cause.recording`` group
-(``run:gpu_training_cause:share`` per cause and level, the projections) and the ``gpu-cause.alerts`` group
+"""The cause rules, from gpu_exporter.verdict.causes.CAUSES: the ``gpu-cause.recording`` group (the run's
+level, ``run:gpu_training_cause:share`` per cause at that level, the projections) and the ``gpu-cause.alerts`` group
 (a warning and an info alert per cause, reading only those series).
 
 Written as template text (``${key}`` placeholders), so the values come from thresholds.yml like
@@ -25,18 +25,22 @@ ALERTS = "gpu-cause.alerts"
 LEVELS = {lv.level: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
 """Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
+LEVEL_SERIES = m.RUN_USEFUL_UTILIZATION_LEVEL.name
+"""The run's level, recorded once per evaluation: each cause rule joins it (``group_left (level)``) instead of
+evaluating its condition twice, once per level."""
 
 
 def records() -> list[Record]:
-    """The ``gpu-cause.recording`` group: one share rule per cause and level, then the projections."""
-    rules = []
+    """The ``gpu-cause.recording`` group: the run's level (one rule per level), one share rule per cause that
+    takes its level from it, then the projections."""
+    rules = [Record(RECORDING, LEVEL_SERIES, f"0 * ({condition}) + 1", (("level", lvl),),
+                    f"Level {lvl}: the live runs whose useful utilization is in its band (value 1)." if i == 0 else "")
+             for i, (lvl, condition) in enumerate(LEVELS.items())]
     for cause in CAUSES:
-        for lvl, condition in LEVELS.items():
-            expr = f"(\n{indent(cause.promql(), 2)}\n)\nand on {RUN}\n({condition})\n"
-            rules.append(Record(
-                RECORDING, CAUSE_SHARE, expr,
-                (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy), ("level", lvl)),
-                f"{cause.label}, level {lvl}: value = {cause.value_text()}."))
+        expr = f"(\n{indent(cause.promql(), 2)}\n)\n* on {RUN} group_left (level)\n{LEVEL_SERIES}\n"
+        rules.append(Record(
+            RECORDING, CAUSE_SHARE, expr, (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy)),
+            f"{cause.label}, at the run's level: value = {cause.value_text()}."))
     phase_causes = "|".join(c.cause for c in CAUSES if c.projected_by == HIDDEN)
     launch_causes = "|".join(c.cause for c in CAUSES if c.projected_by == COMPUTED)
     rules.append(Record(

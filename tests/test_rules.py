@@ -139,13 +139,16 @@ def test_levels_and_projections_start_from_the_useful_utilization() -> None:
     """A run's causes are judged at its useful utilization, min(u, 1 - communication share) (an NCCL kernel
     spins while its rank waits, so u alone calls a waiting rank busy), and projected from it."""
     records = {r["record"]: r["expr"] for r in rules("record") if "useful" in r["record"]}
-    assert set(records) == {"run:gpu_useful_utilization:avg5m", "gpu:gpu_useful_utilization:avg5m"}
+    assert set(records) == {"run:gpu_useful_utilization:avg5m", "gpu:gpu_useful_utilization:avg5m",
+                            "run:gpu_useful_utilization:level"}
     assert '(1 - run:gpu_training_phase:share5m{phase="communication"})' in records["run:gpu_useful_utilization:avg5m"]
+    level = "run:gpu_useful_utilization:level"
+    levels = {r["labels"]["level"]: r["expr"] for r in rules("record") if r["record"] == level}
+    assert levels == {"low": "0 * (run:gpu_useful_utilization:avg5m < 0.3) + 1\n",
+                      "target": "0 * (run:gpu_useful_utilization:avg5m >= 0.3 < 0.85) + 1\n"}
     shares = [r for r in rules("record") if r["record"] == "run:gpu_training_cause:share"]
-    levels = {r["labels"]["level"]: r["expr"] for r in shares}
-    assert "and on (cluster, uuid, run, rank)\n(run:gpu_useful_utilization:avg5m < 0.3)" in levels["low"]
-    assert all("and on (cluster, uuid, run, rank)\n(run:gpu_useful_utilization:avg5m >= 0.3 < 0.85)" in r["expr"]
-               for r in shares if r["labels"]["level"] == "target")
+    assert shares and all("level" not in r["labels"] for r in shares)  # one rule per cause, at the run's level
+    assert all(r["expr"].endswith(f"* on (cluster, uuid, run, rank) group_left (level)\n{level}\n") for r in shares)
     (projected,) = [r["expr"] for r in rules("record") if r["record"] == "run:gpu_training_cause:projected_utilization"]
     assert projected.count("run:gpu_useful_utilization:avg5m") == 2 and "gpu:gpu_utilization:avg5m" not in projected
 
