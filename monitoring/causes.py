@@ -17,7 +17,6 @@ from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
 from gpu_exporter.verdict.promql import CAUSE_HELD, CAUSE_SHARE, RUN, USEFUL, C, busier, held_low, min_held
 
 from monitoring import remedies
-from monitoring.annotations import batched
 from monitoring.model import Alert, Record, indent, wrap
 
 RECORDING = "gpu-cause.recording"
@@ -86,7 +85,7 @@ def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
                    f"{remedies.annotation(cause)}{cause.advice}")
     labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl),
               *((("cause", cause.cause),) if lvl == TARGET else ()))
-    return Alert(ALERTS, name, expr, "cause_for", labels, summary, wrap(batched(description)))
+    return Alert(ALERTS, name, expr, "cause_for", labels, summary, wrap(description))
 
 
 def alerts() -> list[Alert]:

@@ -309,25 +309,3 @@ def test_runbook_links_come_from_the_alert_names_and_every_group_is_spliced() ->
     with pytest.raises(ValueError, match=r"gpu-nowhere\.recording"):
         gen.generate(lost)
 
-
-def test_each_alert_text_runs_at_most_one_batched_query_besides_blocks_with_an_else() -> None:
-    """Prometheus expands every active alert's annotations at every evaluation: a description's lookups
-    are one query (monitoring.annotations), plus one per query block with an else (the straggler's)."""
-    for rule in rules("alert"):
-        text = " ".join((rule.get("annotations") or {}).values())
-        queries = len(re.findall(r"\|\s*query\b", text))
-        with_else = len(re.findall(r"\{\{ else \}\}rank", text))
-        assert queries <= 1 + with_else, (rule["alert"], queries)
-    assert any("$found := printf" in r["annotations"]["description"] for r in rules("alert"))
-
-
-@pytest.mark.parametrize(("text", "problem"), [
-    ('{{ with printf "a" $x | query }}{{ . }}{{ end }}', "a query this rewrite does not know"),
-    ('{{ with printf "a" | query }}{{ . }}{{ end }}{{ with printf "b" | query }}{{ end }}', "other than"),
-    ('{{ with printf "a" | query }}{{ end }}{{ end }}', "without a block"),
-])
-def test_the_batching_rewrite_refuses_what_it_cannot_keep_equal(text: str, problem: str) -> None:
-    from monitoring.annotations import batched
-
-    with pytest.raises(ValueError, match=problem):
-        batched(text)
