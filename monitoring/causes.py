@@ -20,7 +20,9 @@ from monitoring import remedies
 from monitoring.model import Alert, Record, indent, wrap
 
 RECORDING = "gpu-cause.recording"
-ALERTS = "gpu-cause.alerts"
+ALERTS = "gpu-cause-{cause}.alerts"
+"""The cause alerts' groups, one per cause (its warning and info alert): Prometheus evaluates groups
+concurrently, and each stays within its interval on a large fleet (docs/fleet.md)."""
 LEVELS = {lv.level: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
 """Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
@@ -85,7 +87,7 @@ def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
                    f"{remedies.annotation(cause)}{cause.advice}")
     labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl),
               *((("cause", cause.cause),) if lvl == TARGET else ()))
-    return Alert(ALERTS, name, expr, "cause_for", labels, summary, wrap(description))
+    return Alert(ALERTS.format(cause=cause.cause), name, expr, "cause_for", labels, summary, wrap(description))
 
 
 def alerts() -> list[Alert]:

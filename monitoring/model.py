@@ -152,6 +152,10 @@ class Model:
         rules: list[Alert | Record] = [*self.records, *self.alerts]
         return [r for r in rules if r.group == name]
 
+    def groups(self) -> list[str]:
+        """The names of the Prometheus rule groups, in model order."""
+        return list(dict.fromkeys(r.group for r in (*self.records, *self.alerts)))
+
     def dashboard(self, uid: str) -> dict[str, Any]:
         """The dashboard model with ``uid`` (KeyError when there is none)."""
         for board in self.dashboards.values():

@@ -272,8 +272,10 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
     cfg = model.config
     groups = {g["name"]: g["rules"] for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]}
     generated = {a.group for a in model.alerts} | {r.group for r in model.records}
-    assert generated == {"gpu-utilization.alerts", "gpu-cause.alerts", "gpu-cause.recording",
-                         "gpu-process-evidence.alerts", "gpu-process-evidence.recording", "gpu-remedy.recording"}
+    from gpu_exporter.verdict.causes import CAUSES
+    assert generated == {"gpu-utilization.alerts", "gpu-cause.recording", "gpu-process-evidence.alerts",
+                         "gpu-process-evidence.recording", "gpu-remedy.recording",
+                         *(f"gpu-cause-{c.cause}.alerts" for c in CAUSES)}  # one group per cause: docs/fleet.md
     for name in generated:
         objects = model.group(name)
         assert [r.get("alert") or r["record"] for r in groups[name]] == [o.name for o in objects], name
