@@ -14,7 +14,7 @@ from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import CAUSES, COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
-from gpu_exporter.verdict.promql import CAUSE_HELD, CAUSE_SHARE, RUN, USEFUL, C, busier, held_low, min_held
+from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, USEFUL, C, busier, held_low
 
 from monitoring import remedies
 from monitoring.model import Alert, Record, indent, wrap
@@ -54,13 +54,7 @@ def records() -> list[Record]:
                 f"u ({USEFUL}). Hiding a phase of share s leaves the GPU work and shortens the\n"
                 "step to 1 - s: u / (1 - s). A launch-bound GPU busy through its whole compute phase reaches the\n"
                 "compute share: u + share."))
-    rules += [Record(RECORDING, name, expr, comment=doc) for c in CAUSES for name, expr, doc in c.records()]
-    return [*rules, Record(RECORDING, RUN_MIN_HELD, f"{min_held(USEFUL)}\n", comment=HELD_COMMENT),
-            Record(RECORDING, CAUSE_HELD, f"max without (level) (last_over_time({CAUSE_SHARE}[${{alert_hold}}]))\n")]
-
-
-HELD_COMMENT = ("The hysteresis of the cause alerts, read once per evaluation (verdict/promql.py): the run's\n"
-                "lowest useful utilization within alert_hold, and each cause's latest share within it at either level.")
+    return rules + [Record(RECORDING, name, expr, comment=doc) for c in CAUSES for name, expr, doc in c.records()]
 
 
 WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "
@@ -74,13 +68,13 @@ UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}
             "{{ . | first | value | humanizePercentage }}{{ end }} of the step in collectives){{ end }}")
 """The run's useful utilization now, as :func:`gpu_exporter.verdict.levels.useful_text` writes it: ``8%``, or
 ``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time."""
-RUN_MIN_HELD = m.RUN_USEFUL_UTILIZATION_MIN_HELD.name
-HELD_LOW_RUN = held_low(RUN_MIN_HELD, RUN)
+HELD_LOW_RUN = held_low(USEFUL, RUN)
 """The run's useful utilization (its causes' level) was low within ``alert_hold`` (verdict.promql.held_low)."""
 
 
 def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
-    held = f'{CAUSE_HELD}{{cause="{cause.cause}"}}'  # its latest share (M4: events) within alert_hold, either level
+    # the cause's latest share (M4: events) in the last alert_hold, at either level
+    held = f'max without (level) (last_over_time({CAUSE_SHARE}{{cause="{cause.cause}"}}[${{alert_hold}}]))'
     expr = (f"(\n    {held}\n  {'and' if lvl == LOW else 'unless'} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     description = (f"{WHERE} {cause.alert_reason()} The GPU is at {UTIL_NOW} ({gap}).{cause.alert_projection()} "

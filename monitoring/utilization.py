@@ -19,7 +19,7 @@ from gpu_exporter.catalog import (
     GPU_WORKLOAD_INFO,
 )
 from gpu_exporter.verdict.causes import CAUSES
-from gpu_exporter.verdict.promql import CAUSE_HELD, GPU_MIN_HELD, GPU_SEL, HELD_LOW, C, busier
+from gpu_exporter.verdict.promql import CAUSE_SHARE, GPU_SEL, HELD_LOW, C, busier
 
 from monitoring.model import VALUE, Alert
 
@@ -36,7 +36,7 @@ def _with_work(*unless: str) -> str:
 
 WITH_WORK = _with_work()
 """A GPU's value while it holds memory, processes or a training run, with the workload's labels."""
-HELD_CAUSE = f"max by ({C}, uuid) ({CAUSE_HELD})"
+HELD_CAUSE = f"max by ({C}, uuid) (last_over_time({CAUSE_SHARE}[${{alert_hold}}]))"
 """A cause applied to a live run on the GPU (at either level) at any time in the last ``alert_hold``: what
 the cause alerts read (monitoring.causes), so GpuTrainingBelowTarget and GpuUtilizationBelowTarget never
 take turns either."""
@@ -93,14 +93,13 @@ def alerts() -> list[Alert]:
     same between the low line and the target, for GPUs without a cause) and GpuIdleButAllocated."""
     warning, info = (("severity", "warning"),), (("severity", "info"),)
     return [
-        Alert(GROUP, "GpuUtilizationLow", GPU_MIN_HELD,
+        Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", warning,
               "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
               op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
-              comment="The lowest value within alert_hold: hysteresis, a GPU hovering around the line stays low "
-                      "(docs/prometheus.md)."),
+              comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
         Alert(GROUP, "GpuUtilizationBelowTarget",
-              GPU_MIN_HELD,
+              f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
               "utilization_low_for", info,
               "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
               "is known.", BELOW_TARGET_DESCRIPTION, op="<",

@@ -102,7 +102,7 @@ def test_threshold_values_reach_the_rules() -> None:
     assert values.text("utilization_low_threshold") == "0.3"
     changed = values.with_values(utilization_low_threshold=0.42, utilization_low_for="17m")
     text = "".join(gen.generate(build(changed)).values())
-    assert "gpu:gpu_useful_utilization:min_held < 0.42" in text  # GpuUtilizationLow
+    assert "min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.42" in text  # GpuUtilizationLow
     assert "< bool 0.42" in text
     assert "for: 17m" in text
     assert "below 42% utilization" in text
@@ -140,8 +140,7 @@ def test_levels_and_projections_start_from_the_useful_utilization() -> None:
     spins while its rank waits, so u alone calls a waiting rank busy), and projected from it."""
     records = {r["record"]: r["expr"] for r in rules("record") if "useful" in r["record"]}
     assert set(records) == {"run:gpu_useful_utilization:avg5m", "gpu:gpu_useful_utilization:avg5m",
-                            "run:gpu_useful_utilization:level", "run:gpu_useful_utilization:min_held",
-                            "gpu:gpu_useful_utilization:min_held"}
+                            "run:gpu_useful_utilization:level"}
     assert '(1 - run:gpu_training_phase:share5m{phase="communication"})' in records["run:gpu_useful_utilization:avg5m"]
     level = "run:gpu_useful_utilization:level"
     levels = {r["labels"]["level"]: r["expr"] for r in rules("record") if r["record"] == level}
@@ -169,9 +168,9 @@ def test_alert_set_and_conventions() -> None:
             # Cause alerts read only the generated cause series, which carry the code and remedy labels.
             # ... held over alert_hold at either level, and the run's useful utilization (its causes' level) low
             # within it (hysteresis, docs/prometheus.md).
-            assert rule["expr"].startswith("(\n    run:gpu_training_cause:share_held{cause="), name
-            assert ("and on (cluster, uuid, run, rank)\n    max by (cluster, uuid, run, rank) ("
-                    "run:gpu_useful_utilization:min_held) < 0.3\n") in rule["expr"], name
+            assert "(last_over_time(run:gpu_training_cause:share{cause=" in rule["expr"], name
+            assert ("and on (cluster, uuid, run, rank)\n    max by (cluster, uuid, run, rank) (min_over_time("
+                    "run:gpu_useful_utilization:avg5m[10m])) < 0.3\n") in rule["expr"], name
             assert rule["labels"]["level"] == "low" and rule["labels"]["severity"] == "warning", name
             assert f"{CAUSE_REMEDIES[name]}:" in ann["description"], f"{name}: description must name the remedy"
 
@@ -214,9 +213,9 @@ def test_info_alert_carries_every_cause_below_target() -> None:
     assert sorted(rule["labels"]["cause"] for rule in below) == sorted(c.cause for c in CAUSES)
     for rule in below:
         assert rule["labels"]["severity"] == "info"
-        assert rule["labels"]["level"] == "target" and "run:gpu_training_cause:share_held{" in rule["expr"]
-        assert ("unless on (cluster, uuid, run, rank)\n    max by (cluster, uuid, run, rank) ("
-                "run:gpu_useful_utilization:min_held) < 0.3\n") in rule["expr"]
+        assert rule["labels"]["level"] == "target" and "(last_over_time(run:gpu_training_cause:share{" in rule["expr"]
+        assert ("unless on (cluster, uuid, run, rank)\n    max by (cluster, uuid, run, rank) (min_over_time("
+                "run:gpu_useful_utilization:avg5m[10m])) < 0.3\n") in rule["expr"]
 
 
 def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -> None:
@@ -226,22 +225,12 @@ def test_below_target_alert_leaves_low_gpus_and_known_causes_to_their_alerts() -
     rule, low = found["GpuUtilizationBelowTarget"], found["GpuUtilizationLow"]
     assert rule["labels"] == {"severity": "info"} and rule["for"] == low["for"]
     # Both judge the level at the GPU's useful utilization (its live run's time in collectives does not count).
-    assert rule["expr"].startswith("(\n    gpu:gpu_useful_utilization:min_held < 0.85\n")
-    assert low["expr"].startswith("(\n    gpu:gpu_useful_utilization:min_held < 0.3\n")
-    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (gpu:gpu_useful_utilization:min_held) < 0.3\n" \
+    assert rule["expr"].startswith("(\n    min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.85\n")
+    assert low["expr"].startswith("(\n    min_over_time(gpu:gpu_useful_utilization:avg5m[10m]) < 0.3\n")
+    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (min_over_time(gpu:gpu_useful_utilization:avg5m" \
+        "[10m])) < 0.3\n" in rule["expr"]
+    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (last_over_time(run:gpu_training_cause:share[10m]))" \
         in rule["expr"]
-    assert "unless on (cluster, uuid)\n    max by (cluster, uuid) (run:gpu_training_cause:share_held)" in rule["expr"]
-
-
-def test_the_hysteresis_windows_are_read_once_by_recording_rules() -> None:
-    """Twenty alert rules read whether a GPU or run was low, or a cause held, within alert_hold: recorded once."""
-    held = {r["record"]: r["expr"].strip() for r in rules("record") if r["record"].endswith("_held")}
-    assert held == {
-        "gpu:gpu_useful_utilization:min_held": "min_over_time(gpu:gpu_useful_utilization:avg5m[10m])",
-        "run:gpu_useful_utilization:min_held": "min_over_time(run:gpu_useful_utilization:avg5m[10m])",
-        "run:gpu_training_cause:share_held": "max without (level) (last_over_time(run:gpu_training_cause:share[10m]))"}
-    readers = [r for r in rules("alert") if "_held" in r["expr"]]
-    assert len(readers) >= 20 and not [r["alert"] for r in readers if "_over_time(" in r["expr"]]
 
 
 def test_runbook_urls_and_cluster_label_come_from_the_config() -> None:

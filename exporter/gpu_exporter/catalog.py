@@ -370,9 +370,6 @@ RUN_USEFUL_UTILIZATION_AVG5M = _record(
 GPU_USEFUL_UTILIZATION_AVG5M = _record(
     "gpu:gpu_useful_utilization:avg5m",
     "Per-GPU useful utilization: the most useful of its live runs', or its utilization without a live run.")
-GPU_USEFUL_UTILIZATION_MIN_HELD = _record(
-    "gpu:gpu_useful_utilization:min_held",
-    "The lowest per-GPU useful utilization within alert_hold (the hysteresis every utilization alert reads).")
 RUN_TRAINING_STEP_SECONDS_AVG5M = _record(
     "run:gpu_training_step_seconds:avg5m", "Seconds per training step of each rank over 5m.")
 RUN_TRAINING_RANK_WORLD_SIZE = _record(
@@ -389,13 +386,6 @@ RUN_USEFUL_UTILIZATION_LEVEL = _record(
     "run:gpu_useful_utilization:level",
     "1 for a live run below target, with the level its useful utilization is at (level label: low, target); "
     "recorded once, and every cause rule takes its level from it.", generated=True)
-RUN_USEFUL_UTILIZATION_MIN_HELD = _record(
-    "run:gpu_useful_utilization:min_held",
-    "The lowest useful utilization of a live run within alert_hold (the cause alerts' hysteresis).", generated=True)
-RUN_TRAINING_CAUSE_SHARE_HELD = _record(
-    "run:gpu_training_cause:share_held",
-    "A cause's latest share within alert_hold, at either level (the cause alerts' hysteresis; labels of "
-    "run:gpu_training_cause:share without level).", generated=True)
 RUN_TRAINING_CAUSE_SHARE = _record(
     "run:gpu_training_cause:share",
     "One series per cause that holds for a live run on a GPU below target (cause, code, level, remedy labels); "

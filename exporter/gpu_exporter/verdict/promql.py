@@ -31,25 +31,14 @@ def share(phase: str) -> str:
 # whenever utilization crosses a line, but whether the cause applied (at any level below target) and
 # whether the (useful) utilization was low at any time in the last ${alert_hold}. The warning (low) and
 # info (target) alert of a cause exclude each other through the same held condition, so each keeps its
-# identity and its for: while utilization hovers around the low threshold or the target. The windows are
-# read once per evaluation, by recording rules (the ``:min_held`` and ``:share_held`` series), not once per
-# alert rule: twenty alert rules read them (issue 30).
-def min_held(series: str) -> str:
-    """The lowest value of ``series`` within ``alert_hold`` (what a ``:min_held`` recording rule records)."""
-    return f"min_over_time({series}[${{alert_hold}}])"
+# identity and its for: while utilization hovers around the low threshold or the target.
+def held_low(series: str, by: str) -> str:
+    """``series`` was below the low line at any time within ``alert_hold``."""
+    return f"max by {by} (min_over_time({series}[${{alert_hold}}])) < ${{{BY_LEVEL[LOW].key}}}"
 
 
-def held_low(min_held_series: str, by: str) -> str:
-    """A ``:min_held`` series: was below the low line at any time within ``alert_hold``."""
-    return f"max by {by} ({min_held_series}) < ${{{BY_LEVEL[LOW].key}}}"
-
-
-GPU_MIN_HELD = m.GPU_USEFUL_UTILIZATION_MIN_HELD.name
-"""The GPU's lowest useful utilization within ``alert_hold`` (recorded in gpu-utilization.recording)."""
-HELD_LOW = held_low(GPU_MIN_HELD, f"({C}, uuid)")
-"""The GPU's useful utilization was low within ``alert_hold`` (GpuUtilizationBelowTarget's, the evidence alerts')."""
-CAUSE_HELD = m.RUN_TRAINING_CAUSE_SHARE_HELD.name
-"""A cause's latest share within ``alert_hold`` at either level (recorded in gpu-cause.recording)."""
+HELD_LOW = held_low(m.GPU_USEFUL_UTILIZATION_AVG5M.name, f"({C}, uuid)")
+"""The GPU's useful utilization was low within ``alert_hold`` (GpuUtilizationLow's, GpuUtilizationBelowTarget's)."""
 GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
 """A selector of an alert's GPU for the queries of its text, with its printf arguments."""
 
