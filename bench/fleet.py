@@ -104,11 +104,17 @@ def shipped_rules() -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted(RULES.glob("*.yml"))}
 
 
-def dashboard_queries(variables: Mapping[str, str]) -> list[tuple[str, str, str]]:
-    """(dashboard, panel title, PromQL) for every panel query, with Grafana's variables replaced."""
+def dashboard_queries(variables: Mapping[str, str],
+                      single: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(dashboard, panel title, PromQL) for every panel query, with Grafana's variables replaced. A dashboard
+    variable that takes one value (no multi-value, no All: the node of the node detail, the run of the
+    training run) gets its value from ``single`` when it has one, as a user picks one; else from ``variables``."""
     out = []
     for path in sorted(DASHBOARDS.glob("*.json")):
         doc = json.loads(path.read_text())
+        one = {v["name"] for v in doc.get("templating", {}).get("list", [])
+               if v.get("type") == "query" and not v.get("multi") and not v.get("includeAll")}
+        values = {**variables, **{k: v for k, v in (single or {}).items() if k in one}}
         stack = list(doc.get("panels", []))
         while stack:
             panel = stack.pop(0)
@@ -117,8 +123,8 @@ def dashboard_queries(variables: Mapping[str, str]) -> list[tuple[str, str, str]
                 expr = target.get("expr")
                 if not expr:
                     continue
-                for name in sorted(variables, key=len, reverse=True):
-                    expr = expr.replace(f"${{{name}}}", variables[name]).replace(f"${name}", variables[name])
+                for name in sorted(values, key=len, reverse=True):
+                    expr = expr.replace(f"${{{name}}}", values[name]).replace(f"${name}", values[name])
                 unresolved = re.findall(r"\$\{?\w+", expr)
                 if unresolved:
                     raise ValueError(f"{path.name} {panel.get('title')!r}: no value for {unresolved} in {expr!r}")

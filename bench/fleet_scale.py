@@ -176,6 +176,14 @@ def timed_query(prom: str, expr: str, range_seconds: float = 0.0, step: float = 
     return took, len(body["data"]["result"])
 
 
+def picked(prom: str) -> dict[str, str]:
+    """What a user picks for a dashboard variable that takes one value: a node, and the run with the most ranks
+    (the largest a training-run dashboard shows)."""
+    node = promql(prom, f"topk(1, count by (node) ({catalog.GPU_INFO.name}))")
+    run = promql(prom, f"topk(1, count by (run) ({catalog.GPU_TRAINING_CURRENT_PHASE.name} == 1))")
+    return {"node": node[0]["metric"]["node"] if node else ".*", "run": run[0]["metric"]["run"] if run else ".*"}
+
+
 def scalar(prom: str, expr: str) -> float:
     """An instant query's single value (NaN when empty), waiting up to a minute."""
     body = json.loads(http_get(f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=60))
@@ -258,7 +266,8 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
     figures.recorded_other_series = recorded - figures.recorded_run_series - figures.recorded_gpu_series
     figures.runs = int(scalar(prom, f"count(count by (run) ({catalog.GPU_TRAINING_STEPS_TOTAL.name})) or vector(0)"))
     if queries:
-        for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
+        for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m"),
+                                                              picked(prom)):
             instant, size = timed_query(prom, expr)
             ranged, _ = timed_query(prom, expr, range_seconds=300)
             figures.queries.append((instant, ranged, dashboard, title, size))
@@ -363,7 +372,8 @@ def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float =
             rss = _metric_values(vm, catalog.PROCESS_RESIDENT_MEMORY_BYTES.name)[0][1]
             series = scalar(store, 'count({__name__=~".+"})')
             timings = []
-            for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m")):
+            for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m"),
+                                                                  picked(store)):
                 try:
                     timings.append((timed_query(store, expr)[0], dashboard, title))
                 except Exception as err:  # MetricsQL may refuse a query: say which

@@ -154,7 +154,8 @@ class Model:
 
     def groups(self) -> list[str]:
         """The names of the Prometheus rule groups, in model order."""
-        return list(dict.fromkeys(r.group for r in (*self.records, *self.alerts)))
+        rules: list[Alert | Record] = [*self.records, *self.alerts]
+        return list(dict.fromkeys(r.group for r in rules))
 
     def dashboard(self, uid: str) -> dict[str, Any]:
         """The dashboard model with ``uid`` (KeyError when there is none)."""
