@@ -71,7 +71,7 @@ def annotation(cause: Cause) -> str:
     if cause.cause == "input_bound":
         pin = run_query(m.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
         persistent = run_query(m.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
-        more = run_query(m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on (run, rank, uuid) {W}")
+        more = run_query(m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, " > on (run, rank, uuid) ", joined=W)
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")

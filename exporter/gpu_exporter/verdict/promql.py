@@ -43,9 +43,12 @@ GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
 """A selector of an alert's GPU for the queries of its text, with its printf arguments."""
 
 
-def run_query(metric: str, extra: str = "") -> str:
-    """Template text: a printf of the query of ``metric`` for the alert's run (rank) on its GPU, ``extra`` after it."""
-    return f'printf "{metric}{{run=%q,rank=%q,uuid=%q}}{extra}" $labels.run $labels.rank $labels.uuid'
+def run_query(metric: str, extra: str = "", joined: str = "") -> str:
+    """Template text: a printf of the query of ``metric`` for the alert's run (rank) on its GPU, ``extra`` after it,
+    then ``joined`` with the same selector: a lookup selects only the alert's series on both sides of a join (a
+    bare metric name on one side selected the whole fleet's, 1.5 ms a lookup at 992 GPUs against 0.04 ms)."""
+    sel, args = "{run=%q,rank=%q,uuid=%q}", "$labels.run $labels.rank $labels.uuid"
+    return (f'printf "{metric}{sel}{extra}{joined}{sel if joined else ""}" {args}{f" {args}" if joined else ""}')
 
 
 def projected_query(cause: str) -> str:
