@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import fields, is_dataclass
 from typing import Any, TextIO
 
 from gpu_exporter.thresholds import Thresholds
@@ -73,6 +73,21 @@ def _finding_doc(f: Finding) -> dict[str, Any]:
     return doc
 
 
+def _plain(value: Any, skip: tuple[str, ...] = ()) -> Any:
+    """``value`` as JSON-ready data: dataclasses as dicts of their fields (less ``skip``), sequences as lists.
+
+    What ``dataclasses.asdict`` gives, without its deep copy of every leaf: a fleet-wide diagnose (992 GPUs)
+    spent 0.41 s of its 1.46 s in asdict.
+    """
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.name not in skip}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_seconds: float, t: Thresholds,
                 out: TextIO, unjoined: Sequence[tuple[str, str]] = ()) -> None:
     """Machine-readable report: the source, the window, the thresholds and every GPU with its verdict."""
@@ -82,11 +97,10 @@ def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_
         "utilization_target": t.utilization_target,
         "utilization_low_threshold": t.utilization_low_threshold,
         "gpus_below_target": sum(v.below_target for _, v in results),
-        "gpus": [{**{k: v for k, v in asdict(view).items() if k not in ("runs", "process_list")},
-                  "process_list": [asdict(p) for p in view.process_list],
-                  "runs": [{**{k: v for k, v in asdict(r).items() if k != "findings"},
-                            "causes": [_finding_doc(f) for f in r.findings]} for r in view.runs],
-                  "verdict": asdict(verdict)}
+        "gpus": [{**_plain(view, skip=("runs", "process_list")), "process_list": _plain(view.process_list),
+                  "runs": [{**_plain(r, skip=("findings",)), "causes": [_finding_doc(f) for f in r.findings]}
+                           for r in view.runs],
+                  "verdict": _plain(verdict)}
                  for view, verdict in results],
         "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
         "distributed_runs": ranks.to_doc(ranks.distributed_runs(results)),
