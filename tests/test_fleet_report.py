@@ -114,6 +114,35 @@ def test_the_list_of_runs() -> None:
     assert [row.run for row in keep_launches(r.launches, None, None, "node-a")] == ["train"]
 
 
+def test_the_kubernetes_owner_of_the_pods_groups_gpu_time_and_names_a_run() -> None:
+    """kube-state-metrics' kube_pod_owner (fleet.pod_owners) names the Job or PyTorchJob behind a pod; without it,
+    the report has no owner table and the list shows the pods."""
+    from dataclasses import replace
+
+    from gpu_exporter.commands.fleet import owner_map
+
+    bare = _range()
+    assert fleet(bare, None).by_owner == {} and "Kubernetes owner" not in render_text(fleet(bare, None))
+    points = [replace(p, pods=("vision/train-0",)) if p.uuid == "GPU-1" else p for p in bare.points]
+    owners = owner_map([({"namespace": "vision", "pod": "train-0", "owner_kind": "PyTorchJob", "owner_name": "train"},
+                         1.0),
+                        ({"namespace": "ml", "pod": "serve-0", "owner_kind": "ReplicaSet", "owner_name": "serve-7f"},
+                         1.0)])
+    r = replace(bare, points=points, pod_owners=owners)
+    for row in r.launches:
+        row.points = [p for p in points if p.launch == (row.run, row.run_ids[0])]
+        row.kube_owners = sorted({owners[pod] for pod in row.owners() if pod in owners})
+    f = fleet(r, None)
+    assert {k: round(v.gpu_hours * 3600, 6) for k, v in f.by_owner.items()} == {
+        "PyTorchJob/train": 20.0, "ReplicaSet/serve-7f": 20.0}
+    assert "Kubernetes owner" in render_text(f)
+    assert {row["owner"] for row in f.to_json()["by_owner"]} == {"PyTorchJob/train", "ReplicaSet/serve-7f"}
+    lines = render_list_text(r.launches, r).splitlines()
+    assert lines[1].split()[:4] == ["a", "train", "team=vision", "PyTorchJob/train"]
+    doc = json.loads(render_list_json(r.launches, r))["runs"][0]
+    assert doc["owner"] == ["vision/train-0"] and doc["kubernetes_owner"] == ["PyTorchJob/train"]
+
+
 def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
     path = tmp_path / "prices.yaml"
     path.write_text(f"currency: EUR\ngpu_hour:\n  {H100}: 4.0\n")

@@ -16,7 +16,9 @@ teams, and why*. Both answers here come from one pass over the range (:func:`jud
   points without a live run share the rest of its time in the range (not instrumented, idle but allocated,
   unused, ...); a point at a run's first scrape weighs nothing (its timers have that time).
 
-Figures, per verdict, team (the runs' ``team`` tag), namespace (pods on the GPU), node and GPU model:
+Figures, per verdict, team (the runs' ``team`` tag), namespace (pods on the GPU), Kubernetes owner (the
+pods' ``kube_pod_owner`` of kube-state-metrics, e.g. ``Job/nightly-resnet``, when Prometheus has it), node
+and GPU model:
 GPU-hours; GPU-hours below ``utilization_target`` (the verdicts the ladder marks below target); idle
 GPU-hours while below target (each point's share x (1 - utilization)): the capacity lost, which an optional
 price per GPU-hour per GPU model (``--prices FILE``) turns into money.
@@ -54,6 +56,9 @@ from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
 from gpu_exporter.yamlfile import YamlError, YamlMap, parse
 
+KUBE_POD_OWNER = "kube_pod_owner"
+"""kube-state-metrics' series of a pod's owner (labels namespace, pod, owner_kind, owner_name): the Job,
+PyTorchJob or ReplicaSet that made the pod, which the kubelet's pod-resources API does not say."""
 TEAM_TAG = "team"
 """The run tag whose value names a run's team (``GPU_EXPORTER_TAGS="team=vision"``)."""
 NONE = "(none)"
@@ -146,6 +151,8 @@ class LaunchRow:
     """Wall seconds of each (rank, uuid) inside the range (its phase timers)."""
     points: list[Point] = field(default_factory=list)
     utilization: float | None = None
+    kube_owners: list[str] = field(default_factory=list)
+    """The Kubernetes owners (``Kind/name``) of its pods, where kube-state-metrics knows them."""
 
     @property
     def ident(self) -> str:
@@ -200,6 +207,8 @@ class Range:
     target: float
     low: float
     """``utilization_low_threshold`` (the plots' alert line)."""
+    pod_owners: dict[str, str] = field(default_factory=dict)
+    """``namespace/pod`` -> ``Kind/name`` of its owner (:func:`pod_owners`)."""
 
 
 def _grid(start: float, end: float, step: float) -> list[tuple[float, float]]:
@@ -274,6 +283,9 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     for point in points:
         if point.launch is not None and point.launch in by_id:
             by_id[point.launch].points.append(point)
+    owners = pod_owners(prom, start, end)
+    for row in rows:
+        row.kube_owners = sorted({owners[pod] for pod in row.owners() if pod in owners})
     for row in rows:
         if row.gpus:
             busy = run_report._busy(prom, row.gpus, max(start, row.start), min(end, row.end))
@@ -281,7 +293,31 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
             util = [min(1.0, max(0.0, v / span)) for v in busy.values()]
             row.utilization = sum(util) / len(util) if util else None
     return Range(prom.base, start, end, step, window, points, rows, t.utilization_target,
-                 t.utilization_low_threshold)
+                 t.utilization_low_threshold, owners)
+
+
+def pod_owners(prom: Prometheus, start: float, end: float) -> dict[str, str]:
+    """``namespace/pod`` -> ``Kind/name`` of each pod's owner in the range, from kube-state-metrics'
+    ``kube_pod_owner`` ({} where Prometheus does not scrape kube-state-metrics). A pod without an owner
+    (``owner_kind="<none>"``) has none."""
+    span = promql_duration(max(end - start, 1.0))
+    expr = (f"max by (namespace, pod, owner_kind, owner_name) "
+            f"(last_over_time({KUBE_POD_OWNER}{{owner_kind!=\"<none>\"}}[{span}]))")
+    return owner_map(prom.at_time(end).query(expr))
+
+
+def owner_map(result: Iterable[tuple[Labels, float]]) -> dict[str, str]:
+    """The owners of a ``kube_pod_owner`` query's result (a pod with several owners: the first by name).
+
+    >>> owner_map([({"namespace": "ml", "pod": "resnet-0", "owner_kind": "Job", "owner_name": "resnet"}, 1.0)])
+    {'ml/resnet-0': 'Job/resnet'}
+    """
+    out: dict[str, str] = {}
+    for labels, _ in sorted(result, key=lambda item: sorted(item[0].items())):
+        pod = f"{labels.get('namespace', '')}/{labels.get('pod', '')}"
+        if labels.get("owner_kind") and labels.get("owner_name"):
+            out.setdefault(pod, f"{labels['owner_kind']}/{labels['owner_name']}")
+    return out
 
 
 # --- prices ------------------------------------------------------------------------------------------
@@ -347,6 +383,8 @@ class Share:
     team: str
     namespaces: tuple[str, ...]
     offender: str
+    owners: tuple[str, ...] = ()
+    """The Kubernetes owners of the point's pods (``Kind/name``)."""
     """What the time belongs to: ``run NAME (ID)`` or ``GPU UUID on NODE`` (time no run reported)."""
 
     @property
@@ -385,7 +423,7 @@ def shares(r: Range) -> list[Share]:
             used += wall
             tags = row.tags if row else {}
             name = f"run {run} ({ident})" if ident else f"run {run}"
-            out += [_share(p, wall / len(pts), tags.get(TEAM_TAG, NONE), name) for p in pts]
+            out += [_share(p, wall / len(pts), tags.get(TEAM_TAG, NONE), name, r.pod_owners) for p in pts]
         for row in r.launches:  # ran on the GPU, but live at no point (shorter than a step, or before the data)
             wall = row.wall_on(first.uuid)
             if wall > 0 and (row.run, row.ident) not in run_points:
@@ -393,14 +431,16 @@ def shares(r: Range) -> list[Share]:
                 near = min(points, key=lambda p: abs(p.time - row.start))  # its pods, most likely
                 unjudged = Point(row.start, first.gpu, first.uuid, near.node, first.model, near.pods, UNJUDGED,
                                  UNJUDGED_TITLE, "", False, None, "", (row.run, row.run_ids[0]))
-                out.append(_share(unjudged, wall, row.tags.get(TEAM_TAG, NONE), f"run {row.run} ({row.ident})"))
+                out.append(_share(unjudged, wall, row.tags.get(TEAM_TAG, NONE), f"run {row.run} ({row.ident})",
+                                  r.pod_owners))
         rest = max(0.0, sum(p.seconds for p in points) - used)
-        out += [_share(p, rest / len(free), NONE, f"GPU {p.uuid} on {p.node or NONE}") for p in free]
+        out += [_share(p, rest / len(free), NONE, f"GPU {p.uuid} on {p.node or NONE}", r.pod_owners) for p in free]
     return out
 
 
-def _share(p: Point, seconds: float, team: str, offender: str) -> Share:
-    return Share(p, seconds, team, tuple(sorted({pod.split("/", 1)[0] for pod in p.pods})), offender)
+def _share(p: Point, seconds: float, team: str, offender: str, owners: dict[str, str]) -> Share:
+    return Share(p, seconds, team, tuple(sorted({pod.split("/", 1)[0] for pod in p.pods})), offender,
+                 tuple(sorted({owners[pod] for pod in p.pods if pod in owners})))
 
 
 def _node_matches(node: str, wanted: str) -> bool:
@@ -467,6 +507,8 @@ class Fleet:
     by_cause: dict[str, Tally]
     by_team: dict[str, Tally]
     by_namespace: dict[str, Tally]
+    by_owner: dict[str, Tally]
+    """Empty when no pod has a known Kubernetes owner (no kube-state-metrics): the table is left out."""
     by_node: dict[str, Tally]
     by_model: dict[str, Tally]
     offenders: list[dict[str, Any]]
@@ -491,7 +533,8 @@ class Fleet:
             "step_seconds": self.r.step, "window_seconds": self.r.window, "utilization_target": self.r.target,
             "filters": self.filters, "gpus": self.gpus, "nodes": self.nodes, **self.total.to_json(priced),
             "by_cause": causes, "by_team": table(self.by_team, "team"),
-            "by_namespace": table(self.by_namespace, "namespace"), "by_node": table(self.by_node, "node"),
+            "by_namespace": table(self.by_namespace, "namespace"), "by_owner": table(self.by_owner, "owner"),
+            "by_node": table(self.by_node, "node"),
             "by_model": table(self.by_model, "model"), "offenders": self.offenders,
             "runs": [launch_json(row) for row in self.r.launches],
         }
@@ -545,6 +588,7 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
     return Fleet(r, total, len({s.point.gpu for s in items}), len({s.point.node for s in items}),
                  _tally(items, lambda s: [s.point.verdict], prices), _tally(items, lambda s: [s.team], prices),
                  _tally(items, lambda s: list(s.namespaces) or [NONE], prices),
+                 _tally(items, lambda s: list(s.owners) or [NONE], prices) if any(s.owners for s in items) else {},
                  _tally(items, lambda s: [s.point.node or NONE], prices),
                  _tally(items, lambda s: [s.point.model or NONE], prices), found, prices, filters, titles, codes,
                  below, times, series)
@@ -593,8 +637,9 @@ def _headline(f: Fleet) -> list[tuple[str, str]]:
 
 def _table_rows(f: Fleet) -> list[tuple[str, list[tuple[str, Tally]]]]:
     causes = [(f"{f.titles[k]}{'' if f.below[k] else ' (not below target)'}", v) for k, v in f.by_cause.items()]
+    owners = [("Kubernetes owner", list(f.by_owner.items()))] if f.by_owner else []
     return [("cause", causes), ("team", list(f.by_team.items())), ("namespace", list(f.by_namespace.items())),
-            ("node", list(f.by_node.items())), ("GPU model", list(f.by_model.items()))]
+            *owners, ("node", list(f.by_node.items())), ("GPU model", list(f.by_model.items()))]
 
 
 def _columns(f: Fleet) -> list[str]:
@@ -708,6 +753,7 @@ RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_js
 def launch_json(row: LaunchRow) -> dict[str, Any]:
     main = row.main()
     return {"run_id": row.ident, "run": row.run, "tags": row.tags, "owner": row.owners(),
+            "kubernetes_owner": row.kube_owners,
             "start": iso(row.start), "end": iso(row.end), "ranks": row.ranks, "gpus": row.gpus,
             "wall_seconds": round(row.wall, 3), "mean_utilization": None if row.utilization is None
             else round(row.utilization, 4),
@@ -721,7 +767,8 @@ def render_list_text(rows: Sequence[LaunchRow], r: Range) -> str:
     for row in rows:
         doc = launch_json(row)
         table.append((doc["run_id"], row.run, ",".join(f"{k}={v}" for k, v in row.tags.items()) or "-",
-                      ",".join(doc["owner"]) or "-", str(len(doc["ranks"])), str(len(doc["gpus"])), doc["start"],
+                      ",".join(row.kube_owners or doc["owner"]) or "-", str(len(doc["ranks"])), str(len(doc["gpus"])),
+                      doc["start"],
                       run_report.duration(row.wall), "-" if row.utilization is None else pct(row.utilization),
                       doc["main_cause_title"] or "-"))
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
@@ -742,7 +789,8 @@ def render_list_markdown(rows: Sequence[LaunchRow], r: Range) -> str:
     for row in rows:
         doc = launch_json(row)
         out.append(f"| {doc['run_id']} | {row.run} | {', '.join(f'{k}={v}' for k, v in row.tags.items())} | "
-                   f"{', '.join(doc['owner'])} | {len(doc['ranks'])} | {len(doc['gpus'])} | {doc['start']} | "
+                   f"{', '.join(row.kube_owners or doc['owner'])} | {len(doc['ranks'])} | {len(doc['gpus'])} | "
+                   f"{doc['start']} | "
                    f"{run_report.duration(row.wall)} | {'' if row.utilization is None else pct(row.utilization)} | "
                    f"{doc['main_cause_title'] or ''} |")
     return "\n".join(out) + "\n"
