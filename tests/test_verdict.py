@@ -94,8 +94,11 @@ def test_every_rows_promql_names_the_shipped_rules_that_express_it() -> None:
             selector = f'{catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause="{cause.cause}"}}'
             assert named_alerts == [cause.alert] and selector in row.promql, (row.row, row.promql)
             assert any(selector in expr for expr in alerts[cause.alert]), (row.row, alerts[cause.alert])
-            assert {lv.level for lv in LEVELS} == {labels["level"] for labels in records[named_series[0]]
-                                                   if labels.get("cause") == cause.cause}, row.row
+            # one share rule per cause; it takes its level from the run's recorded level, one rule per level
+            assert [labels.get("level") for labels in records[named_series[0]]
+                    if labels.get("cause") == cause.cause] == [None], row.row
+            assert {lv.level for lv in LEVELS} == {labels["level"] for labels in
+                                                   records[catalog.RUN_USEFUL_UTILIZATION_LEVEL.name]}, row.row
 
 
 class FakePrometheus:
