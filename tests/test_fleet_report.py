@@ -119,7 +119,7 @@ def test_the_kubernetes_owner_of_the_pods_groups_gpu_time_and_names_a_run() -> N
     the report has no owner table and the list shows the pods."""
     from dataclasses import replace
 
-    from gpu_exporter.commands.fleet import owner_map
+    from gpu_exporter.commands.fleet import owner_map, owners_of
 
     bare = _range()
     assert fleet(bare, None).by_owner == {} and "Kubernetes owner" not in render_text(fleet(bare, None))
@@ -131,7 +131,7 @@ def test_the_kubernetes_owner_of_the_pods_groups_gpu_time_and_names_a_run() -> N
     r = replace(bare, points=points, pod_owners=owners)
     for row in r.launches:
         row.points = [p for p in points if p.launch == (row.run, row.run_ids[0])]
-        row.kube_owners = sorted({owners[pod] for pod in row.owners() if pod in owners})
+        row.kube_owners = list(owners_of(row.owners(), owners))
     f = fleet(r, None)
     assert {k: round(v.gpu_hours * 3600, 6) for k, v in f.by_owner.items()} == {
         "PyTorchJob/train": 20.0, "ReplicaSet/serve-7f": 20.0}

@@ -285,7 +285,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
             by_id[point.launch].points.append(point)
     owners = pod_owners(prom, start, end)
     for row in rows:
-        row.kube_owners = sorted({owners[pod] for pod in row.owners() if pod in owners})
+        row.kube_owners = list(owners_of(row.owners(), owners))
     for row in rows:
         if row.gpus:
             busy = run_report._busy(prom, row.gpus, max(start, row.start), min(end, row.end))
@@ -304,6 +304,11 @@ def pod_owners(prom: Prometheus, start: float, end: float) -> dict[str, str]:
     expr = (f"max by (namespace, pod, owner_kind, owner_name) "
             f"(last_over_time({KUBE_POD_OWNER}{{owner_kind!=\"<none>\"}}[{span}]))")
     return owner_map(prom.at_time(end).query(expr))
+
+
+def owners_of(pods: Iterable[str], owners: dict[str, str]) -> tuple[str, ...]:
+    """The known owners (``Kind/name``) of ``pods`` (``namespace/pod``), sorted, each once."""
+    return tuple(sorted({owners[pod] for pod in pods if pod in owners}))
 
 
 def owner_map(result: Iterable[tuple[Labels, float]]) -> dict[str, str]:
@@ -440,7 +445,7 @@ def shares(r: Range) -> list[Share]:
 
 def _share(p: Point, seconds: float, team: str, offender: str, owners: dict[str, str]) -> Share:
     return Share(p, seconds, team, tuple(sorted({pod.split("/", 1)[0] for pod in p.pods})), offender,
-                 tuple(sorted({owners[pod] for pod in p.pods if pod in owners})))
+                 owners_of(p.pods, owners))
 
 
 def _node_matches(node: str, wanted: str) -> bool:
