@@ -15,10 +15,11 @@ training runs with causes), and checks the budgets of docs/fleet.md::
 
 Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
 default, so the rate windows fill fast: a 5m window then holds 3x the samples of a 15 s scrape,
-which can only overstate the rules' cost) and evaluating every 15 s, as prometheus/prometheus.yml
-ships. After the first rule results appear and ``--warmup`` seconds more, it samples
-``prometheus_rule_group_last_duration_seconds`` of each group once per evaluation for ``--seconds``,
-then reads the series counts, Prometheus' memory, runs every panel query of the four dashboards
+which can only overstate the rules' cost) and evaluating each group at its shipped ``interval``
+(``rule_interval`` in thresholds.yml: every minute). After the first rule results appear and
+``--warmup`` seconds more, it samples ``prometheus_rule_group_last_duration_seconds`` of each group
+once per evaluation for ``--seconds``,
+then reads the series counts, Prometheus' memory, runs every panel query of the dashboards
 (instant, and as a range over the last 5 minutes at a 15 s step) and ``gpu-exporter diagnose
 --prometheus-url`` over the whole fleet. The 10,000-GPU column is extrapolated: a straight line
 through the two largest measured sizes (the measured slope), marked ``~``.
@@ -50,12 +51,15 @@ for _path in (REPO / "tests", REPO / "exporter"):
         sys.path.insert(0, str(_path))
 
 from gpu_exporter import catalog  # noqa: E402
+from gpu_exporter.thresholds import read_thresholds_file  # noqa: E402
 from servers import http_get, promql, run_prometheus, wait_until  # noqa: E402
 
 from bench import fleet, fleet_sim  # noqa: E402
 
 EVALUATION_INTERVAL = 15.0
-"""The shipped evaluation interval (prometheus/prometheus.yml; no rule group sets its own)."""
+"""The shipped server's evaluation interval (prometheus/prometheus.yml); every shipped group sets its own,
+``rule_interval`` (thresholds.yml), which the bench's Prometheus keeps."""
+RULE_INTERVAL = read_thresholds_file().seconds("rule_interval")
 RULE_BUDGET_SHARE = 0.10
 """Budget: every rule group evaluates in under 10% of its interval at 10,000 GPUs."""
 QUERY_BUDGET_SECONDS = 2.0
@@ -241,7 +245,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
     """Fill ``figures`` from a Prometheus scraping the fleet at ``hostport``."""
     nodes = figures.nodes
     node_utilization = catalog.NODE_UTILIZATION_AVG5M.name
-    wait_until(lambda: len(promql(prom, node_utilization)) >= nodes, 60 + nodes * 0.2,
+    wait_until(lambda: len(promql(prom, node_utilization)) >= nodes, 2 * RULE_INTERVAL + nodes * 0.2,
                interval=1, what=f"{node_utilization} for every node")
     sample_rule_groups(prom, warmup, EVALUATION_INTERVAL / 4, figures.startup_groups)
     for kind in dict.fromkeys(fleet_sim.node_kind(i) for i in range(nodes)):
@@ -284,7 +288,7 @@ def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: fl
                           seconds=seconds, load=(os.getloadavg()[0], 0.0), warmup=warmup)
         started = time.monotonic()
         with run_prometheus(prometheus_config(nodes, hostport, scrape_interval), files=fleet.shipped_rules(),
-                            ready_timeout=60) as prom:
+                            ready_timeout=60, rule_intervals=True) as prom:
             measure_prometheus(prom, figures, hostport, seconds, warmup)
         figures.simulator_cpu_seconds = (_cpu_seconds(sim.pid) - cpu0) / (time.monotonic() - started)
         figures.load = (figures.load[0], os.getloadavg()[0])
@@ -553,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, nargs="+", default=[12, 124],
                         help="fleet sizes in 8-GPU nodes (default 12 124: 96 and 992 GPUs)")
-    parser.add_argument("--seconds", type=float, default=120, help="rule evaluations sampled for (default 120)")
+    parser.add_argument("--seconds", type=float, default=180,
+                        help="rule evaluations sampled for (default 180: three at the shipped 1m interval)")
     parser.add_argument("--warmup", type=float, default=660,
                         help="seconds after the first rule results before sampling (default 660: the 10m "
                              "windows of the alerts' hysteresis fill, and the low rates of the start leave them)")

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "exporter"
 
@@ -134,11 +136,30 @@ def promql(prom_url: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
+def at_server_interval(text: str) -> str:
+    """A rule file's ``text`` with no group ``interval:`` (any other file as it is): its groups evaluate at
+    the server's own evaluation_interval. The shipped groups run every minute (``rule_interval``); the tests'
+    servers evaluate every second so that a test need not wait minutes for a rule's first result."""
+    if "interval:" not in text:
+        return text
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if not (isinstance(doc, dict) and isinstance(doc.get("groups"), list)):
+        return text
+    for group in doc["groups"]:
+        group.pop("interval", None)
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
 @contextlib.contextmanager
 def _run_server(binary_names: Sequence[str], package: str, config_name: str, config_yaml: str,
-                argv: Any, files: dict[str, str] | None, ready_timeout: float) -> Iterator[str]:
+                argv: Any, files: dict[str, str] | None, ready_timeout: float,
+                rule_intervals: bool = False) -> Iterator[str]:
     """Write ``config_yaml`` (and ``files``) to a temporary directory, start ``argv(dir, port)`` and
-    yield the base URL once ``/-/ready`` answers 200."""
+    yield the base URL once ``/-/ready`` answers 200. Rule files lose their groups' intervals
+    (:func:`at_server_interval`) unless ``rule_intervals``."""
     binary = next((b for name in binary_names if (b := shutil.which(name))), None)
     if binary is None:
         raise RuntimeError(f"{binary_names[0]} is not installed: run the README's test command "
@@ -148,7 +169,7 @@ def _run_server(binary_names: Sequence[str], package: str, config_name: str, con
         d = Path(tmp)
         for name, text in (files or {}).items():
             (d / name).parent.mkdir(parents=True, exist_ok=True)
-            (d / name).write_text(text)
+            (d / name).write_text(text if rule_intervals else at_server_interval(text))
         (d / config_name).write_text(config_yaml)
         p = _Proc([binary, *argv(d, port)], None, d / f"{binary_names[0]}.log")
         url = f"http://127.0.0.1:{port}"
@@ -177,18 +198,20 @@ def scrape_config(exporter_url: str, node: str, rule_files: Sequence[str] = RULE
 
 def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
                    ready_timeout: float = 30.0, extra_args: Sequence[str] = (),
-                   agent: bool = False) -> contextlib.AbstractContextManager[str]:
+                   agent: bool = False, rule_intervals: bool = False) -> contextlib.AbstractContextManager[str]:
     """Run a real Prometheus with ``config_yaml`` (other ``files`` are written beside it); yield its URL.
 
     Relative paths in the config (rule_files, ...) resolve against the temporary directory.
     ``extra_args``: more flags, e.g. ``--web.enable-remote-write-receiver``. ``agent``: agent mode
     (``--enable-feature=agent``: scrape and remote-write only, no queries, rules or local TSDB).
+    ``rule_intervals``: keep the rule groups' own intervals (the bench); tests evaluate at the config's.
     """
     storage = (["--enable-feature=agent", "--storage.agent.path={d}/wal"] if agent
                else ["--storage.tsdb.path={d}/data"])
     return _run_server(["prometheus"], "prometheus", "prometheus.yml", config_yaml, lambda d, port: [
         f"--config.file={d / 'prometheus.yml'}", *(s.format(d=d) for s in storage),
-        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args], files, ready_timeout)
+        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args], files, ready_timeout,
+        rule_intervals)
 
 
 def run_victoriametrics(ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
@@ -203,8 +226,8 @@ def run_victoriametrics(ready_timeout: float = 30.0) -> contextlib.AbstractConte
 
 
 def run_vmalert(rule_files: dict[str, str], datasource_url: str, remote_write_url: str, notifier_url: str,
-                evaluation_interval: str = "15s",
-                ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
+                evaluation_interval: str = "15s", ready_timeout: float = 30.0,
+                rule_intervals: bool = False) -> contextlib.AbstractContextManager[str]:
     """Run vmalert (Debian ``victoria-metrics``) on ``rule_files`` ({name: Prometheus rule file text}):
     it queries ``datasource_url``, writes recording results and alert states to
     ``remote_write_url`` and sends alerts to ``notifier_url`` (an Alertmanager); yield its URL."""
@@ -212,7 +235,7 @@ def run_vmalert(rule_files: dict[str, str], datasource_url: str, remote_write_ur
         *(f"-rule={d / name}" for name in sorted(rule_files)), f"-datasource.url={datasource_url}",
         f"-remoteWrite.url={remote_write_url}", f"-notifier.url={notifier_url}",
         f"-evaluationInterval={evaluation_interval}", f"-httpListenAddr=127.0.0.1:{port}"],
-        dict(rule_files), ready_timeout)
+        dict(rule_files), ready_timeout, rule_intervals)
 
 
 def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:

@@ -110,6 +110,19 @@ def test_threshold_values_reach_the_rules() -> None:
     assert "< 0.3" not in text and ">= 0.3" not in text
 
 
+def test_every_group_evaluates_at_the_configured_interval() -> None:
+    """Every group, written in a template or generated, carries ``interval: <rule_interval>``; another value
+    in thresholds.yml reaches every group."""
+    from monitoring import build
+
+    groups = [g for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]]
+    interval = read_thresholds_file().text("rule_interval")
+    assert len(groups) > 10 and {g["name"]: g.get("interval") for g in groups} == dict.fromkeys(
+        (g["name"] for g in groups), interval)
+    text = "".join(load_generator().generate(build(read_thresholds_file().with_values(rule_interval="45s"))).values())
+    assert text.count("    interval: 45s\n") == len(groups) and f"interval: {interval}" not in text
+
+
 def test_generator_rejects_unknown_and_unused_keys() -> None:
     gen = load_generator()
     values = read_thresholds_file()
