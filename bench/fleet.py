@@ -108,13 +108,16 @@ def dashboard_queries(variables: Mapping[str, str],
                       single: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
     """(dashboard, panel title, PromQL) for every panel query, with Grafana's variables replaced. A dashboard
     variable that takes one value (no multi-value, no All: the node of the node detail, the run of the
-    training run) gets its value from ``single`` when it has one, as a user picks one; else from ``variables``."""
+    training run) gets its value from ``single`` when it has one, as a user picks one; else from ``variables``.
+    A textbox variable (the cost dashboard's ``$price``) keeps its default text unless ``variables`` has it."""
     out = []
     for path in sorted(DASHBOARDS.glob("*.json")):
         doc = json.loads(path.read_text())
-        one = {v["name"] for v in doc.get("templating", {}).get("list", [])
+        listed = doc.get("templating", {}).get("list", [])
+        one = {v["name"] for v in listed
                if v.get("type") == "query" and not v.get("multi") and not v.get("includeAll")}
-        values = {**variables, **{k: v for k, v in (single or {}).items() if k in one}}
+        text = {v["name"]: str(v["current"]["value"]) for v in listed if v.get("type") == "textbox"}
+        values = {**text, **variables, **{k: v for k, v in (single or {}).items() if k in one}}
         stack = list(doc.get("panels", []))
         while stack:
             panel = stack.pop(0)
@@ -135,7 +138,8 @@ def dashboard_queries(variables: Mapping[str, str],
 def grafana_variables(cluster: str = ".*", rate_interval: str = "1m", range_: str = "5m") -> dict[str, str]:
     """Values for the dashboards' variables: regex matchers match everything but the cluster."""
     return {"cluster": cluster, "node": ".*", "gpu": ".*", "namespace": ".*", "pod": ".*", "run": ".*",
-            "rank": ".*", "__rate_interval": rate_interval, "__range": range_, "__interval": "15s"}
+            "rank": ".*", "__rate_interval": rate_interval, "__range": range_, "__interval": "15s",
+            "__interval_ms": "15000"}
 
 
 def query_seconds(prom: str, expr: str, range_seconds: float = 0, step: str = "15s") -> tuple[float, int]:

@@ -1,6 +1,6 @@
 """Panel helpers for the generated Grafana dashboards, on top of grafana-foundation-sdk builders.
 
-The problem: the four dashboards share one data source variable, one way to select a cluster/node/GPU,
+The problem: the five dashboards share one data source variable, one way to select a cluster/node/GPU,
 one set of utilization colours and a handful of panel shapes; written out by hand those repeated
 options were most of the JSON and drifted apart. Here each shape is one function, every number
 comes from the one config (:class:`Config`, read from ``exporter/gpu_exporter/thresholds.yml``), and
@@ -229,14 +229,16 @@ def stat_panel(title: str, description: str, target: prometheus.Dataquery, *, un
 
 
 def bar_gauge(title: str, description: str, target: prometheus.Dataquery, *, unit: str = "percentunit",
-              w: int = 8, h: int = 8, thresholds: dash.ThresholdsConfig | None = None) -> bargauge.Panel:
+              w: int = 8, h: int = 8, thresholds: dash.ThresholdsConfig | None = None,
+              panel_links: Sequence[dash.DashboardLink] = ()) -> bargauge.Panel:
     """Horizontal gradient bars, one per series, of an instant query."""
     panel = _common(bargauge.Panel(), title, description, [target], unit, w, h)
-    return (_ratio(panel, unit == "percentunit").thresholds(thresholds or steps(("green", None)))
-            .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
-            .orientation(cm.VizOrientation.HORIZONTAL).display_mode(cm.BarGaugeDisplayMode.GRADIENT)
-            .show_unfilled(True)
-            .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields("")))
+    panel = (_ratio(panel, unit == "percentunit").thresholds(thresholds or steps(("green", None)))
+             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+             .orientation(cm.VizOrientation.HORIZONTAL).display_mode(cm.BarGaugeDisplayMode.GRADIENT)
+             .show_unfilled(True)
+             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields("")))
+    return panel.links(list(panel_links)) if panel_links else panel
 
 
 def state_timeline(title: str, description: str, target: prometheus.Dataquery, *, unit: str,
@@ -258,15 +260,17 @@ def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataq
                 w: int = 12, h: int = 8, merge: bool = True, hide: Sequence[str] = (),
                 order: Sequence[str] = (), rename: dict[str, str] | None = None,
                 overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
-                sort_by: str | None = None, panel_links: Sequence[dash.DashboardLink] = ()) -> table.Panel:
+                sort_by: str | None = None, sort_desc: bool = False,
+                panel_links: Sequence[dash.DashboardLink] = ()) -> table.Panel:
     """Instant queries in table format, merged on their common labels into one row per series;
-    ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value)."""
+    ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value); ``sort_by`` a
+    column, lowest first (highest with ``sort_desc``)."""
     panel = _common(table.Panel(), title, description, targets, unit, w, h)
     panel = (panel.thresholds(steps(("green", None)))
              .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
              .show_header(True).cell_height(cm.TableCellHeight.SM))
     if sort_by:
-        panel = panel.sort_by([common.TableSortByFieldState().display_name(sort_by).desc(False)])
+        panel = panel.sort_by([common.TableSortByFieldState().display_name(sort_by).desc(sort_desc)])
     transformations = [dm.DataTransformerConfig(id_val="merge", options={})] if merge else []
     transformations.append(dm.DataTransformerConfig(id_val="organize", options={
         "excludeByName": {name: True for name in ("Time", "__name__", "instance", "job", *hide)},
@@ -293,8 +297,16 @@ def variable(cfg: Config, name: str, label: str, metric: str, *parents: str, mul
     return var.all_value(".*") if multi else var
 
 
+def textbox(name: str, label: str, default: str, description: str) -> dash.TextBoxVariable:
+    """A free-text variable (``$name`` in the queries) whose value starts as ``default`` (a number of the
+    config, such as the price of a GPU-hour)."""
+    option = dm.VariableOption(selected=True, text=default, value=default)
+    return (dash.TextBoxVariable(name).label(label).description(description)
+            .default_value(default).current(option).options([option]))
+
+
 def dashboard(cfg: Config, uid: str, title: str, description: str, time_from: str,
-              variables: Sequence[dash.QueryVariable]) -> dash.Dashboard:
+              variables: Sequence[dash.QueryVariable | dash.TextBoxVariable]) -> dash.Dashboard:
     """A dashboard with the shared frame: tag, links to its siblings, the data source and cluster
     variables (cluster values from ``gpu_exporter_build_info``), then ``variables``."""
     cluster = (dash.QueryVariable("cluster").label("Cluster").datasource(DATASOURCE)

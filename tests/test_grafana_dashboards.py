@@ -7,9 +7,10 @@ GPU with a fan) whose targets carry ``cluster="east"``, a second exporter on the
 scenario with no cluster label, a stand-in kubelet target (not an exporter job), an instrumented
 training loop pushing phases through gpu_exporter.training (input-bound, with allocator retries), and a
 real Prometheus scraping all of them every second with the generated recording rules. Each variable
-query, each panel query (variables set as Grafana would, ``$__rate_interval``, ``$__interval`` and
-``$__range`` replaced by durations) and each Grafana-managed alert query must parse and return data,
-both with every variable on All and with the cluster variable on ``east``.
+query, each panel query (variables set as Grafana would, ``$__rate_interval``, ``$__interval``,
+``$__interval_ms`` and ``$__range`` replaced by durations, a textbox variable by its default) and each
+Grafana-managed alert query must parse and return data, both with every variable on All and with the
+cluster variable on ``east``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ NODE, OTHER_NODE, CLUSTER = "sim-node-1", "sim-node-2", "east"
 # Prometheus' own series the dashboards may use besides the exporter's metrics and recording rules.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds"}
 # Grafana's macros as the test's Prometheus (1 s scrapes, a 20 s panel range) makes them.
-MACROS = {"__rate_interval": "5s", "__interval": "1s", "__range": "1h"}
+MACROS = {"__rate_interval": "5s", "__interval": "1s", "__interval_ms": "1000", "__range": "1h"}
 PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
                 "bool", "offset", "inf", "nan"}
 
@@ -326,7 +327,8 @@ class AllocatorFigures:
 
 def train(uuid: str, rank: int, exporter: str, stop: threading.Event) -> None:
     """An input-bound training loop (M1): most of each step waits for the next batch."""
-    run = training.start("grafana-demo", url=exporter, rank=rank, uuid=uuid, push_interval=0.5)
+    run = training.start("grafana-demo", url=exporter, rank=rank, uuid=uuid, push_interval=0.5,
+                         tags={"team": "vision"})  # the cost dashboard's hours lost by team
 
     class Batches:
         """DataLoader-like (run.data() reports its settings): each batch takes 30 ms to load."""
@@ -395,6 +397,9 @@ READY = [
     "gpu_sm_active_ratio",
     "gpu_mig_memory_used_bytes",
     'up{job="kubelet"}',
+    # the cost dashboard's subqueries step through whole seconds: the trainer's GPU below target with its main
+    # cause (M4, the allocator, comes first) at one of them at least
+    'count_over_time(gpu:gpu_idle_below_target:ratio{code="M4"}[1m:1s])',
 ]
 
 
@@ -482,10 +487,14 @@ _resolved: dict[tuple[str, str], dict[str, str]] = {}
 def variables(prom: str, dashboard: str, mode: str) -> dict[str, str]:
     """Each query variable as Grafana sets it. Mode ``all``: multi-value variables on All (their
     allValue, ``.*``, which also matches series without the label); mode ``east``: the cluster variable
-    on that one cluster, the others on every value found within it. Single-value ones: the first value."""
+    on that one cluster, the others on every value found within it. Single-value ones: the first value.
+    A textbox variable (the cost dashboard's price) keeps its default text."""
     if (dashboard, mode) not in _resolved:
         values: dict[str, str] = {}
         for var in load_dashboards()[dashboard]["templating"]["list"]:
+            if var["type"] == "textbox":
+                values[var["name"]] = str(var["current"]["value"])
+                continue
             if var["type"] != "query":
                 continue
             found = label_values(prom, substitute(variable_query(var), values))

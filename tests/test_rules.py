@@ -276,7 +276,7 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
     generated = {a.group for a in model.alerts} | {r.group for r in model.records}
     from gpu_exporter.verdict.causes import CAUSES
     assert generated == {"gpu-utilization.alerts", "gpu-cause.recording", "gpu-process-evidence.alerts",
-                         "gpu-process-evidence.recording", "gpu-remedy.recording",
+                         "gpu-process-evidence.recording", "gpu-remedy.recording", "gpu-cost.recording",
                          *(f"gpu-cause-{c.cause}.alerts" for c in CAUSES)}  # one group per cause: docs/fleet.md
     for name in generated:
         objects = model.group(name)
