@@ -1,7 +1,7 @@
 """Accuracy on a bursty GPU: the busy-time counter against instant gauges, in-process and exact.
 
 The packaged ``bursty.yaml`` GPU runs 3 s at 95% and 7 s idle, every 10 s (mean 28.5%). The
-sampler and the utilization collector run on a hand-driven clock, one poll per simulated
+poller and the utilization collector run on a hand-driven clock, one poll per simulated
 second, so an hour takes a second or two and the ground truth
 (``SimulatedNode.true_busy_seconds``) is exact. After every poll we record what a scrape
 would read: ``gpu_busy_seconds_total``, our ``gpu_utilization_ratio`` (mean over the last poll)
@@ -23,7 +23,7 @@ from gpu_exporter import catalog, simulate
 from gpu_exporter.collectors.base import PollingCollector
 from gpu_exporter.collectors.utilization import UtilizationCollector
 from gpu_exporter.nvml import Nvml
-from gpu_exporter.sampler import Sampler
+from gpu_exporter.poller import Poller
 
 SCRAPE_INTERVALS = (15, 60)
 WINDOW = 300
@@ -77,16 +77,16 @@ def _record(simulated_seconds: int) -> tuple[list[_Record], simulate.SimulatedNo
     node = simulate.install("bursty.yaml", clock=clock)
     nvml = Nvml()
     collector = UtilizationCollector()
-    sampler = Sampler(nvml, [collector], poll_interval=1.0, clock=clock)
+    poller = Poller(nvml, [collector], poll_interval=1.0, clock=clock)
     records = []
     try:
         nvml.init()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         clock.t += START
-        sampler.poll_once()
+        poller.poll_once()
         for _ in range(simulated_seconds):
             clock.t += 1.0
-            sampler.poll_once()
+            poller.poll_once()
             records.append(_Record(node.now(), _family_value(collector, catalog.GPU_BUSY_SECONDS_TOTAL.name),
                                    _family_value(collector, catalog.GPU_UTILIZATION_RATIO.name),
                                    pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0))

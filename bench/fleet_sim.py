@@ -47,7 +47,7 @@ from gpu_exporter.app import polling_collectors  # noqa: E402
 from gpu_exporter.exposition import Source, exposition  # noqa: E402
 from gpu_exporter.ingest import IngestSettings, TrainingStore  # noqa: E402
 from gpu_exporter.nvml import Nvml  # noqa: E402
-from gpu_exporter.sampler import Sampler  # noqa: E402
+from gpu_exporter.poller import Poller  # noqa: E402
 from gpu_exporter.selfmetrics import SelfMetrics  # noqa: E402
 
 SCENARIOS = Path(simulate.__file__).parent / "scenarios"
@@ -137,18 +137,18 @@ def render_kind(kind: str, start: float | None = None, gap: float = RENDER_GAP) 
         try:
             nvml.init()
             collectors = polling_collectors(simulated=True)
-            sampler = Sampler(nvml, collectors, poll_interval=1.0, clock=clock)
+            poller = Poller(nvml, collectors, poll_interval=1.0, clock=clock)
             training = TrainingStore(IngestSettings(), clock=clock)
-            health = SelfMetrics(sampler)
+            health = SelfMetrics(poller)
             sources: list[Source] = [*collectors, training, health]
-            sampler.poll_once()
-            uuids = [gpu.uuid for gpu in sampler.gpus[1]]
+            poller.poll_once()
+            uuids = [gpu.uuid for gpu in poller.discovery.gpus]
             started = t0 - 1200.0
             bodies = []
             for _ in range(2):
                 for _ in range(int(gap)):
                     clock.t += 1.0
-                    sampler.poll_once()
+                    poller.poll_once()
                 for push in _pushes(kind, uuids, started, clock.t):
                     status, reason = training.handle_push(json.dumps(push).encode(), "application/json", None)
                     if status != 202:

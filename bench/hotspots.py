@@ -1,6 +1,6 @@
-"""Where gpu-exporter's polling time goes on a node: cProfile of the sampler, in-process.
+"""Where gpu-exporter's polling time goes on a node: cProfile of the poller, in-process.
 
-The sampler with every polling collector runs ``polls`` cycles on a generated scenario (real
+The poller with every polling collector runs ``polls`` cycles on a generated scenario (real
 clock, simulated NVML) under cProfile; the functions with the most own time come back with
 their share. The simulated NVML's own functions are reported as one line, since on a real node
 the driver takes their place. Example::
@@ -20,7 +20,7 @@ from pathlib import Path
 from gpu_exporter import simulate
 from gpu_exporter.app import POLLING_COLLECTORS
 from gpu_exporter.nvml import Nvml
-from gpu_exporter.sampler import Sampler
+from gpu_exporter.poller import Poller
 
 SIMULATION_MARKER = "/gpu_exporter/simulate/"
 
@@ -57,21 +57,21 @@ def _where(key: tuple[str, int, str]) -> str:
 
 
 def profile_polls(scenario: Path, polls: int, top: int = 10) -> PollProfile:
-    """Time ``polls`` sampler cycles on ``scenario``, then profile as many and rank functions by own time."""
+    """Time ``polls`` poller cycles on ``scenario``, then profile as many and rank functions by own time."""
     simulate.install(scenario)
     nvml = Nvml()
-    sampler = Sampler(nvml, [cls() for cls in POLLING_COLLECTORS], poll_interval=1.0)
+    poller = Poller(nvml, [cls() for cls in POLLING_COLLECTORS], poll_interval=1.0)
     try:
         nvml.init()
-        sampler.poll_once()  # discovery and first-poll caches
+        poller.poll_once()  # discovery and first-poll caches
         started = time.perf_counter()
         for _ in range(polls):
-            sampler.poll_once()
+            poller.poll_once()
         poll_ms = (time.perf_counter() - started) / polls * 1000
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(polls):
-            sampler.poll_once()
+            poller.poll_once()
         profiler.disable()
     finally:
         nvml.shutdown()

@@ -318,7 +318,7 @@ def _method(results: Results) -> list[str]:
         "its share, measured as the RSS of a Python process that loads pynvml and PyYAML and installs the "
         "scenario minus one that only loads pynvml and PyYAML, and the RSS net of it, which is what a node "
         "with a real driver pays.",
-        f"- **Accuracy.** In-process and exact: the sampler and utilization collector poll the packaged "
+        f"- **Accuracy.** In-process and exact: the poller and utilization collector poll the packaged "
         f"`bursty.yaml` GPU (3 s at 95%, 7 s idle, mean 28.5%) on a hand-driven clock, once per simulated "
         f"second for {results.accuracy_seconds} simulated seconds; the ground truth is "
         "`SimulatedNode.true_busy_seconds`. See bench/accuracy.py.",
@@ -375,7 +375,7 @@ def _profile(results: Results) -> list[str]:
     g, p = results.profile_node
     rows = [[f"`{h.function}`", str(h.calls), num(h.own_percent)] for h in prof.top]
     return ["## Where gpu-exporter's polling time goes", "",
-            f"cProfile of {prof.polls} in-process sampler cycles (every polling collector) on the {g}-GPU, "
+            f"cProfile of {prof.polls} in-process poller cycles (every polling collector) on the {g}-GPU, "
             f"{p}-process node: one cycle takes {num(prof.poll_ms)} ms unprofiled. The simulated NVML takes "
             f"{num(prof.simulation_percent)}% of the profiled time (on a real node the driver takes its place); "
             "the rest, by own time:", "",

@@ -1,4 +1,4 @@
-"""CPU cost of sampled phases (gpu_exporter.sampling): py-spy's CPU per sampled process, and the job's slowdown.
+"""CPU cost of sampled phases (collectors/stacks.py): py-spy's CPU per sampled process, and the job's slowdown.
 
 The exporter runs ``py-spy record --idle --threads --format raw`` on each GPU process in 5 s windows.
 Here one target process runs a Python loop with a training-like stack (about 30 frames deep, the depth
@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from gpu_exporter.sampling import WINDOW_SECONDS, pyspy_binary
+from gpu_exporter.collectors.stacks import WINDOW_SECONDS, pyspy_binary
 
 TARGET = """
 import sys, time

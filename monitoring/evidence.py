@@ -26,7 +26,7 @@ from monitoring.model import Alert, Record, indent, wrap
 
 UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{utilization_target}}\n"
                   f"unless on ({C}, uuid)\n({m.GPU_TRAINING_CURRENT_PHASE.name} == 1)")
-"""GPUs below target on which no live training run reports (the sampled phases of sampling.py count as one)."""
+"""GPUs below target on which no live training run reports (the sampled phases of collectors/stacks.py count as one)."""
 
 RATES = (
     (m.PROCESS_CPU_RATE5M.name, f"rate({m.GPU_PROCESS_CPU_SECONDS_TOTAL.name}[5m])",

@@ -17,7 +17,7 @@ from gpu_exporter import simulate
 from gpu_exporter.app import polling_collectors
 from gpu_exporter.exposition import exposition
 from gpu_exporter.nvml import Nvml
-from gpu_exporter.sampler import Sampler
+from gpu_exporter.poller import Poller
 from gpu_exporter.selfmetrics import SelfMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,7 +44,7 @@ class FakeClock:
 
 
 class Harness:
-    """Simulated node + NVML wrapper + sampler + every polling collector, on one fake clock."""
+    """Simulated node + NVML wrapper + poller + every polling collector, on one fake clock."""
 
     def __init__(self, scenario: str | Path, poll_interval: float = 1.0) -> None:
         self.clock = FakeClock()
@@ -52,13 +52,13 @@ class Harness:
         self.node = simulate.install(path, clock=self.clock)
         self.nvml = Nvml()
         self.collectors = polling_collectors(simulated=True)
-        self.sampler = Sampler(self.nvml, self.collectors, poll_interval=poll_interval, clock=self.clock)
-        self.health = SelfMetrics(self.sampler)
+        self.poller = Poller(self.nvml, self.collectors, poll_interval=poll_interval, clock=self.clock)
+        self.health = SelfMetrics(self.poller)
         self.poll_interval = poll_interval
 
     def __enter__(self) -> Harness:
         self.nvml.init()
-        self.sampler.poll_once()
+        self.poller.poll_once()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -71,7 +71,7 @@ class Harness:
         steps = max(1, round(seconds / self.poll_interval))
         for _ in range(steps):
             self.clock.t += seconds / steps
-            self.sampler.poll_once()
+            self.poller.poll_once()
 
     def scrape(self) -> str:
         """What /metrics would serve now."""

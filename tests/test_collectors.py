@@ -9,7 +9,7 @@ import pytest
 from gpu_exporter import simulate
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.nvml import Nvml
-from gpu_exporter.sampler import Sampler
+from gpu_exporter.poller import Poller
 from harness import Harness, scenario_path
 
 GIB = 1 << 30
@@ -91,7 +91,7 @@ def test_process_lists_are_read_once_per_gpu_per_poll(default: Harness, monkeypa
 
     monkeypatch.setattr(Nvml, "call", counting)
     default.advance(1.0)
-    gpus = {g.uuid for g in default.sampler.gpus[1]}
+    gpus = {g.uuid for g in default.poller.discovery.gpus}
     assert len(gpus) == 4 and sorted(seen) == sorted((u, f) for u in gpus for f in (
         "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"))
 
@@ -130,9 +130,9 @@ def test_xid_events_counted_from_event_thread() -> None:
     nvml = Nvml()
     try:
         nvml.init()
-        sampler = Sampler(nvml, [], poll_interval=0.2)
-        sampler.poll_once()
-        xid = XidCollector(nvml, lambda: sampler.gpus)
+        poller = Poller(nvml, [], poll_interval=0.2)
+        poller.poll_once()
+        xid = XidCollector(nvml, lambda: poller.discovery)
         xid.start()
         deadline = time.monotonic() + 10
         counts: dict[tuple[str, str], float] = {}
@@ -162,7 +162,7 @@ def test_the_registry_is_the_one_list_of_collectors() -> None:
 
 
 def test_collectors_never_import_upward() -> None:
-    """collectors/ import only collectors, nvml, exposition and the catalog (and third parties), never the sampler."""
+    """collectors/ import only collectors, nvml, exposition and the catalog (and third parties), never the poller."""
     import ast
     from pathlib import Path
 

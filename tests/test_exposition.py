@@ -16,7 +16,7 @@ import zlib
 from typing import Any
 
 import pytest
-from gpu_exporter.collectors.base import Families
+from gpu_exporter.collectors.base import Discovery, Families
 from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.exposition import Body, Family, ScrapeForecast, Source, exposition, render
 from gpu_exporter.ingest import IngestSettings, TrainingStore
@@ -98,7 +98,7 @@ def test_gzip_body_is_the_text_and_follows_every_change() -> None:
         for step in range(4):
             dynamic.value = step
             if step % 2:
-                body.prepare()  # as the sampler does ahead of an expected scrape
+                body.prepare()  # as the poller does ahead of an expected scrape
             compressed = body.gzip()
             assert gzip.decompress(compressed) == exposition(sources) == body.text()
             assert zlib.decompress(compressed, 31) == body.text()  # one member: any gzip reader reads it whole
@@ -127,7 +127,7 @@ def test_a_whole_body_rendered_ahead_is_served_until_the_next_poll_its_deadline_
         body.prepare(ahead=1.5)
         assert body.gzip() is not prepared_gzip and b"gpu_exporter_dynamic 1.0" in gzip.decompress(body.gzip())
         dynamic.value = 2.0
-        now[0] += 1.6  # past its deadline (a sampler that stopped polling): rendered again
+        now[0] += 1.6  # past its deadline (a poller that stopped polling): rendered again
         assert b"gpu_exporter_dynamic 2.0" in body.text()
         assert b"gpu_exporter_dynamic 2.0" in gzip.decompress(body.gzip())
         body.prepare(ahead=1.5)
@@ -199,7 +199,7 @@ def test_training_text_is_rendered_once_per_change() -> None:
 
 
 def test_xid_text_is_rendered_once_per_event() -> None:
-    xid = XidCollector(nvml=None, gpus=lambda: (0, ()))  # type: ignore[arg-type]  # never started
+    xid = XidCollector(nvml=None, discovery=lambda: Discovery(0, ()))  # type: ignore[arg-type]  # never started
     assert xid.exposition == b"" == render(xid.collect())
     with xid._lock:
         xid._counts[("0", "GPU-a", "13")] += 1
@@ -270,7 +270,7 @@ def test_render_of_prometheus_client_families_is_generate_latest() -> None:
     _push(store, 3)
     store.handle_push(b"{", "application/json", None)
     with Harness("default.yaml") as h:
-        own = [*SelfMetrics(h.sampler).collect(), *ProcessCollector(registry=None).collect(), *store.collect()]
+        own = [*SelfMetrics(h.poller).collect(), *ProcessCollector(registry=None).collect(), *store.collect()]
     gauge = GaugeMetricFamily("gpu_awkward", 'Help "with" \\ and\nnewline.', labels=["b", "a"])
     for i, value in enumerate(AWKWARD_VALUES):
         gauge.add_metric([AWKWARD_LABELS[i % len(AWKWARD_LABELS)], str(i)], value)
@@ -296,14 +296,14 @@ def test_a_poll_is_rendered_ahead_only_when_a_scrape_is_due() -> None:
     flags = {"simulate.enabled": True, "simulate.scenario": str(scenario_path("status-page.yaml")),
              "web.listen_address": f"127.0.0.1:{free_port()}", "poll_interval": 3600.0}
     exporter = Exporter(load_config(None, env={}, flags=flags))
-    exporter.start()  # polls now, then the sampler thread sleeps for the hour: this test drives the polls
+    exporter.start()  # polls now, then the poller thread sleeps for the hour: this test drives the polls
     try:
         assert exporter.server is not None
         now = [1000.0]
         exporter.server.scrapes = forecast = ScrapeForecast(clock=lambda: now[0])
-        polling = exporter.sampler.collectors
+        polling = exporter.poller.collectors
 
-        exporter.sampler.poll_once()  # nobody scrapes
+        exporter.poller.poll_once()  # nobody scrapes
         assert all(c._text is None for c in polling)
 
         # Time scaled to the hour-long poll interval: a scraper every 10000 s, next due at 30000.
@@ -311,10 +311,10 @@ def test_a_poll_is_rendered_ahead_only_when_a_scrape_is_due() -> None:
             now[0] = t
             forecast.arrived("10.0.0.9")
         now[0] = 25000.0
-        exporter.sampler.poll_once()  # the scrape is due after the next poll: nothing rendered
+        exporter.poller.poll_once()  # the scrape is due after the next poll: nothing rendered
         assert all(c._text is None for c in polling)
         now[0] = 27000.0
-        exporter.sampler.poll_once()  # due before the next poll: this poll is prepared
+        exporter.poller.poll_once()  # due before the next poll: this poll is prepared
         texts = [t for t in (c._text for c in polling) if t is not None]
         assert len(texts) == len(polling) and b"gpu_busy_seconds_total{" in b"".join(texts)
         body = exporter.server.body

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 from e2e import keep_output, run_clis, shipped_fast_rules
+from gpu_exporter.collectors.stacks import parse_raw, phase_of, pyspy_binary
 from gpu_exporter.ingest import IngestSettings, TrainingStore
-from gpu_exporter.sampling import parse_raw, phase_of, pyspy_binary
 from prometheus_client.parser import text_string_to_metric_families
 from servers import exporter_env, free_port, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_query import run_cli

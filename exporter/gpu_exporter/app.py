@@ -1,4 +1,4 @@
-"""Assemble and run the exporter from a Config: NVML (or simulated GPUs), the sampler and its
+"""Assemble and run the exporter from a Config: NVML (or simulated GPUs), the poller and its
 collectors, XID events, training ingest, Kubernetes attribution, and the HTTP server.
 
 Example::
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from gpu_exporter import collectors, sampling
+from gpu_exporter import collectors
+from gpu_exporter.collectors import stacks
 from gpu_exporter.collectors.base import PollingCollector
 from gpu_exporter.collectors.evidence import CPU_SHARE, EvidenceCollector
 from gpu_exporter.collectors.xid import XidCollector
@@ -23,14 +24,14 @@ from gpu_exporter.config import Config
 from gpu_exporter.exposition import Source
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.nvml import Nvml
-from gpu_exporter.sampler import Sampler
+from gpu_exporter.poller import Poller
 from gpu_exporter.selfmetrics import ProcessMetrics, SampleAge, SelfMetrics
 from gpu_exporter.server import Limits, MetricsServer
 
 log = logging.getLogger(__name__)
 
 POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = tuple(collectors.polling_classes())
-"""The sampler's collectors, from the registry (gpu_exporter.collectors)."""
+"""The poller's collectors, from the registry (gpu_exporter.collectors)."""
 
 
 def polling_collectors(disabled: set[str] | frozenset[str] = frozenset(), simulated: bool = False,
@@ -60,9 +61,9 @@ class Exporter:
         disabled = set(config.collectors_disabled)
         polling = polling_collectors(disabled, simulated=self.simulated is not None,
                                      evidence_cpu_share=config.evidence_cpu_share)
-        self.sampler = Sampler(self.nvml, polling, poll_interval=config.poll_interval,
-                               discovery_interval=config.discovery_interval)
-        self.xid = XidCollector(self.nvml, lambda: self.sampler.gpus) if "xid" not in disabled else None
+        self.poller = Poller(self.nvml, polling, poll_interval=config.poll_interval,
+                             discovery_interval=config.discovery_interval)
+        self.xid = XidCollector(self.nvml, lambda: self.poller.discovery) if "xid" not in disabled else None
         self.training: TrainingStore | None = None
         if config.ingest_enabled:
             wanted = {f.name for f in fields(IngestSettings)}
@@ -70,26 +71,26 @@ class Exporter:
                                                              if k in wanted}))
             if self.simulated is not None:
                 self.simulated.set_training_source(self.training.latest_phases)
-        self.phases = sampling.from_config(config.sampling_rate, polling, self.training)  # opt-in py-spy phases
+        self.phases = stacks.from_config(config.sampling_rate, polling, self.training)  # opt-in py-spy phases
         self.pods: Any = None
         if config.kubernetes_enabled:
             from gpu_exporter.kubernetes import PodAttribution
 
             self.pods = PodAttribution(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds,
                                        devices=self._inventory)
-        self.health = SelfMetrics(self.sampler, self._extra_status, with_age=False)
+        self.health = SelfMetrics(self.poller, self._extra_status, with_age=False)
         sources: list[Source] = [*polling]
         sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
         sources.append(self.health)
         self.process = ProcessMetrics()  # process_*: CPU, memory, open files (whole at the open-file limit)
         sources.append(self.process)
-        sources.append(SampleAge(self.sampler))  # last and live: the age at the scrape, even in a body rendered ahead
+        sources.append(SampleAge(self.poller))  # last and live: the age at the scrape, even in a body rendered ahead
         self.sources = sources
         self.server: MetricsServer | None = None
 
     def _inventory(self) -> list[tuple[str, str, str]]:
         out = []
-        for gpu in self.sampler.gpus[1]:
+        for gpu in self.poller.discovery.gpus:
             out.append((str(gpu.index), gpu.uuid, ""))
             out += [(str(gpu.index), gpu.uuid, mig.uuid) for mig in gpu.mig_instances]
         return out
@@ -104,7 +105,7 @@ class Exporter:
 
     def ready(self) -> tuple[bool, str]:
         """(ready, reason): ready while the newest complete NVML poll is fresh."""
-        age = self.sampler.sample_age()
+        age = self.poller.sample_age()
         if age is None:
             return False, "no NVML sample yet (is the NVIDIA driver loaded?)"
         if age > self.config.stale_after:
@@ -135,9 +136,9 @@ class Exporter:
             telemetry_path=self.config.web_telemetry_path, ingest=self.training,
             ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure,
             headers=headers, limits=Limits.from_config(self.config), accept_guard=self.process.guard)
-        self.sampler.poll_once()
-        self.sampler.after_poll = self._prepare_scrape
-        self.sampler.start()
+        self.poller.poll_once()
+        self.poller.after_poll = self._prepare_scrape
+        self.poller.start()
         if self.xid is not None:
             self.xid.start()
         if self.pods is not None:
@@ -150,7 +151,7 @@ class Exporter:
         port = self.server.server_address[1]
         scheme = "https" if ssl_context is not None else "http"
         log.info("serving %s://%s:%s%s for %d GPU(s)%s", scheme, self.config.listen_host_port[0] or "*",
-                 port, self.config.web_telemetry_path, len(self.sampler.gpus[1]),
+                 port, self.config.web_telemetry_path, len(self.poller.discovery.gpus),
                  " (simulated)" if self.simulated is not None else "")
 
     def _prepare_scrape(self) -> None:
@@ -173,4 +174,4 @@ class Exporter:
         for part in (self.pods, self.xid, self.phases):
             if part is not None:
                 part.stop()
-        self.sampler.stop()
+        self.poller.stop()

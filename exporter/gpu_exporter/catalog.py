@@ -216,7 +216,7 @@ GPU_POD_INFO = _define(
     (*GPM, "pod", "namespace", "container"), "kubernetes")
 
 # -- training runs (ingest.py, remedies.py) -------------------------------------------------------
-# ``source`` is added to the phase families when some run's phases were sampled (sampling.py).
+# ``source`` is added to the phase families when some run's phases were sampled (collectors/stacks.py).
 
 GPU_TRAINING_PHASE_SECONDS_TOTAL = _define(
     "gpu_training_phase_seconds_total", COUNTER, "seconds",

@@ -17,7 +17,7 @@ body. So:
 - :class:`Body` builds the /metrics body. It gzips the leading run of such pre-rendered parts
   once per change and keeps the compressor's state after them, so a scrape compresses only
   the few small parts computed per scrape (the exporter's own health). :meth:`Body.prepare`
-  does that work ahead of a scrape (the sampler calls it after a poll when
+  does that work ahead of a scrape (the poller calls it after a poll when
   :class:`ScrapeForecast` expects a scrape before the next poll), so a scrape right after a
   poll costs about what a repeated one does. ``prepare(ahead=...)`` goes further: it also
   renders the per-scrape parts and keeps the whole body, plain and gzip, which scrapes then

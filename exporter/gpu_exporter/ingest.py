@@ -100,7 +100,7 @@ class _Entry:
     context: dict[str, float] | None = None
     """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.remedies)."""
     source: str = ""
-    """"" for a pushed snapshot; "sampled" for phases the stack sampler estimated (gpu_exporter.sampling)."""
+    """"" for a pushed snapshot; "sampled" for phases the stack sampler estimated (gpu_exporter.collectors.stacks)."""
     run_id: str = ""
     """The launch's id (snapshot field ``run_id``; "" from a library that sends none)."""
     tags: tuple[tuple[str, str], ...] = ()
@@ -211,7 +211,7 @@ class TrainingStore:
             return any(u == uuid and not e.finished and not e.source for (_, _, u), e in self._entries.items())
 
     def put_sampled(self, uuid: str, pid: int, phases: dict[str, float], current: str, started_at: float) -> None:
-        """Store the phase seconds gpu_exporter.sampling estimated for GPU process ``pid`` as run ``pid-<pid>``.
+        """Store the phase seconds collectors/stacks.py estimated for GPU process ``pid`` as run ``pid-<pid>``.
 
         Its series carry ``source="sampled"``. Sampled runs count against ``ingest.max_runs`` like
         pushed ones (a full store refuses them silently: pushed runs come first).
@@ -269,7 +269,7 @@ class TrainingStore:
             outcomes = dict(self._outcomes)
             evictions = self._evictions
         labels = list(catalog.RUN)
-        source = ["source"] if any(e.source for _, e in entries) else []  # sampled phases say so (sampling.py)
+        source = ["source"] if any(e.source for _, e in entries) else []  # sampled phases say so (collectors/stacks.py)
         phase_seconds = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.new(labels=[*labels, "phase", *source])
         current = catalog.GPU_TRAINING_CURRENT_PHASE.new(labels=[*labels, "phase", *source])
         steps = catalog.GPU_TRAINING_STEPS_TOTAL.new()
@@ -443,7 +443,7 @@ def _identity_families(entries: list[tuple[_Key, _Entry]]) -> tuple[Metric, Metr
     info = catalog.GPU_TRAINING_RUN_INFO.new()
     started = catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.new()
     for (run, rank, uuid), entry in entries:
-        if entry.source:  # sampled phases (sampling.py) are no launch of an instrumented job
+        if entry.source:  # sampled phases (collectors/stacks.py) are no launch of an instrumented job
             continue
         labels = {"run": run, "rank": rank, "uuid": uuid, "run_id": entry.run_id}
         started.add_metric(list(labels.values()), entry.started_at)

@@ -5,7 +5,7 @@ Every NVML call goes through :meth:`Nvml.call`, which
 * remembers calls that are NOT_SUPPORTED (or missing from an old driver) per device and
   never repeats them,
 * counts every other failure by function and error name (``gpu_exporter_nvml_errors_total``),
-* turns "GPU is lost" and "driver gone" into exceptions the sampler acts on.
+* turns "GPU is lost" and "driver gone" into exceptions the poller acts on.
 
 Example::
 

@@ -2,10 +2,10 @@
 sample age, GPU count, and HTTP authentication failures; and ``process_*`` (CPU, memory, open
 files), which stay whole at the open-file limit.
 
-They are computed at scrape time from the sampler's bookkeeping, so this module sits beside
-the sampler and imports it; the collectors never import upward. Example::
+They are computed at scrape time from the poller's bookkeeping, so this module sits beside
+the poller and imports it; the collectors never import upward. Example::
 
-    metrics, process = SelfMetrics(sampler), ProcessMetrics()
+    metrics, process = SelfMetrics(poller), ProcessMetrics()
     server = MetricsServer(..., sources=[*collectors, metrics, process], accept_guard=process.guard)
 """
 
@@ -22,7 +22,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
 from gpu_exporter import __version__, catalog
-from gpu_exporter.sampler import Sampler
+from gpu_exporter.poller import Poller
 
 
 def _pynvml_version() -> str:
@@ -33,17 +33,17 @@ def _pynvml_version() -> str:
 
 
 class SelfMetrics:
-    """``gpu_exporter_*`` families, computed at scrape time from the sampler's bookkeeping.
+    """``gpu_exporter_*`` families, computed at scrape time from the poller's bookkeeping.
 
     ``extra_status`` returns the success flag of collectors that do not poll through the
-    sampler (XID thread, Kubernetes attribution), keyed by collector name.
+    poller (XID thread, Kubernetes attribution), keyed by collector name.
     """
 
     name = "self"
 
-    def __init__(self, sampler: Sampler, extra_status: Callable[[], dict[str, bool]] = dict,
+    def __init__(self, poller: Poller, extra_status: Callable[[], dict[str, bool]] = dict,
                  with_age: bool = True) -> None:
-        self._sampler = sampler
+        self._poller = poller
         self._with_age = with_age
         """False where a :class:`SampleAge` source serves the sample age (the exporter, last of its sources)."""
         self._extra_status = extra_status
@@ -63,7 +63,7 @@ class SelfMetrics:
 
         success = catalog.GPU_EXPORTER_COLLECTOR_SUCCESS.new()
         duration = catalog.GPU_EXPORTER_COLLECTOR_DURATION_SECONDS.new()
-        for name, status in sorted(self._sampler.status.items()):
+        for name, status in sorted(self._poller.status.items()):
             success.add_metric([name], 1 if status.success else 0)
             duration.add_metric([name], status.duration_seconds)
         for name, ok in sorted(self._extra_status().items()):
@@ -72,14 +72,14 @@ class SelfMetrics:
         yield duration
 
         errors = catalog.GPU_EXPORTER_NVML_ERRORS_TOTAL.new()
-        for (function, error), count in sorted(self._sampler.nvml.errors.copy().items()):
+        for (function, error), count in sorted(self._poller.nvml.errors.copy().items()):
             errors.add_metric([function, error], count)
         yield errors
 
         if self._with_age:
-            yield from SampleAge(self._sampler).collect()
-        yield catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.new(self._sampler.poll_interval)
-        yield catalog.GPU_EXPORTER_GPUS.new(len(self._sampler.gpus[1]))
+            yield from SampleAge(self._poller).collect()
+        yield catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.new(self._poller.poll_interval)
+        yield catalog.GPU_EXPORTER_GPUS.new(len(self._poller.discovery.gpus))
         with self._lock:
             failures = self._auth_failures
         yield catalog.GPU_EXPORTER_HTTP_AUTH_FAILURES_TOTAL.new(failures)
@@ -93,11 +93,11 @@ class SampleAge:
     name = "age"
     live = True
 
-    def __init__(self, sampler: Sampler) -> None:
-        self._sampler = sampler
+    def __init__(self, poller: Poller) -> None:
+        self._poller = poller
 
     def collect(self) -> Iterator[Metric]:
-        age = self._sampler.sample_age()
+        age = self._poller.sample_age()
         if age is not None:
             yield catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.new(age)
 

@@ -1,6 +1,6 @@
 """HTTP: ``/metrics``, ``/healthz``, ``/readyz``, and ``POST /api/v1/training`` (snapshot ingest).
 
-The server only reads what the sampler and the other collectors have published; it never
+The server only reads what the poller and the other collectors have published; it never
 calls NVML. Basic auth and TLS come from an exporter-toolkit web config file; the health
 endpoints and the ingest endpoint (which has its own bearer token) are exempt from basic auth
 so that orchestrator probes and training jobs need no scrape credentials.
@@ -137,7 +137,7 @@ class MetricsServer(ThreadingHTTPServer):
         self.body = Body(self.sources)
         """The /metrics body; ``body.prepare()`` renders ahead of an expected scrape."""
         self.scrapes = ScrapeForecast()
-        """When the next scrape is due (the sampler prepares the body ahead of it)."""
+        """When the next scrape is due (the poller prepares the body ahead of it)."""
         self.extra_headers = dict(headers or {})
         self.ready = ready
         self.telemetry_path = telemetry_path

@@ -1,12 +1,13 @@
-"""One prometheus_client collector per concern (see each module), and the registry of them all.
+"""One prometheus_client collector per concern (see each module), and the registry of them all;
+``stacks`` is the opt-in py-spy stack sampler, the source of sampled training phases (not registered).
 
 The registry is the one list of collector names: config's ``collectors.disabled`` accepts
 exactly these, the exporter builds its collectors from it, and a new collector is one
 ``register`` line here. A line names the module and class only; nothing is imported until
 the exporter builds the collector, so reading the names (config does) costs nothing.
 
-Modules here import only ``collectors.base``, ``nvml`` and ``exposition``, never the sampler
-or the app: the exporter's own health metrics live beside the sampler (``selfmetrics``).
+Modules here import only ``collectors.base``, ``nvml`` and ``exposition``, never the poller
+or the app: the exporter's own health metrics live beside the poller (``selfmetrics``).
 
 >>> NAMES[:2]
 ('utilization', 'device')
@@ -25,7 +26,7 @@ from typing import Any
 class Registration:
     """One collector: its name (the ``collector`` label), ``module:Class``, and how it runs.
 
-    ``polling``: the sampler calls it every poll (a ``PollingCollector``); False for one that
+    ``polling``: the poller calls it every poll (a ``PollingCollector``); False for one that
     runs its own thread (XID events wait on NVML).
     """
 
@@ -40,7 +41,7 @@ class Registration:
 
 
 REGISTRY: dict[str, Registration] = {}
-"""Every collector by name, in the order the sampler runs them."""
+"""Every collector by name, in the order the poller runs them."""
 
 
 def register(name: str, target: str, *, polling: bool = True) -> None:

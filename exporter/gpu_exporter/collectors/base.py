@@ -1,8 +1,8 @@
 """What every polling collector shares: per-poll metric rows, and their text rendered on demand.
 
-A polling collector reads NVML on the sampler thread (:meth:`PollingCollector.poll`) and
+A polling collector reads NVML on the poller thread (:meth:`PollingCollector.poll`) and
 publishes the values it read as plain rows (label values, value). The first time the text is
-wanted after a publication (a scrape, or the sampler preparing for an expected scrape) the
+wanted after a publication (a scrape, or the poller preparing for an expected scrape) the
 rows are rendered straight to text by ``exposition.Family``, which keeps each series' label
 prefix from one render to the next; later scrapes reuse the text. So no NVML call ever
 happens on the scrape path, a poll that no scrape reads (most of them: the exporter polls
@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -32,6 +33,13 @@ from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, Gpu, GpuLost, Nvml
 
 log = logging.getLogger(__name__)
+
+
+class Discovery(NamedTuple):
+    """The GPUs the poller found last, and the generation of that list: it grows whenever the list changes."""
+
+    generation: int
+    gpus: tuple[Gpu, ...]
 
 
 @dataclass

@@ -226,7 +226,7 @@ class EvidenceCollector(PollingCollector):
         self._seen: set[tuple[str, int]] = set()
         self._listed: set[tuple[str, int]] = set()
         self.processes: tuple[tuple[int, str, str], ...] = ()
-        """(pid, gpu index, uuid) of the visible GPU processes of the latest poll (read by the phase sampler)."""
+        """(pid, gpu index, uuid) of the visible GPU processes of the latest poll (read by the stack sampler)."""
         self._polled: list[tuple[int, str, str]] = []
         self._hidden_logged = False
 

@@ -12,13 +12,14 @@ import contextlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pynvml
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from gpu_exporter import catalog
+from gpu_exporter.collectors.base import Discovery
 from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, DriverLost, Gpu, GpuLost, Nvml, handle_key
 
@@ -32,10 +33,10 @@ class XidCollector:
 
     name = "xid"
 
-    def __init__(self, nvml: Nvml, gpus: Callable[[], tuple[int, Sequence[Gpu]]]) -> None:
-        """``gpus()`` returns (discovery generation, GPUs); a new generation triggers re-registration."""
+    def __init__(self, nvml: Nvml, discovery: Callable[[], Discovery]) -> None:
+        """``discovery()`` gives the poller's latest GPUs; a new generation triggers re-registration."""
         self._nvml = nvml
-        self._gpus = gpus
+        self._discovery = discovery
         self._counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
         self._family = Family(_FAMILY.base, _FAMILY.kind, _FAMILY.help, _FAMILY.labels)
@@ -72,32 +73,32 @@ class XidCollector:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            generation, gpus = self._gpus()
-            if not self._nvml.initialized or not gpus:
+            found = self._discovery()
+            if not self._nvml.initialized or not found.gpus:
                 self._stop.wait(1.0)
                 continue
             try:
-                self._listen(generation, gpus)
+                self._listen(found)
             except (DriverLost, GpuLost, CallFailed) as err:
                 log.warning("XID event listener restarting: %s", err)
                 self.healthy = False
                 self._stop.wait(1.0)
 
-    def _listen(self, generation: int, gpus: Sequence[Gpu]) -> None:
+    def _listen(self, found: Discovery) -> None:
         event_set = self._nvml.call("system", "nvmlEventSetCreate")
         if event_set is None:
             self._stop.wait(5.0)
             return
         try:
             by_handle: dict[int, Gpu] = {}
-            for gpu in gpus:
+            for gpu in found.gpus:
                 supported = self._nvml.call(gpu.uuid, "nvmlDeviceGetSupportedEventTypes", gpu.handle) or 0
                 if supported & pynvml.nvmlEventTypeXidCriticalError:
                     self._nvml.call(gpu.uuid, "nvmlDeviceRegisterEvents", gpu.handle,
                                     pynvml.nvmlEventTypeXidCriticalError, event_set)
                     by_handle[handle_key(gpu.handle)] = gpu
             self.healthy = True
-            while not self._stop.is_set() and self._gpus()[0] == generation:
+            while not self._stop.is_set() and self._discovery().generation == found.generation:
                 if not by_handle:
                     self._stop.wait(1.0)
                     continue

@@ -85,7 +85,7 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
 def _suggest(run: RunView, readings: Readings, gpu: str, t: Thresholds) -> RunView:
     """``run`` with the concrete remedies its reported context allows (gpu_exporter.remedies)."""
     if (run.run, run.rank, gpu) in readings.sampled:
-        run = replace(run, source="sampled", batch_size=None)  # the sampler sees no batch
+        run = replace(run, source="sampled", batch_size=None)  # the stack sampler sees no batch
     ctx = readings.contexts.get((run.run, run.rank, gpu))
     if ctx is None:
         return run

@@ -68,7 +68,7 @@ class Keys:
         return {self.gpu(labels): value for labels, value in pairs}
 
     def sampled(self, pairs: Iterable[tuple[Labels, float]]) -> set[RunKey]:
-        """The runs whose phases the exporter sampled (label ``source="sampled"``, gpu_exporter.sampling)."""
+        """The runs whose phases the exporter sampled (label ``source="sampled"``, gpu_exporter.collectors.stacks)."""
         return {self.run(labels) for labels, _ in pairs if labels.get("source") == "sampled"}
 
 

@@ -43,7 +43,7 @@ class RunView:
     suggestions: dict[str, str] = field(default_factory=dict)
     """Concrete remedy per cause id, from the run's reported context (gpu_exporter.remedies)."""
     source: str = ""
-    """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.sampling)."""
+    """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.collectors.stacks)."""
 
 
 @dataclass(frozen=True)

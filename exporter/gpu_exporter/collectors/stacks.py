@@ -1,4 +1,4 @@
-"""Phases of GPU jobs nobody instrumented, estimated by sampling their Python stacks with py-spy (opt-in).
+"""The stack sampler: phases of GPU jobs nobody instrumented, from their Python stacks with py-spy (opt-in).
 
 With ``sampling.rate`` above 0 (config; off by default), the exporter runs ``py-spy record`` on
 every GPU process the ``evidence`` collector sees, in windows of :data:`WINDOW_SECONDS`, at that

@@ -1,6 +1,6 @@
 """The polling thread: owns NVML, discovers GPUs, runs every polling collector each interval.
 
-Scrapes never call NVML; they read what the last poll published. The sampler also keeps the
+Scrapes never call NVML; they read what the last poll published. The poller also keeps the
 exporter's own health: per-collector success and duration, the time of the newest complete
 poll (for ``/readyz`` and ``gpu_exporter_last_sample_age_seconds``), and NVML recovery: when
 the driver disappears it shuts NVML down, drops per-GPU state and re-initialises on later
@@ -8,10 +8,10 @@ polls without a restart.
 
 Example::
 
-    sampler = Sampler(Nvml(), [UtilizationCollector(), DeviceCollector()], poll_interval=1.0)
-    sampler.start()          # background thread
+    poller = Poller(Nvml(), [UtilizationCollector(), DeviceCollector()], poll_interval=1.0)
+    poller.start()           # background thread
     ...
-    sampler.stop()
+    poller.stop()
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpu_exporter.collectors.base import PollContext, PollingCollector
-from gpu_exporter.nvml import DriverLost, DriverNotFound, Gpu, Nvml
+from gpu_exporter.collectors.base import Discovery, PollContext, PollingCollector
+from gpu_exporter.nvml import DriverLost, DriverNotFound, Nvml
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ class CollectorStatus:
     duration_seconds: float
 
 
-class Sampler:
-    """Background NVML poller; thread-safe readers: :attr:`gpus`, :attr:`status`, :meth:`sample_age`."""
+class Poller:
+    """Background NVML poller; thread-safe readers: :attr:`discovery`, :attr:`status`, :meth:`sample_age`."""
 
     def __init__(self, nvml: Nvml, collectors: Sequence[PollingCollector], poll_interval: float = 1.0,
                  discovery_interval: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -46,20 +46,20 @@ class Sampler:
         self.poll_interval = poll_interval
         self.discovery_interval = discovery_interval
         self._clock = clock
-        self._gpus: tuple[int, tuple[Gpu, ...]] = (0, ())
+        self._discovery = Discovery(0, ())
         self._discovered_at: float | None = None
         self.status: dict[str, CollectorStatus] = {}
         self.last_complete_poll: float | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpu-exporter-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="gpu-exporter-poller", daemon=True)
         self._driver_ok: bool | None = None
         self.after_poll: Callable[[], None] | None = None
-        """Called on the sampler thread after each complete poll (the exporter prepares an expected scrape)."""
+        """Called on the poller thread after each complete poll (the exporter prepares an expected scrape)."""
 
     @property
-    def gpus(self) -> tuple[int, tuple[Gpu, ...]]:
-        """(discovery generation, GPUs found); the generation grows whenever the list changes."""
-        return self._gpus
+    def discovery(self) -> Discovery:
+        """The GPUs found and their generation, which grows whenever the list changes (replaced whole)."""
+        return self._discovery
 
     def sample_age(self) -> float | None:
         """Seconds since the newest complete poll, or None before the first."""
@@ -89,7 +89,7 @@ class Sampler:
         try:
             if self._discovered_at is None or now - self._discovered_at >= self.discovery_interval:
                 self._discover(now)
-            ctx = PollContext(nvml=self.nvml, gpus=self._gpus[1], now=now)
+            ctx = PollContext(nvml=self.nvml, gpus=self._discovery.gpus, now=now)
             for collector in self.collectors:
                 started = self._clock()
                 try:
@@ -128,17 +128,17 @@ class Sampler:
 
     def _discover(self, now: float) -> None:
         gpus = tuple(self.nvml.discover())
-        old = self._gpus[1]
+        old = self._discovery.gpus
         if [(g.uuid, g.index, tuple(m.uuid for m in g.mig_instances)) for g in gpus] != [
                 (g.uuid, g.index, tuple(m.uuid for m in g.mig_instances)) for g in old]:
             log.info("found %d GPU(s): %s", len(gpus), ", ".join(f"{g.index}={g.uuid}" for g in gpus) or "none")
-            self._gpus = (self._gpus[0] + 1, gpus)
+            self._discovery = Discovery(self._discovery.generation + 1, gpus)
         self._discovered_at = now
 
     def _lose_driver(self, reason: str) -> None:
         log.error("NVML stopped answering (%s); will re-initialise", reason)
         self._driver_ok = False
         self.nvml.shutdown()
-        self._gpus = (self._gpus[0] + 1, ())
+        self._discovery = Discovery(self._discovery.generation + 1, ())
         for collector in self.collectors:
             collector.reset()
