@@ -513,7 +513,8 @@ def details(figs: Sequence[Figures]) -> str:
         slow = sorted(f.queries, reverse=True)[:3]
         out.append(
             f"- {f.gpus:,} GPUs ({f.nodes} nodes, {f.runs} training runs): scrape every {f.scrape_interval:g} s, "
-            f"evaluation every {EVALUATION_INTERVAL:g} s, {f.seconds:g} s sampled "
+            f"rule groups every {'/'.join(sorted({f'{v:g}' for v in f.intervals.values()})) or '?'} s, "
+            f"{f.seconds:g} s sampled "
             f"({min(len(v) for v in f.groups.values()) if f.groups else 0} evaluations per group); load average "
             f"{f.load[0]:.1f} -> {f.load[1]:.1f} on {os.cpu_count()} CPUs; evaluations missed: {f.missed:g}; "
             f"ALERTS series: {f.alert_series:g}; recorded series not per GPU or run: {f.recorded_other_series:g}; "
