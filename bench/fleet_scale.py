@@ -18,10 +18,9 @@ default, so the rate windows fill fast: a 5m window then holds 3x the samples of
 which can only overstate the rules' cost) and evaluating each group at its shipped ``interval``
 (``rule_interval`` in thresholds.yml: every minute). After the first rule results appear and
 ``--warmup`` seconds more, it samples ``prometheus_rule_group_last_duration_seconds`` of each group
-once per evaluation for ``--seconds``,
-then reads the series counts, Prometheus' memory, runs every panel query of the dashboards
-(instant, and as a range over the last 5 minutes at a 15 s step) and ``gpu-exporter diagnose
---prometheus-url`` over the whole fleet. The 10,000-GPU column is extrapolated: a straight line
+once per evaluation for ``--seconds``, then reads the series counts, Prometheus' memory, runs every
+panel query of the dashboards (instant, and as a range over the last 5 minutes at a 15 s step) and
+``gpu-exporter diagnose --prometheus-url`` over the whole fleet. The 10,000-GPU column is extrapolated: a straight line
 through the two largest measured sizes (the measured slope), marked ``~``.
 """
 
@@ -559,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[12, 124],
                         help="fleet sizes in 8-GPU nodes (default 12 124: 96 and 992 GPUs)")
     parser.add_argument("--seconds", type=float, default=180,
-                        help="rule evaluations sampled for (default 180: three at the shipped 1m interval)")
+                        help="rule evaluations sampled for (default 180: three of a group at rule_interval 1m)")
     parser.add_argument("--warmup", type=float, default=660,
                         help="seconds after the first rule results before sampling (default 660: the 10m "
                              "windows of the alerts' hysteresis fill, and the low rates of the start leave them)")
