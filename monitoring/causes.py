@@ -23,7 +23,7 @@ RECORDING = "gpu-cause.recording"
 ALERTS = "gpu-cause-{cause}.alerts"
 """The cause alerts' groups, one per cause (its warning and info alert): Prometheus evaluates groups
 concurrently, and each stays within its interval on a large fleet (docs/fleet.md)."""
-LEVELS = {lv.level: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
+LEVELS = {lv.name: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
 """Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
 LEVEL_SERIES = m.RUN_USEFUL_UTILIZATION_LEVEL.name

@@ -44,10 +44,10 @@ RATES = (
 
 def _condition(hint: Hint) -> str:
     """PromQL of the hint on one process; the value is the reading that passes (as in find_hints)."""
-    if hint.hint == STORAGE_WAIT:
+    if hint.name == STORAGE_WAIT:
         return (f'max without (state) ({m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="disk"}})'
                 " > ${evidence_io_wait_share}")
-    if hint.hint == MAIN_BUSY:
+    if hint.name == MAIN_BUSY:
         return (f'max without (state) ({m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="running"}})'
                 f" >= ${{evidence_busy_core_ratio}}\nand\n{m.GPU_PROCESS_CHILD_PROCESSES.name} == 0")
     return (f"{m.PROCESS_CHILDREN_CPU_RATE5M.name}\n/\n({m.GPU_PROCESS_CHILD_PROCESSES.name} > 0)\n"
@@ -63,13 +63,13 @@ def records() -> list[Record]:
     for hint in HINTS:
         expr = f"(\n{indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{indent(UNINSTRUMENTED, 2)}\n)\n"
         rules.append(Record(RECORDING, m.PROCESS_HINT_VALUE.name, expr,
-                            (("hint", hint.hint), ("code", hint.code)),
+                            (("hint", hint.name), ("code", hint.code)),
                             f"{hint.label}: {hint.finding.format(value='<value>')}."))
     return rules
 
 
 def _finding(hint: Hint) -> str:
-    value = ("{{ $value | humanizePercentage }} of one core" if hint.hint == WORKERS_BUSY else
+    value = ("{{ $value | humanizePercentage }} of one core" if hint.name == WORKERS_BUSY else
              "{{ $value | humanizePercentage }}")
     return hint.finding.format(value=value)
 
@@ -90,7 +90,7 @@ def _evidence_alert(hint: Hint, lvl: str) -> Alert:
     the low line within alert_hold, as GpuUtilizationLow judges it) is a warning that replaces GpuUtilizationLow
     (prometheus/alertmanager.yml inhibits that for the GPU); ``target`` (the rest, up to the target) is info."""
     keep = "and" if lvl == LOW else "unless"
-    expr = (f'(\n    {m.PROCESS_HINT_VALUE.name}{{hint="{hint.hint}"}}\n  {keep} on ({C}, uuid)\n'
+    expr = (f'(\n    {m.PROCESS_HINT_VALUE.name}{{hint="{hint.name}"}}\n  {keep} on ({C}, uuid)\n'
             f"    {HELD_LOW}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     description = (
@@ -98,7 +98,7 @@ def _evidence_alert(hint: Hint, lvl: str) -> Alert:
         "{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}, reports no training phases "
         f"(not instrumented), and {_finding(hint)}. The GPU is at {GPU_NOW}, {GAP[lvl]}: {hint.label}. "
         f"{hint.advice}")
-    labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl), ("hint", hint.hint))
+    labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl), ("hint", hint.name))
     return Alert(ALERTS, EVIDENCE_ALERT, expr, "cause_for", labels,
                  f"{SUMMARY[lvl]}; its processes point at {hint.label}.", wrap(description))
 

@@ -112,7 +112,7 @@ class Config:
         the level below it: red below ``utilization_low_threshold``, yellow below ``utilization_target``,
         green above."""
         starts = [None, *(self.num(lv.key) for lv in LEVELS)]
-        colours = [*(LEVEL_COLOURS[lv.level] for lv in LEVELS), LEVEL_COLOURS[OK]]
+        colours = [*(LEVEL_COLOURS[lv.name] for lv in LEVELS), LEVEL_COLOURS[OK]]
         return steps(*zip(colours, starts, strict=True))
 
 

@@ -357,11 +357,11 @@ def ladder_verdict(case: GpuCase) -> str:
     view = GpuView(case.gpu_uuid, "0", "NVIDIA H100", "n1", case.utilization, case.memory, len(procs), (), runs,
                    procs, cluster=case.cluster)
     verdict = judge(view, t)
-    if verdict.verdict in CAUSE_IDS:
+    if verdict.name in CAUSE_IDS:
         return "cause"
-    if verdict.verdict == "healthy":
+    if verdict.name == "healthy":
         return "none"
-    return verdict.verdict
+    return verdict.name
 
 
 def _alert_expr(name: str) -> str:

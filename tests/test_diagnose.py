@@ -227,32 +227,32 @@ def _view(util: float | None, memory: float, processes: int = 1, runs: tuple[Run
 
 def test_judge_thresholds_come_from_the_rules_file() -> None:
     t = load_thresholds()
-    assert judge(_view(0.85, 0.5), t).verdict == "healthy"  # at target counts as at target
+    assert judge(_view(0.85, 0.5), t).name == "healthy"  # at target counts as at target
     assert judge(_view(0.84, 0.5), t).title == "below target: not instrumented"
     assert judge(_view(0.29, 0.5), t).title == "not instrumented"
     idle = judge(_view(0.01, 0.5), t)
-    assert (idle.verdict, idle.reason) == (
+    assert (idle.name, idle.reason) == (
         "idle_but_allocated", "1% utilization while pid 70000 python train.py (2.0 GiB) holds the GPU.")
-    assert judge(_view(0.01, 0.01, processes=0), t).verdict == "unused"
+    assert judge(_view(0.01, 0.01, processes=0), t).name == "unused"
     # a live run on the GPU is work even without a process or memory; a finished one is not
-    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}),)), t).verdict == "batch_too_small"
-    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}, live=False),)), t).verdict == "unused"
-    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.30, "compute": 0.7}),)), t).verdict == "underutilized"
-    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.31, "compute": 0.69}),)), t).verdict == "input_bound"
-    assert judge(_view(0.2, 0.5, runs=(_run({"metrics": 0.21, "compute": 0.79}),)), t).verdict == "metrics_bound"
-    assert judge(_view(0.2, 0.5, runs=(_run({"checkpoint": 0.72, "compute": 0.28}),)), t).verdict == "checkpoint"
+    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}),)), t).name == "batch_too_small"
+    assert judge(_view(0.01, 0.01, processes=0, runs=(_run({"compute": 1.0}, live=False),)), t).name == "unused"
+    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.30, "compute": 0.7}),)), t).name == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"data": 0.31, "compute": 0.69}),)), t).name == "input_bound"
+    assert judge(_view(0.2, 0.5, runs=(_run({"metrics": 0.21, "compute": 0.79}),)), t).name == "metrics_bound"
+    assert judge(_view(0.2, 0.5, runs=(_run({"checkpoint": 0.72, "compute": 0.28}),)), t).name == "checkpoint"
     # M3: busy for less than half the compute phase, memory below batch_memory_used_ratio (0.5)
     m3 = judge(_view(0.2, 0.49, runs=(_run({"compute": 0.9}),)), t)
-    assert (m3.verdict, m3.projected, m3.code, m3.level) == ("batch_too_small", 0.9, "M3", "low")
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 0.9}),)), t).verdict == "underutilized"
+    assert (m3.name, m3.projected, m3.code, m3.level) == ("batch_too_small", 0.9, "M3", "low")
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 0.9}),)), t).name == "underutilized"
     assert judge(_view(0.5, 0.3, runs=(_run({"compute": 0.9}),)), t).title == "below target: no single cause"
     # M4: more than 3 retries per 10m; a longer window scales the limit; any OOM counts below target
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=3),)), t).verdict == "underutilized"
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t).verdict == "allocator"
-    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),), window=3600), t).verdict == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=3),)), t).name == "underutilized"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),)), t).name == "allocator"
+    assert judge(_view(0.2, 0.5, runs=(_run({"compute": 1}, retries=4),), window=3600), t).name == "underutilized"
     oom = judge(_view(0.5, 0.5, runs=(_run({"compute": 1}, ooms=1),)), t)
     assert oom.title == "below target: allocator trouble (M4)"
-    assert judge(_view(None, 0.5), t).verdict == "unknown"
+    assert judge(_view(None, 0.5), t).name == "unknown"
 
 
 def test_below_target_names_the_cause_with_its_projection() -> None:
@@ -267,7 +267,7 @@ def test_below_target_names_the_cause_with_its_projection() -> None:
     # a finished run next to a live one: only the live run is judged
     finished = _run({"data": 0.9, "compute": 0.1}, live=False)
     live = RunView("live", "0", {"metrics": 0.6, "compute": 0.4}, 60.0, False, 8.0, 0.0, 0.0)
-    assert judge(_view(0.2, 0.5, runs=(finished, live)), t).verdict == "metrics_bound"
+    assert judge(_view(0.2, 0.5, runs=(finished, live)), t).name == "metrics_bound"
 
 
 def _snap(phases: dict[str, float], at: float) -> Snapshot:
@@ -313,7 +313,7 @@ def test_only_live_runs_are_judged_and_runs_without_a_uuid_are_listed() -> None:
     assert {r.run: r.live for r in view.runs} == {"live": True, "finished": False, "stale": False}
     # the finished and stale runs wait on data 90% of the time, yet only the live one is judged
     verdict = judge(view, t)
-    assert verdict.verdict == "batch_too_small" and "run live rank 0" in verdict.reason, verdict
+    assert verdict.name == "batch_too_small" and "run live rank 0" in verdict.reason, verdict
     assert unjoined_runs(readings) == [("nouuid", "0")]
 
 

@@ -134,11 +134,11 @@ def signals(running: float = 0.0, children: float = 0.0, kids: int = 0, disk: fl
     (signals(running=0.5, disk=0.5), [STORAGE_WAIT]),
 ])
 def test_hint_table_rows(p: ProcessSignals, expected: list[str]) -> None:
-    assert [h.hint for h, _ in find_hints(p, T)] == expected
+    assert [h.name for h, _ in find_hints(p, T)] == expected
 
 
 def test_every_hint_is_m1_with_advice() -> None:
-    assert [h.hint for h in HINTS] == [STORAGE_WAIT, MAIN_BUSY, WORKERS_BUSY]
+    assert [h.name for h in HINTS] == [STORAGE_WAIT, MAIN_BUSY, WORKERS_BUSY]
     assert all(h.code == "M1" and h.advice.startswith("M1:") for h in HINTS)
 
 
@@ -189,9 +189,9 @@ def _promtool_doc() -> tuple[dict[str, Any], list[str]]:
                                                                    "disk": c.disk, "other": 0.0})
         below = c.utilization < T.utilization_target and not c.reported
         for hint, value in (find_hints(signals, T) if below else []):
-            names.append(hint.hint)
+            names.append(hint.name)
             expected.append({"labels": f'process:gpu_process_hint:value{{code="{hint.code}",gpu="{gpu}",'
-                                       f'hint="{hint.hint}",instance="n1:9445",job="gpu-exporter",pid="{pid}",'
+                                       f'hint="{hint.name}",instance="n1:9445",job="gpu-exporter",pid="{pid}",'
                                        f'uuid="{uuid}"}}', "value": value})
     doc = {"rule_files": [str(Path(__file__).resolve().parents[1] / "prometheus" / "rules" /
                               "gpu-recording.rules.yml")],

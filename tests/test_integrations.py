@@ -223,15 +223,15 @@ def test_reported_shares_match_the_jobs_own_timers(exporter: str, integration: s
         verdicts[loop] = verdict(busy[loop], {p: v / total for p, v in reported.items()}, total)
     print(f"\n{integration}: phase -> [reported share, own timers' share (compute: the device's)]; verdict")
     for loop, shares in table.items():
-        print(f"  {loop}: {json.dumps(shares)}; {verdicts[loop].title} ({verdicts[loop].verdict})")
+        print(f"  {loop}: {json.dumps(shares)}; {verdicts[loop].title} ({verdicts[loop].name})")
     for loop, shares in table.items():
         for phase, (reported_share, own_share) in shares.items():
             assert reported_share == pytest.approx(own_share, abs=TOLERANCE), (integration, loop, phase, table)
         main = MAIN_PHASE[loop]
         assert shares[main][1] > 0.5, (loop, shares)  # the loop does what its name says
         judged = verdicts[loop]
-        assert judged.verdict in EXPECTED_VERDICT[loop], (integration, loop, judged)
-        if judged.verdict == "underutilized":  # the healthy loop near the target: never the low line's warning
+        assert judged.name in EXPECTED_VERDICT[loop], (integration, loop, judged)
+        if judged.name == "underutilized":  # the healthy loop near the target: never the low line's warning
             assert judged.level == TARGET, (integration, loop, judged)
 
 

@@ -45,16 +45,16 @@ def test_the_server_and_the_status_page_import_no_command_module() -> None:
 
 
 def test_the_ladder_has_every_verdict_once_and_every_cause_as_a_row() -> None:
-    rows = [row.row for row in LADDER]
+    rows = [row.name for row in LADDER]
     assert len(rows) == len(set(rows))
     assert {c.cause for c in CAUSES} <= set(rows)
     assert {"unknown", "healthy", "unused", "idle_but_allocated", "not_instrumented", "not_instrumented_evidence",
             "underutilized"} <= set(rows)
     for row in LADDER:  # every key a row names is a real threshold, every row below target has a runbook or none
         for key in row.keys:
-            assert hasattr(T, key), (row.row, key)
-        assert row.promql, row.row
-    assert [d["level"] for d in describe(T)] == [lv.level for lv in LEVELS]
+            assert hasattr(T, key), (row.name, key)
+        assert row.promql, row.name
+    assert [d["level"] for d in describe(T)] == [lv.name for lv in LEVELS]
     assert [d["below"] for d in describe(T)] == [T.utilization_low_threshold, T.utilization_target]
 
 
@@ -82,23 +82,23 @@ def test_every_rows_promql_names_the_shipped_rules_that_express_it() -> None:
     for row in LADDER:
         named_alerts = re.findall(r"\bGpu[A-Z]\w+", row.promql)
         named_series = re.findall(r"\b[a-z]+:[a-z0-9_]+:[a-z0-9_]+\b", row.promql)
-        assert named_alerts or named_series, (row.row, row.promql)
+        assert named_alerts or named_series, (row.name, row.promql)
         for alert in named_alerts:
-            assert alert in alerts, (row.row, alert)
+            assert alert in alerts, (row.name, alert)
         for series in named_series:
-            assert series in records, (row.row, series)
+            assert series in records, (row.name, series)
         if row.anchor:
-            assert row.anchor in sections, (row.row, row.anchor)
-        if row.row in causes:
-            cause = causes[row.row]
+            assert row.anchor in sections, (row.name, row.anchor)
+        if row.name in causes:
+            cause = causes[row.name]
             selector = f'{catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause="{cause.cause}"}}'
-            assert named_alerts == [cause.alert] and selector in row.promql, (row.row, row.promql)
-            assert any(selector in expr for expr in alerts[cause.alert]), (row.row, alerts[cause.alert])
+            assert named_alerts == [cause.alert] and selector in row.promql, (row.name, row.promql)
+            assert any(selector in expr for expr in alerts[cause.alert]), (row.name, alerts[cause.alert])
             # one share rule per cause; it takes its level from the run's recorded level, one rule per level
             assert [labels.get("level") for labels in records[named_series[0]]
-                    if labels.get("cause") == cause.cause] == [None], row.row
-            assert {lv.level for lv in LEVELS} == {labels["level"] for labels in
-                                                   records[catalog.RUN_USEFUL_UTILIZATION_LEVEL.name]}, row.row
+                    if labels.get("cause") == cause.cause] == [None], row.name
+            assert {lv.name for lv in LEVELS} == {labels["level"] for labels in
+                                                   records[catalog.RUN_USEFUL_UTILIZATION_LEVEL.name]}, row.name
 
 
 class FakePrometheus:
@@ -144,7 +144,7 @@ def _fleet() -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def _verdicts(readings: Any) -> dict[str, tuple[str, str, int]]:
     views = build_views(readings, T, 300.0)
-    return {v.cluster: (v.uuid, judge(v, T).verdict, len(v.runs)) for v in views}
+    return {v.cluster: (v.uuid, judge(v, T).name, len(v.runs)) for v in views}
 
 
 def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
@@ -154,7 +154,7 @@ def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
     assert _verdicts(from_prometheus_window(prom, 600.0, T.cluster_label)) == expected
     # Keyed by uuid alone (the old behaviour) the two GPUs would share one key: the test can tell.
     merged = build_views(from_prometheus(prom, ""), T, 300.0)
-    assert {judge(v, T).verdict for v in merged} == {"input_bound"}
+    assert {judge(v, T).name for v in merged} == {"input_bound"}
 
 
 def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> None:
@@ -166,7 +166,7 @@ def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> No
     for utilization, alert in ((0.1, "GpuUtilizationLow"), (0.5, "GpuUtilizationBelowTarget")):
         view = GpuView("GPU-x", "0", "NVIDIA H100", "n1", utilization, 0.5, 1, (), (), (Process("7", "python", 4e10),))
         verdict = judge(view, T)
-        assert verdict.verdict == "not_instrumented", verdict
+        assert verdict.name == "not_instrumented", verdict
         assert verdict.runbook == T.runbook_url(model.alert(alert).anchor), (utilization, verdict.runbook)
 
 
@@ -186,20 +186,20 @@ def test_a_busy_rank_waiting_in_collectives_is_judged_at_its_useful_utilization(
                         live={key("0"), key("1")})
     waiting, straggler = build_views(readings, T, 300.0)
     verdict = judge(waiting, T)
-    assert (verdict.verdict, verdict.level, verdict.title) == ("straggler", "target",
+    assert (verdict.name, verdict.level, verdict.title) == ("straggler", "target",
                                                               "below target: waiting for a straggler (ST)")
     assert verdict.reason.startswith("35% useful (95% busy, 65% of the step in collectives) now, at most ~87% if "
                                      "rank 1 kept up"), verdict.reason
-    assert judge(straggler, T).verdict == "input_bound"
+    assert judge(straggler, T).name == "input_bound"
     # The same GPU whose run spends 5% in collectives is healthy, and says its utilization as before.
     readings.phase_total[key("0")] = {"compute": 95.0, "communication": 5.0}
     readings.phase_total[key("1")] = {"compute": 95.0, "communication": 5.0}
     readings.utilization["GPU-1"] = 0.95
     healthy = judge(build_views(readings, T, 300.0)[0], T)
-    assert (healthy.verdict, healthy.reason) == ("healthy", "95% utilization, at or above the 85% target.")
+    assert (healthy.name, healthy.reason) == ("healthy", "95% utilization, at or above the 85% target.")
     # 95% busy with a quarter of the step in collectives and no cause: below target, saying why.
     readings.phase_total[key("0")] = {"compute": 75.0, "communication": 25.0}
     readings.phase_total[key("1")] = {"compute": 75.0, "communication": 25.0}
     below = judge(build_views(readings, T, 300.0)[0], T)
-    assert (below.verdict, below.level) == ("underutilized", "target")
+    assert (below.name, below.level) == ("underutilized", "target")
     assert below.reason.startswith("75% useful utilization (95% busy, 25% of the step in collectives) (target 85%)")

@@ -91,7 +91,7 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
             "pods": list(view.pods),
             "runs": [{"run": r.run, "rank": r.rank, "live": r.live, "since_start": r.since_start,
                       "phases": [[p, r.shares[p]] for p in _phase_order(r.shares)]} for r in view.runs],
-            "verdict": {"verdict": verdict.verdict, "title": verdict.title, "code": verdict.code,
+            "verdict": {"verdict": verdict.name, "title": verdict.title, "code": verdict.code,
                         "level": verdict.level, "reason": verdict.reason, "remedy": verdict.remedy,
                         "runbook": verdict.runbook, "below_target": verdict.below_target},
         })

@@ -108,7 +108,7 @@ def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_
         "gpus": [{**_plain(view, skip=("runs", "process_list")), "process_list": _plain(view.process_list),
                   "runs": [{**_plain(r, skip=("findings",)), "causes": [_finding_doc(f) for f in r.findings]}
                            for r in view.runs],
-                  "verdict": _plain(verdict)}
+                  "verdict": {"verdict": verdict.name, **_plain(verdict, skip=("name",))}}
                  for view, verdict in results],
         "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
         "distributed_runs": ranks.to_doc(ranks.distributed_runs(results)),

@@ -275,7 +275,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 key = next((k for k in ((run, rank, g) for g in gpu_keys) if k in readings.launches), None)
                 launch = (run, readings.launches[key][0] if key else "")
             points.append(Point(ts, f"{view.cluster}/{view.uuid}" if view.cluster else view.uuid, view.uuid,
-                                view.node, view.name, view.pods, verdict.verdict, verdict.title, verdict.code,
+                                view.node, view.name, view.pods, verdict.name, verdict.title, verdict.code,
                                 verdict.below_target, view.utilization, verdict.remedy, launch, seconds,
                                 not live and any(r.live for r in view.runs)))
     rows = _launches(prom, start, end, now)

@@ -623,7 +623,7 @@ def cores(value: float) -> str:
 class Hint:
     """One row of the evidence table: a condition on a process's readings and what it points at."""
 
-    hint: str
+    name: str
     code: str
     title: str
     keys: tuple[str, ...]
@@ -658,7 +658,7 @@ HINTS: tuple[Hint, ...] = (
 )
 """Every hint, in the order diagnose prefers them."""
 
-HINTS_BY_ID: dict[str, Hint] = {h.hint: h for h in HINTS}
+HINTS_BY_ID: dict[str, Hint] = {h.name: h for h in HINTS}
 
 
 def find_hints(p: ProcessSignals, t: Thresholds) -> list[tuple[Hint, float]]:
@@ -669,15 +669,15 @@ def find_hints(p: ProcessSignals, t: Thresholds) -> list[tuple[Hint, float]]:
 
     >>> from gpu_exporter.thresholds import load_thresholds
     >>> t = load_thresholds()
-    >>> [h.hint for h, _ in find_hints(ProcessSignals("1", 0.98, 0.0, 0, {"running": 0.97, "sleeping": 0.03}), t)]
+    >>> [h.name for h, _ in find_hints(ProcessSignals("1", 0.98, 0.0, 0, {"running": 0.97, "sleeping": 0.03}), t)]
     ['main_busy']
     """
     found: list[tuple[Hint, float]] = []
     for hint in HINTS:
-        if hint.hint == STORAGE_WAIT:
+        if hint.name == STORAGE_WAIT:
             value = p.states.get("disk", 0.0)
             passes = value > t.evidence_io_wait_share
-        elif hint.hint == MAIN_BUSY:  # runnable, not CPU seconds: a loaded node must not hide a CPU-bound job
+        elif hint.name == MAIN_BUSY:  # runnable, not CPU seconds: a loaded node must not hide a CPU-bound job
             value = p.states.get("running", 0.0)
             passes = p.child_processes == 0 and value >= t.evidence_busy_core_ratio
         else:
@@ -690,4 +690,4 @@ def find_hints(p: ProcessSignals, t: Thresholds) -> list[tuple[Hint, float]]:
 
 def hint_text(hint: Hint, value: float) -> str:
     """The hint's finding with its value: ``"the main process uses 98% of one core with 0 worker ..."``."""
-    return hint.finding.format(value=cores(value) if hint.hint == WORKERS_BUSY else pct(value))
+    return hint.finding.format(value=cores(value) if hint.name == WORKERS_BUSY else pct(value))

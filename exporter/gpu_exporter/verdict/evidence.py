@@ -102,7 +102,7 @@ def from_series(query: Callable[[str], list[tuple[Labels, float]]]
         if hint is not None:
             hints.setdefault(_key(labels), []).append((hint, value))
     order = list(HINTS_BY_ID)
-    return signals, {k: sorted(v, key=lambda hv: order.index(hv[0].hint)) for k, v in hints.items()}
+    return signals, {k: sorted(v, key=lambda hv: order.index(hv[0].name)) for k, v in hints.items()}
 
 
 def explain(uuid: str, processes: Iterable[ProcessSignals], t: Thresholds,

@@ -63,7 +63,7 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
             utilization=readings.utilization.get(gpu), memory_used_ratio=memory.get(gpu),
             processes=len(procs), pods=tuple(sorted(readings.pods.get(gpu, ()))),
             runs=tuple(sorted(runs.get(gpu, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs,
-            evidence=seen, evidence_hint=hint[0].hint if hint else "",
+            evidence=seen, evidence_hint=hint[0].name if hint else "",
             evidence_finding=hint[1] if hint else "", evidence_text=text,
             cluster=labels.get(readings.cluster_label, "") if readings.cluster_label else ""))
     return ranks.name_straggler_causes(

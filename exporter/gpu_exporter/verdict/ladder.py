@@ -33,7 +33,7 @@ capped by ``1 - communication share`` of its live run, so a rank that waits in s
 kernels is not called healthy; a GPU with no live run keeps ``u``. "Idle but allocated" reads
 ``u`` itself (a GPU in a spinning collective is not idle; its run's ST or CM names the wait).
 
->>> [row.row for row in LADDER][:4]
+>>> [row.name for row in LADDER][:4]
 ['unknown', 'healthy', 'unused', 'input_bound']
 """
 
@@ -59,7 +59,7 @@ for batch in run.data(loader):                # time spent waiting for the batch
 BELOW_TARGET_ANCHOR = "gpuutilizationbelowtarget"
 """The runbook section of GpuUtilizationBelowTarget (monitoring.model.anchor derives the same for the alert)."""
 
-BELOW = tuple(lv.level for lv in LEVELS)
+BELOW = tuple(lv.name for lv in LEVELS)
 """The levels below target: the rows that say why a GPU is below its target apply at these."""
 
 
@@ -93,7 +93,7 @@ class Facts:
 class Row:
     """One verdict of the ladder. ``holds`` is its condition, ``say`` the verdict it gives."""
 
-    row: str
+    name: str
     verdict: str
     title: str
     when: str
@@ -200,7 +200,7 @@ def _suggested(run: RunView, verdict: Verdict) -> Verdict:
     if run.source:
         verdict = replace(verdict, reason=f"{verdict.reason} (Phases sampled from the Python stack with py-spy, "
                                           "not reported by the job.)")
-    text = run.suggestions.get(verdict.verdict, "")
+    text = run.suggestions.get(verdict.name, "")
     if not text:
         return verdict
     return replace(verdict, reason=f"{verdict.reason} {verdict.title.split(': ')[-1]}: {text}.",
@@ -262,7 +262,7 @@ LADDER: tuple[Row, ...] = (
 )
 """Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""
 
-BY_ROW: dict[str, Row] = {row.row: row for row in LADDER}
+BY_ROW: dict[str, Row] = {row.name: row for row in LADDER}
 
 
 def judge(view: GpuView, t: Thresholds) -> Verdict:

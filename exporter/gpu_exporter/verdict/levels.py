@@ -47,7 +47,7 @@ class Level:
     """One level: utilization below the thresholds.yml value of ``key`` (and at or above the previous level's);
     ``severity``: that of the cause alerts (and the evidence alert) at this level."""
 
-    level: str
+    name: str
     key: str
     severity: str
 
@@ -64,14 +64,14 @@ LEVELS: tuple[Level, ...] = (
 )
 """The levels, lowest first. A utilization matches the first level whose line it is below."""
 
-BY_LEVEL: dict[str, Level] = {lv.level: lv for lv in LEVELS}
+BY_LEVEL: dict[str, Level] = {lv.name: lv for lv in LEVELS}
 
 
 def level(utilization: float, t: Thresholds) -> str | None:
     """``"low"``, ``"target"`` or None (at or above ``utilization_target``)."""
     for lv in LEVELS:
         if utilization < lv.below(t):
-            return lv.level
+            return lv.name
     return None
 
 
@@ -105,4 +105,4 @@ def useful_text(utilization: float, *shares: Mapping[str, float], noun: str = ""
 
 def describe(t: Thresholds) -> list[dict[str, Any]]:
     """The levels with their lines under ``t``, for JSON clients (the status page's script)."""
-    return [{"level": lv.level, "key": lv.key, "below": lv.below(t)} for lv in LEVELS]
+    return [{"level": lv.name, "key": lv.key, "below": lv.below(t)} for lv in LEVELS]

@@ -83,7 +83,7 @@ class GpuView:
 class Verdict:
     """The diagnosis of one GPU. ``projected`` is the utilization reachable without the cause."""
 
-    verdict: str
+    name: str
     title: str
     reason: str
     remedy: str = ""
