@@ -12,6 +12,7 @@ training runs with causes), and checks the budgets of docs/fleet.md::
     python -m bench.fleet_scale --update-docs            # and write its section of docs/benchmarks.md
     python -m bench.fleet_scale --annotations-ab --nodes 124 --seconds 180   # what the alert templates cost
     python -m bench.fleet_scale --ab-revision HEAD~1 --nodes 124 --seconds 180  # these rules against older ones
+    python -m bench.fleet_scale --diagnose-ab HEAD~1                 # fleet-wide diagnose against an older one
 
 Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
 default, so the rate windows fill fast: a 5m window then holds 3x the samples of a 15 s scrape,
@@ -34,6 +35,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -226,10 +228,10 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_diagnose(prom: str) -> tuple[float, int]:
+def run_diagnose(prom: str, exporter: Path = REPO / "exporter") -> tuple[float, int]:
     """Wall seconds and exit status of ``gpu-exporter diagnose --prometheus-url`` over the fleet
-    (a fresh Python process, as an operator runs it)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+    (a fresh Python process, as an operator runs it), with the package at ``exporter``."""
+    env = dict(os.environ, PYTHONPATH=str(exporter))
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "gpu_exporter", "diagnose", "--prometheus-url", prom,
                            "--output", "json"], capture_output=True, text=True, env=env, timeout=300, check=False)
@@ -341,6 +343,40 @@ def rules_ab(nodes: int, seconds: float, other: dict[str, str], other_name: str,
                      f"{statistics.median(b.get(group) or [0.0]) * 1000:,.1f} |")
     lines.append(f"| all groups (sum) | {sum(statistics.median(v) for v in a.values()) * 1000:,.1f} | "
                  f"{sum(statistics.median(v) for v in b.values()) * 1000:,.1f} |")
+    return "\n".join(lines)
+
+
+def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = 7, scrape_interval: float = 5.0) -> str:
+    """Fleet-wide ``diagnose --prometheus-url`` of this tree and of git ``revision``, side by side: for each fleet
+    size, one Prometheus with the shipped rules, and the two commands run in turn ``rounds`` times once every
+    GPU has its utilization series. The median wall time of each, and each extrapolated to 10,000 GPUs."""
+    times: dict[str, list[float]] = {"this tree": [], revision: []}
+    with contextlib.ExitStack() as stack:
+        old = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="diagnose-ab-")))
+        archive = subprocess.run(["git", "archive", revision, "exporter"], cwd=REPO, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        trees = {"this tree": REPO / "exporter", revision: old / "exporter"}
+        for nodes in sizes:
+            with simulator(nodes) as (hostport, _), \
+                    run_prometheus(prometheus_config(nodes, hostport, scrape_interval), files=fleet.shipped_rules(),
+                                   ready_timeout=60, rule_intervals=True) as prom:
+                count = nodes * fleet_sim.GPUS_PER_NODE
+                wait_until(lambda p=prom, n=count: len(promql(p, catalog.GPU_UTILIZATION_AVG5M.name)) >= n,
+                           180 + count * 0.05, interval=1, what=f"{catalog.GPU_UTILIZATION_AVG5M.name} for every GPU")
+                runs: dict[str, list[float]] = {name: [] for name in trees}
+                for _ in range(rounds):
+                    for name, tree in trees.items():
+                        runs[name].append(run_diagnose(prom, tree)[0])
+                for name in trees:
+                    times[name].append(statistics.median(runs[name]))
+    gpus = [n * fleet_sim.GPUS_PER_NODE for n in sizes]
+    lines = [f"| `diagnose --prometheus-url`, whole fleet, s (median of {rounds}) | "
+             + " | ".join(f"{g:,} GPUs" for g in gpus) + f" | ~{TARGET_GPUS:,} GPUs |",
+             "|---|" + "---|" * (len(gpus) + 1)]
+    for name, values in times.items():
+        lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values)
+                     + f" | ~{extrapolated(gpus, values):.1f} |")
     return "\n".join(lines)
 
 
@@ -572,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
                              "on one fleet (the first --nodes), for --seconds")
     parser.add_argument("--victoriametrics", action="store_true",
                         help="instead: the same fleet (the first --nodes) in VictoriaMetrics + vmalert, for --seconds")
+    parser.add_argument("--diagnose-ab", metavar="REV",
+                        help="instead: fleet-wide diagnose of this tree and of git REV, side by side at each --nodes")
     parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
     parser.add_argument("--update-docs", action="store_true",
                         help=f"replace the fleet-scale section of {DOC.relative_to(REPO)}")
@@ -580,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
         other, name = ((rules_at(args.ab_revision), f"rules at {args.ab_revision}") if args.ab_revision else
                        (rules_without_annotations(), "without annotations"))
         print(rules_ab(args.nodes[0], args.seconds, other, name, args.scrape_interval))
+        return 0
+    if args.diagnose_ab:
+        print(diagnose_ab(args.nodes, args.diagnose_ab, scrape_interval=args.scrape_interval))
         return 0
     if args.victoriametrics:
         print(measure_victoriametrics(args.nodes[0], args.seconds, args.scrape_interval))

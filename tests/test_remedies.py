@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
-from gpu_exporter.ingest import IngestSettings, TrainingStore
+from gpu_exporter.ingest import IngestSettings, TrainingStore, parse_context
 from gpu_exporter.remedies import (
     Context,
     batch_factor,
     batch_suggestion,
-    parse_context,
     suggested_workers,
     workers_suggestion,
 )

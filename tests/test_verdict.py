@@ -114,8 +114,17 @@ class FakePrometheus:
         pass
 
     def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        """The table's answer; ``max by (a, b) (X)`` as Prometheus gives it: X's, with only labels a and b."""
         self.asked.append(expr)
-        return [(dict(labels), value) for labels, value in self.answers.get(expr, [])]
+        by = re.fullmatch(r"max by \(([^)]*)\) \((.*)\)", expr)
+        if by is None:
+            return [(dict(labels), value) for labels, value in self.answers.get(expr, [])]
+        kept = by.group(1).split(", ")
+        return [({k: v for k, v in labels.items() if k in kept}, value)
+                for labels, value in self.answers.get(by.group(2), [])]
+
+    def query_many(self, exprs: list[str]) -> dict[str, list[tuple[dict[str, str], float]]]:
+        return {expr: self.query(expr) for expr in exprs}
 
 
 def _gpu(cluster: str, **extra: str) -> dict[str, str]:
@@ -126,7 +135,6 @@ def _fleet() -> dict[str, list[tuple[dict[str, str], float]]]:
     """Two clusters, each with a GPU of the same UUID: busy in eu; in us input-bound run r holds it at 10%."""
     run = _gpu("us", run="r", rank="0")
     return {
-        "count(gpu:gpu_utilization:avg5m)": [({}, 2.0)],
         "gpu_info": [(_gpu("eu", name="H100"), 1.0), (_gpu("us", name="H100"), 1.0)],
         "gpu:gpu_utilization:avg5m": [(_gpu("eu"), 0.93), (_gpu("us"), 0.10)],
         "rate(gpu_busy_seconds_total[600s])": [(_gpu("eu"), 0.93), (_gpu("us"), 0.10)],
@@ -136,7 +144,7 @@ def _fleet() -> dict[str, list[tuple[dict[str, str], float]]]:
         "gpu_training_phase_seconds_total": [({**run, "phase": "data"}, 85.0), ({**run, "phase": "compute"}, 15.0)],
         "increase(gpu_training_phase_seconds_total[600s])": [({**run, "phase": "data"}, 85.0),
                                                            ({**run, "phase": "compute"}, 15.0)],
-        "max without (phase) (gpu_training_current_phase)": [(run, 1.0)],
+        "gpu_training_current_phase": [({**run, "phase": "compute"}, 1.0)],
         "run:gpu_training_cause:share": [({**run, "cause": "input_bound", "level": "low"}, 0.85)],
         "run:gpu_training_cause:projected_utilization": [({**run, "cause": "input_bound"}, 0.67)],
     }

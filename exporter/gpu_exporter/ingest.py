@@ -35,7 +35,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from prometheus_client.core import Metric
 from . import catalog, remedies
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
-from .training.protocol import MAX_WORLD_SIZE, SCHEMA_VERSION, TAG_LABEL_PREFIX, check_label, check_tags
+from .training.protocol import CONTEXT_FIELDS, MAX_WORLD_SIZE, SCHEMA_VERSION, TAG_LABEL_PREFIX, check_label, check_tags
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ class TrainingStore:
                 ooms.add_metric(values, entry.allocator["ooms"])
         yield from (phase_seconds, current, steps, samples, batch, world, pushed, allocated, reserved, retries, ooms)
         yield from _identity_families(entries)
-        yield from remedies.context_families((key, entry.context or {}) for key, entry in entries)
+        yield from context_families((key, entry.context or {}) for key, entry in entries)
         requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
@@ -487,10 +487,49 @@ def _integer(doc: dict[str, Any], field: str) -> int:
     return value
 
 
+def parse_context(doc: Any) -> dict[str, float]:
+    """The validated ``context`` object of a snapshot (training/context.py; None/absent -> {}); ValueError says
+    what is wrong.
+
+    >>> parse_context({"num_workers": 4, "pin_memory": True, "cpu_cores": 7.5, "later_field": "ignored"})
+    {'num_workers': 4.0, 'pin_memory': 1.0, 'cpu_cores': 7.5}
+    """
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ValueError("context must be an object")
+    out: dict[str, float] = {}
+    for key, kind in CONTEXT_FIELDS.items():
+        if key not in doc or doc[key] is None:
+            continue
+        value = doc[key]
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"context.{key} must be true or false")
+            out[key] = float(value)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"context.{key} must be a finite number >= 0")
+        if kind == "count" and (not isinstance(value, int) or value >= 2**31):
+            raise ValueError(f"context.{key} must be a whole number")
+        out[key] = float(value)
+    return out
+
+
+def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, float]]]) -> list[Metric]:
+    """The gpu_training_* context gauges of every run that reported the field."""
+    families = {key: family.new() for key, family in remedies.GAUGES.items()}
+    for labels, context in entries:
+        for key, value in context.items():
+            if key in families:
+                families[key].add_metric(list(labels), value)
+    return list(families.values())
+
+
 def _context(doc: dict[str, Any]) -> dict[str, float] | None:
-    """The optional ``context`` object (training/context.py), validated by gpu_exporter.remedies."""
+    """The optional ``context`` object, validated by :func:`parse_context`."""
     try:
-        return remedies.parse_context(doc.get("context")) or None
+        return parse_context(doc.get("context")) or None
     except ValueError as err:
         raise Rejected("invalid_schema", str(err)) from None
 

@@ -1,8 +1,8 @@
 """Concrete remedies: the numbers a verdict suggests, from what the job reports about itself.
 
 The training library sends a ``context`` object with each snapshot (training/context.py): the
-DataLoader's settings, the CPU cores the process may use, its GPU memory. :func:`parse_context`
-validates it at ingest, :func:`context_families` exports it as gpu_training_* gauges, and the
+DataLoader's settings, the CPU cores the process may use, its GPU memory. Ingest validates it
+and exports it as the gpu_training_* gauges of :data:`GAUGES` (gpu_exporter.ingest), and the
 formulas below (written down in docs/runbooks.md, "Concrete remedies") turn it into a suggestion
 for the cause that applies. ``monitoring/remedies.py`` writes the same formulas in PromQL
 (``run:gpu_training_remedy:num_workers``, ``run:gpu_training_remedy:batch_size``) for the alerts
@@ -33,11 +33,9 @@ a GPU busy ``u / c`` of the compute phase can at most get ``c / u`` times more w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from prometheus_client.core import Metric
 
 from gpu_exporter import catalog
 from gpu_exporter.catalog import MetricFamily
@@ -55,44 +53,6 @@ GAUGES: dict[str, MetricFamily] = {
     "allocator_peak_bytes": catalog.GPU_TRAINING_ALLOCATOR_PEAK_BYTES,
 }
 """Context field -> its gauge (labels run, rank, uuid)."""
-
-
-def parse_context(doc: Any) -> dict[str, float]:
-    """The validated ``context`` object of a snapshot (None/absent -> {}); ValueError says what is wrong.
-
-    >>> parse_context({"num_workers": 4, "pin_memory": True, "cpu_cores": 7.5, "later_field": "ignored"})
-    {'num_workers': 4.0, 'pin_memory': 1.0, 'cpu_cores': 7.5}
-    """
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise ValueError("context must be an object")
-    out: dict[str, float] = {}
-    for key, kind in CONTEXT_FIELDS.items():
-        if key not in doc or doc[key] is None:
-            continue
-        value = doc[key]
-        if kind == "bool":
-            if not isinstance(value, bool):
-                raise ValueError(f"context.{key} must be true or false")
-            out[key] = float(value)
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"context.{key} must be a finite number >= 0")
-        if kind == "count" and (not isinstance(value, int) or value >= 2**31):
-            raise ValueError(f"context.{key} must be a whole number")
-        out[key] = float(value)
-    return out
-
-
-def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, float]]]) -> list[Metric]:
-    """The gpu_training_* context gauges of every run that reported the field."""
-    families = {key: family.new() for key, family in GAUGES.items()}
-    for labels, context in entries:
-        for key, value in context.items():
-            if key in families:
-                families[key].add_metric(list(labels), value)
-    return list(families.values())
 
 
 @dataclass(frozen=True)

@@ -11,34 +11,86 @@ clusters' GPUs with the same UUID stay apart (:class:`~gpu_exporter.verdict.read
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
 from gpu_exporter import catalog
 from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, promql_duration
-from gpu_exporter.remedies import read_contexts
+from gpu_exporter.remedies import GAUGES, read_contexts
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.causes import BY_ID, Finding
+from gpu_exporter.verdict.causes import LABEL as STRAGGLER_LABEL
 from gpu_exporter.verdict.levels import BY_LEVEL
 from gpu_exporter.verdict.readings import INSTANT, Keys, Pairs, instant
 from gpu_exporter.verdict.views import Readings
 
+_GPU, _RUN, _PROCESS = ("uuid",), ("run", "rank", "uuid"), ("uuid", "pid")
+_READ: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys((m.name for m in (catalog.GPU_MEMORY_USED_BYTES, catalog.GPU_MEMORY_TOTAL_BYTES,
+                                      catalog.GPU_UTILIZATION_AVG5M, catalog.GPU_MEMORY_USED_RATIO)), _GPU),
+    **dict.fromkeys((m.name for m in (catalog.GPU_TRAINING_BATCH_SIZE, catalog.GPU_TRAINING_WORLD_SIZE,
+                                      catalog.RUN_TRAINING_STEP_SECONDS_AVG5M)), _RUN),
+    **dict.fromkeys((family.name for family in GAUGES.values()), _RUN),
+    **dict.fromkeys((m.name for m in (catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL, catalog.RUN_TRAINING_PHASE_SHARE5M)),
+                    (*_RUN, "phase", "source")),
+    catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name: (*_RUN, "run_id"),
+    catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name: (*_RUN, "cause"),
+    catalog.RUN_TRAINING_CAUSE_SHARE.name: (*_RUN, "cause", "level", STRAGGLER_LABEL),
+    catalog.GPU_POD_INFO.name: ("uuid", "namespace", "pod"),
+    catalog.GPU_PROCESS_MEMORY_USED_BYTES.name: (*_PROCESS, "process_name"),
+    **dict.fromkeys((m.name for m in (catalog.PROCESS_CPU_RATE5M, catalog.PROCESS_CHILDREN_CPU_RATE5M,
+                                      catalog.GPU_PROCESS_CHILD_PROCESSES, catalog.PROCESS_READ_BYTES_RATE5M)),
+                    _PROCESS),
+    catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name: (*_PROCESS, "state"),
+    catalog.PROCESS_HINT_VALUE.name: (*_PROCESS, "hint"),
+}
+"""The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies), besides
+the cluster label. Prometheus drops the others (``max by``: instance, job, node and a target's own labels):
+at fleet scale that halves the answers to decode. ``gpu_info`` is read whole, for the GPU's name and node."""
+
+
+def _sent(expr: str, labels: tuple[str, ...] | None, cluster_label: str) -> str:
+    """``expr`` as sent: ``max by (<labels>, <cluster_label>) (expr)``, or whole without ``labels``."""
+    if labels is None:
+        return expr
+    return f"max by ({', '.join((*labels, cluster_label) if cluster_label else labels)}) ({expr})"
+
+
+_LIVE = catalog.GPU_TRAINING_CURRENT_PHASE.name
+"""Its samples, 1 for a run's current phase, less the phase: 1 for a run that has not finished."""
+
 
 class _Fleet:
-    """A Prometheus and the GPU keys of its answers; :meth:`query` puts the key in ``uuid`` for key-blind readers."""
+    """A Prometheus, the GPU keys of its answers, and the answers to every query of one reading, sent together
+    (:meth:`Prometheus.query_many`: a fleet waits for the slowest query, not for their sum)."""
 
-    def __init__(self, prom: Prometheus, cluster_label: str) -> None:
+    def __init__(self, prom: Prometheus, cluster_label: str, exprs: Mapping[str, tuple[str, ...] | None]) -> None:
         self.prom = prom
         self.keys = Keys(cluster_label)
+        self.sent = {expr: _sent(expr, labels, cluster_label)
+                     for expr, labels in {catalog.GPU_INFO.name: None, **exprs}.items()}
+        self.answers = prom.query_many(list(self.sent.values()))
+        if not self.raw(catalog.GPU_INFO.name):
+            prom.require(catalog.GPU_INFO.name, "15m")
+
+    def raw(self, expr: str) -> Pairs:
+        """The answer to ``expr``, one of the reading's queries."""
+        return self.answers[self.sent[expr]]
 
     def query(self, expr: str) -> Pairs:
-        return self.keys.relabel(self.prom.query(expr))
+        """:meth:`raw` with the GPU key in ``uuid``, for key-blind readers (evidence, remedies)."""
+        return self.keys.relabel(self.raw(expr))
 
-    def readings(self) -> Readings:
-        return Readings(cluster_label=self.keys.cluster_label)
+    def readings(self, names: Iterable[str]) -> Readings:
+        """Readings with the instant series ``names`` filled in, and the live runs."""
+        readings = instant(Readings(cluster_label=self.keys.cluster_label),
+                           ((name, self.raw(name)) for name in names), self.keys)
+        readings.live = {key for key, value in self.keys.per_run(self.raw(_LIVE)).items() if value == 1.0}
+        return readings
 
 
-def _live(fleet: _Fleet) -> set[tuple[str, str, str]]:
-    return {key for key, value in fleet.keys.per_run(
-        fleet.prom.query(f"max without (phase) ({catalog.GPU_TRAINING_CURRENT_PHASE.name})")).items() if value == 1.0}
+def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
+    """Each series of ``names`` with the labels diagnose reads of it, and the live runs'."""
+    return {**{name: _READ.get(name) for name in names}, _LIVE: _RUN}
 
 
 def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str = "") -> Readings:
@@ -49,52 +101,58 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
     W; the causes are then judged with the cause table (``findings`` None). Needs no rules loaded.
     """
     w = promql_duration(seconds)
-    prom.require(catalog.GPU_INFO.name, "15m")
-    fleet = _Fleet(prom, cluster_label)
+    busy, phases, retries, ooms = (f"{fn}({metric.name}[{w}])" for fn, metric in (
+        ("rate", catalog.GPU_BUSY_SECONDS_TOTAL), ("increase", catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL),
+        ("increase", catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL),
+        ("increase", catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)))
+    fleet = _Fleet(prom, cluster_label, {**_reads(INSTANT), busy: _GPU, phases: (*_RUN, "phase"), retries: _RUN,
+                                         ooms: _RUN})
     keys = fleet.keys
-    readings = instant(fleet.readings(), ((name, prom.query(name)) for name in INSTANT), keys)
-    busy = prom.query(f"rate({catalog.GPU_BUSY_SECONDS_TOTAL.name}[{w}])")
-    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(busy).items() if math.isfinite(v)}
-    readings.phase_window = keys.phases(prom.query(f"increase({catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name}[{w}])"))
-    readings.retries = keys.per_run(prom.query(f"increase({catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[{w}])"))
-    readings.ooms = keys.per_run(prom.query(f"increase({catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[{w}])"))
-    readings.live = _live(fleet)
+    readings = fleet.readings(INSTANT)
+    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(fleet.raw(busy)).items() if math.isfinite(v)}
+    readings.phase_window = keys.phases(fleet.raw(phases))
+    readings.retries = keys.per_run(fleet.raw(retries))
+    readings.ooms = keys.per_run(fleet.raw(ooms))
     return readings
+
+
+_RULES = tuple(m.name for m in (
+    catalog.GPU_UTILIZATION_AVG5M, catalog.GPU_MEMORY_USED_RATIO, catalog.RUN_TRAINING_PHASE_SHARE5M,
+    catalog.RUN_TRAINING_STEP_SECONDS_AVG5M, catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION,
+    catalog.RUN_TRAINING_CAUSE_SHARE))
+"""The recording rules :func:`from_prometheus` reads."""
 
 
 def from_prometheus(prom: Prometheus, cluster_label: str = "") -> Readings:
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 
     Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
-    ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series.
+    ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series. Every
+    query is sent at once (:class:`_Fleet`).
     """
-    prom.require(catalog.GPU_INFO.name, "15m")
-    utilization = catalog.GPU_UTILIZATION_AVG5M.name
-    if not prom.query(f"count({utilization})"):
-        raise MetricsError(f"Prometheus at {prom.base} has no {utilization} series: load the rules "
+    names = tuple(name for name in INSTANT if name != catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)
+    fleet = _Fleet(prom, cluster_label, _reads((*names, *_RULES, *evidence.SERIES,
+                                                *(family.name for family in GAUGES.values()))))
+    utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
+    if not utilization:
+        raise MetricsError(f"Prometheus at {prom.base} has no {_RULES[0]} series: load the rules "
                            "of prometheus/rules/*.rules.yml (rule_files) so diagnose can read the cause series")
-    fleet = _Fleet(prom, cluster_label)
     keys = fleet.keys
-    readings = instant(fleet.readings(), ((name, prom.query(name)) for name in INSTANT
-                                          if name != catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name), keys)
-    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(prom.query(utilization)).items()
-                            if math.isfinite(v)}
-    readings.memory_ratio = keys.per_gpu(prom.query(catalog.GPU_MEMORY_USED_RATIO.name))
-    shares = prom.query(catalog.RUN_TRAINING_PHASE_SHARE5M.name)
+    readings = fleet.readings(names)
+    readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(utilization).items() if math.isfinite(v)}
+    readings.memory_ratio = keys.per_gpu(memory)
     readings.phase_window = readings.phase_total = keys.phases(shares)
-    readings.step_seconds = keys.per_run(prom.query(catalog.RUN_TRAINING_STEP_SECONDS_AVG5M.name))
-    readings.live = _live(fleet)
-    projected = {(*keys.run(labels), labels.get("cause", "")): value for labels, value in
-                 prom.query(catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name)}
+    readings.step_seconds = keys.per_run(step)
+    projections = {(*keys.run(labels), labels.get("cause", "")): value for labels, value in projected}
     readings.findings = {}
-    for labels, value in prom.query(catalog.RUN_TRAINING_CAUSE_SHARE.name):
+    for labels, value in causes:
         cause = BY_ID.get(labels.get("cause", ""))
         if cause is None or labels.get("level") not in BY_LEVEL:
             continue
         key = keys.run(labels)
         readings.findings.setdefault(key, []).append(Finding(
-            cause, labels["level"], value, projected.get((*key, cause.cause)), readings.batch_size.get(key),
-            straggler=labels.get("straggler_rank", ""), step_seconds=readings.step_seconds.get(key)))
+            cause, labels["level"], value, projections.get((*key, cause.cause)), readings.batch_size.get(key),
+            straggler=labels.get(STRAGGLER_LABEL, ""), step_seconds=readings.step_seconds.get(key)))
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
     readings.contexts = read_contexts(fleet.query)
     readings.sampled = keys.sampled(shares)

@@ -27,7 +27,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -437,6 +438,10 @@ Series = list[tuple[float, float]]
 """(Unix seconds, value) pairs of one range-query series."""
 
 
+QUERY_WORKERS = 8
+"""Queries :meth:`Prometheus.query_many` has in flight at once (Prometheus' own default limit is 20)."""
+
+
 class Prometheus:
     """Instant queries (now, or at ``at``) and range queries against Prometheus's HTTP API.
 
@@ -477,20 +482,28 @@ class Prometheus:
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, Series]]:
         """``expr`` evaluated every ``step`` seconds from ``start`` to ``end``: (labels, [(time, value)])."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        return [(dict(item["metric"]), [(float(t), float(v)) for t, v in item["values"]])
+        return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]])
                 for item in self._data("query_range", params, expr, "matrix")]
 
     def query(self, expr: str) -> list[tuple[Labels, float]]:
         """The instant vector ``expr`` evaluates to now (or at ``at``), as (labels, value) pairs."""
         params = {"query": expr} if self.at is None else {"query": expr, "time": f"{self.at:.3f}"}
-        return [(dict(item["metric"]), float(item["value"][1]))
+        return [(item["metric"], float(item["value"][1]))
                 for item in self._data("query", params, expr, "vector")]
+
+    def query_many(self, exprs: Sequence[str]) -> dict[str, list[tuple[Labels, float]]]:
+        """:meth:`query` of every expression, ``QUERY_WORKERS`` at a time: a fleet's answer waits for its slowest
+        query, not for their sum (Prometheus evaluates queries in parallel, up to ``--query.max-concurrency``).
+        Raises the first expression's error, in ``exprs``' order."""
+        unique = list(dict.fromkeys(exprs))
+        with ThreadPoolExecutor(max(1, min(QUERY_WORKERS, len(unique)))) as pool:
+            return dict(zip(unique, pool.map(self.query, unique), strict=True))
 
     def samples(self, selector: str) -> list[tuple[Labels, Series]]:
         """The raw samples of a range selector (``metric{...}[10m]``) up to now (or ``at``), each at its own scrape
         time: (labels, [(time, value)]). Exact where a range query's steps may fall between two scrapes."""
         params = {"query": selector} if self.at is None else {"query": selector, "time": f"{self.at:.3f}"}
-        return [(dict(item["metric"]), [(float(t), float(v)) for t, v in item["values"]])
+        return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]])
                 for item in self._data("query", params, selector, "matrix")]
 
     def require(self, metric: str, window: str) -> None:

@@ -84,20 +84,23 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> dict[str, list[ProcessSigna
                     _names(cur.series(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
 
 
+SERIES = tuple(f.name for f in (
+    catalog.PROCESS_CPU_RATE5M, catalog.PROCESS_CHILDREN_CPU_RATE5M, catalog.GPU_PROCESS_CHILD_PROCESSES,
+    catalog.PROCESS_READ_BYTES_RATE5M, catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M, catalog.GPU_PROCESS_MEMORY_USED_BYTES,
+    catalog.PROCESS_HINT_VALUE))
+"""The series :func:`from_series` reads, in its order (diagnose sends them with its other queries)."""
+
+
 def from_series(query: Callable[[str], list[tuple[Labels, float]]]
                 ) -> tuple[dict[str, list[ProcessSignals]], dict[Key, list[tuple[Hint, float]]]]:
     """The processes' readings from the recording rules, and the hints the rules found per (uuid, pid).
 
     ``query`` answers a PromQL expression with (labels, value) pairs (Prometheus' instant query).
     """
-    signals = _signals(_by_key(query(catalog.PROCESS_CPU_RATE5M.name)),
-                       _by_key(query(catalog.PROCESS_CHILDREN_CPU_RATE5M.name)),
-                       _by_key(query(catalog.GPU_PROCESS_CHILD_PROCESSES.name)),
-                       _by_key(query(catalog.PROCESS_READ_BYTES_RATE5M.name)),
-                       _states(query(catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name)),
-                       _names(query(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
+    cpu, children, kids, read, states, memory, found = (query(name) for name in SERIES)
+    signals = _signals(_by_key(cpu), _by_key(children), _by_key(kids), _by_key(read), _states(states), _names(memory))
     hints: dict[Key, list[tuple[Hint, float]]] = {}
-    for labels, value in query(catalog.PROCESS_HINT_VALUE.name):
+    for labels, value in found:
         hint = HINTS_BY_ID.get(labels.get("hint", ""))
         if hint is not None:
             hints.setdefault(_key(labels), []).append((hint, value))

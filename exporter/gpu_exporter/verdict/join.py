@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from gpu_exporter import remedies
 from gpu_exporter.thresholds import Thresholds
@@ -45,9 +46,7 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
         runs.setdefault(key[2], []).append(view)
     communication = ranks.communication_by_run(r for views_of_gpu in runs.values() for r in views_of_gpu)
     if t is not None:  # judged after every rank's shares are known: the straggler cause compares ranks
-        runs = {gpu: [replace(view, findings=tuple(_findings(readings, (view.run, view.rank, gpu), view,
-                                                             memory.get(gpu), t, window_seconds,
-                                                             communication.get(view.run)))) if view.live else view
+        runs = {gpu: [_judged(view, readings, gpu, memory.get(gpu), t, window_seconds, communication.get(view.run))
                       for view in views_of_gpu] for gpu, views_of_gpu in runs.items()}
     views = []
     for labels in readings.info:
@@ -55,8 +54,6 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
         procs = tuple(sorted(readings.processes.get(gpu, []), key=lambda p: -p.memory_bytes))
         seen = tuple(readings.evidence.get(gpu, ()))
         text, hint = evidence.explain(gpu, seen, t, readings.hints) if t is not None else ("", None)
-        if t is not None:
-            runs[gpu] = [_suggest(r, readings, gpu, t) for r in runs.get(gpu, [])]
         views.append(GpuView(
             uuid=labels.get("uuid", ""), gpu=labels.get("gpu", ""), name=labels.get("name", ""),
             node=labels.get("node") or labels.get("instance", ""),
@@ -82,17 +79,24 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
     return find_causes(util, memory, signals, t, allocator_limit(t, window_seconds))
 
 
-def _suggest(run: RunView, readings: Readings, gpu: str, t: Thresholds) -> RunView:
-    """``run`` with the concrete remedies its reported context allows (gpu_exporter.remedies)."""
-    if (run.run, run.rank, gpu) in readings.sampled:
-        run = replace(run, source="sampled", batch_size=None)  # the stack sampler sees no batch
-    ctx = readings.contexts.get((run.run, run.rank, gpu))
-    if ctx is None:
-        return run
-    found = remedies.suggestions(ctx, run.shares, run.batch_size, readings.utilization.get(gpu),
-                                 readings.memory_used.get(gpu), readings.memory_total.get(gpu),
-                                 t.remedy_memory_target_ratio)
-    return replace(run, suggestions=found)
+def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t: Thresholds,
+            window_seconds: float, communication: dict[str, float] | None) -> RunView:
+    """``run`` with its causes (a live run) and the concrete remedies its reported context allows
+    (gpu_exporter.remedies), in one copy."""
+    key = (run.run, run.rank, gpu)
+    changes: dict[str, Any] = {}
+    if run.live:
+        changes["findings"] = tuple(_findings(readings, key, run, memory, t, window_seconds, communication))
+    batch = run.batch_size
+    if key in readings.sampled:
+        changes.update(source="sampled", batch_size=None)  # the stack sampler sees no batch
+        batch = None
+    ctx = readings.contexts.get(key)
+    if ctx is not None:
+        changes["suggestions"] = remedies.suggestions(ctx, run.shares, batch, readings.utilization.get(gpu),
+                                                      readings.memory_used.get(gpu), readings.memory_total.get(gpu),
+                                                      t.remedy_memory_target_ratio)
+    return replace(run, **changes) if changes else run
 
 
 def unjoined_runs(readings: Readings) -> list[tuple[str, str]]:

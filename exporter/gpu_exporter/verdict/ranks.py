@@ -70,8 +70,13 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
         own = sorted((g for g in straggler.findings if not g.cause.run_wide), key=cause_order)
         return replace(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
 
-    return [replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))
-                                  for r in v.runs)) for v in views]
+    def renamed(v: GpuView) -> GpuView:
+        if not any(f.cause.waits for r in v.runs for f in r.findings):
+            return v
+        return replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))
+                                     for r in v.runs))
+
+    return [renamed(v) for v in views]
 
 
 @dataclass(frozen=True)
