@@ -90,7 +90,7 @@ def test_exporter_down_then_slow_then_up_loses_nothing() -> None:
     port = free_port()
     run = training.start("pusher-test", url=f"http://127.0.0.1:{port}", uuid="GPU-stub", push_interval=0.1,
                          timeout=0.2)
-    pusher = run._pusher
+    pusher = run.pusher
     assert pusher is not None
     try:
         slowest = train_for(run, 0.6)  # nothing listens on the port
@@ -156,8 +156,8 @@ def test_library_and_cli_take_the_same_urls(text: str, accepted: bool) -> None:
     if accepted:
         run = training.start("url-test", url=text, uuid="", push_interval=60)
         try:
-            assert run._pusher is not None and cli is not None
-            assert run._pusher._endpoint == cli + INGEST_PATH
+            assert run.pusher is not None and cli is not None
+            assert run.pusher.endpoint == cli + INGEST_PATH
         finally:
             run.close()
     else:

@@ -22,9 +22,7 @@ carries neither.
 
 from __future__ import annotations
 
-import atexit
 import os
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from .protocol import DEFAULT_MAX_CUSTOM_PHASES, DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES, normalize_url
@@ -35,8 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start", "watch", "watch_distributed"]
 
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
-
 
 def __getattr__(name: str) -> Any:
     """``Run`` and ``Phase`` (and the submodules), imported on first use."""
@@ -45,15 +41,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(run, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _after_fork_in_child() -> None:
-    """Forked children (DataLoader workers) inherit the runs but must never report as the parent."""
-    for run in list(_live_runs):
-        run._forked()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def start(name: str, *, url: str | None = None, token: str | None = None, rank: str | int | None = None,
@@ -99,10 +86,7 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
     except ValueError as err:
         raise ValueError(f"training.start: {err}") from None
     token = token if token is not None else os.environ.get("GPU_EXPORTER_TOKEN") or None
-    run._pusher = Pusher(run, base + INGEST_PATH, token, push_interval, timeout)
-    _live_runs.add(run)
-    atexit.register(run.close)
-    run._pusher.start()
+    run.attach(Pusher(run, base + INGEST_PATH, token, push_interval, timeout))
     watch_distributed(run)
     return run
 

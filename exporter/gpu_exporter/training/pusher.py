@@ -51,7 +51,8 @@ class Pusher:
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"training.start: exporter URL {endpoint!r} must be http(s)://host[:port]/...")
         self._run = run
-        self._endpoint = endpoint
+        self.endpoint = endpoint
+        """The ingest URL the snapshots go to."""
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port or (443 if self._https else 80)
@@ -103,7 +104,7 @@ class Pusher:
         if deadline is None:
             deadline = time.monotonic() + self._timeout
         if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            self._report(f"a push to {self._endpoint} is still in flight; skipped this one")
+            self._report(f"a push to {self.endpoint} is still in flight; skipped this one")
             return False
         try:
             try:
@@ -111,14 +112,14 @@ class Pusher:
                 status, reason = self._post(body, deadline)
             except (OSError, http.client.HTTPException, ValueError) as err:
                 why = f"no complete answer by the deadline ({err})" if time.monotonic() >= deadline else str(err)
-                self._report(f"cannot reach the exporter at {self._endpoint} ({why}); "
+                self._report(f"cannot reach the exporter at {self.endpoint} ({why}); "
                              "will retry, nothing is lost")
                 return False
             if status >= 300:
-                self._report(f"exporter at {self._endpoint} rejected the snapshot: HTTP {status} {reason}")
+                self._report(f"exporter at {self.endpoint} rejected the snapshot: HTTP {status} {reason}")
                 return False
             if self._last_problem:
-                log.info("pushing to %s works again", self._endpoint)
+                log.info("pushing to %s works again", self.endpoint)
                 self._last_problem = ""
             self.pushes_ok += 1
             return True

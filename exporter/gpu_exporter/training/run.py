@@ -33,6 +33,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter
@@ -52,6 +53,18 @@ if TYPE_CHECKING:
     from .pusher import Pusher
 
 T = TypeVar("T")
+
+_reporting: weakref.WeakSet[Run] = weakref.WeakSet()
+"""The runs with a pusher (:meth:`Run.attach`)."""
+
+
+def _after_fork_in_child() -> None:
+    """Forked children (DataLoader workers) inherit the runs but must never report as the parent."""
+    for run in list(_reporting):
+        run._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Phase:
@@ -293,6 +306,21 @@ class Run:
                 phase.__class__ = _EventPhase
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
         self._pusher: Pusher | None = None
+
+    def attach(self, pusher: Pusher) -> None:
+        """Report through ``pusher`` from now on: start it, and stop it at ``close()`` or interpreter exit
+        (``training.start`` does this). A forked child's copy of the run never reports. One pusher per run."""
+        if self._pusher is not None or self._closed:
+            raise ValueError(f"training: run {self.name!r} is closed or has a pusher already")
+        self._pusher = pusher
+        _reporting.add(self)
+        atexit.register(self.close)
+        pusher.start()
+
+    @property
+    def pusher(self) -> Pusher | None:
+        """The pusher :meth:`attach` started; None before, after ``close()`` and in a forked child."""
+        return self._pusher
 
     def __enter__(self) -> Run:
         return self
