@@ -1,12 +1,14 @@
-"""``gpu-exporter report`` without Prometheus: the projection formula, cause stretches, durations and
-the four renderings of one report (the end-to-end test with a real run is tests/test_report.py)."""
+"""``gpu-exporter report`` without Prometheus: the projection formula (verdict/timeline.py), cause stretches,
+durations and the four renderings of one report (commands/report_render.py; the end-to-end test with a real
+run is tests/test_report.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from gpu_exporter.commands import report as rp
+from gpu_exporter.commands import report_render as rp
+from gpu_exporter.verdict import timeline
 
 
 def sample() -> rp.Report:
@@ -30,24 +32,28 @@ def _span(cause: str, ranks: list[str]) -> rp.CauseSpan:
     return rp.CauseSpan(cause, "", cause, 60.0, [(0.0, 60.0)], "", ranks)
 
 
+def _share(span: rp.CauseSpan, deltas: dict[tuple[str, str], dict[str, float]], util: float) -> float | None:
+    return timeline.projection_share(span.cause, span.ranks, deltas, util)
+
+
 def test_projection_share_is_the_main_causes_share_of_the_wall_time() -> None:
     one = {("0", "GPU-a"): {"data": 60.0, "compute": 30.0, "other": 10.0}}
-    assert rp._projection_share(_span("input_bound", ["0"]), one, 0.25) == pytest.approx(0.6)
-    assert rp._projection_share(_span("batch_too_small", ["0"]), one, 0.25) == pytest.approx(0.05)  # idle in compute
-    assert rp._projection_share(_span("allocator", ["0"]), one, 0.25) is None
+    assert _share(_span("input_bound", ["0"]), one, 0.25) == pytest.approx(0.6)
+    assert _share(_span("batch_too_small", ["0"]), one, 0.25) == pytest.approx(0.05)  # idle in compute
+    assert _share(_span("allocator", ["0"]), one, 0.25) is None
 
 
 def test_projection_of_a_distributed_run_takes_the_ranks_the_cause_applied_to() -> None:
     # Rank 1 loads 80% of the time; rank 0 waits for it in all-reduce (70% communication, 5% its own).
     run = {("0", "GPU-a"): {"data": 5.0, "compute": 20.0, "communication": 75.0},
            ("1", "GPU-b"): {"data": 80.0, "compute": 15.0, "communication": 5.0}}
-    assert rp._projection_share(_span("input_bound", ["1"]), run, 0.2) == pytest.approx(0.8)  # not the mean 0.425
-    assert rp._projection_share(_span("straggler", ["0"]), run, 0.2) == pytest.approx(0.7)  # 0.75 - rank 1's 0.05
-    assert rp._projection_share(_span("input_bound", ["0", "1"]), run, 0.2) == pytest.approx(0.425)
+    assert _share(_span("input_bound", ["1"]), run, 0.2) == pytest.approx(0.8)  # not the mean 0.425
+    assert _share(_span("straggler", ["0"]), run, 0.2) == pytest.approx(0.7)  # 0.75 - rank 1's 0.05
+    assert _share(_span("input_bound", ["0", "1"]), run, 0.2) == pytest.approx(0.425)
 
 
 def test_cause_stretches_and_durations() -> None:
-    assert rp._intervals([10.0, 11.0, 12.0, 20.0], 1.0) == [(9.0, 12.0), (19.0, 20.0)]
+    assert timeline.intervals([10.0, 11.0, 12.0, 20.0], 1.0) == [(9.0, 12.0), (19.0, 20.0)]
     assert [rp.duration(s) for s in (29160, 754, 25.04)] == ["8.1 h", "12.6 min", "25.0 s"]
 
 

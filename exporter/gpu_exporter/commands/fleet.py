@@ -7,9 +7,9 @@ teams, and why*. Both answers here come from one pass over the range (:func:`jud
   ``diagnose --prometheus-url --window W --at T`` reads (:func:`~gpu_exporter.commands.diagnose_sources.
   from_prometheus_window`), joined (:func:`~gpu_exporter.verdict.join.build_views`) and judged by the verdict
   ladder (:func:`~gpu_exporter.verdict.ladder.judge`): a cause of a live run (M1 ... CM), not instrumented,
-  idle but allocated, unused, healthy. W is the run report's window (:data:`~gpu_exporter.commands.report.
+  idle but allocated, unused, healthy. W is the run report's window (:data:`~gpu_exporter.commands.report_sources.
   WINDOW_STEPS` steps). The instant queries of all points are answered by one range query per expression
-  (:class:`Stepped`), which Prometheus evaluates exactly as those instant queries;
+  (:class:`~gpu_exporter.commands.report_sources.Stepped`), which Prometheus evaluates exactly as those instant queries;
 * each launch of a training run (``gpu_training_run_info{run_id}``) in the range gets its ranks' wall time
   inside the range from its own phase timers, as the run report reads them; the points at which one of its
   ranks was live on a GPU (its phases grew within the window) share that time by their verdicts. A GPU's
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog
-from gpu_exporter.commands import report as run_report
-from gpu_exporter.commands.diagnose_sources import from_prometheus_window
+from gpu_exporter.commands import report_render as render
+from gpu_exporter.commands import report_sources as sources
 from gpu_exporter.commands.metrics_client import (
     Labels,
     MetricsError,
@@ -54,6 +54,7 @@ from gpu_exporter.verdict.causes import pct
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
+from gpu_exporter.verdict.timeline import gpu_key
 from gpu_exporter.yamlfile import YamlError, YamlMap, parse
 
 KUBE_POD_OWNER = "kube_pod_owner"
@@ -72,45 +73,6 @@ VERDICT_TITLES = {row.verdict: row.title for row in reversed(LADDER)}
 
 
 # --- one pass over the range -------------------------------------------------------------------------
-
-class Stepped(Prometheus):
-    """A Prometheus whose instant queries at the points of one grid are answered from one range query per
-    expression (Prometheus evaluates a range query as the instant query at every step)."""
-
-    def __init__(self, prom: Prometheus, times: Sequence[float], step: float,
-                 cache: dict[str, dict[int, list[tuple[Labels, float]]]] | None = None,
-                 at: float | None = None) -> None:
-        super().__init__(prom.base, prom.timeout, at, prom.connection)
-        self.times, self.step = list(times), step
-        self.cache = {} if cache is None else cache
-
-    def at_time(self, at: float | None) -> Stepped:
-        return Stepped(self, self.times, self.step, self.cache, at)
-
-    def _all(self, expr: str) -> dict[int, list[tuple[Labels, float]]]:
-        if expr not in self.cache:
-            by_time: dict[int, list[tuple[Labels, float]]] = {}
-            for labels, series in self.query_range(expr, self.times[0], self.times[-1], self.step):
-                for ts, value in series:
-                    by_time.setdefault(_ms(ts), []).append((labels, value))
-            self.cache[expr] = by_time
-        return self.cache[expr]
-
-    def query(self, expr: str) -> list[tuple[Labels, float]]:
-        if self.at is None:
-            raise MetricsError("internal: a stepped query needs a point of the grid")
-        return self._all(expr).get(_ms(self.at), [])
-
-    def require(self, metric: str, window: str) -> None:
-        """Raise MetricsError unless Prometheus holds ``metric`` at some point of the grid."""
-        if not self._all(f"count(last_over_time({metric}[{window}]))"):
-            raise MetricsError(f"Prometheus at {self.base} has no {metric} series between {iso(self.times[0])} and "
-                               f"{iso(self.times[-1])}: is it scraping a gpu-exporter, and is the range right?")
-
-
-def _ms(ts: float) -> int:
-    return round(ts * 1000)
-
 
 @dataclass(frozen=True)
 class Point:
@@ -228,13 +190,13 @@ def _launches(prom: Prometheus, start: float, end: float, now: float) -> list[La
     one job that drew ids of their own (they started within SAME_JOB_SECONDS on other ranks) as one row."""
     span = promql_duration(max(end - start, 1.0))
     rows: list[LaunchRow] = []
-    for launch in run_report.launches(prom, end, span):
-        launch, final = run_report.launch_range(prom, launch, now)
+    for launch in sources.launches(prom, end, span):
+        launch, final = sources.launch_range(prom, launch, now)
         if launch.end < start or launch.start > end:
             continue
         a, b = max(start, launch.start), min(end, launch.end)
         whole = launch.start >= start and launch.end <= end
-        deltas = final if whole else run_report._deltas(prom, launch.run, a, b, span, None, launch)
+        deltas = final if whole else sources.deltas(prom, launch.run, a, b, span, None, launch)
         walls = {key: sum(v for v in phases.values() if v > 0) for key, phases in deltas.items()}
         same = [row for row in rows if row.run == launch.run and not set(row.walls) & set(walls)
                 and launch.start - row.start <= SAME_JOB_SECONDS]
@@ -252,17 +214,11 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     """Judge every GPU at every point of [start, end] and find the launches in it (the module docstring)."""
     if end <= start:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
-    step = step or max(run_report.MIN_STEP, (end - start) / run_report.POINTS)
-    window = run_report.WINDOW_STEPS * step
-    grid = _grid(start, end, step)
-    stepped = Stepped(prom, [ts for ts, _ in grid], step)
-    stepped.require(catalog.GPU_INFO.name, "15m")
+    step = step or max(sources.MIN_STEP, (end - start) / sources.POINTS)
+    window = sources.WINDOW_STEPS * step
+    seconds_at = dict(_grid(start, end, step))
     points: list[Point] = []
-    for ts, seconds in grid:
-        at = stepped.at_time(ts)
-        if not at.query(catalog.GPU_INFO.name):
-            continue
-        readings = from_prometheus_window(at, window, t.cluster_label)
+    for ts, readings in sources.readings_over(prom, list(seconds_at), step, window, t.cluster_label):
         for view in build_views(readings, t, window):
             verdict = judge(view, t)
             gpu_keys = {view.uuid, f"{view.cluster}/{view.uuid}"}
@@ -274,9 +230,9 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 run, rank = live[0]
                 key = next((k for k in ((run, rank, g) for g in gpu_keys) if k in readings.launches), None)
                 launch = (run, readings.launches[key][0] if key else "")
-            points.append(Point(ts, f"{view.cluster}/{view.uuid}" if view.cluster else view.uuid, view.uuid,
-                                view.node, view.name, view.pods, verdict.name, verdict.title, verdict.code,
-                                verdict.below_target, view.utilization, verdict.remedy, launch, seconds,
+            points.append(Point(ts, gpu_key(view), view.uuid, view.node, view.name, view.pods, verdict.name,
+                                verdict.title, verdict.code, verdict.below_target, view.utilization, verdict.remedy,
+                                launch, seconds_at[ts],
                                 not live and any(r.live for r in view.runs)))
     rows = _launches(prom, start, end, now)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
@@ -288,7 +244,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
         row.kube_owners = list(owners_of(row.owners(), owners))
     for row in rows:
         if row.gpus:
-            busy = run_report._busy(prom, row.gpus, max(start, row.start), min(end, row.end))
+            busy = sources.busy(prom, row.gpus, max(start, row.start), min(end, row.end))
             span = max(min(end, row.end) - max(start, row.start), 1e-9)
             util = [min(1.0, max(0.0, v / span)) for v in busy.values()]
             row.utilization = sum(util) / len(util) if util else None
@@ -627,8 +583,8 @@ def _headline(f: Fleet) -> list[tuple[str, str]]:
     r = f.r
     rows = [("fleet", f"{f.gpus} GPU(s) on {f.nodes} node(s) at {r.source}"
                       + "".join(f", {k} {v}" for k, v in f.filters.items())),
-            ("range", f"{iso(r.start)} .. {iso(r.end)} ({run_report.duration(r.end - r.start)}, one point every "
-                      f"{run_report.duration(r.step)}, judged over {run_report.duration(r.window)})"),
+            ("range", f"{iso(r.start)} .. {iso(r.end)} ({render.duration(r.end - r.start)}, one point every "
+                      f"{render.duration(r.step)}, judged over {render.duration(r.window)})"),
             ("GPU-hours", _h(f.total.gpu_hours)),
             ("GPU-hours below target", f"{_h(f.total.below_target)} (below {pct(r.target)})"),
             ("idle GPU-hours below target", f"{_h(f.total.idle)} (the capacity lost)")]
@@ -731,13 +687,13 @@ def render_html(f: Fleet) -> str:
             plots.append(svg_bars(f"GPU-hours by {name}: all (grey), below target (orange), idle below target (red)",
                                   rows))
     if f.times:  # the run report's plot of utilization over time, with the target and alert lines
-        over_time = run_report.Report(
+        over_time = render.Report(
             run="fleet", source=f.r.source, start=f.r.start, end=f.r.end, wall_seconds=f.r.end - f.r.start, gpus=[],
             ranks=[], mean_utilization=None, shares={}, gpu_hours=f.total.gpu_hours,
             gpu_hours_below_target=f.total.below_target, causes=[], main_cause=None, projected_wall_seconds=None,
             projection_share=None, step=f.r.step, times=f.times, utilization=f.utilization, target=f.r.target,
             low=f.r.low)
-        plots.insert(0, run_report.svg_utilization(over_time))
+        plots.insert(0, render.svg_utilization(over_time))
     offenders = "".join(f"<li>{html.escape(_offender_line(f, i, o)[len(str(i)) + 2:])}</li>"
                         for i, o in enumerate(f.offenders, 1)) or "<li>none: no GPU time below target</li>"
     style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
@@ -774,7 +730,7 @@ def render_list_text(rows: Sequence[LaunchRow], r: Range) -> str:
         table.append((doc["run_id"], row.run, ",".join(f"{k}={v}" for k, v in row.tags.items()) or "-",
                       ",".join(row.kube_owners or doc["owner"]) or "-", str(len(doc["ranks"])), str(len(doc["gpus"])),
                       doc["start"],
-                      run_report.duration(row.wall), "-" if row.utilization is None else pct(row.utilization),
+                      render.duration(row.wall), "-" if row.utilization is None else pct(row.utilization),
                       doc["main_cause_title"] or "-"))
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table]
@@ -796,7 +752,7 @@ def render_list_markdown(rows: Sequence[LaunchRow], r: Range) -> str:
         out.append(f"| {doc['run_id']} | {row.run} | {', '.join(f'{k}={v}' for k, v in row.tags.items())} | "
                    f"{', '.join(row.kube_owners or doc['owner'])} | {len(doc['ranks'])} | {len(doc['gpus'])} | "
                    f"{doc['start']} | "
-                   f"{run_report.duration(row.wall)} | {'' if row.utilization is None else pct(row.utilization)} | "
+                   f"{render.duration(row.wall)} | {'' if row.utilization is None else pct(row.utilization)} | "
                    f"{doc['main_cause_title'] or ''} |")
     return "\n".join(out) + "\n"
 
@@ -854,4 +810,4 @@ def run_range(args: argparse.Namespace, prom: Prometheus, t: Thresholds) -> int:
         return fail(str(err))
     except KeyboardInterrupt:
         return fail("interrupted", 130)
-    return run_report.write(text, args.out)
+    return render.write(text, args.out)

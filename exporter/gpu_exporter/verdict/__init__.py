@@ -12,6 +12,7 @@ and the rule generators (monitoring/) all use the same definitions:
 * :mod:`~gpu_exporter.verdict.join`: readings -> one view per GPU with its runs and their causes;
 * :mod:`~gpu_exporter.verdict.evidence`, :mod:`~gpu_exporter.verdict.ranks`: the /proc evidence of
   uninstrumented processes, the ranks of a distributed run.
+* :mod:`~gpu_exporter.verdict.timeline`: a range judged point by point (the run report).
 
 Data flow: source (Snapshot pair, or Prometheus in commands/diagnose_sources.py) -> Readings ->
 build_views -> judge -> render (commands/diagnose_render.py, status page).

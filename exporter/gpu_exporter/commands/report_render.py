@@ -1,0 +1,296 @@
+"""``gpu-exporter report``'s renderings: one :class:`Report` as text, Markdown, JSON or one self-contained HTML
+file with inline SVG plots (nothing is fetched to view it)."""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_exporter.commands.metrics_client import fail, iso
+from gpu_exporter.verdict.causes import BY_ID, pct
+
+PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "checkpoint": "#8e44ad",
+                "communication": "#29bf12", "other": "#9e9e9e"}
+
+
+@dataclass(frozen=True)
+class CauseSpan:
+    """A cause of the table over the range: the wall-clock seconds it applied to some rank, when, and to which
+    (a verdict of the ladder: to which GPUs, in ``ranks``)."""
+
+    cause: str
+    code: str
+    title: str
+    seconds: float
+    intervals: list[tuple[float, float]]
+    remedy: str
+    ranks: list[str]
+
+
+@dataclass
+class Report:
+    """Everything the renderers print; ``to_json`` is its JSON form."""
+
+    run: str
+    source: str
+    start: float
+    end: float
+    wall_seconds: float
+    gpus: list[str]
+    ranks: list[dict[str, Any]]
+    mean_utilization: float | None
+    shares: dict[str, float]
+    gpu_hours: float
+    gpu_hours_below_target: float
+    causes: list[CauseSpan]
+    main_cause: str | None
+    projected_wall_seconds: float | None
+    projection_share: float | None
+    step: float
+    times: list[float] = field(default_factory=list)
+    utilization: dict[str, list[float | None]] = field(default_factory=dict)
+    phase_series: dict[str, list[float | None]] = field(default_factory=dict)
+    target: float = 0.85
+    low: float = 0.3
+    run_id: str = ""
+    """The launch reported ("" for a run whose library sent no run id: then the range is all that ``run`` did)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    verdicts: list[CauseSpan] = field(default_factory=list)
+    """Each verdict of the ladder the run's GPUs had (``ranks``: the GPUs), longest first."""
+    verdict_series: dict[str, list[str | None]] = field(default_factory=dict)
+    """Each GPU's verdict at each of ``times`` (None: the run was not on it)."""
+
+    def projection_text(self) -> str:
+        """``"8.1 h; down to ~3.4 h if loading overlapped compute (input-bound (M1))"``."""
+        wall = duration(self.wall_seconds)
+        if self.main_cause is None:
+            return f"{wall}; no cause applied"
+        cause = BY_ID[self.main_cause]
+        if self.projected_wall_seconds is None:
+            return f"{wall}; main cause {cause.label}: no projection (it is counted, not timed)"
+        return f"{wall}; down to ~{duration(self.projected_wall_seconds)} {cause.hidden} ({cause.label})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run, "run_id": self.run_id, "tags": self.tags,
+            "source": self.source, "start": iso(self.start), "end": iso(self.end),
+            "wall_seconds": round(self.wall_seconds, 3), "gpus": self.gpus, "ranks": self.ranks,
+            "gpu_hours": round(self.gpu_hours, 6), "mean_utilization": _round(self.mean_utilization),
+            "shares": {p: round(v, 4) for p, v in self.shares.items()},
+            "gpu_hours_below_target": round(self.gpu_hours_below_target, 6),
+            "utilization_target": self.target,
+            "causes": [{"cause": c.cause, "code": c.code, "title": c.title, "seconds": round(c.seconds, 3),
+                        "applied": [[iso(a), iso(b)] for a, b in c.intervals], "ranks": c.ranks,
+                        "remedy": c.remedy}
+                       for c in self.causes],
+            "main_cause": self.main_cause, "projection_share": _round(self.projection_share),
+            "projected_wall_seconds": _round(self.projected_wall_seconds),
+            "projection": self.projection_text(), "step_seconds": self.step,
+            "verdicts": [{"verdict": v.cause, "title": v.title, "seconds": round(v.seconds, 3),
+                          "applied": [[iso(a), iso(b)] for a, b in v.intervals], "gpus": v.ranks}
+                         for v in self.verdicts],
+            "series": {"times": [iso(t) for t in self.times], "verdicts": self.verdict_series,
+                       "utilization": {u: [_round(v) for v in vs] for u, vs in self.utilization.items()},
+                       "phase_shares": {p: [_round(v) for v in vs] for p, vs in self.phase_series.items()}},
+        }
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def duration(seconds: float) -> str:
+    """``29160 -> "8.1 h"``, ``754 -> "12.6 min"``, ``25.04 -> "25.0 s"``."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+
+def _rows(r: Report) -> list[tuple[str, str]]:
+    """The headline figures as (label, value) rows, shared by every format."""
+    rows = [("run", r.run)]
+    if r.run_id:
+        rows.append(("run id", r.run_id))
+    if r.tags:
+        rows.append(("tags", ", ".join(f"{k}={v}" for k, v in r.tags.items())))
+    return [
+        *rows,
+        ("range", f"{iso(r.start)} .. {iso(r.end)}"),
+        ("wall time", duration(r.wall_seconds)),
+        ("GPUs", f"{len(r.gpus)} ({', '.join(r.gpus)})" if r.gpus else "none joined (no GPU UUID)"),
+        ("GPU-hours", f"{r.gpu_hours:.3f}"),
+        ("mean utilization", pct(r.mean_utilization) if r.mean_utilization is not None else "unknown"),
+        ("phase shares", _shares(r.shares)),
+        ("GPU-hours below target", f"{r.gpu_hours_below_target:.3f} (below {pct(r.target)})"),
+        *([("verdicts", ", ".join(f"{v.title} {duration(v.seconds)}" for v in r.verdicts))] if r.verdicts else []),
+        ("projection", r.projection_text()),
+    ]
+
+
+def _shares(shares: dict[str, float]) -> str:
+    """``"data 53%, metrics 30%, compute 17%"`` (phases under 0.5% left out; JSON has them all)."""
+    return ", ".join(f"{p} {pct(v)}" for p, v in shares.items() if v >= 0.005)
+
+
+def _cause_lines(r: Report) -> list[str]:
+    if not r.causes:
+        return ["no cause of the table applied"]
+    return [f"{c.title}: {duration(c.seconds)} on rank(s) {', '.join(c.ranks)} in {len(c.intervals)} stretch(es), "
+            f"first {iso(c.intervals[0][0])}, last until {iso(c.intervals[-1][1])}; remedy: {c.remedy}"
+            for c in r.causes]
+
+
+def render_text(r: Report) -> str:
+    width = max(len(k) for k, _ in _rows(r))
+    lines = [f"{k.ljust(width)}  {v}" for k, v in _rows(r)]
+    lines.append("causes" + " " * (width - 4) + ("\n" + " " * (width + 2)).join(_cause_lines(r)))
+    for rank in r.ranks:
+        util = pct(rank["utilization"]) if rank["utilization"] is not None else "unknown"
+        lines.append(f"rank {rank['rank']} on {rank['uuid'] or '(no GPU UUID)'}: {duration(rank['wall_seconds'])}, "
+                     f"utilization {util}, " + _shares(rank["shares"]))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(r: Report) -> str:
+    out = [f"### GPU report: run `{r.run}`", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in _rows(r)[1:]]
+    out += ["", "| cause | applied | stretches | remedy |", "|---|---|---|---|"]
+    out += [f"| {c.title} | {duration(c.seconds)} | {', '.join(f'{iso(a)} .. {iso(b)}' for a, b in c.intervals[:5])}"
+            f"{' ...' if len(c.intervals) > 5 else ''} | {c.remedy} |" for c in r.causes] or ["| none | | | |"]
+    out += ["", "| rank | GPU | wall time | utilization | phases |", "|---|---|---|---|---|"]
+    out += [f"| {k['rank']} | {k['uuid']} | {duration(k['wall_seconds'])} | "
+            f"{pct(k['utilization']) if k['utilization'] is not None else 'unknown'} | "
+            + _shares(k["shares"]) + " |" for k in r.ranks]
+    return "\n".join(out) + "\n"
+
+
+def _svg_frame(w: int, h: int, pad: int, r: Report, title: str) -> list[str]:
+    span = max(r.end - r.start, 1e-9)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+             f'role="img" aria-label="{html.escape(title)}">',
+             f'<text x="{pad}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
+             f'<rect x="{pad}" y="24" width="{w - 2 * pad}" height="{h - 54}" fill="#fafafa" stroke="#ccc"/>']
+    for frac in (0, 0.25, 0.5, 0.75, 1.0):
+        x = pad + frac * (w - 2 * pad)
+        parts.append(f'<text x="{x:.1f}" y="{h - 14}" font-size="11" text-anchor="middle">'
+                     f'+{duration(frac * span)}</text>')
+    for level in (0, 0.5, 1.0):
+        y = 24 + (1 - level) * (h - 54)
+        parts.append(f'<text x="{pad - 4}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{pct(level)}</text>')
+    return parts
+
+
+def _xy(r: Report, ts: float, value: float, w: int, h: int, pad: int) -> tuple[float, float]:
+    span = max(r.end - r.start, 1e-9)
+    return pad + (ts - r.start) / span * (w - 2 * pad), 24 + (1 - min(max(value, 0.0), 1.0)) * (h - 54)
+
+
+def svg_utilization(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
+    parts = _svg_frame(w, h, pad, r, "GPU utilization over time")
+    for level, color, name in ((r.target, "#2a9d8f", "target"), (r.low, "#e76f51", "alert threshold")):
+        _, y = _xy(r, r.start, level, w, h, pad)
+        parts.append(f'<line x1="{pad}" x2="{w - pad}" y1="{y:.1f}" y2="{y:.1f}" stroke="{color}" '
+                     f'stroke-dasharray="6 4"/><text x="{w - pad - 4}" y="{y - 4:.1f}" font-size="11" '
+                     f'text-anchor="end" fill="{color}">{name} {pct(level)}</text>')
+    palette = ("#1d3557", "#e63946", "#457b9d", "#f4a261", "#2a9d8f", "#6d597a")
+    for i, (uuid, values) in enumerate(sorted(r.utilization.items())):
+        points = " ".join("{:.1f},{:.1f}".format(*_xy(r, ts, v, w, h, pad))
+                          for ts, v in zip(r.times, values, strict=False) if v is not None)
+        color = palette[i % len(palette)]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
+        parts.append(f'<text x="{320 + 170 * i}" y="16" font-size="11" fill="{color}">{html.escape(uuid)}</text>')
+    return "\n".join([*parts, "</svg>"])
+
+
+def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
+    parts = _svg_frame(w, h, pad, r, "Phase shares over time (all ranks)")
+    order = list(r.shares)
+    base = [0.0] * len(r.times)
+    for phase in order:
+        values = r.phase_series.get(phase, [])
+        top = [b + (values[i] or 0.0 if i < len(values) else 0.0) for i, b in enumerate(base)]
+        upper = [_xy(r, ts, v, w, h, pad) for ts, v in zip(r.times, top, strict=True)]
+        lower = [_xy(r, ts, v, w, h, pad) for ts, v in zip(r.times, base, strict=True)][::-1]
+        if upper:
+            points = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
+            color = PHASE_COLORS.get(phase, "#607d8b")
+            parts.append(f'<polygon fill="{color}" fill-opacity="0.85" stroke="none" points="{points}">'
+                         f'<title>{html.escape(phase)}</title></polygon>')
+        base = top
+    for i, phase in enumerate(p for p in order if r.shares[p] >= 0.005):
+        x = 320 + i * 105
+        color = PHASE_COLORS.get(phase, "#607d8b")
+        parts.append(f'<rect x="{x}" y="7" width="10" height="10" fill="{color}"/><text x="{x + 14}" '
+                     f'y="16" font-size="11">{html.escape(phase)} {pct(r.shares[phase])}</text>')
+    return "\n".join([*parts, "</svg>"])
+
+
+def svg_causes(r: Report, w: int = 900, pad: int = 50) -> str:
+    rows = r.causes or []
+    h = 40 + 22 * max(len(rows), 1)
+    span = max(r.end - r.start, 1e-9)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
+             'aria-label="When each cause applied">',
+             '<text x="0" y="16" font-size="14" font-weight="bold">When each cause applied</text>']
+    for i, c in enumerate(rows):
+        y = 28 + 22 * i
+        parts.append(f'<text x="0" y="{y + 13}" font-size="11">{html.escape(c.code)}</text>')
+        for a, b in c.intervals:
+            x0 = pad + (max(a, r.start) - r.start) / span * (w - 2 * pad)
+            x1 = pad + (min(b, r.end) - r.start) / span * (w - 2 * pad)
+            parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="16" fill="#e76f51">'
+                         f'<title>{html.escape(c.title)}: {iso(a)} .. {iso(b)}</title></rect>')
+    if not rows:
+        parts.append('<text x="0" y="44" font-size="12">No cause of the table applied.</text>')
+    return "\n".join([*parts, "</svg>"])
+
+
+def render_html(r: Report) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _rows(r))
+    causes = "".join(f"<tr><td>{html.escape(c.title)}</td><td>{duration(c.seconds)}</td>"
+                     f"<td>{html.escape(iso(c.intervals[0][0]))} .. {html.escape(iso(c.intervals[-1][1]))}</td>"
+                     f"<td>{html.escape(c.remedy)}</td></tr>" for c in r.causes) \
+        or '<tr><td colspan="4">No cause of the table applied.</td></tr>'
+    ranks = "".join(f"<tr><td>{html.escape(k['rank'])}</td><td>{html.escape(k['uuid'])}</td>"
+                    f"<td>{duration(k['wall_seconds'])}</td>"
+                    f"<td>{pct(k['utilization']) if k['utilization'] is not None else 'unknown'}</td>"
+                    f"<td>{html.escape(_shares(k['shares']))}</td></tr>"
+                    for k in r.ranks)
+    style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
+             "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"
+             "text-align:left;font-size:13px}th{background:#f3f3f3}h1{font-size:20px}h2{font-size:16px}")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>GPU report: {html.escape(r.run)}</title><style>{style}</style></head><body>\n"
+            f"<h1>GPU report: run {html.escape(r.run)}</h1>\n<table>{rows}</table>\n"
+            f"{svg_utilization(r)}\n{svg_phases(r)}\n{svg_causes(r)}\n"
+            f"<h2>Causes</h2><table><tr><th>cause</th><th>applied</th><th>from .. until</th><th>remedy</th></tr>"
+            f"{causes}</table>\n<h2>Ranks</h2><table><tr><th>rank</th><th>GPU</th><th>wall time</th>"
+            f"<th>utilization</th><th>phases</th></tr>{ranks}</table>\n"
+            f"<p>Source {html.escape(r.source)}; one point every {duration(r.step)}. Projection: "
+            f"wall time x (1 - share of the main cause); see docs/cli.md.</p>\n</body></html>\n")
+
+
+def render_json(r: Report) -> str:
+    return json.dumps(r.to_json(), indent=2) + "\n"
+
+
+RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_json, "html": render_html}
+
+
+def write(text: str, out: str | None) -> int:
+    """Write a rendered report to ``out`` (stdout when None); the exit status (2: cannot write)."""
+    if out:
+        try:
+            Path(out).write_text(text)
+        except OSError as err:
+            return fail(f"cannot write {out}: {err.strerror}")
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,154 @@
+"""A range, judged point by point as ``diagnose`` judges one moment: the run report's verdicts over time.
+
+Each point's :class:`~gpu_exporter.verdict.views.Readings` (those of ``diagnose --prometheus-url --window W --at
+T``: commands/report_sources.py) are joined, narrowed to one run as ``diagnose --run`` / ``--run-id`` narrow them,
+and judged (:func:`judged`): a :class:`Moment` per GPU key (cluster and uuid) and point. :class:`Timeline` gives the
+spans of each verdict and cause, :func:`projection_share` the share of the wall time a cause took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.training.protocol import COMMUNICATION
+from gpu_exporter.verdict import launches
+from gpu_exporter.verdict.causes import BY_ID
+from gpu_exporter.verdict.join import build_views, select
+from gpu_exporter.verdict.ladder import judge
+from gpu_exporter.verdict.views import GpuView, Readings, Verdict
+
+Totals = Mapping[tuple[str, str], Mapping[str, float]]
+"""Phase seconds of each (rank, GPU key) of a run."""
+
+
+def gpu_key(view: GpuView) -> str:
+    """The GPU key of ``view``: ``uuid``, or ``<cluster>/<uuid>`` (verdict.readings.Keys)."""
+    return f"{view.cluster}/{view.uuid}" if view.cluster else view.uuid
+
+
+def judged(readings: Readings, t: Thresholds, window: float, run: str,
+           run_ids: Sequence[str] = ()) -> list[tuple[GpuView, Verdict]]:
+    """The GPUs of ``run`` at one moment with their verdicts: ``diagnose --run RUN`` (with ``run_ids``: ``diagnose
+    --run-id``, each id of a launch whose ranks drew their own) over these readings."""
+    views = select(build_views(readings, t, window), None, None, run, None)
+    if run_ids:
+        views = launches.keep(views, {key for key, (ident, _) in readings.launches.items()
+                                      if key[0] == run and ident in run_ids})
+    return [(view, judge(view, t)) for view in views]
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One GPU at one point, judged (``view.runs``: the reported run's ranks on it)."""
+
+    time: float
+    view: GpuView
+    verdict: Verdict
+
+
+@dataclass
+class Span:
+    """When a verdict or a cause applied: the points (each stands for the step before it) and where."""
+
+    name: str
+    times: set[float] = field(default_factory=set)
+    where: set[str] = field(default_factory=set)
+    """The GPU keys (a verdict) or the ranks (a cause) it applied to."""
+
+    def seconds(self, step: float) -> float:
+        return len(self.times) * step
+
+    def intervals(self, step: float) -> list[tuple[float, float]]:
+        return intervals(sorted(self.times), step)
+
+
+@dataclass
+class Timeline:
+    """Every moment of one run over a range, by GPU key."""
+
+    step: float
+    moments: dict[str, list[Moment]] = field(default_factory=dict)
+
+    @classmethod
+    def judge(cls, points: Iterable[tuple[float, Readings]], t: Thresholds, window: float, step: float, run: str,
+              run_ids: Sequence[str] = ()) -> Timeline:
+        """The moments of ``run`` at each (time, readings) point (:func:`judged`)."""
+        out = cls(step)
+        for ts, readings in points:
+            for view, verdict in judged(readings, t, window, run, run_ids):
+                out.moments.setdefault(gpu_key(view), []).append(Moment(ts, view, verdict))
+        return out
+
+    def times(self) -> list[float]:
+        return sorted({m.time for ms in self.moments.values() for m in ms})
+
+    def series(self, times: Sequence[float]) -> dict[str, list[Moment | None]]:
+        """Each GPU's moment at each of ``times`` (None where the run was not on it)."""
+        at = {gpu: {m.time: m for m in ms} for gpu, ms in self.moments.items()}
+        return {gpu: [moments.get(ts) for ts in times] for gpu, moments in at.items()}
+
+    def verdicts(self) -> dict[str, Span]:
+        """Each verdict of the ladder that some GPU of the run had, with when and on which GPUs."""
+        out: dict[str, Span] = {}
+        for gpu, ms in self.moments.items():
+            for m in ms:
+                span = out.setdefault(m.verdict.name, Span(m.verdict.name))
+                span.times.add(m.time)
+                span.where.add(gpu)
+        return out
+
+    def causes(self) -> dict[str, Span]:
+        """Each cause found on a live rank of the run (every finding, not only the one that names the verdict)."""
+        out: dict[str, Span] = {}
+        for ms in self.moments.values():
+            for m in ms:
+                for run in m.view.runs:
+                    for finding in run.findings if run.live else ():
+                        span = out.setdefault(finding.cause.cause, Span(finding.cause.cause))
+                        span.times.add(m.time)
+                        span.where.add(run.rank)
+        return out
+
+    def phase_shares(self, times: Sequence[float]) -> dict[str, list[float | None]]:
+        """The run's phase shares at each of ``times``, all ranks together (the phases' seconds in each window)."""
+        seconds: dict[float, dict[str, float]] = {}
+        for ms in self.moments.values():
+            for m in ms:
+                for run in m.view.runs:
+                    if not run.since_start:
+                        at = seconds.setdefault(m.time, {})
+                        for phase, share in run.shares.items():
+                            at[phase] = at.get(phase, 0.0) + share * run.seconds
+        out: dict[str, list[float | None]] = {}
+        for i, ts in enumerate(times):
+            total = sum(seconds.get(ts, {}).values())
+            for phase, value in seconds.get(ts, {}).items():
+                out.setdefault(phase, [None] * len(times))[i] = value / total if total > 0 else None
+        return out
+
+
+def intervals(stamps: Sequence[float], step: float) -> list[tuple[float, float]]:
+    """Consecutive step times as [first - step, last] intervals."""
+    out: list[tuple[float, float]] = []
+    for ts in stamps:
+        if out and ts - out[-1][1] <= step * 1.5:
+            out[-1] = (out[-1][0], ts)
+        else:
+            out.append((ts - step, ts))
+    return out
+
+
+def projection_share(cause_id: str, ranks: Iterable[str], deltas: Totals, util: float | None) -> float | None:
+    """The share of a finished run's wall time cause ``cause_id`` took (:meth:`Cause.run_share`): its phase's
+    share over the ranks it applied to (one slow rank of a distributed run holds every rank back by its own share,
+    not by the run's average), with each rank's communication share over the whole run."""
+    cause = BY_ID[cause_id]
+    walls = {key: sum(phases.values()) for key, phases in deltas.items()}
+    communication = {rank: phases.get(COMMUNICATION, 0.0) / walls[(rank, gpu)]
+                     for (rank, gpu), phases in deltas.items() if walls[(rank, gpu)] > 0}
+    on = [key for key in deltas if key[0] in set(ranks)]
+    total = sum(walls[key] for key in on)
+    share = sum(deltas[key].get(cause.phase, 0.0) for key in on) / total if total > 0 else 0.0
+    return cause.run_share(share, communication, util)

@@ -1,0 +1,216 @@
+"""``report`` and ``diagnose`` say the same thing about the same moment, for every row of the ladder.
+
+One Prometheus holds 20 minutes of data, backfilled with promtool (``tsdb create-blocks-from openmetrics``:
+no scrape to wait for): GPUs each held steady in the state of one ladder row (unknown, healthy, unused,
+each cause M1 ... CM, idle but allocated, not instrumented, underutilized), a distributed run with a
+straggler, a communication-bound run, and two clusters whose GPUs share one UUID (one input-bound at 8%, the
+other healthy at 90%: keyed by UUID alone, the report read the busy time of both). For each run,
+``report --run R`` over the range and ``diagnose --prometheus-url --run R --window W --at T`` (W: the report's
+window) must give each GPU the same verdict and utilization at the point T. The row "not instrumented" with
+/proc evidence reads the evidence rules' series, which a window computed from raw counters does not have:
+neither command says it from raw counters (tests/test_evidence.py holds its PromQL).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from gpu_exporter import cli
+from gpu_exporter.verdict.ladder import BY_ROW, LADDER
+from servers import _run_server
+
+pytestmark = pytest.mark.skipif(shutil.which("promtool") is None or shutil.which("prometheus") is None,
+                                reason="promtool/prometheus not installed (apt-get install prometheus)")
+
+STEP = 60
+WINDOW = 4 * STEP
+"""The report's window: WINDOW_STEPS steps (gpu_exporter.commands.report_sources)."""
+SPAN = 20 * 60
+STOP = 8 * 60
+"""Runs that are not live at the moment stop reporting a current phase (and their timers stop) here."""
+MOMENT = 16 * 60
+"""The moment both commands judge, from the range's start: a point of the report's grid."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU held steady and a run on it; ``row``: the ladder row expected at the moment."""
+
+    row: str
+    utilization: float | None
+    memory: float
+    shares: dict[str, float]
+    run: str = ""
+    rank: str = "0"
+    live: bool = True
+    process: bool = False
+    retries: float = 0.0
+    """Allocator retries per minute."""
+    cluster: str = ""
+    uuid: str = field(default="")
+
+    @property
+    def key(self) -> str:
+        return f"{self.cluster}/{self.gpu_uuid}" if self.cluster else self.gpu_uuid
+
+    @property
+    def gpu_uuid(self) -> str:
+        return self.uuid or f"GPU-{self.row}-{self.run_name}-{self.rank}"
+
+    @property
+    def run_name(self) -> str:
+        return self.run or f"r-{self.row}"
+
+
+IDLE = {"data": 0.1, "compute": 0.9}
+GPUS = [
+    Gpu("unknown", None, 0.5, {"data": 0.9, "compute": 0.1}),
+    Gpu("healthy", 0.9, 0.6, {"data": 0.04, "compute": 0.92, "metrics": 0.04}),
+    Gpu("unused", 0.0, 0.0, IDLE, live=False),
+    Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}),
+    Gpu("metrics_bound", 0.2, 0.5, {"data": 0.05, "compute": 0.4, "metrics": 0.55}),
+    Gpu("checkpoint", 0.2, 0.5, {"data": 0.03, "compute": 0.25, "checkpoint": 0.72}),
+    Gpu("batch_too_small", 0.22, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
+    Gpu("allocator", 0.2, 0.8, {"compute": 0.9, "other": 0.1}, retries=10),
+    # Ranks 0 and 1 wait for rank 2 (input-bound) in all-reduce.
+    Gpu("straggler", 0.15, 0.1, {"data": 0.04, "compute": 0.3, "communication": 0.66}, run="ddp", rank="0"),
+    Gpu("straggler", 0.15, 0.1, {"data": 0.05, "compute": 0.3, "communication": 0.65}, run="ddp", rank="1"),
+    Gpu("input_bound", 0.2, 0.1, {"data": 0.62, "compute": 0.3, "communication": 0.08}, run="ddp", rank="2"),
+    Gpu("communication_bound", 0.2, 0.1, {"data": 0.04, "compute": 0.3, "communication": 0.66}, run="comm"),
+    Gpu("communication_bound", 0.2, 0.1, {"data": 0.05, "compute": 0.3, "communication": 0.65}, run="comm",
+        rank="1"),
+    Gpu("idle_but_allocated", 0.01, 0.3, IDLE, live=False, process=True),
+    Gpu("not_instrumented", 0.1, 0.5, IDLE, live=False, process=True),
+    Gpu("underutilized", 0.2, 0.6, {"data": 0.25, "compute": 0.6, "metrics": 0.15}),
+    # Two clusters, one UUID: an input-bound run at 8% in cluster a, a healthy one at 90% in cluster b.
+    Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}, run="twin-a", cluster="a", uuid="GPU-twin"),
+    Gpu("healthy", 0.9, 0.5, {"data": 0.02, "compute": 0.98}, run="twin-b", cluster="b", uuid="GPU-twin"),
+]
+FROM_RULES_ONLY = {"not_instrumented_evidence"}
+"""Rows whose condition reads recording rules' series (the /proc evidence hints), not raw counters."""
+
+
+def openmetrics(start: int) -> str:
+    """Every series of ``GPUS`` every 15 s from 5 minutes before ``start`` to ``start + SPAN``."""
+    families: dict[str, list[str]] = {}
+    stamps = range(start - 300, start + SPAN + 1, 15)
+
+    def add(name: str, gpu: Gpu, index: int, extra: dict[str, str], value: object) -> None:
+        labels = {"instance": "n1:9445", "job": "gpu-exporter", "node": "n1", "uuid": gpu.gpu_uuid, **extra}
+        if gpu.cluster:
+            labels["cluster"] = gpu.cluster
+        text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        rows = families.setdefault(name, [])
+        for ts in stamps:
+            v = value(ts) if callable(value) else value
+            rows.append(f"{name}{{{text}}} {v:g} {ts}")
+
+    for index, gpu in enumerate(GPUS):
+        gpu_labels = {"gpu": str(index)}
+        add("gpu_info", gpu, index, {**gpu_labels, "name": "NVIDIA H100"}, 1)
+        if gpu.utilization is not None:
+            add("gpu_busy_seconds_total", gpu, index, gpu_labels, lambda ts, u=gpu.utilization: u * (ts - start + 300))
+        add("gpu_memory_used_bytes", gpu, index, gpu_labels, gpu.memory * 80e9)
+        add("gpu_memory_total_bytes", gpu, index, gpu_labels, 80e9)
+        if gpu.process:
+            add("gpu_process_memory_used_bytes", gpu, index, {**gpu_labels, "pid": "7", "process_name": "python"},
+                gpu.memory * 80e9)
+        run = {"run": gpu.run_name, "rank": gpu.rank}
+        end = start + (SPAN + STEP if gpu.live else STOP)
+
+        def active(ts: int, end: int = end) -> float:
+            return min(ts, end) - (start - 300)
+        add("gpu_training_last_push_timestamp_seconds", gpu, index, run, lambda ts, a=active: start - 300 + a(ts))
+        add("gpu_training_allocator_retries_total", gpu, index, run,
+            lambda ts, a=active, r=gpu.retries: r * a(ts) / 60)
+        add("gpu_training_allocator_ooms_total", gpu, index, run, 0)
+        for phase, share in gpu.shares.items():
+            add("gpu_training_phase_seconds_total", gpu, index, {**run, "phase": phase},
+                lambda ts, a=active, s=share: s * a(ts))
+            add("gpu_training_current_phase", gpu, index, {**run, "phase": phase},
+                lambda ts, e=end, p=phase: 1 if p == "compute" and ts < e else 0)
+    out = []
+    for name, rows in families.items():
+        out += [f"# TYPE {name} gauge", *rows]
+    return "\n".join([*out, "# EOF"]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """(URL of a Prometheus holding the backfilled series, the range's start)."""
+    tmp = tmp_path_factory.mktemp("backfill")
+    start = int(time.time()) - SPAN - 60
+    (tmp / "data.om").write_text(openmetrics(start))
+    made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "data.om"),
+                           str(tmp / "data")], capture_output=True, text=True, check=False, timeout=120)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    with _run_server(["prometheus"], "prometheus", "prometheus.yml", "global: {scrape_interval: 15s}\n",
+                     lambda d, port: [f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{port}"], None, 30.0) as prom:
+        yield prom, start
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if out.out else {"stderr": out.err}
+
+
+def test_the_cases_reach_every_row_of_the_ladder() -> None:
+    assert {g.row for g in GPUS} == {row.name for row in LADDER} - FROM_RULES_ONLY
+    assert all(BY_ROW[row].verdict == "not_instrumented" for row in FROM_RULES_ONLY)
+
+
+def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[str, int],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    prom, start = backfilled
+    moment = start + MOMENT
+    seen = set()
+    for run in dict.fromkeys(g.run_name for g in GPUS):
+        gpus = {g.key: g for g in GPUS if g.run_name == run}
+        code, report = _cli(capsys, "report", "--prometheus-url", prom, "--run", run, "--from", str(start),
+                            "--to", str(start + SPAN), "--step", f"{STEP}s", "--output", "json")
+        assert code == 0, report
+        code, diagnosed = _cli(capsys, "diagnose", "--prometheus-url", prom, "--run", run, "--window", f"{WINDOW}s",
+                               "--at", str(moment), "--output", "json")
+        assert code in (0, 1), diagnosed
+        assert report["gpus"] == sorted(gpus), (run, report["gpus"])
+        series = report["series"]
+        at = series["times"].index(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment)))
+        said = {(f"{g['cluster']}/{g['uuid']}" if g["cluster"] else g["uuid"]): g for g in diagnosed["gpus"]}
+        assert sorted(said) == sorted(gpus), (run, sorted(said))
+        for key, gpu in gpus.items():
+            verdict = BY_ROW[gpu.row].verdict
+            assert said[key]["verdict"]["verdict"] == verdict, (run, key, said[key]["verdict"])
+            assert series["verdicts"][key][at] == verdict, (run, key, series["verdicts"][key])
+            util = series["utilization"][key][at]
+            if gpu.utilization is None:
+                assert util is None and said[key]["utilization"] is None
+            else:
+                assert util == pytest.approx(said[key]["utilization"], abs=1e-4)
+                assert util == pytest.approx(gpu.utilization, abs=1e-3)
+            seen.add(gpu.row)
+    assert seen == {row.name for row in LADDER} - FROM_RULES_ONLY
+
+
+def test_a_report_says_the_causes_and_verdicts_of_its_range(backfilled: tuple[str, int],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The report's cause spans and verdict spans: a run that stopped is idle but allocated after its end; the run
+    of cluster a is input-bound at 8% all along, whatever the GPU of cluster b with the same UUID did."""
+    prom, start = backfilled
+    span = ["--from", str(start), "--to", str(start + SPAN), "--step", f"{STEP}s", "--output", "json"]
+    _, twin = _cli(capsys, "report", "--prometheus-url", prom, "--run", "twin-a", *span)
+    assert twin["main_cause"] == "input_bound" and twin["mean_utilization"] == pytest.approx(0.08, abs=0.01)
+    assert [v["verdict"] for v in twin["verdicts"]] == ["input_bound"]
+    _, idle = _cli(capsys, "report", "--prometheus-url", prom, "--run", "r-idle_but_allocated", *span)
+    verdicts = {v["verdict"]: v for v in idle["verdicts"]}
+    assert set(verdicts) >= {"idle_but_allocated"} and verdicts["idle_but_allocated"]["gpus"] == [
+        "GPU-idle_but_allocated-r-idle_but_allocated-0"]
