@@ -175,19 +175,26 @@ def test_stale_runs_expire_and_free_their_slot() -> None:
     assert outcome_count(store, "too_many_runs") == 1
 
 
-def test_current_phase_follows_the_freshest_live_run_on_a_gpu() -> None:
+def current_phases(store: TrainingStore) -> dict[str, str]:
+    """Each run's phase where its gpu_training_current_phase is 1 (what /metrics says)."""
+    return {dict(labels)["run"]: dict(labels)["phase"] for (name, labels), value in scrape(store).items()
+            if name == "gpu_training_current_phase" and value == 1.0}
+
+
+def test_current_phase_is_each_live_runs_own_until_it_finishes_or_expires() -> None:
     clock = Clock()
     store = TrainingStore(IngestSettings(stale_after_seconds=30), clock=clock)
-    assert store.current_phase("GPU-1111") is None
+    assert current_phases(store) == {}
     push(store, snapshot(run="old", current_phase="data"))
     clock.now += 1
-    push(store, snapshot(run="new", current_phase="compute"))
-    assert store.current_phase("GPU-1111") == "compute"
-    assert store.current_phase("GPU-2222") is None
-    push(store, snapshot(run="new", current_phase="", finished=True))
-    assert store.current_phase("GPU-1111") == "data"
+    push(store, snapshot(run="new", current_phase="compute", uuid="GPU-2222"))
+    assert current_phases(store) == {"old": "data", "new": "compute"}
+    push(store, snapshot(run="new", current_phase="", finished=True, uuid="GPU-2222"))
+    assert current_phases(store) == {"old": "data"}  # finished: every phase of the run at 0
+    assert ("gpu_training_current_phase", (("phase", "compute"), ("rank", "0"), ("run", "new"),
+                                           ("uuid", "GPU-2222"))) in scrape(store)
     clock.now += 31
-    assert store.current_phase("GPU-1111") is None
+    assert current_phases(store) == {}
 
 
 def test_bearer_token_from_file(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from time import perf_counter
 
 import pynvml
 import pytest
+from gpu_exporter import catalog
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.training import OTHER, STANDARD_PHASES, Run
 from gpu_exporter.training import device as dev
@@ -161,11 +162,17 @@ def test_snapshot_is_accepted_by_the_exporter_store() -> None:
     assert snap["current_phase"] == "compute" and snap["rank"] == "2"
     store = TrainingStore(IngestSettings())
     assert store.handle_push(json.dumps(snap).encode(), "application/json", None) == (202, "accepted")
-    assert store.current_phase("GPU-0c8b1f1e") == "compute"
+    assert _current_phase(store) == {"compute"}
     final = run.snapshot(finished=True)
     assert final["current_phase"] == ""
     assert store.handle_push(json.dumps(final).encode(), "application/json", None)[0] == 202
-    assert store.current_phase("GPU-0c8b1f1e") is None
+    assert _current_phase(store) == set()
+
+
+def _current_phase(store: TrainingStore) -> set[str]:
+    """The phases whose gpu_training_current_phase the store exports at 1."""
+    return {sample.labels["phase"] for family in store.collect() for sample in family.samples
+            if sample.name == catalog.GPU_TRAINING_CURRENT_PHASE.name and sample.value == 1.0}
 
 
 def test_rank_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -187,19 +187,6 @@ class TrainingStore:
             self._warned.add(key)
         log.warning("training run %s rank %s: stored without %s", key[0], key[1], refused)
 
-    def current_phase(self, uuid: str) -> str | None:
-        """The current phase of the most recently pushed live run on GPU ``uuid``, or None.
-
-        >>> TrainingStore(IngestSettings()).current_phase("GPU-1") is None
-        True
-        """
-        with self._lock:
-            self._expire()
-            live = [e for (_, _, u), e in self._entries.items() if u == uuid and not e.finished]
-        if not live:
-            return None
-        return max(live, key=lambda e: e.received_at).current_phase or None
-
     def has_reported_run(self, uuid: str) -> bool:
         """True while a live run pushes its own phases from GPU ``uuid`` (the stack sampler leaves it alone).
 
