@@ -228,16 +228,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_diagnose(prom: str, exporter: Path = REPO / "exporter") -> tuple[float, int]:
-    """Wall seconds and exit status of ``gpu-exporter diagnose --prometheus-url`` over the fleet
-    (a fresh Python process, as an operator runs it), with the package at ``exporter``."""
+def timed_command(prom: str, exporter: Path = REPO / "exporter",
+                 command: Sequence[str] = ("diagnose", "--output", "json")) -> tuple[float, int]:
+    """Wall seconds and exit status of ``gpu-exporter diagnose --prometheus-url`` (or another ``command``) over the
+    fleet (a fresh Python process, as an operator runs it), with the package at ``exporter``."""
     env = dict(os.environ, PYTHONPATH=str(exporter))
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", "diagnose", "--prometheus-url", prom,
-                           "--output", "json"], capture_output=True, text=True, env=env, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, "-m", "gpu_exporter", command[0], "--prometheus-url", prom, *command[1:]],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
     took = time.perf_counter() - started
     if proc.returncode not in (0, 1):
-        raise RuntimeError(f"diagnose failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        raise RuntimeError(f"{command[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return took, proc.returncode
 
 
@@ -277,7 +278,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
             ranged, _ = timed_query(prom, expr, range_seconds=300)
             figures.queries.append((instant, ranged, dashboard, title, size))
     if diagnose:
-        figures.diagnose_seconds, figures.diagnose_status = run_diagnose(prom)
+        figures.diagnose_seconds, figures.diagnose_status = timed_command(prom)
     return figures
 
 
@@ -346,11 +347,16 @@ def rules_ab(nodes: int, seconds: float, other: dict[str, str], other_name: str,
     return "\n".join(lines)
 
 
+REPORT_FLEET = ("report", "--fleet", "--from=-2m", "--step", "15s", "--output", "json")
+"""``report --fleet`` as the A/B bench times it: the last 2 minutes, a point every 15 s (9 points judged)."""
+
+
 def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = 7, scrape_interval: float = 5.0) -> str:
     """Fleet-wide ``diagnose --prometheus-url`` of this tree and of git ``revision``, side by side: for each fleet
     size, one Prometheus with the shipped rules, and the two commands run in turn ``rounds`` times once every
-    GPU has its utilization series. The median wall time of each, and each extrapolated to 10,000 GPUs."""
-    times: dict[str, list[float]] = {"this tree": [], revision: []}
+    GPU has its utilization series, then :data:`REPORT_FLEET` of each once. The median wall time of each, and
+    each extrapolated to 10,000 GPUs."""
+    times: dict[tuple[str, str], list[float]] = {}
     with contextlib.ExitStack() as stack:
         old = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="diagnose-ab-")))
         archive = subprocess.run(["git", "archive", revision, "exporter"], cwd=REPO, check=True,
@@ -364,25 +370,28 @@ def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = 7, scrape_int
                 count = nodes * fleet_sim.GPUS_PER_NODE
                 wait_until(lambda p=prom, n=count: len(promql(p, catalog.GPU_UTILIZATION_AVG5M.name)) >= n,
                            180 + count * 0.05, interval=1, what=f"{catalog.GPU_UTILIZATION_AVG5M.name} for every GPU")
+                time.sleep(120)  # the report's 2 minutes hold data
                 runs: dict[str, list[float]] = {name: [] for name in trees}
                 for _ in range(rounds):
                     for name, tree in trees.items():
-                        runs[name].append(run_diagnose(prom, tree)[0])
-                for name in trees:
-                    times[name].append(statistics.median(runs[name]))
+                        runs[name].append(timed_command(prom, tree)[0])
+                for name, tree in trees.items():
+                    times.setdefault(("`diagnose --prometheus-url`", name), []).append(statistics.median(runs[name]))
+                    times.setdefault(("`report --fleet`, 9 points", name), []).append(
+                        timed_command(prom, tree, REPORT_FLEET)[0])
     gpus = [n * fleet_sim.GPUS_PER_NODE for n in sizes]
-    lines = [f"| `diagnose --prometheus-url`, whole fleet, s (median of {rounds}) | "
+    lines = [f"| whole fleet, s (diagnose: median of {rounds}) | tree | "
              + " | ".join(f"{g:,} GPUs" for g in gpus) + f" | ~{TARGET_GPUS:,} GPUs |",
-             "|---|" + "---|" * (len(gpus) + 1)]
-    for name, values in times.items():
-        lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values)
+             "|---|---|" + "---|" * (len(gpus) + 1)]
+    for (command, name), values in times.items():
+        lines.append(f"| {command} | {name} | " + " | ".join(f"{v:.2f}" for v in values)
                      + f" | ~{extrapolated(gpus, values):.1f} |")
     return "\n".join(lines)
 
 
 def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float = 5.0) -> str:
     """The same fleet scraped by VictoriaMetrics' single-node server (Debian 1.79, ``-promscrape.config``)
-    with vmalert evaluating the shipped rules every 15 s (results written back): vmalert's median
+    with vmalert evaluating each shipped group at its own interval (results written back): vmalert's median
     duration per group over ``seconds`` from the first results (the warm-up: windows filling), the
     store's memory and series, every panel query's wall time, and fleet-wide diagnose. A table."""
     from servers import _run_server, free_port, run_vmalert
@@ -417,11 +426,11 @@ def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float =
                     timings.append((timed_query(store, expr)[0], dashboard, title))
                 except Exception as err:  # MetricsQL may refuse a query: say which
                     timings.append((float("nan"), dashboard, f"{title} (failed: {str(err)[:80]})"))
-            diagnose, status = run_diagnose(store)
+            diagnose, status = timed_command(store)
     gpus = nodes * fleet_sim.GPUS_PER_NODE
     ok = [t for t in timings if t[0] == t[0]]
-    lines = [f"VictoriaMetrics 1.79 + vmalert, {gpus:,} GPUs, scrape every {scrape_interval:g} s, rules every "
-             f"{EVALUATION_INTERVAL:g} s, {seconds:g} s after the first results (warm-up)", "",
+    lines = [f"VictoriaMetrics 1.79 + vmalert, {gpus:,} GPUs, scrape every {scrape_interval:g} s, each group "
+             f"every {RULE_INTERVAL:g} s (its interval), {seconds:g} s after the first results (warm-up)", "",
              "| figure | value |", "|---|---|",
              f"| series stored per GPU | {series / gpus:.1f} |",
              f"| VictoriaMetrics RSS, MiB (KiB per GPU) | {rss / 2**20:,.0f} ({rss / 1024 / gpus:.0f}) |"]
