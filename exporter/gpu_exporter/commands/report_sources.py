@@ -234,17 +234,18 @@ def busy(prom: Prometheus, gpus: Sequence[str], start: float, end: float, cluste
 
 class Stepped(Prometheus):
     """A Prometheus whose instant queries at the points of one grid are answered from one range query per
-    expression (Prometheus evaluates a range query as the instant query at every step)."""
+    expression (Prometheus evaluates a range query as the instant query at every step); ``only``: a selector of
+    ``gpu_info`` that keeps the answers to the series of its GPUs (by ``uuid``)."""
 
     def __init__(self, prom: Prometheus, times: Sequence[float], step: float,
                  cache: dict[str, dict[int, list[tuple[Labels, float]]]] | None = None,
-                 at: float | None = None) -> None:
+                 at: float | None = None, only: str = "") -> None:
         super().__init__(prom.base, prom.timeout, at, prom.connection)
-        self.times, self.step = list(times), step
+        self.times, self.step, self.only = list(times), step, only
         self.cache = {} if cache is None else cache
 
     def at_time(self, at: float | None) -> Stepped:
-        return Stepped(self, self.times, self.step, self.cache, at)
+        return Stepped(self, self.times, self.step, self.cache, at, self.only)
 
     def _all(self, expr: str) -> dict[int, list[tuple[Labels, float]]]:
         if expr not in self.cache:
@@ -258,7 +259,7 @@ class Stepped(Prometheus):
     def query(self, expr: str) -> list[tuple[Labels, float]]:
         if self.at is None:
             raise MetricsError("internal: a stepped query needs a point of the grid")
-        return self._all(expr).get(_ms(self.at), [])
+        return self._all(f"({expr}) and on(uuid) {self.only}" if self.only else expr).get(_ms(self.at), [])
 
     def require(self, metric: str, window: str) -> None:
         """Raise MetricsError unless Prometheus holds ``metric`` at some point of the grid."""
@@ -271,11 +272,13 @@ def _ms(ts: float) -> int:
     return round(ts * 1000)
 
 
-def readings_over(prom: Prometheus, times: Sequence[float], step: float, window: float,
-                  cluster_label: str) -> Iterator[tuple[float, Readings]]:
+def readings_over(prom: Prometheus, times: Sequence[float], step: float, window: float, cluster_label: str,
+                  gpus: Sequence[str] = ()) -> Iterator[tuple[float, Readings]]:
     """(time, the readings of ``diagnose --prometheus-url --window W --at T``) at every point T of ``times`` (a grid
-    ``step`` apart) where Prometheus holds GPUs (MetricsError: at none)."""
-    stepped = Stepped(prom, times, step)
+    ``step`` apart) where Prometheus holds GPUs (MetricsError: at none); only the series of ``gpus`` (GPU keys)
+    when given (a run's report need not read a fleet)."""
+    uuids = _quote("|".join(sorted({gpu.rpartition("/")[2] for gpu in gpus})))
+    stepped = Stepped(prom, times, step, only=f"{catalog.GPU_INFO.name}{{uuid=~{uuids}}}" if gpus else "")
     stepped.require(catalog.GPU_INFO.name, "15m")
     for ts in times:
         at = stepped.at_time(ts)
