@@ -696,11 +696,8 @@ def render_html(f: Fleet) -> str:
         plots.insert(0, render.svg_utilization(over_time))
     offenders = "".join(f"<li>{html.escape(_offender_line(f, i, o)[len(str(i)) + 2:])}</li>"
                         for i, o in enumerate(f.offenders, 1)) or "<li>none: no GPU time below target</li>"
-    style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
-             "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"
-             "text-align:left;font-size:13px}th{background:#f3f3f3}h1{font-size:20px}h2{font-size:16px}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>GPU fleet report</title>"
-            f"<style>{style}</style></head><body>\n<h1>GPU fleet report</h1>\n<table>{head}</table>\n"
+            f"<style>{render.STYLE}</style></head><body>\n<h1>GPU fleet report</h1>\n<table>{head}</table>\n"
             + "\n".join(plots) + "\n" + "\n".join(tables)
             + f"\n<h2>Top offenders</h2><ol>{offenders}</ol>\n<p>Every GPU judged at every point by the verdict "
               "ladder of diagnose; see docs/cli.md.</p>\n</body></html>\n")

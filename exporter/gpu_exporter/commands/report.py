@@ -71,7 +71,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     window = WINDOW_STEPS * step
     grid = [start + k * step for k in range(int((end - start) / step + 1e-9) + 1)]
     points = sources.readings_over(prom, grid, step, window, t.cluster_label, gpus)
-    timeline = Timeline.judge(points, t, window, step, run, launch.run_id.split(",") if launch else ())
+    timeline = Timeline.judge(points, t, window, run, launch.run_id.split(",") if launch else ())
     times = timeline.times()
     moments = {gpu: series for gpu, series in timeline.series(times).items() if gpu in gpus}
     # Each GPU's hours below target: the share of its judged points whose verdict is below target, times the wall.

@@ -16,6 +16,11 @@ from gpu_exporter.verdict.causes import BY_ID, pct
 PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "checkpoint": "#8e44ad",
                 "communication": "#29bf12", "other": "#9e9e9e"}
 
+STYLE = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
+         "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"
+         "text-align:left;font-size:13px}th{background:#f3f3f3}h1{font-size:20px}h2{font-size:16px}")
+"""The pages' stylesheet (run and fleet report)."""
+
 
 @dataclass(frozen=True)
 class CauseSpan:
@@ -263,11 +268,8 @@ def render_html(r: Report) -> str:
                     f"<td>{pct(k['utilization']) if k['utilization'] is not None else 'unknown'}</td>"
                     f"<td>{html.escape(_shares(k['shares']))}</td></tr>"
                     for k in r.ranks)
-    style = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
-             "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"
-             "text-align:left;font-size:13px}th{background:#f3f3f3}h1{font-size:20px}h2{font-size:16px}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>GPU report: {html.escape(r.run)}</title><style>{style}</style></head><body>\n"
+            f"<title>GPU report: {html.escape(r.run)}</title><style>{STYLE}</style></head><body>\n"
             f"<h1>GPU report: run {html.escape(r.run)}</h1>\n<table>{rows}</table>\n"
             f"{svg_utilization(r)}\n{svg_phases(r)}\n{svg_causes(r)}\n"
             f"<h2>Causes</h2><table><tr><th>cause</th><th>applied</th><th>from .. until</th><th>remedy</th></tr>"

@@ -68,14 +68,13 @@ class Span:
 class Timeline:
     """Every moment of one run over a range, by GPU key."""
 
-    step: float
     moments: dict[str, list[Moment]] = field(default_factory=dict)
 
     @classmethod
-    def judge(cls, points: Iterable[tuple[float, Readings]], t: Thresholds, window: float, step: float, run: str,
+    def judge(cls, points: Iterable[tuple[float, Readings]], t: Thresholds, window: float, run: str,
               run_ids: Sequence[str] = ()) -> Timeline:
         """The moments of ``run`` at each (time, readings) point (:func:`judged`)."""
-        out = cls(step)
+        out = cls()
         for ts, readings in points:
             for view, verdict in judged(readings, t, window, run, run_ids):
                 out.moments.setdefault(gpu_key(view), []).append(Moment(ts, view, verdict))
@@ -91,25 +90,12 @@ class Timeline:
 
     def verdicts(self) -> dict[str, Span]:
         """Each verdict of the ladder that some GPU of the run had, with when and on which GPUs."""
-        out: dict[str, Span] = {}
-        for gpu, ms in self.moments.items():
-            for m in ms:
-                span = out.setdefault(m.verdict.name, Span(m.verdict.name))
-                span.times.add(m.time)
-                span.where.add(gpu)
-        return out
+        return _spans((m.verdict.name, m.time, gpu) for gpu, ms in self.moments.items() for m in ms)
 
     def causes(self) -> dict[str, Span]:
         """Each cause found on a live rank of the run (every finding, not only the one that names the verdict)."""
-        out: dict[str, Span] = {}
-        for ms in self.moments.values():
-            for m in ms:
-                for run in m.view.runs:
-                    for finding in run.findings if run.live else ():
-                        span = out.setdefault(finding.cause.cause, Span(finding.cause.cause))
-                        span.times.add(m.time)
-                        span.where.add(run.rank)
-        return out
+        return _spans((f.cause.cause, m.time, run.rank) for ms in self.moments.values() for m in ms
+                      for run in m.view.runs if run.live for f in run.findings)
 
     def phase_shares(self, times: Sequence[float]) -> dict[str, list[float | None]]:
         """The run's phase shares at each of ``times``, all ranks together (the phases' seconds in each window)."""
@@ -127,6 +113,15 @@ class Timeline:
             for phase, value in seconds.get(ts, {}).items():
                 out.setdefault(phase, [None] * len(times))[i] = value / total if total > 0 else None
         return out
+
+
+def _spans(found: Iterable[tuple[str, float, str]]) -> dict[str, Span]:
+    out: dict[str, Span] = {}
+    for name, ts, where in found:
+        span = out.setdefault(name, Span(name))
+        span.times.add(ts)
+        span.where.add(where)
+    return out
 
 
 def intervals(stamps: Sequence[float], step: float) -> list[tuple[float, float]]:
