@@ -198,16 +198,18 @@ def scrape_config(exporter_url: str, node: str, rule_files: Sequence[str] = RULE
 
 def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
                    ready_timeout: float = 30.0, extra_args: Sequence[str] = (),
-                   agent: bool = False, rule_intervals: bool = False) -> contextlib.AbstractContextManager[str]:
+                   agent: bool = False, rule_intervals: bool = False,
+                   tsdb_path: Path | None = None) -> contextlib.AbstractContextManager[str]:
     """Run a real Prometheus with ``config_yaml`` (other ``files`` are written beside it); yield its URL.
 
     Relative paths in the config (rule_files, ...) resolve against the temporary directory.
     ``extra_args``: more flags, e.g. ``--web.enable-remote-write-receiver``. ``agent``: agent mode
     (``--enable-feature=agent``: scrape and remote-write only, no queries, rules or local TSDB).
     ``rule_intervals``: keep the rule groups' own intervals (the bench); tests evaluate at the config's.
+    ``tsdb_path``: the data directory (e.g. blocks that ``promtool tsdb create-blocks-from`` backfilled).
     """
     storage = (["--enable-feature=agent", "--storage.agent.path={d}/wal"] if agent
-               else ["--storage.tsdb.path={d}/data"])
+               else [f"--storage.tsdb.path={tsdb_path}" if tsdb_path else "--storage.tsdb.path={d}/data"])
     return _run_server(["prometheus"], "prometheus", "prometheus.yml", config_yaml, lambda d, port: [
         f"--config.file={d / 'prometheus.yml'}", *(s.format(d=d) for s in storage),
         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args], files, ready_timeout,

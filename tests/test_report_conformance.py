@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from gpu_exporter import cli
 from gpu_exporter.verdict.ladder import BY_ROW, LADDER
-from servers import _run_server
+from servers import run_prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None or shutil.which("prometheus") is None,
                                 reason="promtool/prometheus not installed (apt-get install prometheus)")
@@ -151,9 +151,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     made = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "data.om"),
                            str(tmp / "data")], capture_output=True, text=True, check=False, timeout=120)
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
-    with _run_server(["prometheus"], "prometheus", "prometheus.yml", "global: {scrape_interval: 15s}\n",
-                     lambda d, port: [f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{port}"], None, 30.0) as prom:
+    with run_prometheus("global: {scrape_interval: 15s}\n", tsdb_path=tmp / "data") as prom:
         yield prom, start
 
 
