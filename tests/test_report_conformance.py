@@ -6,7 +6,8 @@ each cause M1 ... CM, idle but allocated, not instrumented, underutilized), a di
 straggler, a communication-bound run, and two clusters whose GPUs share one UUID (one input-bound at 8%, the
 other healthy at 90%: keyed by UUID alone, the report read the busy time of both). For each run,
 ``report --run R`` over the range and ``diagnose --prometheus-url --run R --window W --at T`` (W: the report's
-window) must give each GPU the same verdict and utilization at the point T. The row "not instrumented" with
+window) must give each GPU the same verdict and utilization at the point T (and at an earlier point, when
+every run was live). The row "not instrumented" with
 /proc evidence reads the evidence rules' series, which a window computed from raw counters does not have:
 neither command says it from raw counters (tests/test_evidence.py holds its PromQL).
 """
@@ -37,6 +38,8 @@ STOP = 8 * 60
 """Runs that are not live at the moment stop reporting a current phase (and their timers stop) here."""
 MOMENT = 16 * 60
 """The moment both commands judge, from the range's start: a point of the report's grid."""
+EARLIER = 5 * 60
+"""A moment at which the runs that stop at STOP were still live."""
 
 
 @dataclass(frozen=True)
@@ -170,32 +173,33 @@ def test_the_cases_reach_every_row_of_the_ladder() -> None:
 def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[str, int],
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     prom, start = backfilled
-    moment = start + MOMENT
     seen = set()
     for run in dict.fromkeys(g.run_name for g in GPUS):
         gpus = {g.key: g for g in GPUS if g.run_name == run}
         code, report = _cli(capsys, "report", "--prometheus-url", prom, "--run", run, "--from", str(start),
                             "--to", str(start + SPAN), "--step", f"{STEP}s", "--output", "json")
         assert code == 0, report
-        code, diagnosed = _cli(capsys, "diagnose", "--prometheus-url", prom, "--run", run, "--window", f"{WINDOW}s",
-                               "--at", str(moment), "--output", "json")
-        assert code in (0, 1), diagnosed
         assert report["gpus"] == sorted(gpus), (run, report["gpus"])
         series = report["series"]
-        at = series["times"].index(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment)))
-        said = {(f"{g['cluster']}/{g['uuid']}" if g["cluster"] else g["uuid"]): g for g in diagnosed["gpus"]}
-        assert sorted(said) == sorted(gpus), (run, sorted(said))
-        for key, gpu in gpus.items():
-            verdict = BY_ROW[gpu.row].verdict
-            assert said[key]["verdict"]["verdict"] == verdict, (run, key, said[key]["verdict"])
-            assert series["verdicts"][key][at] == verdict, (run, key, series["verdicts"][key])
-            util = series["utilization"][key][at]
-            if gpu.utilization is None:
-                assert util is None and said[key]["utilization"] is None
-            else:
-                assert util == pytest.approx(said[key]["utilization"], abs=1e-4)
-                assert util == pytest.approx(gpu.utilization, abs=1e-3)
-            seen.add(gpu.row)
+        for when in (EARLIER, MOMENT):  # at EARLIER every run is live; at MOMENT each GPU is in its row's state
+            code, diagnosed = _cli(capsys, "diagnose", "--prometheus-url", prom, "--run", run, "--window",
+                                   f"{WINDOW}s", "--at", str(start + when), "--output", "json")
+            assert code in (0, 1), diagnosed
+            at = series["times"].index(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start + when)))
+            said = {(f"{g['cluster']}/{g['uuid']}" if g["cluster"] else g["uuid"]): g for g in diagnosed["gpus"]}
+            assert sorted(said) == sorted(gpus), (run, when, sorted(said))
+            for key, gpu in gpus.items():
+                verdict = said[key]["verdict"]["verdict"]
+                assert series["verdicts"][key][at] == verdict, (run, when, key, series["verdicts"][key], verdict)
+                util = series["utilization"][key][at]
+                if gpu.utilization is None:
+                    assert util is None and said[key]["utilization"] is None
+                else:
+                    assert util == pytest.approx(said[key]["utilization"], abs=1e-4)
+                    assert util == pytest.approx(gpu.utilization, abs=1e-3)
+                if when == MOMENT:
+                    assert verdict == BY_ROW[gpu.row].verdict, (run, key, said[key]["verdict"])
+                    seen.add(gpu.row)
     assert seen == {row.name for row in LADDER} - FROM_RULES_ONLY
 
 
