@@ -217,6 +217,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     step = step or max(sources.MIN_STEP, (end - start) / sources.POINTS)
     window = sources.WINDOW_STEPS * step
     seconds_at = dict(_grid(start, end, step))
+    sources.Stepped(prom, list(seconds_at), step).require(catalog.GPU_INFO.name, "15m")
     points: list[Point] = []
     for ts, readings in sources.readings_over(prom, list(seconds_at), step, window, t.cluster_label):
         for view in build_views(readings, t, window):

@@ -70,7 +70,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     step = step or max(MIN_STEP, (end - start) / POINTS)
     window = WINDOW_STEPS * step
     grid = [start + k * step for k in range(int((end - start) / step + 1e-9) + 1)]
-    points = sources.readings_over(prom, grid, step, window, t.cluster_label, gpus)
+    points = sources.readings_over(prom, grid, step, window, t.cluster_label, gpus) if gpus else ()
     timeline = Timeline.judge(points, t, window, run, launch.run_id.split(",") if launch else ())
     times = timeline.times()
     moments = {gpu: series for gpu, series in timeline.series(times).items() if gpu in gpus}

@@ -42,8 +42,7 @@ def _key(labels: Labels, cluster_label: str = "") -> RankKey:
     return labels.get("rank", ""), Keys(cluster_label).gpu(labels)
 
 
-def _quote(text: str) -> str:
-    return json.dumps(text)
+_quote = json.dumps
 
 
 def _at(prom: Prometheus, when: float, expr: str) -> list[tuple[Labels, float]]:
@@ -275,11 +274,10 @@ def _ms(ts: float) -> int:
 def readings_over(prom: Prometheus, times: Sequence[float], step: float, window: float, cluster_label: str,
                   gpus: Sequence[str] = ()) -> Iterator[tuple[float, Readings]]:
     """(time, the readings of ``diagnose --prometheus-url --window W --at T``) at every point T of ``times`` (a grid
-    ``step`` apart) where Prometheus holds GPUs (MetricsError: at none); only the series of ``gpus`` (GPU keys)
+    ``step`` apart) where Prometheus holds GPUs; only the series of ``gpus`` (GPU keys)
     when given (a run's report need not read a fleet)."""
     uuids = _quote("|".join(sorted({gpu.rpartition("/")[2] for gpu in gpus})))
     stepped = Stepped(prom, times, step, only=f"{catalog.GPU_INFO.name}{{uuid=~{uuids}}}" if gpus else "")
-    stepped.require(catalog.GPU_INFO.name, "15m")
     for ts in times:
         at = stepped.at_time(ts)
         if at.query(catalog.GPU_INFO.name):
