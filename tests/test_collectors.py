@@ -153,9 +153,10 @@ def test_the_registry_is_the_one_list_of_collectors() -> None:
     from gpu_exporter.app import POLLING_COLLECTORS
     from gpu_exporter.config import COLLECTOR_NAMES
 
-    assert COLLECTOR_NAMES == collectors.NAMES
+    assert COLLECTOR_NAMES == collectors.NAMES == tuple(n for n, r in collectors.REGISTRY.items() if r.switch)
     for name, registration in collectors.REGISTRY.items():
         assert registration.load().name == name  # the class's collector label is its registered name
+        assert registration.polling or callable(registration.load().build)  # the exporter builds the others
     assert [cls.name for cls in POLLING_COLLECTORS] == [n for n, r in collectors.REGISTRY.items() if r.polling]
     with pytest.raises(ValueError, match="registered twice"):
         collectors.register("xid", "xid:XidCollector")

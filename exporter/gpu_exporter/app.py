@@ -1,5 +1,6 @@
 """Assemble and run the exporter from a Config: NVML (or simulated GPUs), the poller and its
-collectors, XID events, training ingest, Kubernetes attribution, and the HTTP server.
+collectors, every other source of the registry (XID events, training ingest, the stack sampler,
+Kubernetes attribution, the exporter's own metrics: gpu_exporter.collectors), and the HTTP server.
 
 Example::
 
@@ -12,20 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 from gpu_exporter import collectors
-from gpu_exporter.collectors import stacks
-from gpu_exporter.collectors.base import PollingCollector
+from gpu_exporter.collectors.base import Assembly, PollingCollector
 from gpu_exporter.collectors.evidence import CPU_SHARE, EvidenceCollector
-from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import Source
-from gpu_exporter.ingest import IngestSettings, TrainingStore
+from gpu_exporter.ingest import TrainingStore
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.poller import Poller
-from gpu_exporter.selfmetrics import ProcessMetrics, SampleAge, SelfMetrics
+from gpu_exporter.selfmetrics import ProcessMetrics, SelfMetrics
 from gpu_exporter.server import Limits, MetricsServer
 
 log = logging.getLogger(__name__)
@@ -63,45 +61,15 @@ class Exporter:
                                      evidence_cpu_share=config.evidence_cpu_share)
         self.poller = Poller(self.nvml, polling, poll_interval=config.poll_interval,
                              discovery_interval=config.discovery_interval)
-        self.xid = XidCollector(self.nvml, lambda: self.poller.discovery) if "xid" not in disabled else None
-        self.training: TrainingStore | None = None
-        if config.ingest_enabled:
-            wanted = {f.name for f in fields(IngestSettings)}
-            self.training = TrainingStore(IngestSettings(**{k: v for k, v in config.section("ingest").items()
-                                                             if k in wanted}))
-            if self.simulated is not None:
-                self.simulated.set_training_source(self.training.latest_phases)
-        self.phases = stacks.from_config(config.sampling_rate, polling, self.training)  # opt-in py-spy phases
-        self.pods: Any = None
-        if config.kubernetes_enabled:
-            from gpu_exporter.kubernetes import PodAttribution
-
-            self.pods = PodAttribution(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds,
-                                       devices=self._inventory)
-        self.health = SelfMetrics(self.poller, self._extra_status, with_age=False)
-        sources: list[Source] = [*polling]
-        sources += [s for s in (self.xid, self.training, self.pods) if s is not None]
-        sources.append(self.health)
-        self.process = ProcessMetrics()  # process_*: CPU, memory, open files (whole at the open-file limit)
-        sources.append(self.process)
-        sources.append(SampleAge(self.poller))  # last and live: the age at the scrape, even in a body rendered ahead
-        self.sources = sources
+        self.parts = collectors.build_sources(Assembly(config, self.nvml, self.poller, polling, self.simulated),
+                                              disabled)
+        self.training: TrainingStore | None = self.parts.get("training")
+        self.health: SelfMetrics = self.parts["self"]
+        self.process: ProcessMetrics = self.parts["process"]  # its guard: the server's accepts (open-file limit)
+        self.sources: list[Source] = [*polling, *(s for name, s in self.parts.items()
+                                                  if collectors.REGISTRY[name].metrics)]
+        self.threads = [s for name, s in self.parts.items() if collectors.REGISTRY[name].thread]  # XID, py-spy, kubelet
         self.server: MetricsServer | None = None
-
-    def _inventory(self) -> list[tuple[str, str, str]]:
-        out = []
-        for gpu in self.poller.discovery.gpus:
-            out.append((str(gpu.index), gpu.uuid, ""))
-            out += [(str(gpu.index), gpu.uuid, mig.uuid) for mig in gpu.mig_instances]
-        return out
-
-    def _extra_status(self) -> dict[str, bool]:
-        status = {}
-        if self.xid is not None:
-            status["xid"] = self.xid.healthy
-        if self.pods is not None:
-            status["kubernetes"] = bool(self.pods.last_success)
-        return status
 
     def ready(self) -> tuple[bool, str]:
         """(ready, reason): ready while the newest complete NVML poll is fresh."""
@@ -139,12 +107,8 @@ class Exporter:
         self.poller.poll_once()
         self.poller.after_poll = self._prepare_scrape
         self.poller.start()
-        if self.xid is not None:
-            self.xid.start()
-        if self.pods is not None:
-            self.pods.start()
-        if self.phases is not None:
-            self.phases.start()
+        for part in self.threads:
+            part.start()
         if before_serving is not None:
             before_serving()
         self.server.run_in_thread()
@@ -171,7 +135,6 @@ class Exporter:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
-        for part in (self.pods, self.xid, self.phases):
-            if part is not None:
-                part.stop()
+        for part in reversed(self.threads):
+            part.stop()
         self.poller.stop()

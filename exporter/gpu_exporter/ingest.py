@@ -36,9 +36,9 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
@@ -46,6 +46,9 @@ from . import catalog, remedies
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
 from .training.protocol import CONTEXT_FIELDS, MAX_WORLD_SIZE, SCHEMA_VERSION, TAG_LABEL_PREFIX, check_label, check_tags
+
+if TYPE_CHECKING:
+    from .collectors.base import Assembly
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,17 @@ class TrainingStore:
     >>> store.handle_push(b"{}", "application/json", None)[0]
     400
     """
+
+    name = "training"
+
+    @classmethod
+    def build(cls, assembly: Assembly) -> TrainingStore:
+        """The exporter's (gpu_exporter.collectors); simulated GPUs that follow training read its phases."""
+        wanted = {f.name for f in fields(IngestSettings)}
+        store = cls(IngestSettings(**{k: v for k, v in assembly.config.section("ingest").items() if k in wanted}))
+        if assembly.simulated is not None:
+            assembly.simulated.set_training_source(store.latest_phases)
+        return store
 
     def __init__(self, settings: IngestSettings, clock: Callable[[], float] = time.time) -> None:
         for name in ("max_body_bytes", "max_runs", "max_phases_per_run", "max_label_length"):

@@ -19,12 +19,15 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from gpu_exporter import catalog
+
+if TYPE_CHECKING:
+    from gpu_exporter.collectors.base import Assembly
 
 try:
     import grpc
@@ -100,8 +103,28 @@ class PodAttribution(Collector):
     ``devices`` returns the exporter's inventory as ``(gpu index, gpu uuid, mig uuid or "")``; it
     fills the ``gpu`` and ``uuid`` labels of MIG devices. Without it only whole GPUs allocated by
     UUID are exported, with an empty ``gpu`` label. ``last_success`` and ``last_error`` describe
-    the newest refresh, for ``gpu_exporter_collector_success{collector="kubernetes"}``.
+    the newest refresh, for ``gpu_exporter_collector_success{collector="kubernetes"}`` (``healthy``).
     """
+
+    name = "kubernetes"
+
+    @classmethod
+    def build(cls, assembly: Assembly) -> PodAttribution:
+        """The exporter's (gpu_exporter.collectors): its inventory is the GPUs and MIG instances the poller found."""
+        def devices() -> list[tuple[str, str, str]]:
+            out: list[tuple[str, str, str]] = []
+            for gpu in assembly.poller.discovery.gpus:
+                out.append((str(gpu.index), gpu.uuid, ""))
+                out += [(str(gpu.index), gpu.uuid, mig.uuid) for mig in gpu.mig_instances]
+            return out
+
+        config = assembly.config
+        return cls(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds, devices=devices)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the newest refresh succeeded."""
+        return self.last_success
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, refresh_seconds: float = 10.0,
                  timeout_seconds: float = 2.0, *, devices: DeviceInventory | None = None) -> None:

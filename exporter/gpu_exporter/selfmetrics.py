@@ -22,6 +22,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
 from gpu_exporter import __version__, catalog
+from gpu_exporter.collectors.base import Assembly
 from gpu_exporter.poller import Poller
 
 
@@ -40,6 +41,14 @@ class SelfMetrics:
     """
 
     name = "self"
+
+    @classmethod
+    def build(cls, assembly: Assembly) -> SelfMetrics:
+        """The exporter's (gpu_exporter.collectors), with the ``healthy`` flag of each source (XID, Kubernetes)."""
+        def status() -> dict[str, bool]:
+            return {name: bool(source.healthy) for name, source in assembly.built.items() if hasattr(source, "healthy")}
+
+        return cls(assembly.poller, status, with_age=False)
 
     def __init__(self, poller: Poller, extra_status: Callable[[], dict[str, bool]] = dict,
                  with_age: bool = True) -> None:
@@ -93,6 +102,11 @@ class SampleAge:
     name = "age"
     live = True
 
+    @classmethod
+    def build(cls, assembly: Assembly) -> SampleAge:
+        """The exporter's (gpu_exporter.collectors)."""
+        return cls(assembly.poller)
+
     def __init__(self, poller: Poller) -> None:
         self._poller = poller
 
@@ -118,6 +132,11 @@ class ProcessMetrics:
     """
 
     name = "process"
+
+    @classmethod
+    def build(cls, assembly: Assembly) -> ProcessMetrics:
+        """The exporter's (gpu_exporter.collectors)."""
+        return cls()
 
     def __init__(self, spare: int = 2) -> None:
         self._collector = ProcessCollector(registry=None)

@@ -24,7 +24,7 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -217,3 +217,16 @@ class PollingCollector:
         with self._lock:
             rows = self._rows
         return iter([r.family() for r in rows])
+
+
+@dataclass
+class Assembly:
+    """What ``build(assembly)`` of a source that does not poll gets (``collectors.build_sources``); ``built``:
+    the sources built before it, by name. The poller is typed loosely: collectors never import upward."""
+
+    config: Any
+    nvml: Nvml
+    poller: Any
+    polling: Sequence[PollingCollector]
+    simulated: Any = None
+    built: dict[str, Any] = field(default_factory=dict)

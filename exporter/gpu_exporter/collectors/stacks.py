@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter.collectors.base import Assembly
+
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 5
@@ -107,6 +109,19 @@ class PhaseSampler:
     ``processes()`` gives (pid, gpu index, uuid) of the GPU processes (the evidence collector's
     latest poll); ``store`` is the TrainingStore (``has_reported_run``, ``put_sampled``).
     """
+
+    name = "stacks"
+
+    @classmethod
+    def build(cls, assembly: Assembly) -> PhaseSampler | None:
+        """The exporter's (gpu_exporter.collectors), for ``sampling.rate``; None when it cannot work (logged)."""
+        evidence: Any = next((c for c in assembly.polling if c.name == "evidence"), None)
+        store = assembly.built.get("training")
+        if evidence is None or store is None:
+            log.error("sampling.rate needs the evidence collector (it lists the GPU processes) and training ingest "
+                      "(it holds the sampled phases): enable both, or set sampling.rate to 0")
+            return None
+        return cls(assembly.config.sampling_rate, lambda: evidence.processes, store)
 
     def __init__(self, rate: float, processes: Callable[[], Iterable[tuple[int, str, str]]], store: Any,
                  window: int = WINDOW_SECONDS, pyspy: str | None = None) -> None:
@@ -190,14 +205,3 @@ class PhaseSampler:
         current = max(counts, key=lambda p: counts[p])
         self.store.put_sampled(uuid, pid, dict(seconds), current, self._started[key])
 
-
-def from_config(rate: float, collectors: Iterable[Any], store: Any) -> PhaseSampler | None:
-    """The sampler the exporter runs for ``sampling.rate`` (None when 0, or when it cannot work: logged)."""
-    if rate <= 0:
-        return None
-    evidence = next((c for c in collectors if getattr(c, "name", "") == "evidence"), None)
-    if evidence is None or store is None:
-        log.error("sampling.rate needs the evidence collector (it lists the GPU processes) and training ingest "
-                  "(it holds the sampled phases): enable both, or set sampling.rate to 0")
-        return None
-    return PhaseSampler(rate, lambda: evidence.processes, store)

@@ -19,7 +19,7 @@ import pynvml
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from gpu_exporter import catalog
-from gpu_exporter.collectors.base import Discovery
+from gpu_exporter.collectors.base import Assembly, Discovery
 from gpu_exporter.exposition import Family, join_lines
 from gpu_exporter.nvml import CallFailed, DriverLost, Gpu, GpuLost, Nvml, handle_key
 
@@ -44,6 +44,11 @@ class XidCollector:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-exporter-xid", daemon=True)
         self.healthy = True
+
+    @classmethod
+    def build(cls, assembly: Assembly) -> XidCollector:
+        """The exporter's (gpu_exporter.collectors): events of the GPUs the poller found."""
+        return cls(assembly.nvml, lambda: assembly.poller.discovery)
 
     def start(self) -> None:
         self._thread.start()
