@@ -111,12 +111,9 @@ class PodAttribution(Collector):
     @classmethod
     def build(cls, assembly: Assembly) -> PodAttribution:
         """The exporter's (gpu_exporter.collectors): its inventory is the GPUs and MIG instances the poller found."""
-        def devices() -> list[tuple[str, str, str]]:
-            out: list[tuple[str, str, str]] = []
-            for gpu in assembly.poller.discovery.gpus:
-                out.append((str(gpu.index), gpu.uuid, ""))
-                out += [(str(gpu.index), gpu.uuid, mig.uuid) for mig in gpu.mig_instances]
-            return out
+        def devices() -> list[tuple[str, str, str]]:  # each GPU, then its MIG instances
+            return [(str(gpu.index), gpu.uuid, mig) for gpu in assembly.poller.discovery.gpus
+                    for mig in ("", *(m.uuid for m in gpu.mig_instances))]
 
         config = assembly.config
         return cls(config.kubernetes_pod_resources_socket, config.kubernetes_refresh_seconds, devices=devices)

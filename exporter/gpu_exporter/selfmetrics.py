@@ -104,7 +104,6 @@ class SampleAge:
 
     @classmethod
     def build(cls, assembly: Assembly) -> SampleAge:
-        """The exporter's (gpu_exporter.collectors)."""
         return cls(assembly.poller)
 
     def __init__(self, poller: Poller) -> None:
@@ -135,7 +134,6 @@ class ProcessMetrics:
 
     @classmethod
     def build(cls, assembly: Assembly) -> ProcessMetrics:
-        """The exporter's (gpu_exporter.collectors)."""
         return cls()
 
     def __init__(self, spare: int = 2) -> None:
