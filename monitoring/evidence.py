@@ -18,6 +18,7 @@ GpuUtilizationBelowTarget. ``gpu_exporter.verdict.causes.find_hints`` is the sam
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
+from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.promql import GPU_SEL, HELD_LOW, C
@@ -28,16 +29,16 @@ UNINSTRUMENTED = (f"max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}) < ${{uti
                   f"unless on ({C}, uuid)\n({m.GPU_TRAINING_CURRENT_PHASE.name} == 1)")
 """GPUs below target on which no live training run reports (the sampled phases of collectors/stacks.py count as one)."""
 
+_CPU, _CHILDREN, _READ, _STATES = evidence.rates("5m")
+"""The counters' rates, as ``diagnose --window`` computes them for any window (gpu_exporter.verdict.evidence)."""
 RATES = (
-    (m.PROCESS_CPU_RATE5M.name, f"rate({m.GPU_PROCESS_CPU_SECONDS_TOTAL.name}[5m])",
-     "CPU cores used by each GPU process (1 = one whole core)."),
-    (m.PROCESS_CHILDREN_CPU_RATE5M.name, f"rate({m.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL.name}[5m])",
+    (m.PROCESS_CPU_RATE5M.name, _CPU, "CPU cores used by each GPU process (1 = one whole core)."),
+    (m.PROCESS_CHILDREN_CPU_RATE5M.name, _CHILDREN,
      "CPU cores used by each GPU process's child processes (DataLoader workers)."),
-    (m.PROCESS_READ_BYTES_RATE5M.name, f"rate({m.GPU_PROCESS_READ_BYTES_TOTAL.name}[5m])",
+    (m.PROCESS_READ_BYTES_RATE5M.name, _READ,
      "Bytes per second each GPU process and its live children read from storage."),
     (m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name,
-     f"rate({m.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name}[5m])\n/ ignoring (state) group_left ()\n"
-     f"(sum without (state) (rate({m.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name}[5m])) > 0)",
+     f"{_STATES}\n/ ignoring (state) group_left ()\n(sum without (state) ({_STATES}) > 0)",
      "Share of the window the main thread of each GPU process was running, sleeping, in disk wait, other."),
 )
 

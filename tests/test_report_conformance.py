@@ -7,9 +7,10 @@ straggler, a communication-bound run, and two clusters whose GPUs share one UUID
 other healthy at 90%: keyed by UUID alone, the report read the busy time of both). For each run,
 ``report --run R`` over the range and ``diagnose --prometheus-url --run R --window W --at T`` (W: the report's
 window) must give each GPU the same verdict and utilization at the point T (and at an earlier point, when
-every run was live). The row "not instrumented" with
-/proc evidence reads the evidence rules' series, which a window computed from raw counters does not have:
-neither command says it from raw counters (tests/test_evidence.py holds its PromQL).
+every run was live). The row "not instrumented" with /proc evidence is said by both from the processes' raw
+gpu_process_* counters over the window (a main thread runnable 97% of the time, no worker: main_busy, M1); as
+its verdict is "not instrumented" like the plain row's, the report's own moments (report_sources.readings_over ->
+Timeline, what ``report`` renders) must also give each GPU diagnose's title, code and evidence hint.
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ from typing import Any
 
 import pytest
 from gpu_exporter import cli
+from gpu_exporter.commands.metrics_client import Prometheus
+from gpu_exporter.commands.report_sources import readings_over
+from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.ladder import BY_ROW, LADDER
+from gpu_exporter.verdict.timeline import Timeline
 from servers import run_prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None or shutil.which("prometheus") is None,
                                 reason="promtool/prometheus not installed (apt-get install prometheus)")
 
+T = load_thresholds()
 STEP = 60
 WINDOW = 4 * STEP
 """The report's window: WINDOW_STEPS steps (gpu_exporter.commands.report_sources)."""
@@ -58,6 +64,8 @@ class Gpu:
     """Allocator retries per minute."""
     cluster: str = ""
     uuid: str = field(default="")
+    busy_main: bool = False
+    """Its process (``process``) has /proc counters: a main thread runnable 97% of the time, one core, no worker."""
 
     @property
     def key(self) -> str:
@@ -91,13 +99,14 @@ GPUS = [
         rank="1"),
     Gpu("idle_but_allocated", 0.01, 0.3, IDLE, live=False, process=True),
     Gpu("not_instrumented", 0.1, 0.5, IDLE, live=False, process=True),
+    Gpu("not_instrumented_evidence", 0.1, 0.5, IDLE, live=False, process=True, busy_main=True),
     Gpu("underutilized", 0.2, 0.6, {"data": 0.25, "compute": 0.6, "metrics": 0.15}),
     # Two clusters, one UUID: an input-bound run at 8% in cluster a, a healthy one at 90% in cluster b.
     Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}, run="twin-a", cluster="a", uuid="GPU-twin"),
     Gpu("healthy", 0.9, 0.5, {"data": 0.02, "compute": 0.98}, run="twin-b", cluster="b", uuid="GPU-twin"),
 ]
-FROM_RULES_ONLY = {"not_instrumented_evidence"}
-"""Rows whose condition reads recording rules' series (the /proc evidence hints), not raw counters."""
+EVIDENCE = {"not_instrumented_evidence": ("main_busy", "M1", "not instrumented: likely input-bound (M1)")}
+"""The evidence hint, code and title of the evidence row (its verdict is "not instrumented", as the plain row's)."""
 
 
 def openmetrics(start: int) -> str:
@@ -125,6 +134,15 @@ def openmetrics(start: int) -> str:
         if gpu.process:
             add("gpu_process_memory_used_bytes", gpu, index, {**gpu_labels, "pid": "7", "process_name": "python"},
                 gpu.memory * 80e9)
+        if gpu.busy_main:  # the gpu_process_* counters of collectors/evidence.py, growing steadily
+            pid = {"pid": "7"}
+            for name, rate in (("gpu_process_cpu_seconds_total", 0.98), ("gpu_process_children_cpu_seconds_total", 0),
+                               ("gpu_process_read_bytes_total", 0)):
+                add(name, gpu, index, pid, lambda ts, r=rate: r * (ts - start + 300))
+            add("gpu_process_child_processes", gpu, index, pid, 0)
+            for state, share in (("running", 0.97), ("sleeping", 0.03)):
+                add("gpu_process_main_thread_state_seconds_total", gpu, index, {**pid, "state": state},
+                    lambda ts, s=share: s * (ts - start + 300))
         run = {"run": gpu.run_name, "rank": gpu.rank}
         end = start + (SPAN + STEP if gpu.live else STOP)
 
@@ -166,8 +184,8 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str,
 
 
 def test_the_cases_reach_every_row_of_the_ladder() -> None:
-    assert {g.row for g in GPUS} == {row.name for row in LADDER} - FROM_RULES_ONLY
-    assert all(BY_ROW[row].verdict == "not_instrumented" for row in FROM_RULES_ONLY)
+    assert {g.row for g in GPUS} == {row.name for row in LADDER}
+    assert all(BY_ROW[row].verdict == "not_instrumented" for row in EVIDENCE)
 
 
 def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[str, int],
@@ -181,6 +199,11 @@ def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[
         assert code == 0, report
         assert report["gpus"] == sorted(gpus), (run, report["gpus"])
         series = report["series"]
+        # The report's moments themselves (what it renders: report_sources.readings_over -> Timeline)
+        grid = [start + k * STEP for k in range(SPAN // STEP + 1)]
+        timeline = Timeline.judge(readings_over(Prometheus(prom), grid, STEP, WINDOW, T.cluster_label, sorted(gpus)),
+                                  T, WINDOW, run)
+        moments = {key: {m.time: m for m in ms} for key, ms in timeline.moments.items()}
         for when in (EARLIER, MOMENT):  # at EARLIER every run is live; at MOMENT each GPU is in its row's state
             code, diagnosed = _cli(capsys, "diagnose", "--prometheus-url", prom, "--run", run, "--window",
                                    f"{WINDOW}s", "--at", str(start + when), "--output", "json")
@@ -191,6 +214,10 @@ def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[
             for key, gpu in gpus.items():
                 verdict = said[key]["verdict"]["verdict"]
                 assert series["verdicts"][key][at] == verdict, (run, when, key, series["verdicts"][key], verdict)
+                moment = moments[key][start + when]
+                assert (moment.verdict.name, moment.verdict.title, moment.verdict.code, moment.view.evidence_hint) == (
+                    verdict, said[key]["verdict"]["title"], said[key]["verdict"]["code"], said[key]["evidence_hint"]), (
+                    run, when, key)
                 util = series["utilization"][key][at]
                 if gpu.utilization is None:
                     assert util is None and said[key]["utilization"] is None
@@ -199,8 +226,12 @@ def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[
                     assert util == pytest.approx(gpu.utilization, abs=1e-3)
                 if when == MOMENT:
                     assert verdict == BY_ROW[gpu.row].verdict, (run, key, said[key]["verdict"])
+                    hint, code, title = EVIDENCE.get(gpu.row, ("", said[key]["verdict"]["code"],
+                                                               said[key]["verdict"]["title"]))
+                    assert (said[key]["evidence_hint"], said[key]["verdict"]["code"],
+                            said[key]["verdict"]["title"]) == (hint, code, title), (run, key, said[key])
                     seen.add(gpu.row)
-    assert seen == {row.name for row in LADDER} - FROM_RULES_ONLY
+    assert seen == {row.name for row in LADDER}
 
 
 def test_a_report_says_the_causes_and_verdicts_of_its_range(backfilled: tuple[str, int],

@@ -211,3 +211,60 @@ def test_a_busy_rank_waiting_in_collectives_is_judged_at_its_useful_utilization(
     below = judge(build_views(readings, T, 300.0)[0], T)
     assert (below.name, below.level) == ("underutilized", "target")
     assert below.reason.startswith("75% useful utilization (95% busy, 25% of the step in collectives) (target 85%)")
+
+
+def _uninstrumented(window: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Two clusters, one UUID, no training run: in us pid 7's main thread is runnable 97% of the window with no
+    worker (the evidence row, main_busy); in eu pid 7 mostly sleeps (plain "not instrumented"). ``window``: the
+    raw counters' rates over it (``300s`` also answers the evidence rules' 5m series, as the rules compute them)."""
+    proc = {cluster: _gpu(cluster, pid="7") for cluster in ("eu", "us")}
+    states = {"us": {"running": 0.97, "sleeping": 0.03}, "eu": {"running": 0.05, "sleeping": 0.95}}
+    cores = {"us": 0.98, "eu": 0.05}
+    answers: dict[str, list[tuple[dict[str, str], float]]] = {
+        "gpu_info": [(_gpu("eu", name="H100"), 1.0), (_gpu("us", name="H100"), 1.0)],
+        "gpu:gpu_utilization:avg5m": [(_gpu("eu"), 0.2), (_gpu("us"), 0.1)],
+        f"rate(gpu_busy_seconds_total[{window}])": [(_gpu("eu"), 0.2), (_gpu("us"), 0.1)],
+        "gpu:gpu_memory_used:ratio": [(_gpu("eu"), 0.5), (_gpu("us"), 0.5)],
+        "gpu_memory_used_bytes": [(_gpu("eu"), 4e10), (_gpu("us"), 4e10)],
+        "gpu_memory_total_bytes": [(_gpu("eu"), 8e10), (_gpu("us"), 8e10)],
+        "gpu_process_memory_used_bytes": [({**proc[c], "process_name": "python"}, 4e10) for c in proc],
+        "gpu_process_child_processes": [(proc[c], 0.0) for c in proc],
+        f"rate(gpu_process_cpu_seconds_total[{window}])": [(proc[c], cores[c]) for c in proc],
+        f"rate(gpu_process_children_cpu_seconds_total[{window}])": [(proc[c], 0.0) for c in proc],
+        f"rate(gpu_process_read_bytes_total[{window}])": [(proc[c], 0.0) for c in proc],
+        f"rate(gpu_process_main_thread_state_seconds_total[{window}])": [
+            ({**proc[c], "state": s}, v) for c in proc for s, v in states[c].items()],
+    }
+    if window == "300s":  # the evidence rules' series over the same 5m (monitoring/evidence.py)
+        answers.update({
+            catalog.PROCESS_CPU_RATE5M.name: [(proc[c], cores[c]) for c in proc],
+            catalog.PROCESS_CHILDREN_CPU_RATE5M.name: [(proc[c], 0.0) for c in proc],
+            catalog.PROCESS_READ_BYTES_RATE5M.name: [(proc[c], 0.0) for c in proc],
+            catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name: [
+                ({**proc[c], "state": s}, v) for c in proc for s, v in states[c].items()],
+            catalog.PROCESS_HINT_VALUE.name: [({**proc["us"], "hint": "main_busy", "code": "M1"}, 0.97)],
+        })
+    return answers
+
+
+def test_a_window_read_from_raw_counters_says_the_evidence_of_an_uninstrumented_gpu() -> None:
+    """from_prometheus_window reads the processes' counters over the window (their rates, as the evidence rules
+    compute them for 5m) and the evidence table finds the hint: the same verdict, hint and evidence as the rules'
+    series give from_prometheus, per cluster."""
+    def said(readings: Any) -> dict[str, tuple[str, str, str, str, tuple[Any, ...]]]:
+        views = build_views(readings, T, 300.0)
+        return {v.cluster: (judge(v, T).name, judge(v, T).code, judge(v, T).title, v.evidence_hint, v.evidence)
+                for v in views}
+
+    expected = {"us": ("not_instrumented", "M1", "not instrumented: likely input-bound (M1)", "main_busy"),
+                "eu": ("not_instrumented", "", "not instrumented", "")}
+    prom: Any = FakePrometheus(_uninstrumented("600s"))
+    window = said(from_prometheus_window(prom, 600.0, T.cluster_label))
+    assert {c: v[:4] for c, v in window.items()} == expected
+    assert [(p.pid, p.name, p.cpu_cores, p.child_processes, dict(p.states)) for p in window["us"][4]] == [
+        ("7", "python", 0.98, 0, {"running": 0.97, "sleeping": 0.03})]
+    prom = FakePrometheus(_uninstrumented("300s"))
+    assert said(from_prometheus_window(prom, 300.0, T.cluster_label)) == said(
+        from_prometheus(prom, T.cluster_label)) == window
+    # Each query is trimmed to the labels read (max by), the states' to (uuid, pid, state) and the cluster.
+    assert "max by (uuid, pid, state, cluster) (rate(gpu_process_main_thread_state_seconds_total[300s]))" in prom.asked

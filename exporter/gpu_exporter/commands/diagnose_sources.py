@@ -38,14 +38,19 @@ _READ: dict[str, tuple[str, ...]] = {
     catalog.GPU_POD_INFO.name: ("uuid", "namespace", "pod"),
     catalog.GPU_PROCESS_MEMORY_USED_BYTES.name: (*_PROCESS, "process_name"),
     **dict.fromkeys((m.name for m in (catalog.PROCESS_CPU_RATE5M, catalog.PROCESS_CHILDREN_CPU_RATE5M,
-                                      catalog.GPU_PROCESS_CHILD_PROCESSES, catalog.PROCESS_READ_BYTES_RATE5M)),
+                                      catalog.GPU_PROCESS_CHILD_PROCESSES, catalog.PROCESS_READ_BYTES_RATE5M,
+                                      catalog.GPU_PROCESS_CPU_SECONDS_TOTAL,
+                                      catalog.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL,
+                                      catalog.GPU_PROCESS_READ_BYTES_TOTAL)),
                     _PROCESS),
-    catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name: (*_PROCESS, "state"),
+    **dict.fromkeys((m.name for m in (catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M,
+                                      catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL)), (*_PROCESS, "state")),
     catalog.PROCESS_HINT_VALUE.name: (*_PROCESS, "hint"),
 }
 """The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies), besides
-the cluster label. Prometheus drops the others (``max by``: instance, job, node and a target's own labels):
-at fleet scale that halves the answers to decode. ``gpu_info`` is read whole, for the GPU's name and node."""
+the cluster label; a rate of a counter keeps the counter's (evidence.rates). Prometheus drops the others
+(``max by``: instance, job, node and a target's own labels): at fleet scale that halves the answers to decode.
+``gpu_info`` is read whole, for the GPU's name and node."""
 
 
 def _sent(expr: str, labels: tuple[str, ...] | None, cluster_label: str) -> str:
@@ -98,21 +103,25 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
 
     ``rate(gpu_busy_seconds_total[W])`` is ``gpu:gpu_utilization:avg5m`` with the window W, the phases'
     ``increase(...[W])`` give ``run:gpu_training_phase:share5m``'s shares, allocator events are counted over
-    W; the causes are then judged with the cause table (``findings`` None). Needs no rules loaded.
+    W; the causes are then judged with the cause table (``findings`` None). The processes' /proc evidence is the
+    rates of their gpu_process_* counters over W (``evidence.from_window``: the evidence rules' with W), its hints
+    found with the evidence table (``hints`` None). Needs no rules loaded.
     """
     w = promql_duration(seconds)
     busy, phases, retries, ooms = (f"{fn}({metric.name}[{w}])" for fn, metric in (
         ("rate", catalog.GPU_BUSY_SECONDS_TOTAL), ("increase", catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL),
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL),
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)))
-    fleet = _Fleet(prom, cluster_label, {**_reads(INSTANT), busy: _GPU, phases: (*_RUN, "phase"), retries: _RUN,
-                                         ooms: _RUN})
+    process_rates = {expr: _READ[name] for name, expr in zip(evidence.WINDOWED, evidence.rates(w), strict=True)}
+    fleet = _Fleet(prom, cluster_label, {**_reads((*INSTANT, catalog.GPU_PROCESS_CHILD_PROCESSES.name)), busy: _GPU,
+                                         phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates})
     keys = fleet.keys
     readings = fleet.readings(INSTANT)
     readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(fleet.raw(busy)).items() if math.isfinite(v)}
     readings.phase_window = keys.phases(fleet.raw(phases))
     readings.retries = keys.per_run(fleet.raw(retries))
     readings.ooms = keys.per_run(fleet.raw(ooms))
+    readings.evidence = evidence.from_window(fleet.query, w)
     return readings
 
 

@@ -3,9 +3,11 @@
 The exporter's ``evidence`` collector exports gpu_process_* counters (CPU of the process and of
 its children, worker children, bytes read, main-thread state seconds). Here they become one
 :class:`~gpu_exporter.verdict.causes.ProcessSignals` per process: from two readings of an exporter
-(the counter deltas over the window, :func:`from_snapshots`) or from Prometheus (the recording rules
+(the counter deltas over the window, :func:`from_snapshots`) or from Prometheus: the recording rules
 of monitoring/evidence.py, whose hint series say which rows of :data:`~gpu_exporter.verdict.causes.HINTS`
-passed: :func:`from_series`, which ``diagnose --prometheus-url`` calls with its query). The verdict uses
+passed (:func:`from_series`, which ``diagnose --prometheus-url`` calls with its query), or the raw counters'
+rates over any window (:func:`from_window`: ``diagnose --window``, ``report``; the table then finds the
+hints). The rates of both are :func:`rates` (the rules' with the window 5m). The verdict uses
 them for GPUs with work but no live training run: the verdict "not instrumented" then says what
 the evidence shows and, when a hint passes, which remedy it points at.
 """
@@ -22,13 +24,24 @@ from gpu_exporter.verdict.samples import Labels, Snapshot
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "ProcessSignals", "explain", "from_series", "from_snapshots"]
+__all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "WINDOWED", "ProcessSignals", "explain", "from_series", "from_snapshots",
+           "from_window", "rates"]
 
 Key = tuple[str, str]
 """(GPU uuid, pid)."""
 
 _COUNTERS = (catalog.GPU_PROCESS_CPU_SECONDS_TOTAL.name, catalog.GPU_PROCESS_CHILDREN_CPU_SECONDS_TOTAL.name,
              catalog.GPU_PROCESS_READ_BYTES_TOTAL.name)
+_STATES = catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name
+WINDOWED = (*_COUNTERS, _STATES)
+"""The counters whose rates over a window are the processes' evidence: CPU cores, the children's cores, bytes read
+per second, main-thread state seconds per second (a share of the window once divided by their sum)."""
+
+
+def rates(window: str) -> tuple[str, ...]:
+    """``rate(<counter>[window])`` of each counter of :data:`WINDOWED`, in its order: with ``5m`` the recording
+    rules' (monitoring/evidence.py), with any window :func:`from_window`'s queries."""
+    return tuple(f"rate({name}[{window}])" for name in WINDOWED)
 
 
 def _key(labels: Labels) -> Key:
@@ -76,12 +89,25 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> dict[str, list[ProcessSigna
         before = _by_key(prev.series(name))
         rates.append({k: max(v - before[k], 0.0) / elapsed for k, v in _by_key(cur.series(name)).items()
                       if k in before})
-    thread_states = catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL.name
-    old_states = _states(prev.series(thread_states))
+    old_states = _states(prev.series(_STATES))
     states = {k: {s: v - old_states.get(k, {}).get(s, 0.0) for s, v in d.items()}
-              for k, d in _states(cur.series(thread_states)).items() if k in old_states}
+              for k, d in _states(cur.series(_STATES)).items() if k in old_states}
     return _signals(rates[0], rates[1], _by_key(cur.series(catalog.GPU_PROCESS_CHILD_PROCESSES.name)), rates[2], states,
                     _names(cur.series(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
+
+
+def from_window(query: Callable[[str], list[tuple[Labels, float]]], window: str) -> dict[str, list[ProcessSignals]]:
+    """Per GPU uuid, the processes' readings over ``window`` from the raw counters (:func:`rates`, the
+    recording rules' expressions with that window; the child processes and names as they are at its end), as
+    :func:`from_snapshots` reads two scrapes. The state shares are each state's rate over their sum, as
+    ``process:gpu_process_main_thread_state:share5m`` is. No hints: the table finds them (:func:`explain`).
+
+    ``query`` answers a PromQL expression with (labels, value) pairs; :func:`rates` and
+    ``gpu_process_child_processes`` / ``gpu_process_memory_used_bytes`` are asked.
+    """
+    cpu, children, read, states = (query(expr) for expr in rates(window))
+    return _signals(_by_key(cpu), _by_key(children), _by_key(query(catalog.GPU_PROCESS_CHILD_PROCESSES.name)),
+                    _by_key(read), _states(states), _names(query(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))
 
 
 SERIES = tuple(f.name for f in (
