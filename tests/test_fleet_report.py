@@ -188,3 +188,36 @@ def test_bad_flags_are_one_line_before_any_query(tmp_path: Path) -> None:
         assert (result.returncode, result.stderr) == (2, f"gpu-exporter: error: {error}\n"), args
     both = run_cli("report", "--prometheus-url", url, "--list", "--fleet")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_two_clusters_with_one_gpu_uuid_keep_their_runs_and_time_apart() -> None:
+    """GPU-twin in cluster a ran ``train`` (9 s of its timers, input-bound at 4 points); GPU-twin in cluster b is not
+    instrumented, and ``short`` ran 1 s on it, live at no point. A launch's walls are keyed by (rank, GPU key), as
+    the points are: keyed by UUID alone, a's run time would also be b's (and b's unjudged run a's)."""
+    def point(k: int, cluster: str) -> Point:
+        run = cluster == "a" and 1 < k < 6
+        return Point(2.0 * k, f"{cluster}/GPU-twin", "GPU-twin", f"node-{cluster}", H100, (),
+                     "input_bound" if run else "not_instrumented", "", "", True, 0.1, "fix it.",
+                     ("train", "a") if run else None, 2.0)
+
+    points = [point(k, c) for c in ("a", "b") for k in range(1, 11)]
+    rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", "a/GPU-twin"): 9.0}),
+            LaunchRow("short", ["b"], 12.5, 13.5, {"team": "nlp"}, {("0", "b/GPU-twin"): 1.0})]
+    rows[0].points = [p for p in points if p.launch == ("train", "a")]
+    r = Range("http://prometheus:9090", 0.0, 20.0, 2.0, 8.0, points, rows, T.utilization_target,
+              T.utilization_low_threshold)
+    assert (rows[0].wall_on("a/GPU-twin"), rows[0].wall_on("b/GPU-twin"), rows[0].wall_on("GPU-twin")) == (9.0, 0, 0)
+    items = shares(r)
+    by_gpu: dict[tuple[str, str], float] = {}
+    for s in items:
+        by_gpu[(s.point.gpu, s.offender)] = by_gpu.get((s.point.gpu, s.offender), 0.0) + s.seconds
+    assert by_gpu == pytest.approx({
+        ("a/GPU-twin", "run train (a)"): 9.0, ("a/GPU-twin", "GPU GPU-twin on node-a"): 11.0,
+        ("b/GPU-twin", "run short (b)"): 1.0, ("b/GPU-twin", "GPU GPU-twin on node-b"): 19.0})
+    f = fleet(r, None)
+    assert f.by_team["vision"].gpu_hours * 3600 == pytest.approx(9.0)
+    assert f.by_node["node-b"].gpu_hours * 3600 == pytest.approx(20.0)
+    docs = json.loads(render_list_json(r.launches, r))["runs"]
+    assert [(d["run"], d["gpus"], d["wall_seconds"]) for d in docs] == [("train", ["a/GPU-twin"], 9.0),
+                                                                        ("short", ["b/GPU-twin"], 1.0)]
+    assert docs[0]["seconds_by_verdict"] == {"input_bound": 9.0}

@@ -12,7 +12,9 @@ teams, and why*. Both answers here come from one pass over the range (:func:`jud
   (:class:`~gpu_exporter.commands.report_sources.Stepped`), which Prometheus evaluates exactly as those instant queries;
 * each launch of a training run (``gpu_training_run_info{run_id}``) in the range gets its ranks' wall time
   inside the range from its own phase timers, as the run report reads them; the points at which one of its
-  ranks was live on a GPU (its phases grew within the window) share that time by their verdicts. A GPU's
+  ranks was live on a GPU (its phases grew within the window) share that time by their verdicts; GPUs are
+  keyed by cluster and uuid (the thresholds' ``cluster_label``), as the verdicts are, so two clusters' GPUs with one
+  UUID keep their runs and time apart. A GPU's
   points without a live run share the rest of its time in the range (not instrumented, idle but allocated,
   unused, ...); a point at a run's first scrape weighs nothing (its timers have that time).
 
@@ -110,7 +112,8 @@ class LaunchRow:
     end: float
     tags: dict[str, str]
     walls: dict[tuple[str, str], float]
-    """Wall seconds of each (rank, uuid) inside the range (its phase timers)."""
+    """Wall seconds of each (rank, GPU key) inside the range (its phase timers); the GPU key is ``uuid``, or
+    ``cluster/uuid`` with the thresholds' ``cluster_label`` (verdict.readings.Keys), as a Point's ``gpu``."""
     points: list[Point] = field(default_factory=list)
     utilization: float | None = None
     kube_owners: list[str] = field(default_factory=list)
@@ -124,13 +127,14 @@ class LaunchRow:
     def wall(self) -> float:
         return max(self.walls.values(), default=0.0)
 
-    def wall_on(self, uuid: str) -> float:
-        """Its ranks' wall seconds on GPU ``uuid`` in the range."""
-        return sum(w for (_, on), w in self.walls.items() if on == uuid)
+    def wall_on(self, gpu: str) -> float:
+        """Its ranks' wall seconds on the GPU of key ``gpu`` in the range."""
+        return sum(w for (_, on), w in self.walls.items() if on == gpu)
 
     @property
     def gpus(self) -> list[str]:
-        return sorted({uuid for _, uuid in self.walls if uuid})
+        """The keys of its GPUs (two clusters' GPUs with one UUID are two)."""
+        return sorted({gpu for _, gpu in self.walls if gpu})
 
     @property
     def ranks(self) -> list[str]:
@@ -185,12 +189,13 @@ def _grid(start: float, end: float, step: float) -> list[tuple[float, float]]:
     return [(ts, min(step, ts - start)) for ts in times]
 
 
-def _launches(prom: Prometheus, start: float, end: float, now: float) -> list[LaunchRow]:
-    """The launches with a run id that ran in [start, end], with each rank's wall time inside it; the ranks of
-    one job that drew ids of their own (they started within SAME_JOB_SECONDS on other ranks) as one row."""
+def _launches(prom: Prometheus, start: float, end: float, now: float, cluster_label: str = "") -> list[LaunchRow]:
+    """The launches with a run id that ran in [start, end], with each rank's wall time inside it (by rank and GPU
+    key: ``cluster_label`` keeps two clusters' GPUs with one UUID apart); the ranks of one job that drew ids of
+    their own (they started within SAME_JOB_SECONDS on other ranks) as one row."""
     span = promql_duration(max(end - start, 1.0))
     rows: list[LaunchRow] = []
-    for launch in sources.launches(prom, end, span):
+    for launch in sources.launches(prom, end, span, cluster_label=cluster_label):
         launch, final = sources.launch_range(prom, launch, now)
         if launch.end < start or launch.start > end:
             continue
@@ -235,7 +240,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                                 verdict.title, verdict.code, verdict.below_target, view.utilization, verdict.remedy,
                                 launch, seconds_at[ts],
                                 not live and any(r.live for r in view.runs)))
-    rows = _launches(prom, start, end, now)
+    rows = _launches(prom, start, end, now, t.cluster_label)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
     for point in points:
         if point.launch is not None and point.launch in by_id:
@@ -245,7 +250,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
         row.kube_owners = list(owners_of(row.owners(), owners))
     for row in rows:
         if row.gpus:
-            busy = sources.busy(prom, row.gpus, max(start, row.start), min(end, row.end))
+            busy = sources.busy(prom, row.gpus, max(start, row.start), min(end, row.end), t.cluster_label)
             span = max(min(end, row.end) - max(start, row.start), 1e-9)
             util = [min(1.0, max(0.0, v / span)) for v in busy.values()]
             row.utilization = sum(util) / len(util) if util else None
@@ -379,7 +384,7 @@ def shares(r: Range) -> list[Share]:
         used, first = 0.0, points[0]
         for (run, ident), pts in run_points.items():
             row = rows.get((run, ident.split(",")[0]))
-            wall = row.wall_on(first.uuid) if row else 0.0
+            wall = row.wall_on(first.gpu) if row else 0.0
             if wall <= 0:  # a run without a run id (older library): each point its step
                 wall = sum(p.seconds for p in pts)
             used += wall
@@ -387,7 +392,7 @@ def shares(r: Range) -> list[Share]:
             name = f"run {run} ({ident})" if ident else f"run {run}"
             out += [_share(p, wall / len(pts), tags.get(TEAM_TAG, NONE), name, r.pod_owners) for p in pts]
         for row in r.launches:  # ran on the GPU, but live at no point (shorter than a step, or before the data)
-            wall = row.wall_on(first.uuid)
+            wall = row.wall_on(first.gpu)
             if wall > 0 and (row.run, row.ident) not in run_points:
                 used += wall
                 near = min(points, key=lambda p: abs(p.time - row.start))  # its pods, most likely
