@@ -10,12 +10,14 @@ window) must give each GPU the same verdict and utilization at the point T (and 
 every run was live). The row "not instrumented" with /proc evidence is said by both from the processes' raw
 gpu_process_* counters over the window (a main thread runnable 97% of the time, no worker: main_busy, M1); as
 its verdict is "not instrumented" like the plain row's, the report's own moments (report_sources.readings_over ->
-Timeline, what ``report`` renders) must also give each GPU diagnose's title, code and evidence hint.
+Timeline, what ``report`` renders) must also give each GPU diagnose's title, code and evidence hint. The twin runs
+are launches (run ids): ``report --list`` lists each on its own GPU key with its own busy and wall time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import time
@@ -64,6 +66,8 @@ class Gpu:
     """Allocator retries per minute."""
     cluster: str = ""
     uuid: str = field(default="")
+    run_id: str = ""
+    """Its launch's run id (gpu_training_run_info, the start timestamp): ``report --list`` lists it."""
     busy_main: bool = False
     """Its process (``process``) has /proc counters: a main thread runnable 97% of the time, one core, no worker."""
 
@@ -102,8 +106,10 @@ GPUS = [
     Gpu("not_instrumented_evidence", 0.1, 0.5, IDLE, live=False, process=True, busy_main=True),
     Gpu("underutilized", 0.2, 0.6, {"data": 0.25, "compute": 0.6, "metrics": 0.15}),
     # Two clusters, one UUID: an input-bound run at 8% in cluster a, a healthy one at 90% in cluster b.
-    Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}, run="twin-a", cluster="a", uuid="GPU-twin"),
-    Gpu("healthy", 0.9, 0.5, {"data": 0.02, "compute": 0.98}, run="twin-b", cluster="b", uuid="GPU-twin"),
+    Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}, run="twin-a", cluster="a", uuid="GPU-twin",
+        run_id="id-twin-a"),
+    Gpu("healthy", 0.9, 0.5, {"data": 0.02, "compute": 0.98}, run="twin-b", cluster="b", uuid="GPU-twin",
+        run_id="id-twin-b"),
 ]
 EVIDENCE = {"not_instrumented_evidence": ("main_busy", "M1", "not instrumented: likely input-bound (M1)")}
 """The evidence hint, code and title of the evidence row (its verdict is "not instrumented", as the plain row's)."""
@@ -122,7 +128,7 @@ def openmetrics(start: int) -> str:
         rows = families.setdefault(name, [])
         for ts in stamps:
             v = value(ts) if callable(value) else value
-            rows.append(f"{name}{{{text}}} {v:g} {ts}")
+            rows.append(f"{name}{{{text}}} {v:.17g} {ts}")
 
     for index, gpu in enumerate(GPUS):
         gpu_labels = {"gpu": str(index)}
@@ -152,6 +158,10 @@ def openmetrics(start: int) -> str:
         add("gpu_training_allocator_retries_total", gpu, index, run,
             lambda ts, a=active, r=gpu.retries: r * a(ts) / 60)
         add("gpu_training_allocator_ooms_total", gpu, index, run, 0)
+        if gpu.run_id:  # a launch: its info series while it runs, and its start
+            add("gpu_training_run_info", gpu, index, {**run, "run_id": gpu.run_id},
+                lambda ts, e=end: 1 if ts < e else math.nan)
+            add("gpu_training_run_start_timestamp_seconds", gpu, index, {**run, "run_id": gpu.run_id}, start - 300)
         for phase, share in gpu.shares.items():
             add("gpu_training_phase_seconds_total", gpu, index, {**run, "phase": phase},
                 lambda ts, a=active, s=share: s * a(ts))
@@ -247,3 +257,18 @@ def test_a_report_says_the_causes_and_verdicts_of_its_range(backfilled: tuple[st
     verdicts = {v["verdict"]: v for v in idle["verdicts"]}
     assert set(verdicts) >= {"idle_but_allocated"} and verdicts["idle_but_allocated"]["gpus"] == [
         "GPU-idle_but_allocated-r-idle_but_allocated-0"]
+
+
+def test_the_list_of_runs_keeps_two_clusters_with_one_gpu_uuid_apart(backfilled: tuple[str, int],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``report --list``: each twin run on its own GPU key, with its own busy time (8% and 90%) and wall time."""
+    prom, start = backfilled
+    code, listed = _cli(capsys, "report", "--prometheus-url", prom, "--list", "--from", str(start), "--to",
+                        str(start + SPAN), "--step", f"{STEP}s", "--output", "json")
+    assert code == 0, listed
+    runs = {r["run"]: r for r in listed["runs"]}
+    assert {run: (r["run_id"], r["gpus"], r["main_cause"]) for run, r in runs.items()} == {
+        "twin-a": ("id-twin-a", ["a/GPU-twin"], "input_bound"), "twin-b": ("id-twin-b", ["b/GPU-twin"], "healthy")}
+    assert runs["twin-a"]["mean_utilization"] == pytest.approx(0.08, abs=0.01)
+    assert runs["twin-b"]["mean_utilization"] == pytest.approx(0.9, abs=0.01)
+    assert [runs[r]["wall_seconds"] for r in runs] == pytest.approx([SPAN, SPAN], abs=STEP)
