@@ -6,11 +6,9 @@ could not be joined to a GPU, and the thresholds (for the target and low lines t
 
 from __future__ import annotations
 
-import functools
 import json
-import operator
-from collections.abc import Callable, Sequence
-from dataclasses import fields, is_dataclass
+from collections.abc import Sequence
+from dataclasses import is_dataclass
 from typing import Any, TextIO
 
 from gpu_exporter.thresholds import Thresholds
@@ -91,19 +89,9 @@ def _plain(value: Any, skip: tuple[str, ...] = ()) -> Any:
         return [v if type(v) in _LEAVES else _plain(v) for v in value]
     if kind is dict:
         return {k: v if type(v) in _LEAVES else _plain(v) for k, v in value.items()}
-    if is_dataclass(value) and not isinstance(value, type):
-        names, values = _fields_of(type(value))
-        return {name: v if type(v) in _LEAVES else _plain(v)
-                for name, v in zip(names, values(value), strict=True) if name not in skip}
+    if is_dataclass(value) and not isinstance(value, type):  # a dataclass's __dict__ holds its fields, in order
+        return {name: v if type(v) in _LEAVES else _plain(v) for name, v in vars(value).items() if name not in skip}
     return value
-
-
-@functools.cache
-def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
-    """A dataclass's field names, and a function that reads them all at once."""
-    names = tuple(f.name for f in fields(cls))
-    get = operator.attrgetter(*names)
-    return names, (get if len(names) > 1 else lambda v: (get(v),))
 
 
 def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_seconds: float, t: Thresholds,
