@@ -15,8 +15,8 @@ from gpu_exporter.verdict.causes import CAUSES, COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
 from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, USEFUL, C, busier, held_low
+from gpu_exporter.verdict.remedies import alert_text
 
-from monitoring import remedies
 from monitoring.model import Alert, Record, indent, wrap
 
 RECORDING = "gpu-cause.recording"
@@ -78,7 +78,7 @@ def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
     expr = (f"(\n    {held}\n  {'and' if lvl == LOW else 'unless'} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     description = (f"{WHERE} {cause.alert_reason()} The GPU is at {UTIL_NOW} ({gap}).{cause.alert_projection()} "
-                   f"{remedies.annotation(cause)}{cause.advice}")
+                   f"{alert_text(cause.cause)}{cause.advice}")
     labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl),
               *((("cause", cause.cause),) if lvl == TARGET else ()))
     return Alert(ALERTS.format(cause=cause.cause), name, expr, "cause_for", labels, summary, wrap(description))

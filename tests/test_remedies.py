@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.ingest import IngestSettings, TrainingStore, parse_context
-from gpu_exporter.remedies import (
+from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.training import context
+from gpu_exporter.training.run import Run
+from gpu_exporter.verdict.remedies import (
     Context,
     batch_factor,
     batch_suggestion,
     suggested_workers,
     workers_suggestion,
 )
-from gpu_exporter.thresholds import load_thresholds
-from gpu_exporter.training import context
-from gpu_exporter.training.run import Run
 
 REPO = Path(__file__).resolve().parents[1]
 promtool = shutil.which("promtool")

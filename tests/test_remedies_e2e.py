@@ -4,7 +4,7 @@ the cause alerts' descriptions and in both diagnose paths.
 
 Each loop runs on an ops-mode simulated GPU (``device: true``): busy exactly while the loop is inside torch
 operators, whatever it reports. ``mixed`` waits for data 54% of each step with ``num_workers=0`` on this
-machine's cores: M1, and the suggestion is the formula of gpu_exporter.remedies for those numbers. ``batch2``
+machine's cores: M1, and the suggestion is the formula of gpu_exporter.verdict.remedies for those numbers. ``batch2``
 computes batches of 2, a step mostly Python around small operators (its GPU is busy about a third of its compute
 time), with 4 of 80 GiB used: M3, and the suggestion is a larger batch.
 REMEDIES_E2E_OUTPUT=DIR keeps the outputs (docs/runbooks.md shows them).
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from e2e import keep_output, run_clis, running_jobs, shipped_fast_rules
-from gpu_exporter.remedies import suggested_workers
 from gpu_exporter.training.context import cpu_cores
+from gpu_exporter.verdict.remedies import suggested_workers
 from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 pytestmark = pytest.mark.slow

@@ -215,7 +215,7 @@ GPU_POD_INFO = _define(
     "gpu_pod_info", GAUGE, "1", "Kubernetes container a GPU or MIG device is allocated to (value is always 1).",
     (*GPM, "pod", "namespace", "container"), "kubernetes")
 
-# -- training runs (ingest.py, remedies.py) -------------------------------------------------------
+# -- training runs (ingest.py, verdict/remedies.py) -----------------------------------------------
 # ``source`` is added to the phase families when some run's phases were sampled (collectors/stacks.py).
 
 GPU_TRAINING_PHASE_SECONDS_TOTAL = _define(
@@ -256,7 +256,7 @@ GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL = _define(
 GPU_TRAINING_ALLOCATOR_OOMS_TOTAL = _define(
     "gpu_training_allocator_ooms_total", COUNTER, "1", "Out-of-memory errors raised by torch's CUDA caching allocator.",
     RUN, "training")
-# The snapshot's ``context`` (training/context.py), one gauge per field (remedies.CONTEXT_METRICS).
+# The snapshot's ``context`` (training/context.py), one gauge per field (verdict.remedies.GAUGES).
 GPU_TRAINING_LOADER_WORKERS = _define(
     "gpu_training_loader_workers", GAUGE, "1", "DataLoader num_workers of the run's latest run.data() loader.",
     RUN, "training")

@@ -42,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from . import catalog, remedies
+from . import catalog
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
 from .training.protocol import CONTEXT_FIELDS, MAX_WORLD_SIZE, SCHEMA_VERSION, TAG_LABEL_PREFIX, check_label, check_tags
+from .verdict import remedies
 
 if TYPE_CHECKING:
     from .collectors.base import Assembly
@@ -101,7 +102,7 @@ class _Entry:
     world_size: int = 1
     """Ranks in the run's distributed job (snapshot field ``world_size``, default 1)."""
     context: dict[str, float] | None = None
-    """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.remedies)."""
+    """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.verdict.remedies)."""
     source: str = ""
     """"" for a pushed snapshot; "sampled" for phases the stack sampler estimated (gpu_exporter.collectors.stacks)."""
     run_id: str = ""

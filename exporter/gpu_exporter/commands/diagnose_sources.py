@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping
 
 from gpu_exporter import catalog
 from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, promql_duration
-from gpu_exporter.remedies import GAUGES, read_contexts
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.causes import BY_ID, Finding
 from gpu_exporter.verdict.causes import LABEL as STRAGGLER_LABEL
 from gpu_exporter.verdict.levels import BY_LEVEL
 from gpu_exporter.verdict.readings import INSTANT, Keys, Pairs, instant
+from gpu_exporter.verdict.remedies import GAUGES, read_contexts
 from gpu_exporter.verdict.views import Readings
 
 _GPU, _RUN, _PROCESS = ("uuid",), ("run", "rank", "uuid"), ("uuid", "pid")

@@ -5,7 +5,7 @@ DataLoader's ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_
 size, the CPU cores it may use (its affinity and its cgroup's CPU quota) and the GPU memory it
 uses, leaves free and peaked at. Each snapshot carries them in its ``context`` object
 (docs/training.md); the exporter exports them as gpu_training_* gauges and the cause table turns
-them into concrete suggestions (gpu_exporter.remedies, formulas in docs/runbooks.md).
+them into concrete suggestions (gpu_exporter.verdict.remedies, formulas in docs/runbooks.md).
 
 Everything here is best effort and off the hot path: the loader is read once per ``run.data()``
 call (its attributes, duck-typed: torch is never imported here), the cores once per process, the

@@ -91,7 +91,7 @@ CONTEXT_FIELDS: dict[str, str] = {
 }
 """Fields of a snapshot's optional ``context`` object (training/context.py) and their kinds: every
 field is optional; ``count`` a whole number >= 0, ``bool`` true/false, ``number`` a finite number >= 0.
-The exporter (gpu_exporter.remedies) validates them and exports them as gpu_training_* gauges."""
+The exporter (gpu_exporter.ingest) validates them and exports them as gauges (verdict.remedies.GAUGES)."""
 
 MAX_TAGS = 8
 """Most user tags one run may carry (``training.start(tags=...)``, ``$GPU_EXPORTER_TAGS``)."""

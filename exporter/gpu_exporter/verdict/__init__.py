@@ -13,6 +13,8 @@ and the rule generators (monitoring/) all use the same definitions:
 * :mod:`~gpu_exporter.verdict.evidence`, :mod:`~gpu_exporter.verdict.ranks`: the /proc evidence of
   uninstrumented processes, the ranks of a distributed run.
 * :mod:`~gpu_exporter.verdict.timeline`: a range judged point by point (the run report).
+* :mod:`~gpu_exporter.verdict.remedies`: the concrete remedies (M1's workers, M3's batch), each formula
+  in Python and in PromQL, and the job's reported context.
 
 Data flow: source (Snapshot pair, or Prometheus in commands/diagnose_sources.py) -> Readings ->
 build_views -> judge -> render (commands/diagnose_render.py, status page).

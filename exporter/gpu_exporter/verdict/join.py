@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpu_exporter import remedies
 from gpu_exporter.thresholds import Thresholds
-from gpu_exporter.verdict import evidence, ranks
+from gpu_exporter.verdict import evidence, ranks, remedies
 from gpu_exporter.verdict.causes import Finding, RunSignals, allocator_limit, cause_order, find_causes
 from gpu_exporter.verdict.readings import Keys
 from gpu_exporter.verdict.views import GpuView, Readings, RunKey, RunView
@@ -82,7 +81,7 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
 def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t: Thresholds,
             window_seconds: float, communication: dict[str, float] | None) -> RunView:
     """``run`` with its causes (a live run) and the concrete remedies its reported context allows
-    (gpu_exporter.remedies), in one copy."""
+    (gpu_exporter.verdict.remedies), in one copy."""
     key = (run.run, run.rank, gpu)
     changes: dict[str, Any] = {}
     if run.live:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpu_exporter import catalog, remedies
+from gpu_exporter import catalog
 from gpu_exporter.training.protocol import OTHER
-from gpu_exporter.verdict import evidence
+from gpu_exporter.verdict import evidence, remedies
 from gpu_exporter.verdict.samples import Labels, Snapshot
 from gpu_exporter.verdict.views import Process, Readings, RunKey
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpu_exporter import remedies
+from gpu_exporter.verdict import remedies
 from gpu_exporter.verdict.causes import Finding, Hint, ProcessSignals
 from gpu_exporter.verdict.samples import Labels
 
@@ -41,7 +41,7 @@ class RunView:
     step_seconds: float | None = None
     """Mean seconds per training step over the window (None: no step in it)."""
     suggestions: dict[str, str] = field(default_factory=dict)
-    """Concrete remedy per cause id, from the run's reported context (gpu_exporter.remedies)."""
+    """Concrete remedy per cause id, from the run's reported context (gpu_exporter.verdict.remedies)."""
     source: str = ""
     """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.collectors.stacks)."""
 
@@ -93,7 +93,7 @@ class Verdict:
     level: str = ""
     projected: float | None = None
     suggestion: str = ""
-    """The concrete remedy, with the run's own numbers (gpu_exporter.remedies); "" without them."""
+    """The concrete remedy, with the run's own numbers (gpu_exporter.verdict.remedies); "" without them."""
 
 
 @dataclass
