@@ -92,21 +92,25 @@ PACKAGES = {
     "monitoring": (ROOT / "monitoring", "monitoring"),
     "training": (ROOT / "exporter" / "gpu_exporter" / "training", "gpu_exporter.training"),
 }
-TRAINING_CYCLES = pytest.mark.xfail(
-    reason="gpu_exporter.training has three cycles: the package <-> hooks (hooks.start_run and "
-           "hooks._enable_distributed import the package, the package imports hooks in its functions), "
-           "run <-> distributed and run <-> pusher (the TYPE_CHECKING imports of Run and Pusher); and lazy sibling "
-           "imports in the package's functions and in auto.py and launch.py. Not a small fix while the package "
-           "is being edited (issue 27)", strict=True)
+TRAINING_LAZY = pytest.mark.xfail(
+    reason="gpu_exporter.training loads some siblings on first use, and two footprint tests pin why: the package's "
+           "__getattr__ (PEP 562) imports run, session (start, watch_distributed) and hooks (watch), because the "
+           "exporter's serve path runs training/__init__.py when it imports training.protocol and must not load "
+           "training.run or training.pusher (tests/test_footprint.py); auto.py imports context, hooks, session, "
+           "lightning and transformers when the job's torch, Lightning or Transformers is imported, because "
+           "GPU_EXPORTER_AUTO=1 at interpreter start loads only auto and protocol "
+           "(tests/test_training_auto.py::test_the_startup_hook_imports_nothing_unless_the_variable_is_set). "
+           "The package has no cycle (test_no_import_cycle); dropping these needs one of those budgets changed "
+           "(issue 27)", strict=True)
 
 
-@pytest.mark.parametrize("package", [pytest.param("monitoring"), pytest.param("training", marks=TRAINING_CYCLES)])
+@pytest.mark.parametrize("package", [pytest.param("monitoring"), pytest.param("training")])
 def test_no_import_cycle(package: str) -> None:
     found = cycles(edges(*PACKAGES[package]))
     assert not found, "import cycles:\n  " + "\n  ".join(" -> ".join(c) for c in found)
 
 
-@pytest.mark.parametrize("package", [pytest.param("monitoring"), pytest.param("training", marks=TRAINING_CYCLES)])
+@pytest.mark.parametrize("package", [pytest.param("monitoring"), pytest.param("training", marks=TRAINING_LAZY)])
 def test_no_lazy_sibling_import(package: str) -> None:
     lazy = [e for e in edges(*PACKAGES[package]) if e.lazy]
     assert not lazy, "function-level imports of sibling modules:\n  " + "\n  ".join(
@@ -131,3 +135,26 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     (pkg / "b.py").write_text("X = 1\n")
     (pkg / "sub" / "d.py").write_text("")
     assert cycles(edges(pkg, "pkg")) == []
+
+
+TRAINING_LAZY_EDGES = {
+    ("gpu_exporter.training", "gpu_exporter.training.run"), ("gpu_exporter.training", "gpu_exporter.training.session"),
+    ("gpu_exporter.training", "gpu_exporter.training.hooks"),
+    ("gpu_exporter.training.auto", "gpu_exporter.training.context"),
+    ("gpu_exporter.training.auto", "gpu_exporter.training.hooks"),
+    ("gpu_exporter.training.auto", "gpu_exporter.training.session"),
+    ("gpu_exporter.training.auto", "gpu_exporter.training.lightning"),
+    ("gpu_exporter.training.auto", "gpu_exporter.training.transformers"),
+}
+"""The lazy sibling imports TRAINING_LAZY names: the package's ``__getattr__`` and auto's patches, none else."""
+
+
+def test_training_loads_late_only_where_the_footprint_tests_need_it() -> None:
+    """Until test_no_lazy_sibling_import[training] passes, no lazy import joins the ones its xfail explains."""
+    lazy = {(e.source, e.target) for e in edges(*PACKAGES["training"]) if e.lazy}
+    assert lazy <= TRAINING_LAZY_EDGES, f"new function-level sibling imports: {sorted(lazy - TRAINING_LAZY_EDGES)}"
+    package_lazy = {e.line for e in edges(*PACKAGES["training"]) if e.lazy and e.source == "gpu_exporter.training"}
+    init = (PACKAGES["training"][0] / "__init__.py").read_text().splitlines()
+    getattr_line = next(i for i, line in enumerate(init, 1) if line.startswith("def __getattr__("))
+    assert all(line > getattr_line for line in package_lazy) and not any(
+        line.startswith("def ") for line in init[getattr_line:]), "the package loads late in __getattr__ only"

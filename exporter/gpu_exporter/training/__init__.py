@@ -16,107 +16,47 @@ Standard library only; torch is used when the job has loaded it. Example::
 See docs/training.md for the phases, the snapshot schema and honest timing under CUDA.
 
 Importing the package loads only the wire contract (``protocol``); the timing code and the
-HTTP pusher load on first use, so the exporter, which imports ``protocol`` for its ingest,
-carries neither.
+HTTP pusher load on first use of a name below (:func:`__getattr__`), so the exporter, which imports
+``protocol`` for its ingest, carries neither. ``start`` and ``watch_distributed`` are
+gpu_exporter.training.session's, ``watch`` is gpu_exporter.training.hooks', ``Run`` and ``Phase``
+gpu_exporter.training.run's.
 """
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-from .protocol import DEFAULT_MAX_CUSTOM_PHASES, DEFAULT_URL, INGEST_PATH, OTHER, STANDARD_PHASES, normalize_url
+# The four aliased names were the package's attributes when start() was defined here: they stay.
+from .protocol import DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES
+from .protocol import DEFAULT_URL as DEFAULT_URL
+from .protocol import INGEST_PATH as INGEST_PATH
+from .protocol import OTHER, STANDARD_PHASES
+from .protocol import normalize_url as normalize_url
 
 if TYPE_CHECKING:
-    from .hooks import Watch
+    from .hooks import watch
     from .run import Phase, Run
+    from .session import start, watch_distributed
 
 __all__ = ["OTHER", "STANDARD_PHASES", "Phase", "Run", "start", "watch", "watch_distributed"]
 
 
 def __getattr__(name: str) -> Any:
-    """``Run`` and ``Phase`` (and the submodules), imported on first use."""
+    """``Run``, ``Phase``, ``start``, ``watch_distributed`` and ``watch``, imported on first use.
+
+    The one place the package loads its modules late: the exporter's serve path runs this file
+    when it imports ``protocol`` and must not load the timing code (tests/test_footprint.py).
+    """
     if name in ("Run", "Phase"):
         from . import run
 
         return getattr(run, name)
+    if name in ("start", "watch_distributed"):
+        from . import session
+
+        return getattr(session, name)
+    if name == "watch":
+        from . import hooks
+
+        return hooks.watch
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def start(name: str, *, url: str | None = None, token: str | None = None, rank: str | int | None = None,
-          uuid: str | None = None, device: int | None = None, push_interval: float = 5.0,
-          timeout: float = 2.0, sync_every: int = 0, gpu_timing: bool = True,
-          max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None,
-          run_id: str | None = None, tags: dict[str, str] | None = None) -> Run:
-    """Start timing run ``name`` and push its snapshots to the exporter in the background.
-
-    ``url``: exporter base URL (default ``$GPU_EXPORTER_URL``, else http://127.0.0.1:9445);
-    ``token``: bearer token (default ``$GPU_EXPORTER_TOKEN``); ``rank``: default ``$RANK`` /
-    ``$LOCAL_RANK`` / 0; ``uuid``: GPU UUID (default: found from CUDA_VISIBLE_DEVICES, torch or
-    NVML); ``device``: CUDA device index; ``sync_every``: call ``torch.cuda.synchronize()`` at
-    phase boundaries on every N-th step so queued GPU work is counted in the phase that issued it
-    (0 = never, the default; a diagnostic); ``gpu_timing``: on CUDA, GPU-truthful phases from an event
-    at every phase change (the default; see :class:`~gpu_exporter.training.run.GpuClock`);
-    ``world_size``: ranks in the job (default ``$WORLD_SIZE``, the process group's size, else 1;
-    rank too comes from the process group when ``$RANK`` is unset). When torch.distributed is
-    initialized, its collectives are timed as phase ``communication``
-    (:func:`watch_distributed`; pass it your DDP model to time the gradient all-reduce too).
-    ``run_id``: this launch's id, shared by the job's ranks (default ``$GPU_EXPORTER_RUN_ID``, torchrun's
-    rendezvous id, ``$SLURM_JOB_ID``, else one drawn per process: gpu_exporter.training.identity);
-    ``tags``: up to 8 ``key: value`` strings (team, user, git revision, ...; also ``$GPU_EXPORTER_TAGS``),
-    exported as ``tag_<key>`` labels of ``gpu_training_run_info``.
-    Raises ValueError on a bad name or setting.
-
-    >>> from gpu_exporter import training
-    >>> run = training.start("bert-base", url="http://127.0.0.1:1", uuid="GPU-0c8b1f1e")  # nothing listens
-    >>> with run.phase("compute"):
-    ...     pass
-    >>> run.step(samples=32)
-    >>> run.close()  # the final push fails at once: logged, never raised
-    >>> run.closed, run.steps
-    (True, 1)
-    """
-    from .pusher import Pusher
-    from .run import Run
-
-    run = Run(name, rank=rank, uuid=uuid, device=device, sync_every=sync_every, gpu_timing=gpu_timing,
-              max_custom_phases=max_custom_phases, world_size=world_size, run_id=run_id, tags=tags)
-    try:
-        base = normalize_url(url or os.environ.get("GPU_EXPORTER_URL") or DEFAULT_URL)
-    except ValueError as err:
-        raise ValueError(f"training.start: {err}") from None
-    token = token if token is not None else os.environ.get("GPU_EXPORTER_TOKEN") or None
-    run.attach(Pusher(run, base + INGEST_PATH, token, push_interval, timeout))
-    watch_distributed(run)
-    return run
-
-
-def watch_distributed(run: Run, ddp_model: Any = None) -> bool:
-    """Time ``run``'s torch.distributed collectives (and ``ddp_model``'s gradient all-reduce) as ``communication``.
-
-    ``training.start`` calls it without a model when the process group is already initialized;
-    call it yourself after ``init_process_group`` and with your ``DistributedDataParallel`` model,
-    before the first step. Returns False (and does nothing) when the job is not distributed, so
-    integrations may call it in every job. See gpu_exporter.training.distributed.
-
-    >>> from gpu_exporter.training.run import Run
-    >>> watch_distributed(Run("demo"))
-    False
-    """
-    from .distributed import watch
-
-    return watch(run, ddp_model)
-
-
-def watch(model: Any = None, optimizer: Any = None, loader: Any = None, **options: Any) -> Watch:
-    """Time a plain PyTorch loop without editing it: hooks on ``model``, ``optimizer`` and ``loader``.
-
-    ``data`` is time in the loader's iterator, ``compute`` the model's forward and backward and
-    ``optimizer.step``, ``checkpoint`` ``torch.save`` on this thread, ``metrics`` the calls of the
-    ``metrics=[...]`` objects; a step ends at each ``optimizer.step``. Options: ``name``, ``run``
-    (an open run) or ``training.start``'s options. Returns a handle with ``close()`` and ``run``.
-    See gpu_exporter.training.hooks and docs/training.md.
-    """
-    from .hooks import watch as watch_loop
-
-    return watch_loop(model, optimizer, loader, **options)

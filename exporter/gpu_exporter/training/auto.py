@@ -236,7 +236,7 @@ def _patch_torch(torch: Any) -> None:
                 result = init(*args, **kwargs)
                 if _state.run is not None and not _state.run.closed:
                     try:
-                        from . import watch_distributed
+                        from .session import watch_distributed
 
                         watch_distributed(_state.run)
                     except Exception as err:

@@ -54,12 +54,10 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .interfaces import TimedRun
 from .protocol import COMMUNICATION, MAX_WORLD_SIZE
-
-if TYPE_CHECKING:
-    from .run import Run
 
 log = logging.getLogger("gpu_exporter.training")
 
@@ -144,7 +142,7 @@ def resolve_world_size(explicit: int | None) -> int:
     return size
 
 
-def watch(run: Run, ddp_model: Any = None) -> bool:
+def watch(run: TimedRun, ddp_model: Any = None) -> bool:
     """Time ``run``'s collectives as phase ``communication``; True when the job is distributed.
 
     Wraps the torch.distributed functions (once per process) for calls from this thread and,
@@ -175,7 +173,7 @@ def watch(run: Run, ddp_model: Any = None) -> bool:
     return True
 
 
-def unwatch(run: Run) -> None:
+def unwatch(run: TimedRun) -> None:
     """Stop timing ``run``'s torch.distributed calls (``run.close()`` does this)."""
     with _lock:
         if _watched["run"] is run:
@@ -210,7 +208,7 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
-def _ddp_hook(run: Run, dist: Any) -> Callable[[Any, Any], Any]:
+def _ddp_hook(run: TimedRun, dist: Any) -> Callable[[Any, Any], Any]:
     """A DDP communication hook: average each gradient bucket over the group, timed as ``communication``."""
     torch = sys.modules["torch"]
     all_reduce = _originals.get("all_reduce", dist.all_reduce)

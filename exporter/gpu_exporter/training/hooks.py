@@ -45,7 +45,9 @@ from types import TracebackType
 from typing import Any, ClassVar
 
 from . import context as _context
+from .identity import default_run_name, resolve_run_id
 from .run import Phase, Run
+from .session import start, watch_distributed
 
 METRIC_METHODS = ("update", "compute", "forward")
 """Methods of a ``metrics=`` object whose calls count as phase ``metrics``."""
@@ -543,14 +545,10 @@ def _enable_distributed(run: Run, model: Any) -> None:
     """Time collectives as ``communication`` when the job is distributed (training.watch_distributed).
 
     Hook point for the communication phase: with a DistributedDataParallel ``model``, its gradient
-    all-reduce is timed too. Does nothing when the library has no distributed support or the job
-    is not distributed.
+    all-reduce is timed too. Does nothing when ``model`` is no DDP model or the job is not distributed.
     """
-    from .. import training
-
-    enable = getattr(training, "watch_distributed", None)
-    if enable is not None and type(model).__name__ == "DistributedDataParallel":
-        enable(run, model)
+    if type(model).__name__ == "DistributedDataParallel":
+        watch_distributed(run, model)
 
 
 def start_run(name: str | None, run: Run | None, options: dict[str, Any]) -> tuple[Run, bool]:
@@ -560,14 +558,10 @@ def start_run(name: str | None, run: Run | None, options: dict[str, Any]) -> tup
         if options:
             raise ValueError(f"training.watch: pass either run= or start options, not both ({sorted(options)})")
         return run, False
-    from .. import training
-
     if name is None:  # the script's name and the launch's id: never the same for two jobs (docs/training.md)
-        from .identity import default_run_name, resolve_run_id
-
         run_id = resolve_run_id(options.get("run_id"))[0]
         name = default_run_name(default_name(), run_id)
-    return training.start(name, **options), True
+    return start(name, **options), True
 
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, name: str | None = None,

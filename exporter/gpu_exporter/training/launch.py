@@ -16,6 +16,8 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from .auto import ENV, enabled, install
+
 USAGE = "usage: python -m gpu_exporter.training.launch (SCRIPT | -m MODULE) [ARGS...]"
 
 
@@ -27,8 +29,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(USAGE + "\nRuns the script with its training phases timed and pushed to $GPU_EXPORTER_URL "
               "(docs/training.md#zero-code-activation).", file=sys.stdout if asked else sys.stderr)
         raise SystemExit(0 if asked else 2)
-    from .auto import ENV, enabled, install
-
     if not enabled():
         os.environ[ENV] = "1"
     install()

@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.parse
 
-from .run import Run
+from .interfaces import PushedRun
 
 log = logging.getLogger("gpu_exporter.training")
 
@@ -43,7 +43,7 @@ _MAX_REPLY = 4096
 class Pusher:
     """Push ``run.snapshot()`` to ``endpoint`` every ``interval`` seconds from a daemon thread."""
 
-    def __init__(self, run: Run, endpoint: str, token: str | None, interval: float, timeout: float) -> None:
+    def __init__(self, run: PushedRun, endpoint: str, token: str | None, interval: float, timeout: float) -> None:
         if interval <= 0 or timeout <= 0:
             raise ValueError(f"training.start: push_interval ({interval}) and timeout ({timeout}) "
                              "must be > 0")
