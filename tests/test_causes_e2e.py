@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 from async_loops import PLANS
 from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
+from gpu_exporter.thresholds import load_thresholds
 from servers import http_get, promql, run_exporter, run_prometheus, scrape_config
 
 pytestmark = pytest.mark.slow
@@ -112,7 +113,15 @@ def test_every_loop_gets_its_cause_from_alerts_and_both_diagnose_paths(stack: St
     seen = {q: [(r["metric"].get("phase"), r["value"][1]) for r in promql(prom, q % healthy)]
             for q in ("gpu:gpu_utilization:avg5m{%s}", "gpu:gpu_useful_utilization:avg5m{%s}",
                       "run:gpu_training_phase:share5m{%s}")}
-    assert promql(prom, 'ALERTS{uuid="GPU-async-healthy_item"}') == [], seen
+    # No cause, pending or firing. A pending below-target alert is allowed only when the data holds a dip: on a
+    # loaded machine the loop's start can leave its first 5m rates under the target, and the alert's hysteresis
+    # keeps that minimum for its whole window (the GPU's own busy time, not a verdict of the engine).
+    alerts = {(a["metric"]["alertname"], a["metric"]["alertstate"])
+              for a in promql(prom, 'ALERTS{uuid="GPU-async-healthy_item"}')}
+    assert alerts <= {("GpuUtilizationBelowTarget", "pending")}, (alerts, seen)
+    if alerts:
+        (dip,) = promql(prom, f"min_over_time(gpu:gpu_useful_utilization:avg5m{{{healthy}}}[1h])")
+        assert float(dip["value"][1]) < load_thresholds().utilization_target, (dip, seen)
     (straggler,) = promql(prom, 'ALERTS{alertname="GpuTrainingStraggler", alertstate="firing"}')
     assert straggler["metric"]["straggler_rank"] == "1" and straggler["metric"]["rank"] == "0", straggler
 
