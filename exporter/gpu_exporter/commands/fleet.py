@@ -56,7 +56,6 @@ from gpu_exporter.verdict.causes import pct
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
-from gpu_exporter.verdict.timeline import gpu_key
 from gpu_exporter.yamlfile import YamlError, YamlMap, parse
 
 KUBE_POD_OWNER = "kube_pod_owner"
@@ -227,7 +226,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     for ts, readings in sources.readings_over(prom, list(seconds_at), step, window, t.cluster_label):
         for view in build_views(readings, t, window):
             verdict = judge(view, t)
-            gpu_keys = {view.uuid, f"{view.cluster}/{view.uuid}"}
+            gpu_keys = {view.uuid, view.key}
             # The point is a run's once its phases grew within the window (two of its scrapes): at its first scrape
             # a run's shares are those of its first instants ("since start"), not of its work.
             live = sorted((r.run, r.rank) for r in view.runs if r.live and not r.since_start)
@@ -236,7 +235,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 run, rank = live[0]
                 key = next((k for k in ((run, rank, g) for g in gpu_keys) if k in readings.launches), None)
                 launch = (run, readings.launches[key][0] if key else "")
-            points.append(Point(ts, gpu_key(view), view.uuid, view.node, view.name, view.pods, verdict.name,
+            points.append(Point(ts, view.key, view.uuid, view.node, view.name, view.pods, verdict.name,
                                 verdict.title, verdict.code, verdict.below_target, view.utilization, verdict.remedy,
                                 launch, seconds_at[ts],
                                 not live and any(r.live for r in view.runs)))

@@ -70,7 +70,7 @@ def keep(views: Sequence[GpuView], chosen: set[RunKey]) -> list[GpuView]:
     without a run are dropped."""
     out = []
     for view in views:
-        gpu_keys = {view.uuid, f"{view.cluster}/{view.uuid}"}
+        gpu_keys = {view.uuid, view.key}
         runs = tuple(r for r in view.runs if any((r.run, r.rank, key) in chosen for key in gpu_keys))
         if runs:
             out.append(replace(view, runs=runs))

@@ -16,7 +16,7 @@ from gpu_exporter import catalog
 from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict import evidence, remedies
 from gpu_exporter.verdict.samples import Labels, Snapshot
-from gpu_exporter.verdict.views import Process, Readings, RunKey
+from gpu_exporter.verdict.views import Process, Readings, RunKey, gpu_key
 
 STALE_SECONDS = 30.0
 """A run that has not pushed for this long (or two windows, if longer) is not live."""
@@ -43,7 +43,7 @@ class Keys:
     def gpu(self, labels: Labels) -> str:
         uuid = labels.get("uuid", "")
         cluster = labels.get(self.cluster_label, "") if self.cluster_label else ""
-        return f"{cluster}/{uuid}" if cluster and uuid else uuid
+        return gpu_key(cluster, uuid)
 
     def relabel(self, pairs: Iterable[tuple[Labels, float]]) -> Pairs:
         """``pairs`` with ``uuid`` set to the GPU key, so key-blind readers (evidence, remedies) keep clusters apart."""

@@ -23,11 +23,6 @@ Totals = Mapping[tuple[str, str], Mapping[str, float]]
 """Phase seconds of each (rank, GPU key) of a run."""
 
 
-def gpu_key(view: GpuView) -> str:
-    """The GPU key of ``view``: ``uuid``, or ``<cluster>/<uuid>`` (verdict.readings.Keys)."""
-    return f"{view.cluster}/{view.uuid}" if view.cluster else view.uuid
-
-
 def judged(readings: Readings, t: Thresholds, window: float, run: str,
            run_ids: Sequence[str] = ()) -> list[tuple[GpuView, Verdict]]:
     """The GPUs of ``run`` at one moment with their verdicts: ``diagnose --run RUN`` (with ``run_ids``: ``diagnose
@@ -77,7 +72,7 @@ class Timeline:
         out = cls()
         for ts, readings in points:
             for view, verdict in judged(readings, t, window, run, run_ids):
-                out.moments.setdefault(gpu_key(view), []).append(Moment(ts, view, verdict))
+                out.moments.setdefault(view.key, []).append(Moment(ts, view, verdict))
         return out
 
     def times(self) -> list[float]:

@@ -55,6 +55,16 @@ class Process:
     memory_bytes: float
 
 
+def gpu_key(cluster: str, uuid: str) -> str:
+    """A GPU's key: ``uuid``, or ``<cluster>/<uuid>`` in a fleet read with a ``cluster_label``, so two clusters'
+    GPUs with one UUID stay apart.
+
+    >>> gpu_key("eu", "GPU-1"), gpu_key("", "GPU-1")
+    ('eu/GPU-1', 'GPU-1')
+    """
+    return f"{cluster}/{uuid}" if cluster and uuid else uuid
+
+
 @dataclass(frozen=True)
 class GpuView:
     """What the verdict knows about one GPU."""
@@ -77,6 +87,11 @@ class GpuView:
     evidence_text: str = ""
     cluster: str = ""
     """The GPU's ``cluster_label`` value in a fleet read from Prometheus ("" for one node)."""
+
+    @property
+    def key(self) -> str:
+        """The GPU's key (:func:`gpu_key`), as its readings were keyed."""
+        return gpu_key(self.cluster, self.uuid)
 
 
 @dataclass(frozen=True)
