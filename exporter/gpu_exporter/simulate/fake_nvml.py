@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from gpu_exporter.simulate.node import SimulatedNode
 from gpu_exporter.simulate.patterns import Pattern, integral, mean
-from gpu_exporter.simulate.scenario import CLOCK_EVENT_REASONS, GIB, GpuSpec, MigInstanceSpec
+from gpu_exporter.simulate.scenario import CLOCK_EVENT_REASONS, GIB, GpuSpec, Level, MigInstanceSpec
 
 # NVML return codes (nvml.h)
 SUCCESS = 0
@@ -71,11 +71,11 @@ class _Status(Exception):
         self.code = code
 
 
-def _symbol(name: str, *, device: bool = True, locked: bool = True) -> Callable[[F], F]:
-    """Mark a method as the C function ``name``; ``device``: its first argument is a device handle."""
+def _symbol(*names: str, device: bool = True, locked: bool = True) -> Callable[[F], F]:
+    """Mark a method as the C functions ``names``; ``device``: its first argument is a device handle."""
 
     def mark(fn: F) -> F:
-        fn.__dict__["nvml_symbol"] = (name, device, locked)
+        fn.__dict__["nvml_symbol"] = (names, device, locked)
         return fn
 
     return mark
@@ -151,20 +151,15 @@ class FakeNvmlLibrary:
         self._functions: dict[str, Callable[..., int]] = {}
         for attr in dir(type(self)):
             method = getattr(self, attr)
-            spec = getattr(method, "nvml_symbol", None)
-            if spec is not None:
-                self._functions[spec[0]] = self._wrap(method, *spec)
+            names, device, locked = getattr(method, "nvml_symbol", ((), True, True))
+            for name in names:
+                self._functions[name] = self._wrap(method, name, device, locked)
 
     def __getattr__(self, name: str) -> Callable[..., int]:
         try:
             return self.__dict__["_functions"][name]  # type: ignore[no-any-return]
         except KeyError:
             raise AttributeError(f"simulated NVML has no function {name}") from None
-
-    @property
-    def symbols(self) -> list[str]:
-        """Names of the C functions this fake implements."""
-        return sorted(self._functions)
 
     # --- dispatch --------------------------------------------------------------------------
 
@@ -228,21 +223,14 @@ class FakeNvmlLibrary:
 
     # --- library and system ----------------------------------------------------------------
 
-    def _init(self) -> int:
+    @_symbol("nvmlInitWithFlags", "nvmlInit_v2", device=False)
+    def init(self, *flags: Any) -> int:
         if self.node.scenario.driver_missing:
             return ERROR_LIBRARY_NOT_FOUND
         if not self.node.driver_loaded:
             return ERROR_DRIVER_NOT_LOADED
         self._init_count += 1
         return SUCCESS
-
-    @_symbol("nvmlInitWithFlags", device=False)
-    def init_with_flags(self, flags: Any) -> int:
-        return self._init()
-
-    @_symbol("nvmlInit_v2", device=False)
-    def init_v2(self) -> int:
-        return self._init()
 
     @_symbol("nvmlShutdown", device=False)
     def shutdown(self) -> int:
@@ -262,14 +250,10 @@ class FakeNvmlLibrary:
         _write_string(buffer, length, f"{major}.{self.node.scenario.driver_version}")
         return SUCCESS
 
-    @_symbol("nvmlSystemGetCudaDriverVersion", device=False)
+    @_symbol("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", device=False)
     def cuda_version(self, ref: Any) -> int:
         _out(ref).value = self.node.scenario.cuda_version_number
         return SUCCESS
-
-    @_symbol("nvmlSystemGetCudaDriverVersion_v2", device=False)
-    def cuda_version_v2(self, ref: Any) -> int:
-        return self.cuda_version(ref)
 
     @_symbol("nvmlSystemGetProcessName", device=False)
     def process_name(self, pid: Any, buffer: Any, length: Any) -> int:
@@ -483,7 +467,7 @@ class FakeNvmlLibrary:
         _out(ref).value = round(1000 * dev.gpu.power_watts.at(self._busy(dev)))
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetEnforcedPowerLimit")
+    @_symbol("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
     def power_limit(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
         _out(ref).value = round(1000 * dev.gpu.power_limit_watts)
@@ -516,17 +500,21 @@ class FakeNvmlLibrary:
         _out(ref).value = round(dev.gpu.temperature_celsius.at(self._busy(dev)))
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetClockInfo")
-    def clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
+    @staticmethod
+    def _clock_level(dev: _Target, clock_type: Any) -> Level:
         dev.require_full_gpu()
         kind = _value(clock_type)
         if kind not in (CLOCK_SM, CLOCK_MEM):
-            return ERROR_NOT_SUPPORTED
-        level = dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
-        _out(ref).value = round(level.at(self._busy(dev)))
+            raise _Status(ERROR_NOT_SUPPORTED)
+        return dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
+
+    @_symbol("nvmlDeviceGetClockInfo")
+    def clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
+        _out(ref).value = round(self._clock_level(dev, clock_type).at(self._busy(dev)))
         return SUCCESS
 
-    def _reasons(self, dev: _Target) -> int:
+    @_symbol("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+    def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
         names = dev.gpu.clock_event_reasons
         if names is None:
@@ -534,16 +522,7 @@ class FakeNvmlLibrary:
         mask = 0
         for name in names:
             mask |= CLOCK_EVENT_REASONS[name]
-        return mask
-
-    @_symbol("nvmlDeviceGetCurrentClocksEventReasons")
-    def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = self._reasons(dev)
-        return SUCCESS
-
-    @_symbol("nvmlDeviceGetCurrentClocksThrottleReasons")
-    def clock_throttle_reasons(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = self._reasons(dev)
+        _out(ref).value = mask
         return SUCCESS
 
     @_symbol("nvmlDeviceGetFanSpeed")
@@ -573,17 +552,9 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlDeviceGetMaxClockInfo")
     def max_clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
-        dev.require_full_gpu()
-        kind = _value(clock_type)
-        if kind not in (CLOCK_SM, CLOCK_MEM):
-            return ERROR_NOT_SUPPORTED
-        level = dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
+        level = self._clock_level(dev, clock_type)
         _out(ref).value = round(max(level.idle, level.busy))
         return SUCCESS
-
-    @_symbol("nvmlDeviceGetPowerManagementLimit")
-    def power_management_limit(self, dev: _Target, ref: Any) -> int:
-        return self.power_limit(dev, ref)
 
     @_symbol("nvmlDeviceGetPerformanceState")
     def performance_state(self, dev: _Target, ref: Any) -> int:
@@ -596,30 +567,16 @@ class FakeNvmlLibrary:
         _out(ref).value = 1
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetComputeMode")
-    def compute_mode(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = 0  # NVML_COMPUTEMODE_DEFAULT
+    @_symbol("nvmlDeviceGetComputeMode", "nvmlDeviceGetDisplayMode", "nvmlDeviceGetDisplayActive")
+    def zero(self, dev: _Target, ref: Any) -> int:
+        _out(ref).value = 0  # NVML_COMPUTEMODE_DEFAULT; display off
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetDisplayMode")
-    def display_mode(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = 0
-        return SUCCESS
-
-    @_symbol("nvmlDeviceGetDisplayActive")
-    def display_active(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = 0
-        return SUCCESS
-
-    @_symbol("nvmlDeviceGetEncoderUtilization")
+    @_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization")
     def encoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
         dev.require_full_gpu()
         _out(ref).value, _out(period).value = 0, 167_000
         return SUCCESS
-
-    @_symbol("nvmlDeviceGetDecoderUtilization")
-    def decoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
-        return self.encoder_utilization(dev, ref, period)
 
     # --- processes -------------------------------------------------------------------------
 
