@@ -383,20 +383,6 @@ class Body:
         return self.text(), None
 
 
-def encode(body: bytes, accept_encoding: str | None) -> tuple[bytes, str | None]:
-    """(body, Content-Encoding): gzip when ``accept_encoding`` accepts it, else the body as is.
-
-    >>> encode(b"up 1\\n", "gzip, deflate")[1]
-    'gzip'
-    >>> encode(b"up 1\\n", None)
-    (b'up 1\\n', None)
-    """
-    if accept_encoding and gzip_accepted(accept_encoding):
-        state = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
-        return state.compress(body) + state.flush(), "gzip"
-    return body, None
-
-
 class ScrapeForecast:
     """When the next scrape is due, from each scraper's last two arrivals.
 

@@ -31,7 +31,7 @@ being written are in when a sample is taken.
 thing: the job marks what its CPU does with :meth:`SimDevice.doing` (its own ground truth, apart
 from what any library reports), and :meth:`SimDevice.truth` returns the idle seconds per mark.
 
->>> dev = AsyncDevice("GPU-doc", directory=_doc_dir())
+>>> dev = AsyncDevice("GPU-doc", directory=tempfile.mkdtemp(prefix="gpu-sim-doc-"))
 >>> dev.launch(0.02); dev.synchronize()
 >>> round(dev.busy_seconds(), 2)
 0.02
@@ -78,10 +78,6 @@ def channel_dir(directory: str | Path | None = None) -> Path:
 def channel_path(uuid: str, directory: str | Path | None = None) -> Path:
     """``DIR/<uuid>.busy``, the file one simulated GPU's busy intervals go to."""
     return channel_dir(directory) / f"{uuid}.busy"
-
-
-def _doc_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="gpu-sim-doc-"))
 
 
 class Intervals:
