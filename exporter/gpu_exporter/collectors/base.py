@@ -120,13 +120,6 @@ class Families:
             family = self._families[name] = Rows(GaugeMetricFamily, name, documentation, labels)
         return family
 
-    def counter(self, name: str, documentation: str, labels: Sequence[str]) -> Rows:
-        """The rows of counter family ``name`` (give the name without ``_total``), created on first use."""
-        family = self._families.get(name)
-        if family is None:
-            family = self._families[name] = Rows(CounterMetricFamily, name, documentation, labels)
-        return family
-
     def of(self, family: MetricFamily) -> Rows:
         """The rows of catalogued ``family`` (its name, type, help and labels), created on first use."""
         rows = self._families.get(family.base)
