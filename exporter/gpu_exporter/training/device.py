@@ -11,6 +11,7 @@ pynvml only as the last resort for the GPU UUID. Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -185,14 +186,7 @@ def synchronizer(device: int) -> Callable[[], None] | None:
     >>> synchronizer(0) is None  # no CUDA on this machine
     True
     """
-    if not _torch_cuda_available():
-        return None
-    cuda = _torch().cuda
-
-    def synchronize() -> None:
-        cuda.synchronize(device)
-
-    return synchronize
+    return functools.partial(_torch().cuda.synchronize, device) if _torch_cuda_available() else None
 
 
 def timing_event_factory() -> Callable[[], Any] | None:
@@ -201,11 +195,4 @@ def timing_event_factory() -> Callable[[], Any] | None:
     >>> timing_event_factory() is None  # no CUDA on this machine
     True
     """
-    if not _torch_cuda_available():
-        return None
-    cuda = _torch().cuda
-
-    def new_event() -> Any:
-        return cuda.Event(enable_timing=True)
-
-    return new_event
+    return functools.partial(_torch().cuda.Event, enable_timing=True) if _torch_cuda_available() else None
