@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -36,25 +37,14 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming where it came from and how to fix it."""
 
 
-def _positive_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a positive number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected a positive number, got {value!r}") from None
-    if not number > 0 or number == float("inf"):
-        raise ValueError(f"expected a positive number, got {value!r}")
-    return number
-
-
 def _non_negative_float(value: Any) -> float:
     try:
-        if not isinstance(value, bool) and float(value) == 0:
-            return 0.0
+        number = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
-        pass
-    return _positive_float(value)
+        number = math.nan
+    if not 0 <= number < math.inf:
+        raise ValueError(f"expected a positive number, got {value!r}")
+    return number or 0.0  # -0 is 0
 
 
 _DURATION_UNITS = {"y": 31536000.0, "w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0,
@@ -179,21 +169,14 @@ def _telemetry_path(value: Any) -> str:
     return text
 
 
-def _log_level(value: Any) -> str:
-    text = _text(value).lower()
-    if text not in ("debug", "info", "warning", "error"):
-        raise ValueError(f"expected one of debug, info, warning, error, got {value!r}")
-    return text
-
-
-def _log_format(value: Any) -> str:
-    text = _text(value).lower()
-    if text not in LOG_FORMATS:
-        raise ValueError(f"expected one of {', '.join(LOG_FORMATS)}, got {value!r}")
-    return text
-
-
-LOG_FORMATS = ("logfmt", "json")
+def _choice(*options: str) -> Callable[[Any], str]:
+    """The parser of a setting that is one of ``options`` (in any case)."""
+    def parse(value: Any) -> str:
+        text = _text(value).lower()
+        if text not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return text
+    return parse
 
 
 def _name_list(value: Any) -> tuple[str, ...]:
@@ -292,8 +275,9 @@ SETTINGS: tuple[Setting, ...] = (
             "time between re-enumerations of GPUs and MIG instances", "DURATION"),
     Setting("stale_after", _duration, 10.0,
             "/readyz fails when the newest sample is older than this", "DURATION"),
-    Setting("log.level", _log_level, "info", "debug, info, warning or error", "LEVEL", aliases=("log_level",)),
-    Setting("log.format", _log_format, "logfmt",
+    Setting("log.level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error",
+            "LEVEL", aliases=("log_level",)),
+    Setting("log.format", _choice("logfmt", "json"), "logfmt",
             "logfmt (key=value, as exporter-toolkit) or json, one object per line", "FORMAT"),
     Setting("collectors.disabled", _name_list, (),
             "comma-separated collectors to switch off: " + ", ".join(COLLECTOR_NAMES), "NAMES"),
