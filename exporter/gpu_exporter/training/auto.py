@@ -304,19 +304,24 @@ def _start_run() -> None:
 
 def _disable(err: BaseException) -> None:
     """The global timers failed: stop them, with one log line."""
-    state = _state
-    if state.failed:
+    if _state.failed:
         return
-    state.failed = True
-    for handle in state.module_hooks:
+    _state.failed = True
+    _stop()
+    _failed("timing this job", err)
+
+
+def _stop() -> None:
+    """Remove the global forward hooks and close the global run, ignoring their failures."""
+    state = _state
+    hooks, state.module_hooks = state.module_hooks, []
+    for handle in hooks:
         with contextlib.suppress(Exception):
             handle.remove()
-    state.module_hooks = []
     run, state.run = state.run, None
     if run is not None:
         with contextlib.suppress(Exception):
             run.close()
-    _failed("timing this job", err)
 
 
 def _on_batch(batch: Any) -> None:
@@ -416,16 +421,8 @@ def _narrow() -> None:
 
 def _stand_aside() -> None:
     """A framework callback takes over: the global timers stop (a global run already open is closed)."""
-    state = _state
-    state.framework = True
-    hooks, state.module_hooks = state.module_hooks, []
-    for handle in hooks:
-        with contextlib.suppress(Exception):
-            handle.remove()
-    run, state.run = state.run, None
-    if run is not None:
-        with contextlib.suppress(Exception):
-            run.close()
+    _state.framework = True
+    _stop()
 
 
 def _patch_init(cls: type, before: Callable[[dict[str, Any]], None] | None,
