@@ -84,8 +84,8 @@ class Intervals:
     """Disjoint busy intervals as one sorted list of edges (even: starts, odd: ends), with exact integrals.
 
     >>> iv = Intervals(); iv.add(1.0, 2.0); iv.add(1.5, 3.0); iv.add(5.0, 6.0)
-    >>> iv.points, iv.busy(0.0, 10.0), iv.value(5.5), iv.value(4.0)
-    ([1.0, 3.0, 5.0, 6.0], 3.0, 1.0, 0.0)
+    >>> iv.points, iv.busy(0.0, 10.0)
+    ([1.0, 3.0, 5.0, 6.0], 3.0)
     """
 
     def __init__(self) -> None:
@@ -105,13 +105,6 @@ class Intervals:
         hi = bisect.bisect_right(p, end)
         merged = ([] if lo % 2 else [start]) + ([] if hi % 2 else [end])
         p[lo:hi] = merged
-
-    def value(self, t: float) -> float:
-        return 1.0 if bisect.bisect_right(self.points, t) % 2 else 0.0
-
-    def edges(self, t0: float, t1: float) -> list[float]:
-        p = self.points
-        return p[bisect.bisect_right(p, t0):bisect.bisect_left(p, t1)]
 
     def busy(self, t0: float, t1: float) -> float:
         """Busy seconds within [t0, t1]."""
