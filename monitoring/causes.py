@@ -1,6 +1,6 @@
-"""The cause rules, from gpu_exporter.verdict.causes.CAUSES: the ``gpu-cause.recording`` group (the run's
-level, ``run:gpu_training_cause:share`` per cause at that level, the projections) and the ``gpu-cause.alerts`` group
-(a warning and an info alert per cause, reading only those series).
+"""The cause rules, from gpu_exporter.verdict.causes.CAUSES: the run's level (in ``gpu-utilization.recording``),
+a ``gpu-cause-<cause>.recording`` group per cause (``run:gpu_training_cause:share`` at the run's level, its projections)
+and a ``gpu-cause-<cause>.alerts`` group per cause (a warning and an info alert, reading only those series).
 
 Written as template text (``${key}`` placeholders), so the values come from thresholds.yml like
 everywhere else. Each cause's condition, alert reason and projection come from its kind
@@ -19,42 +19,53 @@ from gpu_exporter.verdict.remedies import alert_text
 
 from monitoring.model import Alert, Record, indent, wrap
 
-RECORDING = "gpu-cause.recording"
+LEVELS_GROUP = "gpu-utilization.recording"
+"""The levels sit right after the useful utilization they read (the rules of a group run in order)."""
+RECORDING = "gpu-cause-{cause}.recording"
 ALERTS = "gpu-cause-{cause}.alerts"
-"""The cause alerts' groups, one per cause (its warning and info alert): Prometheus evaluates groups
-concurrently, and each stays within its interval on a large fleet (docs/fleet.md)."""
+"""One recording and one alert group per cause (its share and projection; its warning and info alert):
+Prometheus and vmalert evaluate groups concurrently, and each stays within its interval on a large fleet
+(docs/fleet.md)."""
 LEVELS = {lv.name: f"{USEFUL}" + (f" >= ${{{below.key}}}" if below else "") + f" < ${{{lv.key}}}"
           for below, lv in zip((None, *LEVEL_ROWS), LEVEL_ROWS, strict=False)}
 """Each level's condition on a run's useful utilization, from the one table of levels (gpu_exporter.verdict.levels)."""
 LEVEL_SERIES = m.RUN_USEFUL_UTILIZATION_LEVEL.name
 """The run's level, recorded once per evaluation: each cause rule joins it (``group_left (level)``) instead of
-evaluating its condition twice, once per level."""
+evaluating its condition twice, once per level. It exists only for live runs (the useful utilization does), so
+the join also keeps a cause to the runs that report a current phase."""
+PROJECTION = {HIDDEN: ("/", "(1 - {})", "u / (1 - s): hiding a phase of share s leaves the GPU work and shortens the "
+                                        "step to 1 - s"),
+              COMPUTED: ("+", "{}", "u + s: a launch-bound GPU busy through its whole compute phase reaches the "
+                                    "compute share s")}
+"""How a kind's projection (``Cause.projected_by``) combines the run's useful utilization u with the cause's share."""
+
+
+def projection(cause: Cause) -> Record:
+    """The utilization the GPU could reach without ``cause``, an upper bound (in the cause's group)."""
+    op, share, why = PROJECTION[cause.projected_by]
+    joined = share.format(f'{CAUSE_SHARE}{{cause="{cause.cause}"}}')
+    return Record(RECORDING.format(cause=cause.cause), m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name,
+                  f"clamp_max(\n    {USEFUL}\n  {op} on {RUN} group_right ()\n    {joined},\n  1\n)\n",
+                  (("cause", cause.cause),),  # the share's own; written, so no two groups record one rule
+                  comment=wrap(f"The utilization the GPU could reach without the cause (an upper bound), from its "
+                               f"useful utilization u ({USEFUL}): {why}."))
 
 
 def records() -> list[Record]:
-    """The ``gpu-cause.recording`` group: the run's level (one rule per level), one share rule per cause that
-    takes its level from it, then the projections."""
-    rules = [Record(RECORDING, LEVEL_SERIES, f"0 * ({condition}) + 1", (("level", lvl),),
+    """The run's level (one rule per level, in ``gpu-utilization.recording``), then a group per cause: its share
+    rule, which takes its level from the level series, and its projections."""
+    rules = [Record(LEVELS_GROUP, LEVEL_SERIES, f"0 * ({condition}) + 1", (("level", lvl),),
                     f"Level {lvl}: the live runs whose useful utilization is in its band (value 1)." if i == 0 else "")
              for i, (lvl, condition) in enumerate(LEVELS.items())]
     for cause in CAUSES:
+        group = RECORDING.format(cause=cause.cause)
         expr = f"(\n{indent(cause.promql(), 2)}\n)\n* on {RUN} group_left (level)\n{LEVEL_SERIES}\n"
         rules.append(Record(
-            RECORDING, CAUSE_SHARE, expr, (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy)),
+            group, CAUSE_SHARE, expr, (("cause", cause.cause), ("code", cause.code), ("remedy", cause.remedy)),
             f"{cause.label}, at the run's level: value = {cause.value_text()}."))
-    phase_causes = "|".join(c.cause for c in CAUSES if c.projected_by == HIDDEN)
-    launch_causes = "|".join(c.cause for c in CAUSES if c.projected_by == COMPUTED)
-    rules.append(Record(
-        RECORDING, m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name,
-        f"clamp_max(\n    (\n        {USEFUL}\n      / on {RUN} group_right ()\n"
-        f'        (1 - {CAUSE_SHARE}{{cause=~"{phase_causes}"}})\n    )\n  or\n'
-        f"    (\n        {USEFUL}\n      + on {RUN} group_right ()\n"
-        f'        {CAUSE_SHARE}{{cause=~"{launch_causes}"}}\n    ),\n  1\n)\n',
-        comment="The utilization the GPU could reach without the cause (an upper bound), from its useful utilization\n"
-                f"u ({USEFUL}). Hiding a phase of share s leaves the GPU work and shortens the\n"
-                "step to 1 - s: u / (1 - s). A launch-bound GPU busy through its whole compute phase reaches the\n"
-                "compute share: u + share."))
-    return rules + [Record(RECORDING, name, expr, comment=doc) for c in CAUSES for name, expr, doc in c.records()]
+        rules += [projection(cause)] if cause.projected_by else []
+        rules += [Record(group, name, expr, comment=doc) for name, expr, doc in cause.records()]
+    return rules
 
 
 WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "

@@ -75,7 +75,8 @@ class Cause:
     ``keys`` are the thresholds.yml keys its condition reads. A kind gives the same thing twice, for the
     judge in Python and for the generated rules (monitoring/causes.py) in PromQL and alert text: its
     condition (:meth:`find`: the finding of a run at useful ``utilization``, or None; :meth:`promql`: the
-    query before the level filter, its value the share, M4: events, that explains it), the reason of a
+    query before the level filter, its value the share, M4: events, that explains it; the filter also keeps only
+    live runs, as a run's level is recorded only while it reports a current phase), the reason of a
     finding (:meth:`reason`, :meth:`alert_reason`), its projection (:meth:`projection`, :meth:`alert_projection`),
     how a straggler with it reads (:meth:`own`, :meth:`alert_own`), the value of its
     series (:meth:`value_text`, the rule's comment) and further recording rules (:meth:`records`: name,
@@ -121,7 +122,7 @@ class Cause:
         return Finding(self, lvl, share, _hidden(u, share)) if share > _threshold(t, self.keys[0]) else None
 
     def promql(self) -> str:
-        return f"{share(self.phase)} > ${{{self.keys[0]}}}\nand\n{LIVE}"
+        return f"{share(self.phase)} > ${{{self.keys[0]}}}"
 
     def value_text(self) -> str:
         return "the share of the step it takes"
@@ -184,7 +185,7 @@ class Launch(Cause):
         compute = f"({share(self.phase)} > ${{{compute_key}}})"
         return (f"(\n    {compute}\n  - on ({C}, uuid) group_left ()\n    {UTIL}\n)\n"
                 f"and\n(\n    {UTIL}\n  / on ({C}, uuid) group_right ()\n    {compute}\n"
-                f"  < ${{{busy_key}}}\n)\nand\n{LIVE}\n"
+                f"  < ${{{busy_key}}}\n)\n"
                 f"and on ({C}, uuid)\n(max by ({C}, uuid) ({catalog.GPU_MEMORY_USED_RATIO.name})"
                 f" < ${{{memory_key}}})")
 
@@ -223,8 +224,7 @@ class Allocator(Cause):
         window_key, retries_key = self.keys
         retries = f"increase({catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.name}[${{{window_key}}}])"
         ooms = f"increase({catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.name}[${{{window_key}}}])"
-        return (f"(\n    {retries} + {ooms}\n  and\n    ({retries} > ${{{retries_key}}} or {ooms} > 0)\n)\n"
-                f"and\n{LIVE}")
+        return f"{retries} + {ooms}\nand\n({retries} > ${{{retries_key}}} or {ooms} > 0)"
 
     def value_text(self) -> str:
         return f"allocator retries + OOMs in ${{{self.keys[0]}}}"
@@ -263,7 +263,7 @@ class Straggler(Cause):
         lowest = (f"label_replace(\n      bottomk by ({C}, run) (1, {comm} and {LIVE}),\n"
                   f'      "{LABEL}", "$1", "rank", "(.*)"\n    )')
         return (f"(\n    {comm}\n  - on ({C}, run) group_left ({LABEL})\n    {lowest}\n)\n"
-                f"> ${{{self.keys[0]}}}\nand ignoring ({LABEL})\n{LIVE}")
+                f"> ${{{self.keys[0]}}}")
 
     def projection(self, f: Finding, now: str) -> str:
         step = ""
@@ -328,7 +328,7 @@ class Communication(Cause):
     def promql(self) -> str:
         comm = share(self.phase)
         return (f"(\n    0 * {comm}\n  + on ({C}, run) group_left ()\n    min by ({C}, run) ({comm} and {LIVE})\n)\n"
-                f"> ${{{self.keys[0]}}}\nand\n{LIVE}")
+                f"> ${{{self.keys[0]}}}")
 
     def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
         """The communication every rank pays: the run's lowest share."""
