@@ -257,11 +257,11 @@ def torchmetrics_in(objects: Iterable[Any]) -> list[Any]:
 
 
 def time_overridden(obj: Any, names: Iterable[str], base: type | None, timer: AbstractContextManager[Any]
-                    ) -> Callable[[], None] | None:
-    """Time calls of the hooks ``names`` that ``obj``'s class overrides (differs from ``base``'s); None if none."""
+                    ) -> Callable[[], None]:
+    """Time calls of the hooks ``names`` that ``obj``'s class overrides (differs from ``base``'s); returns undo."""
     own = [n for n in names if callable(getattr(obj, n, None))
            and (base is None or getattr(type(obj), n, None) is not getattr(base, n, None))]
-    return MethodTimer(obj, timer, own).undo if own else None
+    return MethodTimer(obj, timer, own).undo if own else _nothing
 
 
 class _TimedIterator:
@@ -401,6 +401,10 @@ class MethodTimer:
         self._saved = []
 
 
+def _nothing() -> None:
+    pass
+
+
 def _restore(obj: Any, name: str, saved: Any) -> None:
     """Put back instance attribute ``name`` as it was (``_MISSING``: there was none)."""
     if saved is _MISSING:
@@ -495,18 +499,16 @@ class Watch:
             if run._current is not compute:
                 compute.__enter__()
 
-        for opt in _as_list(optimizer):
+        optimizers = _as_list(optimizer)
+
+        def step_post(opt: Any, args: Any, kwargs: Any) -> None:
+            end_compute()
+            if opt is optimizers[0]:
+                self._step()
+
+        for opt in optimizers:
             self._undo.append(opt.register_step_pre_hook(step_pre).remove)
-        if optimizer is not None:
-            first = _as_list(optimizer)[0]
-
-            def step_post(opt: Any, args: Any, kwargs: Any) -> None:
-                end_compute()
-                if opt is first:
-                    self._step()
-
-            for opt in _as_list(optimizer):
-                self._undo.append(opt.register_step_post_hook(step_post).remove)
+            self._undo.append(opt.register_step_post_hook(step_post).remove)
 
     def _step(self) -> None:
         self.run.step(samples=self._pending_samples)

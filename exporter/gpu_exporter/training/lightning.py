@@ -49,6 +49,7 @@ from .hooks import (
     PhaseStack,
     SaveTimer,
     _enable_distributed,
+    _nothing,
     batch_len,
     model_parts,
     start_run,
@@ -110,9 +111,7 @@ class _Hooks:
         for callback in getattr(trainer, "callbacks", ()):
             if callback is self or any(callback is c for c in checkpointers):
                 continue
-            undone = time_overridden(callback, TRAINING_HOOKS, self._base, metrics)
-            if undone is not None:
-                undo.append(undone)
+            undo.append(time_overridden(callback, TRAINING_HOOKS, self._base, metrics))
         for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
             undo.append(MethodTimer(metric, metrics).undo)
         for logger in getattr(trainer, "loggers", ()):
@@ -120,9 +119,7 @@ class _Hooks:
                 undo.append(MethodTimer(logger, metrics, ("log_metrics",)).undo)
         undo.append(MethodTimer(pl_module, metrics, ("training_step",)).undo)
         undo.append(MethodTimer(pl_module, compute, ("backward",)).undo)
-        undone = time_overridden(pl_module, ("on_before_optimizer_step",), _module_base(pl_module), other)
-        if undone is not None:
-            undo.append(undone)
+        undo.append(time_overridden(pl_module, ("on_before_optimizer_step",), _module_base(pl_module), other))
         undo.append(time_forward(model_parts(pl_module), stack, self._compute))
         self._open_update, undone = time_optimizer_step(getattr(trainer, "optimizers", ()), stack, self._compute,
                                                         pre=False)
@@ -174,12 +171,8 @@ class _Hooks:
         self._open_update = _nothing
         if self.run is not None:
             self._stack.base(self.run._other)
-        if self.run is not None and self._owns_run:
-            self.run.close()
-
-
-def _nothing() -> None:
-    pass
+            if self._owns_run:
+                self.run.close()
 
 
 def _module_base(pl_module: Any) -> type | None:

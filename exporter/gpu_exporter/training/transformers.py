@@ -120,9 +120,7 @@ class _Hooks:
             (TRAINING_HOOKS, metrics), (METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
         for callback in callbacks:
             for names, timer in hooks:
-                undone = time_overridden(callback, names, self._base, timer)
-                if undone is not None:
-                    undo.append(undone)
+                undo.append(time_overridden(callback, names, self._base, timer))
         for metric in torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
             undo.append(MethodTimer(metric, metrics).undo)
         _enable_distributed(run, model)
