@@ -144,11 +144,8 @@ class Pusher:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("no time left before the deadline")
-        conn: http.client.HTTPConnection
-        if self._https:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=remaining)
-        else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=remaining)
+        connection = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = connection(self._host, self._port, timeout=remaining)
         timer = threading.Timer(remaining, _abort, (conn,))
         timer.daemon = True
         timer.start()
