@@ -446,15 +446,10 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as err:
         return fail(str(err))
     count = args.count if args.count is not None else (None if interval is not None else 1)
-    source: ExporterSource | NvmlSource
+    source: ExporterSource | NvmlSource | None = None
     try:
         source = (ExporterSource(args.url, connection=connection(args, args.url, "--url")) if args.url is not None
                   else NvmlSource(args.simulate))
-    except NoDriver as err:
-        return fail(str(err), EXIT_NO_DRIVER)
-    except MetricsError as err:
-        return fail(str(err))
-    try:
         run_query(source, fields, args.id, header, units, interval or 1.0, count, sys.stdout, apps=apps)
     except NoDriver as err:
         return fail(str(err), EXIT_NO_DRIVER)
