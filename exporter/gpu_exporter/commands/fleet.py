@@ -531,12 +531,8 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
     for who, verdicts in ranked:
         main = max(verdicts, key=lambda v: verdicts[v].below_target)
         s = latest[(who, main)]
-        sums = Tally()
-        for tally in verdicts.values():
-            sums.gpu_hours += tally.gpu_hours
-            sums.below_target += tally.below_target
-            sums.idle += tally.idle
-            sums.money += tally.money
+        summed = ("gpu_hours", "below_target", "idle", "money")
+        sums = Tally(*(sum(getattr(t, name) for t in verdicts.values()) for name in summed))
         found.append({"who": who, "team": s.team, "namespaces": list(s.namespaces), "node": s.point.node,
                       "verdict": main, "title": titles[main], "code": s.point.code,
                       **sums.to_json(prices is not None), "remedy": s.point.remedy})
