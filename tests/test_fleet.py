@@ -133,6 +133,14 @@ def test_two_tiers_rules_alerts_and_dashboards_keep_the_cluster(tmp_path: Path) 
                 ("east", NODE), ("west", NODE)]
             counts = promql(central, "count by (cluster) (gpu:gpu_utilization:avg5m)")
             assert {c["metric"]["cluster"]: c["value"][1] for c in counts} == {"east": "8", "west": "8"}
+            # The cardinality guard: the agents forward Prometheus's per-target scrape series, and its sum
+            # keeps the clusters apart (east's dead target serves none).
+            def series_sums() -> dict[str, float] | None:
+                result = {r["metric"]["cluster"]: float(r["value"][1])
+                          for r in promql(central, "cluster:gpu_exporter_series:sum")}
+                return result if set(result) == set(CLUSTERS) else None
+            sums = wait_until(series_sums, 60, interval=1, what="cluster:gpu_exporter_series:sum per cluster")
+            assert min(sums.values()) > 8 * 30, sums
 
             # Alerts fire on the central Prometheus, each naming its cluster: the dead target of
             # east (GpuExporterDown), and the 20%-busy GPU 0 with processes in both (GpuUtilizationLow).

@@ -58,8 +58,15 @@ def test_rule_groups_and_series_within_budget_at_200_gpus(tmp_path: Path) -> Non
             intervals, _ = fleet_scale.sample_rule_groups(prom, 2.2 * EVALUATION, 0.5, samples)
             stored = fleet.scalar(prom, 'count({__name__=~".+"})')
             causes = promql(prom, "count by (cause) (run:gpu_training_cause:share)")
+            # The cardinality guard (gpu-cardinality.recording): each target's series, and their sum.
+            exporters = {r["metric"]["node"]: float(r["value"][1])
+                         for r in promql(prom, "instance:gpu_exporter_series:count")}
+            (total,) = [float(r["value"][1]) for r in promql(prom, "cluster:gpu_exporter_series:sum")]
     finally:
         server.shutdown()
+    served = {fleet_sim.node_name(i): sum(1 for line in sim.body(i).decode().splitlines()
+                                          if line and not line.startswith("#")) for i in range(NODES)}
+    assert exporters == served and total == sum(served.values()), (exporters, total)
     gpus = NODES * fleet_sim.GPUS_PER_NODE
     assert len(samples) >= 8, samples
     slow = {g: (statistics.median(v), intervals[g]) for g, v in samples.items()

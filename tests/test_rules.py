@@ -31,6 +31,7 @@ CONTRACT_RECORDS = {
     "namespace:gpu_utilization:avg5m", "gpu:gpu_underutilized:bool5m", "node:gpu_idle_hours:increase1h",
     "gpu:gpu_has_work:bool", "run:gpu_training_cause:share", "run:gpu_training_cause:projected_utilization",
     "run:gpu_useful_utilization:avg5m", "gpu:gpu_useful_utilization:avg5m",
+    "instance:gpu_exporter_series:count", "cluster:gpu_exporter_series:sum",
 }
 EXPECTED_ALERTS = {
     "GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated", "GpuTrainingInputBound",
@@ -39,7 +40,7 @@ EXPECTED_ALERTS = {
     "GpuTrainingCheckpointBound", "GpuTrainingBelowTarget",
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
     "GpuMissing", "GpuTrainingStraggler", "GpuTrainingCommunicationBound",
-    "GpuUninstrumentedInputBound",
+    "GpuUninstrumentedInputBound", "GpuExporterSeriesGrowth",
 }
 CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
                   "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK", "GpuTrainingStraggler": "ST",
