@@ -287,7 +287,7 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
         names = [r.get("alert") or r["record"] for r in groups[name]]
         start = names.index(objects[0].name)  # the levels sit inside the written gpu-utilization.recording
         assert names[start:start + len(objects)] == [o.name for o in objects], name
-        assert start == 0 and len(names) == len(objects) or name == "gpu-utilization.recording", name
+        assert (start == 0 and len(names) == len(objects)) or name == "gpu-utilization.recording", name
         for rule, obj in zip(groups[name][start:], objects, strict=False):
             expr = obj.expr() if isinstance(obj, Alert) else obj.expr
             assert rule["expr"].strip() == gen_render(expr, cfg).strip(), obj.name
