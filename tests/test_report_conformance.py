@@ -257,6 +257,13 @@ def test_a_report_says_the_causes_and_verdicts_of_its_range(backfilled: tuple[st
     verdicts = {v["verdict"]: v for v in idle["verdicts"]}
     assert set(verdicts) >= {"idle_but_allocated"} and verdicts["idle_but_allocated"]["gpus"] == [
         "GPU-idle_but_allocated-r-idle_but_allocated-0"]
+    # After its run ended, the GPU whose processes' /proc points at M1 is "not instrumented" with that hint, as
+    # diagnose says it: the span names the hint (its title and code), apart from "not instrumented" without one.
+    _, hinted = _cli(capsys, "report", "--prometheus-url", prom, "--run", "r-not_instrumented_evidence", *span)
+    _, code, title = EVIDENCE["not_instrumented_evidence"]
+    spans = {(v["verdict"], v["code"], v["title"]) for v in hinted["verdicts"]}
+    assert ("not_instrumented", code, title) in spans, spans
+    assert [(v["code"], v["title"]) for v in twin["verdicts"]] == [("M1", "input-bound (M1)")]
 
 
 def test_the_list_of_runs_keeps_two_clusters_with_one_gpu_uuid_apart(backfilled: tuple[str, int],

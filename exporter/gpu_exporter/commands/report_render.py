@@ -95,7 +95,7 @@ class Report:
             "main_cause": self.main_cause, "projection_share": _round(self.projection_share),
             "projected_wall_seconds": _round(self.projected_wall_seconds),
             "projection": self.projection_text(), "step_seconds": self.step,
-            "verdicts": [{"verdict": v.cause, "title": v.title, "seconds": round(v.seconds, 3),
+            "verdicts": [{"verdict": v.cause, "code": v.code, "title": v.title, "seconds": round(v.seconds, 3),
                           "applied": [[iso(a), iso(b)] for a, b in v.intervals], "gpus": v.ranks}
                          for v in self.verdicts],
             "series": {"times": [iso(t) for t in self.times], "verdicts": self.verdict_series,

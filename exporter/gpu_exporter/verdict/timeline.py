@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.training.protocol import COMMUNICATION
@@ -20,6 +21,7 @@ from gpu_exporter.verdict.ladder import judge
 from gpu_exporter.verdict.views import GpuView, Readings, Verdict
 
 Totals = Mapping[tuple[str, str], Mapping[str, float]]
+K = TypeVar("K", str, tuple[str, str])
 """Phase seconds of each (rank, GPU key) of a run."""
 
 
@@ -47,7 +49,6 @@ class Moment:
 class Span:
     """When a verdict or a cause applied: the points (each stands for the step before it) and where."""
 
-    name: str
     times: set[float] = field(default_factory=set)
     where: set[str] = field(default_factory=set)
     """The GPU keys (a verdict) or the ranks (a cause) it applied to."""
@@ -83,9 +84,10 @@ class Timeline:
         at = {gpu: {m.time: m for m in ms} for gpu, ms in self.moments.items()}
         return {gpu: [moments.get(ts) for ts in times] for gpu, moments in at.items()}
 
-    def verdicts(self) -> dict[str, Span]:
-        """Each verdict of the ladder that some GPU of the run had, with when and on which GPUs."""
-        return _spans((m.verdict.name, m.time, gpu) for gpu, ms in self.moments.items() for m in ms)
+    def verdicts(self) -> dict[tuple[str, str], Span]:
+        """Each verdict of the ladder that some GPU of the run had, with when and on which GPUs, by verdict and
+        /proc evidence hint: "not instrumented" with a hint is apart from the one without (:func:`hint_of`)."""
+        return _spans(((m.verdict.name, hint_of(m)), m.time, gpu) for gpu, ms in self.moments.items() for m in ms)
 
     def causes(self) -> dict[str, Span]:
         """Each cause found on a live rank of the run (every finding, not only the one that names the verdict)."""
@@ -110,10 +112,16 @@ class Timeline:
         return out
 
 
-def _spans(found: Iterable[tuple[str, float, str]]) -> dict[str, Span]:
-    out: dict[str, Span] = {}
-    for name, ts, where in found:
-        span = out.setdefault(name, Span(name))
+def hint_of(m: Moment) -> str:
+    """The /proc evidence hint the moment's verdict names: the GPU's, where its verdict has a code but no cause
+    (the ladder's "not instrumented" with evidence); "" for every other verdict."""
+    return m.view.evidence_hint if m.verdict.code and m.verdict.name not in BY_ID else ""
+
+
+def _spans(found: Iterable[tuple[K, float, str]]) -> dict[K, Span]:
+    out: dict[K, Span] = {}
+    for key, ts, where in found:
+        span = out.setdefault(key, Span())
         span.times.add(ts)
         span.where.add(where)
     return out
