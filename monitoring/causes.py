@@ -52,11 +52,14 @@ def projection(cause: Cause) -> Record:
 
 
 def records() -> list[Record]:
-    """The run's level (one rule per level, in ``gpu-utilization.recording``), then a group per cause: its share
+    """The run's level (one rule, in ``gpu-utilization.recording``), then a group per cause: its share
     rule, which takes its level from the level series, and its projections."""
-    rules = [Record(LEVELS_GROUP, LEVEL_SERIES, f"0 * ({condition}) + 1", (("level", lvl),),
-                    f"Level {lvl}: the live runs whose useful utilization is in its band (value 1)." if i == 0 else "")
-             for i, (lvl, condition) in enumerate(LEVELS.items())]
+    levels = "\nor\n".join(f'label_replace(0 * ({condition}) + 1, "level", "{lvl}", "", "")'
+                            for lvl, condition in LEVELS.items())
+    rules = [Record(LEVELS_GROUP, LEVEL_SERIES, f"{levels}\n", comment=wrap(
+        "The run's level: 1 for a live run whose useful utilization is in the level's band, labelled with it. "
+        "One rule, so a run changes level in one write: a cause rule (its own group) never joins two levels or "
+        "none."))]
     for cause in CAUSES:
         group = RECORDING.format(cause=cause.cause)
         expr = f"(\n{indent(cause.promql(), 2)}\n)\n* on {RUN} group_left (level)\n{LEVEL_SERIES}\n"

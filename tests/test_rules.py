@@ -157,9 +157,10 @@ def test_levels_and_projections_start_from_the_useful_utilization() -> None:
                             "run:gpu_useful_utilization:level"}
     assert '(1 - run:gpu_training_phase:share5m{phase="communication"})' in records["run:gpu_useful_utilization:avg5m"]
     level = "run:gpu_useful_utilization:level"
-    levels = {r["labels"]["level"]: r["expr"] for r in rules("record") if r["record"] == level}
-    assert levels == {"low": "0 * (run:gpu_useful_utilization:avg5m < 0.3) + 1\n",
-                      "target": "0 * (run:gpu_useful_utilization:avg5m >= 0.3 < 0.85) + 1\n"}
+    (levels,) = [r for r in rules("record") if r["record"] == level]  # one rule: a run changes level in one write
+    assert "labels" not in levels and levels["expr"] == (
+        'label_replace(0 * (run:gpu_useful_utilization:avg5m < 0.3) + 1, "level", "low", "", "")\nor\n'
+        'label_replace(0 * (run:gpu_useful_utilization:avg5m >= 0.3 < 0.85) + 1, "level", "target", "", "")\n')
     shares = [r for r in rules("record") if r["record"] == "run:gpu_training_cause:share"]
     assert shares and all("level" not in r["labels"] for r in shares)  # one rule per cause, at the run's level
     assert all(r["expr"].endswith(f"* on (cluster, uuid, run, rank) group_left (level)\n{level}\n") for r in shares)
