@@ -37,7 +37,16 @@ from gpu_exporter.commands.report_render import RENDERERS, CauseSpan, Report, wr
 from gpu_exporter.commands.report_sources import MIN_STEP, POINTS, WINDOW_STEPS, Launch, Totals
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict.causes import BY_ID, HINTS_BY_ID
-from gpu_exporter.verdict.timeline import Timeline, projection_share
+from gpu_exporter.verdict.timeline import Span, Timeline, projection_share
+
+
+def _verdict_span(verdict: str, hint: str, span: Span, step: float) -> CauseSpan:
+    """A verdict's span: its code is its cause's, or for "not instrumented" with /proc evidence its hint's, whose
+    label its title names."""
+    named = HINTS_BY_ID.get(hint) or BY_ID.get(verdict)
+    title = fleet.VERDICT_TITLES.get(verdict, verdict) + (f": {HINTS_BY_ID[hint].label}" if hint else "")
+    return CauseSpan(verdict, named.code if named else "", title, span.seconds(step), span.intervals(step), "",
+                     sorted(span.where))
 
 
 def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, step: float | None,
@@ -85,10 +94,8 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     causes = sorted((CauseSpan(c, BY_ID[c].code, BY_ID[c].label, s.seconds(step), s.intervals(step),
                                BY_ID[c].remedy, sorted(s.where, key=by_rank)) for c, s in timeline.causes().items()),
                     key=lambda c: (-c.seconds, -shares.get(BY_ID[c.cause].phase, 0.0)))
-    verdicts = sorted((CauseSpan(v, HINTS_BY_ID[hint].code if hint else BY_ID[v].code if v in BY_ID else "",
-                                 fleet.VERDICT_TITLES.get(v, v) + (f": {HINTS_BY_ID[hint].label}" if hint else ""),
-                                 s.seconds(step), s.intervals(step), "", sorted(s.where))
-                       for (v, hint), s in timeline.verdicts().items()), key=lambda v: -v.seconds)
+    verdicts = sorted((_verdict_span(v, hint, s, step) for (v, hint), s in timeline.verdicts().items()),
+                      key=lambda v: -v.seconds)
     main = causes[0].cause if causes else None
     ranks = [{"rank": rank, "uuid": gpu, "wall_seconds": round(walls[(rank, gpu)], 3),
               "utilization": None if gpu not in util else round(util[gpu], 4),

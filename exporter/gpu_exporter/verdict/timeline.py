@@ -21,8 +21,9 @@ from gpu_exporter.verdict.ladder import judge
 from gpu_exporter.verdict.views import GpuView, Readings, Verdict
 
 Totals = Mapping[tuple[str, str], Mapping[str, float]]
-K = TypeVar("K", str, tuple[str, str])
 """Phase seconds of each (rank, GPU key) of a run."""
+K = TypeVar("K", str, tuple[str, str])
+"""A span's key: a cause, or a verdict with its evidence hint."""
 
 
 def judged(readings: Readings, t: Thresholds, window: float, run: str,
