@@ -14,6 +14,7 @@ from gpu_exporter import catalog
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.training import OTHER, STANDARD_PHASES, Run
 from gpu_exporter.training import device as dev
+from gpu_exporter.training.distributed import resolve_rank
 
 
 def test_phases_add_up_to_wall_time_and_idle_time_is_other() -> None:
@@ -178,13 +179,13 @@ def _current_phase(store: TrainingStore) -> set[str]:
 def test_rank_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert dev.resolve_rank(None) == "0"
+    assert resolve_rank(None) == "0"
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert dev.resolve_rank(None) == "3"
+    assert resolve_rank(None) == "3"
     assert dev.resolve_device(None) == 3
     monkeypatch.setenv("RANK", "11")
-    assert dev.resolve_rank(None) == "11"
-    assert dev.resolve_rank(5) == "5"
+    assert resolve_rank(None) == "11"
+    assert resolve_rank(5) == "5"
 
 
 def test_uuid_from_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:

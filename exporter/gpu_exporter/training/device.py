@@ -46,21 +46,6 @@ def _torch_cuda_available() -> bool:
         return False
 
 
-def resolve_rank(explicit: str | int | None) -> str:
-    """The rank label: ``explicit``, else ``$RANK``, else ``$LOCAL_RANK``, else ``"0"``.
-
-    >>> resolve_rank(3)
-    '3'
-    """
-    if explicit is not None:
-        return str(explicit)
-    for var in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            return value
-    return "0"
-
-
 def resolve_device(explicit: int | None) -> int:
     """The CUDA device index (among the visible ones) this process uses.
 

@@ -100,10 +100,8 @@ def initialized() -> bool:
         return False
 
 
-def resolve_rank(explicit: str | int | None) -> str | None:
-    """The rank label from ``explicit``, ``$RANK`` or the process group; None when none of them says.
-
-    (``training``'s device module then falls back to ``$LOCAL_RANK``, then ``"0"``.)
+def resolve_rank(explicit: str | int | None) -> str:
+    """The rank label: ``explicit``, else ``$RANK``, else the process group's rank, else ``$LOCAL_RANK``, else "0".
 
     >>> resolve_rank(2)
     '2'
@@ -114,7 +112,7 @@ def resolve_rank(explicit: str | int | None) -> str | None:
         return os.environ["RANK"].strip()
     if initialized():
         return str(_dist().get_rank())
-    return None
+    return os.environ.get("LOCAL_RANK", "").strip() or "0"
 
 
 def resolve_world_size(explicit: int | None) -> int:

@@ -249,17 +249,14 @@ class Run:
                  device: int | None = None, sync_every: int = 0, gpu_timing: bool = True,
                  max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None,
                  run_id: str | None = None, tags: dict[str, str] | None = None) -> None:
-        problem = check_label("run name", name)
-        if problem is not None:
-            raise ValueError(f"training.start: {problem}")
-        rank_label = _device.resolve_rank(_distributed.resolve_rank(rank))
-        problem = check_label("rank", rank_label)
-        if problem is not None:
-            raise ValueError(f"training.start: {problem} (set rank= or $RANK)")
-        if uuid is not None and uuid != "":
-            problem = check_label("uuid", uuid)
+        rank_label = _distributed.resolve_rank(rank)
+        labels = [("run name", name, ""), ("rank", rank_label, " (set rank= or $RANK)")]
+        if uuid:  # "" asks for no uuid
+            labels.append(("uuid", uuid, ""))
+        for kind, value, hint in labels:
+            problem = check_label(kind, value)
             if problem is not None:
-                raise ValueError(f"training.start: {problem}")
+                raise ValueError(f"training.start: {problem}{hint}")
         if sync_every < 0:
             raise ValueError(f"training.start: sync_every must be 0 (off) or > 0, not {sync_every}")
         if max_custom_phases < 0:
