@@ -100,10 +100,8 @@ def gpu_memory(device: int) -> dict[str, int] | None:
     True
     """
     torch = sys.modules.get("torch")
-    if torch is None:
-        return None
     try:
-        if not torch.cuda.is_initialized():
+        if torch is None or not torch.cuda.is_initialized():
             return None
         free, total = torch.cuda.mem_get_info(device)
         peak = torch.cuda.max_memory_allocated(device)

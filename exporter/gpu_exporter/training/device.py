@@ -31,18 +31,10 @@ NO_UUID_WARNING = (
 """Logged once per process when :func:`resolve_uuid` finds nothing."""
 
 
-def _torch() -> Any:
-    """The torch module if the job imported it already, else None."""
-    return sys.modules.get("torch")
-
-
 def _torch_cuda_available() -> bool:
-    torch = _torch()
-    if torch is None:
-        return False
     try:
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken CUDA setup means "no CUDA" here
+        return bool(sys.modules["torch"].cuda.is_available())
+    except Exception:  # torch not imported by the job, or a broken CUDA setup, means "no CUDA" here
         return False
 
 
@@ -56,13 +48,10 @@ def resolve_device(explicit: int | None) -> int:
     """
     if explicit is not None:
         return explicit
-    torch = _torch()
-    if torch is not None:
-        try:
-            if torch.cuda.is_initialized():
-                return int(torch.cuda.current_device())
-        except Exception:  # CUDA broken: fall back to the environment
-            pass
+    torch = sys.modules.get("torch")
+    with contextlib.suppress(Exception):  # CUDA broken: fall back to the environment
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
     try:
         return int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError:
@@ -115,7 +104,7 @@ def _torch_uuid(device: int) -> str:
     if not _torch_cuda_available():
         return ""
     try:
-        uuid = str(_torch().cuda.get_device_properties(device).uuid)
+        uuid = str(sys.modules["torch"].cuda.get_device_properties(device).uuid)
     except Exception:  # old torch without .uuid, or a bad index
         return ""
     return uuid if uuid.startswith(_UUID_PREFIXES) else "GPU-" + uuid
@@ -148,11 +137,9 @@ def allocator_stats(device: int) -> dict[str, int] | None:
     >>> allocator_stats(0) is None  # no CUDA on this machine
     True
     """
-    torch = _torch()
-    if torch is None:
-        return None
+    torch = sys.modules.get("torch")
     try:
-        if not torch.cuda.is_initialized():
+        if torch is None or not torch.cuda.is_initialized():
             return None
         stats = torch.cuda.memory_stats(device)
     except Exception:
@@ -171,7 +158,7 @@ def synchronizer(device: int) -> Callable[[], None] | None:
     >>> synchronizer(0) is None  # no CUDA on this machine
     True
     """
-    return functools.partial(_torch().cuda.synchronize, device) if _torch_cuda_available() else None
+    return functools.partial(sys.modules["torch"].cuda.synchronize, device) if _torch_cuda_available() else None
 
 
 def timing_event_factory() -> Callable[[], Any] | None:
@@ -180,4 +167,4 @@ def timing_event_factory() -> Callable[[], Any] | None:
     >>> timing_event_factory() is None  # no CUDA on this machine
     True
     """
-    return functools.partial(_torch().cuda.Event, enable_timing=True) if _torch_cuda_available() else None
+    return functools.partial(sys.modules["torch"].cuda.Event, enable_timing=True) if _torch_cuda_available() else None
