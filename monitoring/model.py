@@ -27,6 +27,7 @@ model serves every config. Example::
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,19 +40,12 @@ VALUE = "{value}"
 
 def indent(text: str, spaces: int) -> str:
     """``text`` with every non-blank line indented by ``spaces``."""
-    return "".join(" " * spaces + line if line.strip() else line for line in text.splitlines(keepends=True))
+    return textwrap.indent(text, " " * spaces)
 
 
 def wrap(text: str, width: int = 108) -> str:
     """``text`` broken into lines of at most ``width`` characters at spaces (an alert's description)."""
-    lines, line = [], ""
-    for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return "\n".join([*lines, line]) + "\n"
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False) + "\n"
 
 
 def anchor(alert: str) -> str:
