@@ -141,10 +141,8 @@ class LaunchRow:
 
     def by_verdict(self) -> dict[str, float]:
         """Its wall time by the verdicts of its points (each point its share of the wall time)."""
-        out: Counter[str] = Counter()
-        for p in self.points:
-            out[p.verdict] += 1
-        return {v: round(self.wall * n / len(self.points), 3) for v, n in out.most_common()}
+        counts = Counter(p.verdict for p in self.points)
+        return {v: round(self.wall * n / len(self.points), 3) for v, n in counts.most_common()}
 
     def owners(self) -> list[str]:
         return sorted({pod for p in self.points for pod in p.pods})
@@ -247,7 +245,6 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     owners = pod_owners(prom, start, end)
     for row in rows:
         row.kube_owners = list(owners_of(row.owners(), owners))
-    for row in rows:
         if row.gpus:
             busy = sources.busy(prom, row.gpus, max(start, row.start), min(end, row.end), t.cluster_label)
             span = max(min(end, row.end) - max(start, row.start), 1e-9)
@@ -349,9 +346,9 @@ class Share:
     team: str
     namespaces: tuple[str, ...]
     offender: str
+    """What the time belongs to: ``run NAME (ID)`` or ``GPU UUID on NODE`` (time no run reported)."""
     owners: tuple[str, ...] = ()
     """The Kubernetes owners of the point's pods (``Kind/name``)."""
-    """What the time belongs to: ``run NAME (ID)`` or ``GPU UUID on NODE`` (time no run reported)."""
 
     @property
     def idle(self) -> float:
@@ -567,10 +564,8 @@ def _h(hours: float) -> str:
     return f"{hours:.3f}" if hours >= 0.1 or hours == 0 else f"{hours:.5f}"
 
 
-def _money(f: Fleet, value: float) -> str:
-    if f.prices is None:
-        return ""
-    return f"{value:.2f} {f.prices.currency}" if value >= 1 or value == 0 else f"{value:.4f} {f.prices.currency}"
+def _money(prices: Prices, value: float) -> str:
+    return f"{value:.2f} {prices.currency}" if value >= 1 or value == 0 else f"{value:.4f} {prices.currency}"
 
 
 def _first(remedy: str) -> str:
@@ -591,8 +586,8 @@ def _headline(f: Fleet) -> list[tuple[str, str]]:
             ("idle GPU-hours below target", f"{_h(f.total.idle)} (the capacity lost)")]
     if f.prices is not None:
         unpriced = f", and {_h(f.total.unpriced)} idle GPU-hours of models without a price" if f.total.unpriced else ""
-        rows.append(("money lost", f"{_money(f, f.total.money)} (idle GPU-hours below target x {f.prices.source}'s "
-                                   f"price per GPU-hour{unpriced})"))
+        rows.append(("money lost", f"{_money(f.prices, f.total.money)} (idle GPU-hours below target x "
+                                   f"{f.prices.source}'s price per GPU-hour{unpriced})"))
     rows.append(("runs", str(len(f.r.launches))))
     return rows
 
@@ -609,11 +604,11 @@ def _columns(f: Fleet) -> list[str]:
 
 
 def _cells(f: Fleet, t: Tally) -> list[str]:
-    return [_h(t.gpu_hours), _h(t.below_target), _h(t.idle), *([_money(f, t.money)] if f.prices else [])]
+    return [_h(t.gpu_hours), _h(t.below_target), _h(t.idle), *([_money(f.prices, t.money)] if f.prices else [])]
 
 
 def _offender_line(f: Fleet, i: int, o: dict[str, Any]) -> str:
-    money = f", {_money(f, o['money_lost'])}" if f.prices else ""
+    money = f", {_money(f.prices, o['money_lost'])}" if f.prices else ""
     remedy = _first(o["remedy"]) or "none"
     where = [f"team {o['team']}"] if o["team"] != NONE else []
     where += [] if o["who"].startswith("GPU ") else [f"node {o['node'] or NONE}"]
@@ -709,6 +704,10 @@ RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_js
 
 # --- the list of runs --------------------------------------------------------------------------------
 
+def _main_title(main: Point | None) -> str | None:
+    return None if main is None else VERDICT_TITLES.get(main.verdict, main.verdict)
+
+
 def launch_json(row: LaunchRow) -> dict[str, Any]:
     main = row.main()
     return {"run_id": row.ident, "run": row.run, "tags": row.tags, "owner": row.owners(),
@@ -717,19 +716,20 @@ def launch_json(row: LaunchRow) -> dict[str, Any]:
             "wall_seconds": round(row.wall, 3), "mean_utilization": None if row.utilization is None
             else round(row.utilization, 4),
             "seconds_by_verdict": row.by_verdict(), "main_cause": None if main is None else main.verdict,
-            "main_cause_title": None if main is None else VERDICT_TITLES.get(main.verdict, main.verdict)}
+            "main_cause_title": _main_title(main)}
+
+
+def _list_cells(row: LaunchRow, sep: str, empty: str) -> tuple[str, ...]:
+    """A row of the list as text and Markdown show it: lists joined by ``sep``, ``empty`` for what is not known."""
+    return (row.ident, row.run, sep.join(f"{k}={v}" for k, v in row.tags.items()) or empty,
+            sep.join(row.kube_owners or row.owners()) or empty, str(len(row.ranks)), str(len(row.gpus)),
+            iso(row.start), render.duration(row.wall), empty if row.utilization is None else pct(row.utilization),
+            _main_title(row.main()) or empty)
 
 
 def render_list_text(rows: Sequence[LaunchRow], r: Range) -> str:
     head = ("RUN ID", "RUN", "TAGS", "OWNER", "RANKS", "GPUS", "START", "WALL", "UTIL", "MAIN CAUSE")
-    table = [head]
-    for row in rows:
-        doc = launch_json(row)
-        table.append((doc["run_id"], row.run, ",".join(f"{k}={v}" for k, v in row.tags.items()) or "-",
-                      ",".join(row.kube_owners or doc["owner"]) or "-", str(len(doc["ranks"])), str(len(doc["gpus"])),
-                      doc["start"],
-                      render.duration(row.wall), "-" if row.utilization is None else pct(row.utilization),
-                      doc["main_cause_title"] or "-"))
+    table = [head, *(_list_cells(row, ",", "-") for row in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table]
     lines.append(f"{len(rows)} run(s) between {iso(r.start)} and {iso(r.end)} at {r.source}")
@@ -745,13 +745,7 @@ def render_list_markdown(rows: Sequence[LaunchRow], r: Range) -> str:
     out = [f"### Training runs, {iso(r.start)} .. {iso(r.end)}", "",
            "| run id | run | tags | owner | ranks | GPUs | start | wall | utilization | main cause |",
            "|---|---|---|---|---:|---:|---|---:|---:|---|"]
-    for row in rows:
-        doc = launch_json(row)
-        out.append(f"| {doc['run_id']} | {row.run} | {', '.join(f'{k}={v}' for k, v in row.tags.items())} | "
-                   f"{', '.join(row.kube_owners or doc['owner'])} | {len(doc['ranks'])} | {len(doc['gpus'])} | "
-                   f"{doc['start']} | "
-                   f"{render.duration(row.wall)} | {'' if row.utilization is None else pct(row.utilization)} | "
-                   f"{doc['main_cause_title'] or ''} |")
+    out += ["| " + " | ".join(_list_cells(row, ", ", "")) + " |" for row in rows]
     return "\n".join(out) + "\n"
 
 
