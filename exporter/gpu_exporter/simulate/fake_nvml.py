@@ -54,7 +54,6 @@ COMPUTE_CAPABILITY = {
     "kepler": (3, 7), "maxwell": (5, 2), "pascal": (6, 0), "volta": (7, 0), "turing": (7, 5),
     "ampere": (8, 0), "ada": (8, 9), "hopper": (9, 0), "blackwell": (10, 0),
 }
-INIT_FUNCTIONS = ("nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags")
 
 _GPU_HANDLE_STRIDE = 0x10000
 _EVENT_SET_BASE = 0x7E000000
@@ -127,15 +126,23 @@ def _address(pointer: Any) -> int | None:
     return None if pointer is None else ctypes.cast(pointer, ctypes.c_void_p).value
 
 
-def _write_pointer(ref: Any, address: int) -> None:
+def _write_value(ref: Any, value: int) -> int:
+    """Write ``value`` through ``byref(x)``; like each _write_* helper, returns SUCCESS (a fake function ends on it)."""
+    _out(ref).value = value
+    return SUCCESS
+
+
+def _write_pointer(ref: Any, address: int) -> int:
     ctypes.c_void_p.from_buffer(_out(ref)).value = address
+    return SUCCESS
 
 
-def _write_string(buffer: Any, length: Any, text: str) -> None:
+def _write_string(buffer: Any, length: Any, text: str) -> int:
     data = text.encode()
     if len(data) + 1 > _value(length):
         raise _Status(ERROR_INSUFFICIENT_SIZE)
     buffer.value = data
+    return SUCCESS
 
 
 class FakeNvmlLibrary:
@@ -186,8 +193,8 @@ class FakeNvmlLibrary:
         return call
 
     def _check_loaded(self, name: str) -> None:
-        if name in INIT_FUNCTIONS or name == "nvmlShutdown":
-            return
+        if name in ("nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown"):
+            return  # they check for themselves
         if self.node.scenario.driver_missing or self._init_count == 0:
             raise _Status(ERROR_UNINITIALIZED)
         if not self.node.driver_loaded:
@@ -241,19 +248,16 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlSystemGetDriverVersion", device=False)
     def driver_version(self, buffer: Any, length: Any) -> int:
-        _write_string(buffer, length, self.node.scenario.driver_version)
-        return SUCCESS
+        return _write_string(buffer, length, self.node.scenario.driver_version)
 
     @_symbol("nvmlSystemGetNVMLVersion", device=False)
     def nvml_version(self, buffer: Any, length: Any) -> int:
         major = self.node.scenario.cuda_version.split(".")[0]
-        _write_string(buffer, length, f"{major}.{self.node.scenario.driver_version}")
-        return SUCCESS
+        return _write_string(buffer, length, f"{major}.{self.node.scenario.driver_version}")
 
     @_symbol("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", device=False)
     def cuda_version(self, ref: Any) -> int:
-        _out(ref).value = self.node.scenario.cuda_version_number
-        return SUCCESS
+        return _write_value(ref, self.node.scenario.cuda_version_number)
 
     @_symbol("nvmlSystemGetProcessName", device=False)
     def process_name(self, pid: Any, buffer: Any, length: Any) -> int:
@@ -261,16 +265,14 @@ class FakeNvmlLibrary:
         for gpu in self.node.scenario.gpus:
             for process in gpu.processes:
                 if process.pid == wanted:
-                    _write_string(buffer, length, process.name)
-                    return SUCCESS
+                    return _write_string(buffer, length, process.name)
         return ERROR_NOT_FOUND
 
     # --- devices ---------------------------------------------------------------------------
 
     @_symbol("nvmlDeviceGetCount_v2", device=False)
     def count(self, ref: Any) -> int:
-        _out(ref).value = len(self.node.scenario.gpus)
-        return SUCCESS
+        return _write_value(ref, len(self.node.scenario.gpus))
 
     @_symbol("nvmlDeviceGetHandleByIndex_v2", device=False)
     def handle_by_index(self, index: Any, ref: Any) -> int:
@@ -279,39 +281,33 @@ class FakeNvmlLibrary:
             return ERROR_INVALID_ARGUMENT
         if self.node.is_lost(i, self.node.now()):
             return ERROR_GPU_IS_LOST
-        _write_pointer(ref, self._handle(i))
-        return SUCCESS
+        return _write_pointer(ref, self._handle(i))
 
     @_symbol("nvmlDeviceGetHandleByUUID", device=False)
     def handle_by_uuid(self, uuid: Any, ref: Any) -> int:
         wanted = uuid.decode() if isinstance(uuid, bytes) else str(getattr(uuid, "value", b"").decode())
         for gpu in self.node.scenario.gpus:
             if gpu.uuid == wanted:
-                _write_pointer(ref, self._handle(gpu.index))
-                return SUCCESS
+                return _write_pointer(ref, self._handle(gpu.index))
             for i, inst in enumerate(gpu.mig_instances or ()):
                 if inst.uuid == wanted:
-                    _write_pointer(ref, self._handle(gpu.index, i))
-                    return SUCCESS
+                    return _write_pointer(ref, self._handle(gpu.index, i))
         return ERROR_NOT_FOUND
 
     @_symbol("nvmlDeviceGetIndex")
     def index(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
-        _out(ref).value = dev.gpu.index
-        return SUCCESS
+        return _write_value(ref, dev.gpu.index)
 
     @_symbol("nvmlDeviceGetName")
     def name(self, dev: _Target, buffer: Any, length: Any) -> int:
         mig = dev.mig
-        _write_string(buffer, length, dev.gpu.name if mig is None else f"{dev.gpu.name} MIG {mig.profile}")
-        return SUCCESS
+        return _write_string(buffer, length, dev.gpu.name if mig is None else f"{dev.gpu.name} MIG {mig.profile}")
 
     @_symbol("nvmlDeviceGetUUID")
     def uuid(self, dev: _Target, buffer: Any, length: Any) -> int:
         mig = dev.mig
-        _write_string(buffer, length, dev.gpu.uuid if mig is None else mig.uuid)
-        return SUCCESS
+        return _write_string(buffer, length, dev.gpu.uuid if mig is None else mig.uuid)
 
     @_symbol("nvmlDeviceGetPciInfo_v3")
     def pci_info(self, dev: _Target, ref: Any) -> int:
@@ -327,8 +323,7 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlDeviceGetArchitecture")
     def architecture(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = dev.gpu.architecture_id
-        return SUCCESS
+        return _write_value(ref, dev.gpu.architecture_id)
 
     # --- MIG -------------------------------------------------------------------------------
 
@@ -339,16 +334,14 @@ class FakeNvmlLibrary:
             return ERROR_NOT_SUPPORTED
         mode = int(dev.gpu.mig_instances is not None)
         _out(current).value = mode
-        _out(pending).value = mode
-        return SUCCESS
+        return _write_value(pending, mode)
 
     @_symbol("nvmlDeviceGetMaxMigDeviceCount")
     def max_mig_devices(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
         if dev.gpu.architecture_id < ARCH_AMPERE:
             return ERROR_NOT_SUPPORTED
-        _out(ref).value = MAX_MIG_DEVICES if dev.gpu.mig_instances is not None else 0
-        return SUCCESS
+        return _write_value(ref, MAX_MIG_DEVICES if dev.gpu.mig_instances is not None else 0)
 
     @_symbol("nvmlDeviceGetMigDeviceHandleByIndex")
     def mig_handle(self, dev: _Target, index: Any, ref: Any) -> int:
@@ -360,36 +353,31 @@ class FakeNvmlLibrary:
             return ERROR_INVALID_ARGUMENT
         if i >= len(dev.gpu.mig_instances):
             return ERROR_NOT_FOUND
-        _write_pointer(ref, self._handle(dev.gpu.index, i))
-        return SUCCESS
+        return _write_pointer(ref, self._handle(dev.gpu.index, i))
 
     @_symbol("nvmlDeviceIsMigDeviceHandle")
     def is_mig(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = int(dev.mig_index is not None)
-        return SUCCESS
+        return _write_value(ref, int(dev.mig_index is not None))
 
     @_symbol("nvmlDeviceGetGpuInstanceId")
     def gpu_instance_id(self, dev: _Target, ref: Any) -> int:
         mig = dev.mig
         if mig is None:
             return ERROR_NOT_SUPPORTED
-        _out(ref).value = mig.gpu_instance_id
-        return SUCCESS
+        return _write_value(ref, mig.gpu_instance_id)
 
     @_symbol("nvmlDeviceGetComputeInstanceId")
     def compute_instance_id(self, dev: _Target, ref: Any) -> int:
         mig = dev.mig
         if mig is None:
             return ERROR_NOT_SUPPORTED
-        _out(ref).value = mig.compute_instance_id
-        return SUCCESS
+        return _write_value(ref, mig.compute_instance_id)
 
     @_symbol("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
     def parent_handle(self, dev: _Target, ref: Any) -> int:
         if dev.mig_index is None:
             return ERROR_INVALID_ARGUMENT
-        _write_pointer(ref, self._handle(dev.gpu.index))
-        return SUCCESS
+        return _write_pointer(ref, self._handle(dev.gpu.index))
 
     # --- utilization -----------------------------------------------------------------------
 
@@ -464,14 +452,12 @@ class FakeNvmlLibrary:
     @_symbol("nvmlDeviceGetPowerUsage")
     def power_usage(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
-        _out(ref).value = round(1000 * dev.gpu.power_watts.at(self._busy(dev)))
-        return SUCCESS
+        return _write_value(ref, round(1000 * dev.gpu.power_watts.at(self._busy(dev))))
 
     @_symbol("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
     def power_limit(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
-        _out(ref).value = round(1000 * dev.gpu.power_limit_watts)
-        return SUCCESS
+        return _write_value(ref, round(1000 * dev.gpu.power_limit_watts))
 
     @_symbol("nvmlDeviceGetTotalEnergyConsumption")
     def energy(self, dev: _Target, ref: Any) -> int:
@@ -480,8 +466,7 @@ class FakeNvmlLibrary:
             return ERROR_NOT_SUPPORTED  # Volta and newer only
         power = dev.gpu.power_watts
         busy = self._busy_seconds_until(dev.gpu.index, dev.t)
-        _out(ref).value = round(1000 * (power.idle * dev.t + (power.busy - power.idle) * busy))
-        return SUCCESS
+        return _write_value(ref, round(1000 * (power.idle * dev.t + (power.busy - power.idle) * busy)))
 
     def _busy_seconds_until(self, index: int, t: float) -> float:
         """Busy seconds from 0 to t, integrated incrementally so long runs stay cheap."""
@@ -497,8 +482,7 @@ class FakeNvmlLibrary:
         dev.require_full_gpu()
         if _value(sensor) != 0:
             return ERROR_INVALID_ARGUMENT
-        _out(ref).value = round(dev.gpu.temperature_celsius.at(self._busy(dev)))
-        return SUCCESS
+        return _write_value(ref, round(dev.gpu.temperature_celsius.at(self._busy(dev))))
 
     @staticmethod
     def _clock_level(dev: _Target, clock_type: Any) -> Level:
@@ -510,8 +494,7 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlDeviceGetClockInfo")
     def clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
-        _out(ref).value = round(self._clock_level(dev, clock_type).at(self._busy(dev)))
-        return SUCCESS
+        return _write_value(ref, round(self._clock_level(dev, clock_type).at(self._busy(dev))))
 
     @_symbol("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
     def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
@@ -519,19 +502,14 @@ class FakeNvmlLibrary:
         names = dev.gpu.clock_event_reasons
         if names is None:
             names = ("gpu_idle",) if self._busy(dev) < 0.05 else ()
-        mask = 0
-        for name in names:
-            mask |= CLOCK_EVENT_REASONS[name]
-        _out(ref).value = mask
-        return SUCCESS
+        return _write_value(ref, sum(CLOCK_EVENT_REASONS[name] for name in set(names)))  # distinct bits: sum is OR
 
     @_symbol("nvmlDeviceGetFanSpeed")
     def fan_speed(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
         if dev.gpu.fan_percent is None:
             return ERROR_NOT_SUPPORTED
-        _out(ref).value = round(dev.gpu.fan_percent.at(self._busy(dev)))
-        return SUCCESS
+        return _write_value(ref, round(dev.gpu.fan_percent.at(self._busy(dev))))
 
     @_symbol("nvmlDeviceGetPcieThroughput")
     def pcie_throughput(self, dev: _Target, counter: Any, ref: Any) -> int:
@@ -540,8 +518,7 @@ class FakeNvmlLibrary:
         if which not in (0, 1):
             return ERROR_INVALID_ARGUMENT
         level = dev.gpu.pcie_tx_mib_s if which == 0 else dev.gpu.pcie_rx_mib_s
-        _out(ref).value = round(1024 * level.at(self._busy(dev)))  # KB/s
-        return SUCCESS
+        return _write_value(ref, round(1024 * level.at(self._busy(dev))))  # KB/s
 
     # --- static properties other NVML tools (e.g. nvitop) read --------------------------------
 
@@ -553,24 +530,20 @@ class FakeNvmlLibrary:
     @_symbol("nvmlDeviceGetMaxClockInfo")
     def max_clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
         level = self._clock_level(dev, clock_type)
-        _out(ref).value = round(max(level.idle, level.busy))
-        return SUCCESS
+        return _write_value(ref, round(max(level.idle, level.busy)))
 
     @_symbol("nvmlDeviceGetPerformanceState")
     def performance_state(self, dev: _Target, ref: Any) -> int:
         dev.require_full_gpu()
-        _out(ref).value = 0 if self._busy(dev) >= 0.05 else 8  # P0 busy, P8 idle
-        return SUCCESS
+        return _write_value(ref, 0 if self._busy(dev) >= 0.05 else 8)  # P0 busy, P8 idle
 
     @_symbol("nvmlDeviceGetPersistenceMode")
     def persistence_mode(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = 1
-        return SUCCESS
+        return _write_value(ref, 1)
 
     @_symbol("nvmlDeviceGetComputeMode", "nvmlDeviceGetDisplayMode", "nvmlDeviceGetDisplayActive")
     def zero(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = 0  # NVML_COMPUTEMODE_DEFAULT; display off
-        return SUCCESS
+        return _write_value(ref, 0)  # NVML_COMPUTEMODE_DEFAULT; display off
 
     @_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization")
     def encoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
@@ -638,8 +611,7 @@ class FakeNvmlLibrary:
     def event_set_create(self, ref: Any) -> int:
         address = self._new_id(_EVENT_SET_BASE)
         self._event_sets[address] = _EventSet()
-        _write_pointer(ref, address)
-        return SUCCESS
+        return _write_pointer(ref, address)
 
     def _event_set(self, handle: Any) -> _EventSet:
         events = self._event_sets.get(_address(handle) or 0)
@@ -649,8 +621,7 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlDeviceGetSupportedEventTypes")
     def supported_event_types(self, dev: _Target, ref: Any) -> int:
-        _out(ref).value = SUPPORTED_EVENT_TYPES
-        return SUCCESS
+        return _write_value(ref, SUPPORTED_EVENT_TYPES)
 
     @_symbol("nvmlDeviceRegisterEvents")
     def register_events(self, dev: _Target, event_types: Any, event_set: Any) -> int:
@@ -663,23 +634,11 @@ class FakeNvmlLibrary:
             events.registered.setdefault(dev.gpu.index, dev.t)
         return SUCCESS
 
-    def _next_event(self, events: _EventSet) -> tuple[int, int] | None:
-        t = self.node.now()
-        best: tuple[float, int, int] | None = None
-        for index, since in events.registered.items():
-            for position, xid in enumerate(self.node.scenario.gpus[index].xid_events):
-                if since <= xid.at <= t and (index, position) not in events.delivered \
-                        and (best is None or xid.at < best[0]):
-                    best = (xid.at, index, position)
-        return None if best is None else (best[1], best[2])
-
-    def _seconds_to_next_event(self, events: _EventSet) -> float:
-        """Simulated seconds until the next undelivered XID event (inf when none is scheduled)."""
-        t = self.node.now()
-        pending = [xid.at - t for index, since in events.registered.items()
-                   for position, xid in enumerate(self.node.scenario.gpus[index].xid_events)
-                   if xid.at >= since and (index, position) not in events.delivered]
-        return max(0.0, min(pending, default=float("inf")))
+    def _pending(self, events: _EventSet) -> list[tuple[float, int, int]]:
+        """The undelivered XID events of the registered GPUs since registration: (at, GPU index, position)."""
+        return [(xid.at, index, position) for index, since in events.registered.items()
+                for position, xid in enumerate(self.node.scenario.gpus[index].xid_events)
+                if xid.at >= since and (index, position) not in events.delivered]
 
     @_symbol("nvmlEventSetWait_v2", device=False, locked=False)
     def event_set_wait(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
@@ -689,10 +648,12 @@ class FakeNvmlLibrary:
             while True:
                 if not self.node.driver_loaded:
                     return ERROR_DRIVER_NOT_LOADED
-                found = self._next_event(events)
-                if found is not None:
-                    index, position = found
-                    events.delivered.add(found)
+                t = self.node.now()
+                pending = self._pending(events)
+                due = [event for event in pending if event[0] <= t]
+                if due:
+                    _, index, position = min(due, key=lambda event: event[0])  # the earliest, first registered
+                    events.delivered.add((index, position))
                     data = _out(ref)
                     data.device = ctypes.cast(ctypes.c_void_p(self._handle(index)), type(data.device))
                     data.eventType = EVENT_TYPE_XID
@@ -704,7 +665,8 @@ class FakeNvmlLibrary:
                     return ERROR_TIMEOUT
                 # Sleep until the next scheduled event (state changes notify ``changed``); a short
                 # floor keeps hand-driven test clocks, whose time moves without notice, responsive.
-                self.node.changed.wait(min(remaining, max(0.02, self._seconds_to_next_event(events))))
+                next_at = min((at for at, _, _ in pending), default=float("inf"))
+                self.node.changed.wait(min(remaining, max(0.02, next_at - t)))
 
     @_symbol("nvmlEventSetFree", device=False)
     def event_set_free(self, event_set: Any) -> int:
@@ -728,8 +690,7 @@ class FakeNvmlLibrary:
     def gpm_alloc(self, ref: Any) -> int:
         address = self._new_id(_GPM_SAMPLE_BASE)
         self._gpm_samples[address] = None
-        _write_pointer(ref, address)
-        return SUCCESS
+        return _write_pointer(ref, address)
 
     @_symbol("nvmlGpmSampleFree", device=False)
     def gpm_free(self, sample: Any) -> int:
