@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from gpu_exporter import catalog
-from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
+from gpu_exporter.verdict.levels import LOW, TARGET, level, threshold, useful_text, useful_utilization
 from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class Cause:
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         """The finding of ``run`` at useful utilization ``u`` and level ``lvl`` (M4: ``limit`` retries), or None."""
         share = run.shares.get(self.phase, 0.0)
-        return Finding(self, lvl, share, _hidden(u, share)) if share > _threshold(t, self.keys[0]) else None
+        return Finding(self, lvl, share, _hidden(u, share)) if share > threshold(t, self.keys[0]) else None
 
     def promql(self) -> str:
         return f"{share(self.phase)} > ${{{self.keys[0]}}}"
@@ -175,8 +175,8 @@ class Launch(Cause):
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         compute = run.shares.get(self.phase, 0.0)
         compute_key, busy_key, memory_key = self.keys
-        if (compute > _threshold(t, compute_key) and u / compute < _threshold(t, busy_key)
-                and memory is not None and memory < _threshold(t, memory_key)):
+        if (compute > threshold(t, compute_key) and u / compute < threshold(t, busy_key)
+                and memory is not None and memory < threshold(t, memory_key)):
             return Finding(self, lvl, compute - u, min(1.0, compute), run.batch_size)
         return None
 
@@ -254,7 +254,7 @@ class Straggler(Cause):
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str, limit: float) -> Found:
         straggler = straggler_of(run.communication or {})
         wait = run.shares.get(self.phase, 0.0) - straggler[1] if straggler else 0.0
-        if straggler is not None and wait > _threshold(t, self.keys[0]):
+        if straggler is not None and wait > threshold(t, self.keys[0]):
             return Finding(self, lvl, wait, _hidden(u, wait), straggler=straggler[0], step_seconds=run.step_seconds)
         return None
 
@@ -323,7 +323,7 @@ class Communication(Cause):
         if self.phase not in run.shares:
             return None
         common = common_communication(run.shares[self.phase], run.communication)
-        return Finding(self, lvl, common, _hidden(u, common)) if common > _threshold(t, self.keys[0]) else None
+        return Finding(self, lvl, common, _hidden(u, common)) if common > threshold(t, self.keys[0]) else None
 
     def promql(self) -> str:
         comm = share(self.phase)
@@ -531,13 +531,7 @@ def allocator_limit(t: Thresholds, window_seconds: float) -> float:
     The keys are the allocator row's own (:attr:`Cause.keys`: window, then retries per window).
     """
     window_key, retries_key = BY_ID["allocator"].keys
-    return _threshold(t, retries_key) * max(1.0, window_seconds / _threshold(t, window_key))
-
-
-def _threshold(t: Thresholds, key: str) -> float:
-    value = getattr(t, key)
-    assert isinstance(value, int | float)
-    return float(value)
+    return threshold(t, retries_key) * max(1.0, window_seconds / threshold(t, window_key))
 
 
 def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSignals, t: Thresholds,
@@ -561,7 +555,7 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
     lvl = level(utilization, t)
     if lvl is None:
         return []
-    limit = _threshold(t, BY_ID["allocator"].keys[1]) if retry_limit is None else retry_limit
+    limit = threshold(t, BY_ID["allocator"].keys[1]) if retry_limit is None else retry_limit
     found = (cause.find(utilization, memory_used_ratio, run, t, lvl, limit) for cause in CAUSES)
     return sorted((f for f in found if f is not None), key=cause_order)
 

@@ -51,11 +51,12 @@ class Level:
     key: str
     severity: str
 
-    def below(self, t: Thresholds) -> float:
-        """The utilization under which this level applies."""
-        value = getattr(t, self.key)
-        assert isinstance(value, int | float)
-        return float(value)
+
+def threshold(t: Thresholds, key: str) -> float:
+    """The number of ``t`` named by the thresholds.yml key ``key``."""
+    value = getattr(t, key)
+    assert isinstance(value, int | float)
+    return float(value)
 
 
 LEVELS: tuple[Level, ...] = (
@@ -70,7 +71,7 @@ BY_LEVEL: dict[str, Level] = {lv.name: lv for lv in LEVELS}
 def level(utilization: float, t: Thresholds) -> str | None:
     """``"low"``, ``"target"`` or None (at or above ``utilization_target``)."""
     for lv in LEVELS:
-        if utilization < lv.below(t):
+        if utilization < threshold(t, lv.key):
             return lv.name
     return None
 
@@ -105,4 +106,4 @@ def useful_text(utilization: float, *shares: Mapping[str, float], noun: str = ""
 
 def describe(t: Thresholds) -> list[dict[str, Any]]:
     """The levels with their lines under ``t``, for JSON clients (the status page's script)."""
-    return [{"level": lv.name, "key": lv.key, "below": lv.below(t)} for lv in LEVELS]
+    return [{"level": lv.name, "key": lv.key, "below": threshold(t, lv.key)} for lv in LEVELS]
