@@ -39,6 +39,7 @@ from monitoring.panels import (
     state_timeline,
     steps,
     table_panel,
+    table_query,
     textbox,
     timeseries,
     utilization_timeseries,
@@ -46,13 +47,10 @@ from monitoring.panels import (
 )
 from monitoring.paths import DASHBOARD_DIR
 
-NODE_LINK = ("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}", "gpu-node",
-             {"node": "${__field.labels.node}", "gpu": "${__field.labels.gpu}"})
-
 
 def gpu_link() -> dash.DashboardLink:
-    title, uid, variables = NODE_LINK
-    return link(title, uid, **variables)
+    return link("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}", "gpu-node",
+                node="${__field.labels.node}", gpu="${__field.labels.gpu}")
 
 
 def fleet(cfg: Config) -> dash.Dashboard:
@@ -131,18 +129,13 @@ def fleet(cfg: Config) -> dash.Dashboard:
                  f"them, and the causes the cause engine found ({m.RUN_TRAINING_CAUSE_SHARE.name}: the share of time "
                  "that explains it, and the utilization the GPU could reach without it; see docs/runbooks.md). "
                  "Click a GPU for its detail dashboard, a run for the training-run dashboard.",
-                 [query(below, "", instant=True, table_format=True),
-                  query(f"max {cfg.by('node', 'gpu', 'uuid', 'name')} ({cfg.sel(m.GPU_INFO.name, 'node')}) "
-                        f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
-                  query(f"{cfg.sel(m.GPU_MEMORY_USED_RATIO.name, 'node')} and {cfg.on('uuid')} {below}", "",
-                        instant=True, table_format=True),
-                  query(f"{cfg.sel(m.GPU_WORKLOAD_INFO.name, 'namespace', 'pod')} and {cfg.on('uuid')} {below}", "",
-                        instant=True, table_format=True),
-                  query(f"max {cfg.by('uuid', 'code', 'remedy')} ({cfg.sel(m.RUN_TRAINING_CAUSE_SHARE.name)}) "
-                        f"and {cfg.on('uuid')} {below}", "", instant=True, table_format=True),
-                  query(f"max {cfg.by('uuid', 'code', 'remedy')} "
-                        f"({cfg.sel(m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name)}) and {cfg.on('uuid')} {below}",
-                        "", instant=True, table_format=True)],
+                 [table_query(below), *(table_query(f"{expr} and {cfg.on('uuid')} {below}") for expr in (
+                     f"max {cfg.by('node', 'gpu', 'uuid', 'name')} ({cfg.sel(m.GPU_INFO.name, 'node')})",
+                     cfg.sel(m.GPU_MEMORY_USED_RATIO.name, "node"),
+                     cfg.sel(m.GPU_WORKLOAD_INFO.name, "namespace", "pod"),
+                     f"max {cfg.by('uuid', 'code', 'remedy')} ({cfg.sel(m.RUN_TRAINING_CAUSE_SHARE.name)})",
+                     f"max {cfg.by('uuid', 'code', 'remedy')} "
+                     f"({cfg.sel(m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name)})"))],
                  unit="percentunit", w=24, h=10,
                  hide=("Value #B", "Value #D", "container"),
                  order=(c, "node", "gpu", "name", "Value #A", "Value #C", "namespace", "pod", "run", "code",
@@ -269,17 +262,17 @@ def node_detail(cfg: Config) -> dash.Dashboard:
              .with_row(dash.Row("Who uses the GPU"))
              .with_panel(table_panel(
                  "Processes", "Compute processes on the selected GPUs: memory and SM share.",
-                 [query(sel(m.GPU_PROCESS_MEMORY_USED_BYTES.name), "", instant=True, table_format=True),
-                  query(sel(m.GPU_PROCESS_SM_UTILIZATION_RATIO.name), "", instant=True, table_format=True)],
+                 [table_query(sel(m.GPU_PROCESS_MEMORY_USED_BYTES.name)),
+                  table_query(sel(m.GPU_PROCESS_SM_UTILIZATION_RATIO.name))],
                  unit="bytes", hide=("uuid",), order=("node", "gpu", "pid", "process_name", "Value #A", "Value #B"),
                  rename={"Value #A": "Memory used", "Value #B": "SM share"},
                  overrides=[override("SM share", unit="percentunit")]))
              .with_panel(table_panel(
                  "Kubernetes pods and GPU identity",
                  "The pod holding each GPU (kubelet pod-resources) and the GPU's static attributes.",
-                 [query(f"max {identity} ({sel(m.GPU_INFO.name)})", "", instant=True, table_format=True),
-                  query(f"max {cfg.by('uuid', 'namespace', 'pod', 'container')} "
-                        f"({sel(m.GPU_POD_INFO.name, mig_uuid='')})", "", instant=True, table_format=True)],
+                 [table_query(f"max {identity} ({sel(m.GPU_INFO.name)})"),
+                  table_query(f"max {cfg.by('uuid', 'namespace', 'pod', 'container')} "
+                              f"({sel(m.GPU_POD_INFO.name, mig_uuid='')})")],
                  hide=("Value #A", "Value #B"), order=("node", "gpu", "name", "namespace", "pod", "container"),
                  rename={"name": "Model"})))
     return board
@@ -339,8 +332,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "utilization the GPU could reach without it (an upper bound). Level low: the GPU is below "
                  f"{pct}; target: below the {cfg.num('utilization_target') * 100:g}% target. "
                  "Runbooks: docs/runbooks.md.",
-                 [query(f"max {cause_labels} ({causes})", "", instant=True, table_format=True),
-                  query(f"max {cause_labels} ({projected})", "", instant=True, table_format=True)],
+                 [table_query(f"max {cause_labels} ({causes})"), table_query(f"max {cause_labels} ({projected})")],
                  unit="percentunit", w=16,
                  order=("code", "remedy", "Value #A", "Value #B", "straggler_rank", "level", "cause", "uuid"),
                  rename={"code": "Cause", "remedy": "Likely remedy", "Value #A": "Share of time",
@@ -353,7 +345,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "the formulas of docs/runbooks.md (Concrete remedies) suggest: M1 workers that keep up with "
                  f"compute ({m.RUN_TRAINING_REMEDY_NUM_WORKERS.name}), M3 the batch its memory and GPU allow "
                  f"({m.RUN_TRAINING_REMEDY_BATCH_SIZE.name}). Empty where the run reports no DataLoader or memory.",
-                 [query(f"max {cfg.by('rank')} ({sel(metric)})", "", instant=True, table_format=True)
+                 [table_query(f"max {cfg.by('rank')} ({sel(metric)})")
                   for metric in (m.GPU_TRAINING_LOADER_WORKERS.name, m.GPU_TRAINING_CPU_CORES.name,
                                  m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, m.GPU_TRAINING_BATCH_SIZE.name,
                                  m.RUN_TRAINING_REMEDY_BATCH_SIZE.name)],
@@ -376,10 +368,9 @@ def training_run(cfg: Config) -> dash.Dashboard:
              .with_panel(table_panel(
                  "Ranks", f"The run's ranks across nodes ({m.RUN_TRAINING_RANK_WORLD_SIZE.name}): node, GPU index and "
                  "uuid, the job's world size, and each rank's step time (5m).",
-                 [query(f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} ({sel(m.RUN_TRAINING_RANK_WORLD_SIZE.name)})",
-                        "", instant=True, table_format=True),
-                  query(f"max {cfg.by('rank', 'uuid')} ({sel(m.RUN_TRAINING_STEP_SECONDS_AVG5M.name)})", "",
-                        instant=True, table_format=True)],
+                 [table_query(f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} "
+                              f"({sel(m.RUN_TRAINING_RANK_WORLD_SIZE.name)})"),
+                  table_query(f"max {cfg.by('rank', 'uuid')} ({sel(m.RUN_TRAINING_STEP_SECONDS_AVG5M.name)})")],
                  w=8, h=9, order=("rank", "node", "gpu", "uuid", "Value #A", "Value #B"),
                  rename={"rank": "Rank", "node": "Node", "gpu": "GPU", "uuid": "GPU uuid", "Value #A": "World size",
                          "Value #B": "Step time"}, overrides=[override("Value #B", unit="s")]))
@@ -483,8 +474,8 @@ def exporter_health(cfg: Config) -> dash.Dashboard:
                  unit="none", bars=True))
              .with_panel(table_panel(
                  "Build info", "Exporter, Python and nvidia-ml-py versions per node.",
-                 [query(f"max {cfg.by('node', 'version', 'python_version', 'pynvml_version')} "
-                        f"({sel(m.GPU_EXPORTER_BUILD_INFO.name)})", "", instant=True, table_format=True)],
+                 [table_query(f"max {cfg.by('node', 'version', 'python_version', 'pynvml_version')} "
+                              f"({sel(m.GPU_EXPORTER_BUILD_INFO.name)})")],
                  w=24, h=6, merge=False, hide=("Value",))))
     return board
 
@@ -569,8 +560,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  "Workloads by GPU-hours lost", "The GPUs' workloads (node, namespace, pod, training run) and "
                  "main cause by GPU-hours lost over the time range, most first, with the money lost at the price "
                  "variable. Click a run for the training-run dashboard.",
-                 [query(named(workloads, "code"), "", instant=True, table_format=True),
-                  query(named(f"{workloads} * $price", "code"), "", instant=True, table_format=True)],
+                 [table_query(named(workloads, "code")), table_query(named(f"{workloads} * $price", "code"))],
                  w=24, h=10, order=(c, "node", "namespace", "pod", "run", "code", "Value #A", "Value #B"),
                  rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
                  overrides=[override("GPU-hours lost", unit="h"), override("run", links=[run_table_link()])],

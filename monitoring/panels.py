@@ -129,14 +129,15 @@ def steps(*pairs: tuple[str, float | None]) -> dash.ThresholdsConfig:
             .steps([dm.Threshold(value=value, color=color) for color, value in pairs]))
 
 
-def query(expr: str, legend: str = "__auto", *, instant: bool = False, table_format: bool = False
-          ) -> prometheus.Dataquery:
+def query(expr: str, legend: str = "__auto", *, instant: bool = False) -> prometheus.Dataquery:
     """One PromQL target: a range query by default, an instant one for bar gauges and tables."""
     target = prometheus.Dataquery().expr(expr).legend_format(legend).editor_mode(pm.QueryEditorMode.CODE)
-    target = target.instant() if instant else target.range()
-    if table_format:
-        target = target.format(pm.PromQueryFormat.TABLE)
-    return target
+    return target.instant() if instant else target.range()
+
+
+def table_query(expr: str) -> prometheus.Dataquery:
+    """An instant query in table format, one row per series (a :func:`table_panel`'s target)."""
+    return query(expr, "", instant=True).format(pm.PromQueryFormat.TABLE)
 
 
 def link_url(uid: str, **variables: str) -> str:
