@@ -223,15 +223,12 @@ class GpuClock:
         """:meth:`resolve`, then the phases not reached yet by the CPU's clock (the final snapshot)."""
         with self._lock:
             seconds = dict(self._fold())
-            return self._by_cpu_clock(seconds, now)
-
-    def _by_cpu_clock(self, seconds: dict[str, float], now: float) -> dict[str, float]:
-        if self._last is not None:
-            marks = [(self._last[1], self._last[2]), *((p, t) for _, p, t in list(self._pending)), (None, now)]
-            for (phase, t0), (_, t1) in itertools.pairwise(marks):
-                if phase is not None:
-                    seconds[phase.name] = seconds.get(phase.name, 0.0) + max(0.0, t1 - t0)
-        return seconds
+            if self._last is not None:
+                marks = [self._last[1:], *((p, t) for _, p, t in list(self._pending)), (None, now)]
+                for (phase, t0), (_, t1) in itertools.pairwise(marks):
+                    if phase is not None:
+                        seconds[phase.name] = seconds.get(phase.name, 0.0) + max(0.0, t1 - t0)
+            return seconds
 
 
 class Run:
@@ -281,8 +278,11 @@ class Run:
         self._closed = False
         self._max_custom = max_custom_phases
         self._sync_now = False
-        self._phase_class: type[Phase] = Phase
-        self._other = Phase(self, OTHER)
+        self._sync_every = sync_every
+        self._sync_fn: Callable[[], None] | None = None
+        new_event = _device.timing_event_factory() if gpu_timing and not sync_every else None
+        self._phase_class: type[Phase] = Phase if new_event is None else _EventPhase
+        self._other = self._phase_class(self, OTHER)
         self._phases: dict[str, Phase] = {OTHER: self._other}
         self._order: list[Phase] = [self._other]
         for standard in STANDARD_PHASES:
@@ -291,16 +291,8 @@ class Run:
         self._start = perf_counter()
         self._since: float | None = self._start
         """Clock reading of the last phase change; None while one is in progress (module docstring)."""
-        self._sync_every = sync_every
-        self._sync_fn: Callable[[], None] | None = None
-        new_event = _device.timing_event_factory() if gpu_timing and not sync_every else None
-        self._gpu: GpuClock | None = None
+        self._gpu = None if new_event is None else GpuClock(new_event, self._other, self._start)
         """GPU-truthful phases (CUDA, ``sync_every`` off): see :class:`GpuClock`."""
-        if new_event is not None:
-            self._gpu = GpuClock(new_event, self._other, self._start)
-            self._phase_class = _EventPhase
-            for phase in self._order:
-                phase.__class__ = _EventPhase
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
         self._pusher: Pusher | None = None
 
