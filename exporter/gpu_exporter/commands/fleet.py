@@ -34,7 +34,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -353,9 +353,7 @@ class Share:
     @property
     def idle(self) -> float:
         """Idle seconds while below target: the capacity lost."""
-        if not self.point.below:
-            return 0.0
-        return self.seconds * (1.0 - min(max(self.point.utilization or 0.0, 0.0), 1.0))
+        return self.seconds * (1.0 - min(max(self.point.utilization or 0.0, 0.0), 1.0)) if self.point.below else 0.0
 
 
 def shares(r: Range) -> list[Share]:
@@ -367,14 +365,10 @@ def shares(r: Range) -> list[Share]:
         by_gpu.setdefault(p.gpu, []).append(p)
     out: list[Share] = []
     for points in by_gpu.values():
+        free = [p for p in points if p.launch is None and not p.starting]
         run_points: dict[tuple[str, str], list[Point]] = {}
-        free: list[Point] = []
         for p in points:
-            if p.starting:
-                continue
-            if p.launch is None:
-                free.append(p)
-            else:
+            if p.launch is not None and not p.starting:
                 row = rows.get(p.launch)
                 run_points.setdefault((row.run, row.ident) if row else p.launch, []).append(p)
         used, first = 0.0, points[0]
@@ -528,8 +522,7 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
     for who, verdicts in ranked:
         main = max(verdicts, key=lambda v: verdicts[v].below_target)
         s = latest[(who, main)]
-        summed = ("gpu_hours", "below_target", "idle", "money")
-        sums = Tally(*(sum(getattr(t, name) for t in verdicts.values()) for name in summed))
+        sums = Tally(*(sum(getattr(t, k.name) for t in verdicts.values()) for k in fields(Tally)))
         found.append({"who": who, "team": s.team, "namespaces": list(s.namespaces), "node": s.point.node,
                       "verdict": main, "title": titles[main], "code": s.point.code,
                       **sums.to_json(prices is not None), "remedy": s.point.remedy})
