@@ -45,10 +45,6 @@ def _key(labels: Labels, cluster_label: str = "") -> RankKey:
 _quote = json.dumps
 
 
-def _at(prom: Prometheus, when: float, expr: str) -> list[tuple[Labels, float]]:
-    return prom.at_time(when).query(expr)
-
-
 def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, cluster_label: str = "",
                   launch: Launch | None = None) -> Totals:
     """Each rank's phase seconds at ``when``: the last within ``lookback``, or only ``launch``'s own samples (none
@@ -58,7 +54,7 @@ def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, cluste
         return out
     expr = (f"last_over_time({_PHASES}{{run={_quote(run)}}}[{lookback}])" if launch is None
             else launch.only(f"{_PHASES}{{run={_quote(run)}}}"))
-    for labels, value in _at(prom, when, expr):
+    for labels, value in prom.at_time(when).query(expr):
         out.setdefault(_key(labels, cluster_label), {})[labels.get("phase", "other")] = value
     return out
 
@@ -67,7 +63,7 @@ def lifetime(prom: Prometheus, run: str, now: float, lookback: str,
              cluster_label: str = "") -> tuple[float, float, Totals]:
     """(start, end, final phase seconds per rank) of ``run``: its last push, minus the wall time its phase
     timers add up to (the phases add up to wall time)."""
-    pushes = _at(prom, now, f"max_over_time({_LAST_PUSH}{{run={_quote(run)}}}[{lookback}])")
+    pushes = prom.at_time(now).query(f"max_over_time({_LAST_PUSH}{{run={_quote(run)}}}[{lookback}])")
     if not pushes:
         raise MetricsError(f"Prometheus at {prom.base} holds no training run {run!r} in the last {lookback}: "
                            f"check the name ({_LAST_PUSH}{{run=...}}) or widen --lookback")
@@ -121,7 +117,7 @@ def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
     (only those whose library sent a run id)."""
     sel = ", ".join(f"{k}={_quote(v)}" for k, v in (("run", run), ("run_id", run_id)) if v is not None)
     found: dict[tuple[str, str], tuple[float, set[RankKey]]] = {}
-    for labels, value in _at(prom, at, f"max_over_time({_STARTED}{{{sel}}}[{lookback}])"):
+    for labels, value in prom.at_time(at).query(f"max_over_time({_STARTED}{{{sel}}}[{lookback}])"):
         ident = labels.get("run_id", "")
         if not ident:
             continue
@@ -130,7 +126,7 @@ def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
         found[(labels.get("run", ""), ident)] = (min(start, value), keys)
     tags: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
     if found:
-        for labels, _ in _at(prom, at, f"last_over_time({_INFO}{{{sel}}}[{lookback}])"):
+        for labels, _ in prom.at_time(at).query(f"last_over_time({_INFO}{{{sel}}}[{lookback}])"):
             tags[(labels.get("run", ""), labels.get("run_id", ""))] = tuple(sorted(
                 (k[len(_TAG):], v) for k, v in labels.items() if k.startswith(_TAG)))
     ordered = sorted((Launch(name, ident, start, tuple(sorted(keys)), tags=tags.get((name, ident), ()),
@@ -193,10 +189,10 @@ def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, 
             last.setdefault(max(t for t, _ in series), set()).add(launch.key(labels))
     end, totals = 0.0, Totals()
     for when, keys in sorted(last.items()):
-        for labels, value in _at(prom, when, launch.only(f"{_LAST_PUSH}{{run={_quote(launch.run)}}}")):
+        for labels, value in prom.at_time(when).query(launch.only(f"{_LAST_PUSH}{{run={_quote(launch.run)}}}")):
             if launch.key(labels) in keys:
                 end = max(end, value)
-        for labels, value in _at(prom, when, launch.only(f"{_PHASES}{{run={_quote(launch.run)}}}")):
+        for labels, value in prom.at_time(when).query(launch.only(f"{_PHASES}{{run={_quote(launch.run)}}}")):
             if launch.key(labels) in keys:
                 totals.setdefault(launch.key(labels), {})[labels.get("phase", "other")] = value
     if not totals or end <= 0:
@@ -227,7 +223,7 @@ def busy(prom: Prometheus, gpus: Sequence[str], start: float, end: float, cluste
     sel = f"{_BUSY}{{uuid=~{_quote('|'.join(uuids))}}}[{promql_duration(max(end - start, 1.0))}]"
     by = f"uuid, {cluster_label}" if cluster_label else "uuid"
     found = {keys.gpu(labels): value for labels, value in
-             _at(prom, end, f"max by ({by}) (max_over_time({sel}) - min_over_time({sel}))")}
+             prom.at_time(end).query(f"max by ({by}) (max_over_time({sel}) - min_over_time({sel}))")}
     return {gpu: value for gpu, value in found.items() if gpu in gpus}
 
 
