@@ -151,23 +151,21 @@ class MetricsServer(ThreadingHTTPServer):
         self._page: StatusPage | None = None
         self._page_lock = threading.Lock()
         self._connections: dict[socket.socket, _Connection] = {}
-        self._slots = threading.BoundedSemaphore(self.limits.max_requests)
+        self.slots = threading.BoundedSemaphore(self.limits.max_requests)
+        """One per request served at once (``max_requests``); health probes take none."""
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
         self._unlogged = dict.fromkeys(REJECT_REASONS, 0)
         self._last_log = dict.fromkeys(REJECT_REASONS, -math.inf)
         host, port = address
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        if host == "":
-            self.address_family = socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
-        shown = f"{host or '*'}:{port}"
+        ipv6 = ":" in host or (host == "" and socket.has_ipv6)
+        self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
         try:
             super().__init__((host, port), _Handler)
         except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise AddressInUse(f"cannot listen on {shown}: the address is already in use; stop the other "
-                                   "process or choose another with --web.listen-address") from None
-            raise AddressInUse(f"cannot listen on {shown}: {err.strerror}; "
-                               "choose another with --web.listen-address") from None
+            why = ("the address is already in use; stop the other process or" if err.errno == errno.EADDRINUSE
+                   else f"{err.strerror};")
+            raise AddressInUse(f"cannot listen on {host or '*'}:{port}: {why} choose another with "
+                               "--web.listen-address") from None
         if ssl_context is not None:
             self.socket = ssl_context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
 
@@ -291,13 +289,6 @@ class MetricsServer(ThreadingHTTPServer):
                                     f"{self.limits.read_timeout:g}s (web.read_timeout)")
         _shutdown(sock)
 
-    def try_begin(self) -> bool:
-        """Take one of ``max_requests`` slots; False when all are taken."""
-        return self._slots.acquire(blocking=False)
-
-    def end(self) -> None:
-        self._slots.release()
-
     # -- the server's own metrics ---------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
@@ -364,7 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.command != "POST":
             self._drop_body()
-        path = self.path.split("?", 1)[0]
+        path = self.route = self.path.split("?", 1)[0]
         allowed = ("POST",) if path == INGEST_PATH else ("GET", "HEAD")
         known = path == INGEST_PATH or path in self.server.get_paths  # other paths answer 404 to GET and POST
         if self.command not in allowed and (known or self.command not in ("GET", "HEAD", "POST")):
@@ -375,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in HEALTH_PATHS:
             self.do_GET()
             return
-        if not self.server.try_begin():
+        if not self.server.slots.acquire(blocking=False):
             self.server.reject("max_requests", f"answered 503 to {self.client_address[0]}: "
                                                f"{self.server.limits.max_requests} requests in flight "
                                                "(web.max_requests)")
@@ -389,7 +380,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self.do_GET()
         finally:
-            self.server.end()
+            self.server.slots.release()
 
     def _framing(self) -> str | None:
         """Check how the body is delimited; a message for a 400, or None (``_body_length`` is set)."""
@@ -482,23 +473,22 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routes ---------------------------------------------------------------------------------
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
+        if self.route == "/healthz":
             self._send(HTTPStatus.OK, b"ok\n")
-        elif path == "/readyz":
+        elif self.route == "/readyz":
             ok, reason = self.server.ready()
             self._send(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, reason.encode() + b"\n")
         elif not self._authorized():
             return
-        elif path == self.server.telemetry_path:
+        elif self.route == self.server.telemetry_path:
             self.server.scrapes.arrived(self.client_address[0])
             body, encoding = self.server.body.encode(self.headers.get("Accept-Encoding"))
             headers = {"Vary": "Accept-Encoding"}
             if encoding is not None:
                 headers["Content-Encoding"] = encoding
             self._send(HTTPStatus.OK, body, CONTENT_TYPE_LATEST, headers)
-        elif path in PAGE_PATHS:
-            body, content_type = self.server.status_page().respond(path)
+        elif self.route in PAGE_PATHS:
+            body, content_type = self.server.status_page().respond(self.route)
             self._send(HTTPStatus.OK, body, content_type, {"Cache-Control": "no-store"})
         else:
             self._send(HTTPStatus.NOT_FOUND, b"Not found\n")
@@ -506,9 +496,8 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
         ingest = self.server.ingest
-        if path != INGEST_PATH or ingest is None:
+        if self.route != INGEST_PATH or ingest is None:
             self._drop_body()
             self._send(HTTPStatus.NOT_FOUND, b"Not found (training ingest is at POST /api/v1/training "
                                              b"and may be disabled by ingest.enabled)\n")
