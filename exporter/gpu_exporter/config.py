@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -85,16 +86,14 @@ def parse_duration(text: str, prometheus: bool = False) -> float:
 
 def _duration(value: Any) -> float:
     """A positive time in seconds: a plain number of seconds (``0.5``) or a duration (``500ms``, ``1m30s``)."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a positive duration ({DURATION_EXAMPLES}) or seconds, got {value!r}")
-    try:
-        seconds = float(value) if isinstance(value, (int, float)) else None
-        if seconds is None:
-            text = _text(value).strip()
+    seconds = math.nan
+    with contextlib.suppress(ValueError):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        elif isinstance(value, str):
+            text = value.strip()
             seconds = float(text) if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)", text) else parse_duration(text)
-    except ValueError:
-        raise ValueError(f"expected a positive duration ({DURATION_EXAMPLES}) or seconds, got {value!r}") from None
-    if not seconds > 0 or seconds == float("inf"):
+    if not 0 < seconds < math.inf:
         raise ValueError(f"expected a positive duration ({DURATION_EXAMPLES}) or seconds, got {value!r}")
     return seconds
 
@@ -118,12 +117,9 @@ def format_duration(seconds: float) -> str:
 
 
 def _positive_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a positive integer, got {value!r}")
-    try:
-        number = int(str(value), 10)
-    except ValueError:
-        raise ValueError(f"expected a positive integer, got {value!r}") from None
+    number = 0
+    with contextlib.suppress(ValueError):
+        number = 0 if isinstance(value, bool) else int(str(value), 10)
     if number <= 0:
         raise ValueError(f"expected a positive integer, got {value!r}")
     return number
@@ -147,9 +143,7 @@ def _text(value: Any) -> str:
 
 
 def _optional_path(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    return _text(value)
+    return None if value is None or value == "" else _text(value)
 
 
 def _listen_address(value: Any) -> str:
@@ -353,11 +347,7 @@ class Config:
         >>> DEFAULTS.section("kubernetes")["refresh_seconds"]
         10.0
         """
-        out = {}
-        for s in SETTINGS:
-            if s.key.startswith(prefix + "."):
-                out[s.key[len(prefix) + 1:]] = getattr(self, s.attr)
-        return out
+        return {s.key[len(prefix) + 1:]: getattr(self, s.attr) for s in SETTINGS if s.key.startswith(prefix + ".")}
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
