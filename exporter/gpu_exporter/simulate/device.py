@@ -66,18 +66,12 @@ device makes tens of thousands of intervals a second, a few microseconds apart, 
 (Python between two small ops: launch overhead) are what M3 is about, so they are summed, never merged away."""
 
 
-def channel_dir(directory: str | Path | None = None) -> Path:
-    """The channel directory: ``directory``, else ``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in
-    the temp dir."""
-    if directory is not None:
-        return Path(directory)
-    env = os.environ.get(CHANNEL_ENV, "").strip()
-    return Path(env) if env else Path(tempfile.gettempdir()) / "gpu-exporter-sim-device"
-
-
 def channel_path(uuid: str, directory: str | Path | None = None) -> Path:
-    """``DIR/<uuid>.busy``, the file one simulated GPU's busy intervals go to."""
-    return channel_dir(directory) / f"{uuid}.busy"
+    """``DIR/<uuid>.busy``, the file one simulated GPU's busy intervals go to. ``DIR``: ``directory``, else
+    ``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir."""
+    if directory is None:
+        directory = os.environ.get(CHANNEL_ENV, "").strip() or Path(tempfile.gettempdir()) / "gpu-exporter-sim-device"
+    return Path(directory) / f"{uuid}.busy"
 
 
 class Intervals:
@@ -303,24 +297,21 @@ class SimDevice:
 
         From ``since`` (the device's start) on; time before the first mark counts as ``other``.
         """
-        with self._history_lock:
-            return self._truth(since, until)
-
-    def _truth(self, since: float | None, until: float | None) -> dict[str, Any]:
         end = time.monotonic() if until is None else until
         begin = self._started if since is None else since
         before = [what for t, what in self._marks if t <= begin]
         spans = [(begin, before[-1] if before else "other"), *((t, w) for t, w in self._marks if t > begin), (end, "")]
         idle: dict[str, float] = {}
         cpu: dict[str, float] = {}
-        for (a, what), (b, _) in itertools.pairwise(spans):
-            b = min(b, end)
-            if b <= a:
-                continue
-            cpu[what] = cpu.get(what, 0.0) + (b - a)
-            idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b) - self.waits.busy(a, b)
-        return {"wall": end - begin, "busy": self.history.busy(begin, end),
-                "idle": idle, "cpu": cpu, "collective": self.collectives.busy(begin, end)}
+        with self._history_lock:
+            for (a, what), (b, _) in itertools.pairwise(spans):
+                b = min(b, end)
+                if b <= a:
+                    continue
+                cpu[what] = cpu.get(what, 0.0) + (b - a)
+                idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b) - self.waits.busy(a, b)
+            return {"wall": end - begin, "busy": self.history.busy(begin, end),
+                    "idle": idle, "cpu": cpu, "collective": self.collectives.busy(begin, end)}
 
     def close(self) -> None:
         """Stop the flusher and write what is left (also at exit)."""
@@ -359,8 +350,8 @@ class DeviceEvent:
         return self.time is not None and self.time <= time.monotonic()
 
     def synchronize(self) -> None:
-        while not self.query():
-            self._device._wait_a_little(self.time)
+        while not self.query():  # sleep until the known completion time, or a moment while it waits for other ranks
+            time.sleep(max(0.0, self.time - time.monotonic()) if self.time is not None else 0.0005)
 
     def elapsed_time(self, end: DeviceEvent) -> float:
         """Milliseconds from this event to ``end``; both must be complete (as in CUDA)."""
@@ -421,9 +412,7 @@ class AsyncDevice(SimDevice):
     def synchronize(self) -> None:
         """Block until everything queued so far has run (``torch.cuda.synchronize()``)."""
         self.synchronize_calls += 1
-        event = DeviceEvent(self)
-        event.record()
-        event.synchronize()
+        self.record().synchronize()
 
     def item(self, cpu_seconds: float = 0.0) -> None:
         """``tensor.item()`` / ``.cpu()``: wait for the queue, then a tiny copy; ``cpu_seconds`` of CPU after."""
@@ -479,6 +468,8 @@ class AsyncDevice(SimDevice):
                     event.time = max(recorded, self._tail)
                 self._events = [(n, t, e) for n, t, e in self._events if n > self._placed]
 
+    _tick = advance
+
     def _meet(self, seq: int, arrival: float) -> list[float] | None:
         """Post this rank's arrival at collective ``seq``; every rank's arrival once all have posted."""
         if self.world <= 1:
@@ -495,13 +486,6 @@ class AsyncDevice(SimDevice):
             except (OSError, ValueError):
                 return None
         return times
-
-    def _tick(self) -> None:
-        self.advance()
-
-    def _wait_a_little(self, until: float | None) -> None:
-        """Sleep until the event's known completion time, or a moment while it waits for other ranks."""
-        time.sleep(max(0.0, until - time.monotonic()) if until is not None else 0.0005)
 
 
 def spin(seconds: float) -> None:
