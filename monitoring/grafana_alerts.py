@@ -68,8 +68,8 @@ def mirrors(model: Model) -> list[Mirror]:
     cfg = model.config
     low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
     below = model.alert("GpuUtilizationBelowTarget")
-    cause_text = causes.WHERE + ": "
-    out = [
+    low_line = f"{cfg.num('utilization_low_threshold') * 100:g}%"
+    return [
         Mirror(low.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean; its "
                f"training run's time in collectives does not count) for {cfg.text(low.for_key)} while it holds "
@@ -84,48 +84,37 @@ def mirrors(model: Model) -> list[Mirror]:
         Mirror(idle.name, "gpu-node", "GPU utilization (busy-time counter)",
                f"{WHERE} has been at {{{{ humanizePercentage $values.B.Value }}}} utilization for "
                f"{cfg.text(idle.for_key)} while work is held on it. Release the GPU or find what the job waits on."),
+        *(Mirror(cause.alert, "gpu-training-run", "Likely causes",
+                 f"{causes.WHERE}: {cause.label} explains {{{{ humanize $values.B.Value }}}} ({cause.measures}). "
+                 + cause.advice) for cause in CAUSES),
+        Mirror("GpuTrainingBelowTarget", "gpu-training-run", "Likely causes",
+               f"{causes.WHERE}: below the utilization target, "
+               "cause {{ $labels.code }} ({{ $labels.cause }}): {{ $labels.remedy }}."),
+        Mirror(EVIDENCE_ALERT, "gpu-node", "Processes",
+               f"Process {{{{ $labels.pid }}}} on {WHERE} reports no training phases (not instrumented) while the "
+               f"GPU is below the {low_line} alert threshold, and /proc points at the input pipeline: evidence "
+               "{{ $labels.hint }} ({{ $labels.code }}, reading {{ humanize $values.B.Value }}). The runbook says "
+               "what each hint means and its remedy; instrument the job with gpu_exporter.training to measure its "
+               "phases.", level=LOW,
+               summary="A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization; "
+                       "its processes point at the input pipeline (M1)."),
     ]
-    for cause in CAUSES:
-        out.append(Mirror(cause.alert, "gpu-training-run", "Likely causes",
-                          cause_text + f"{cause.label} explains {{{{ humanize $values.B.Value }}}} "
-                          f"({cause.measures}). "
-                          + cause.advice))
-    out.append(Mirror("GpuTrainingBelowTarget", "gpu-training-run", "Likely causes",
-                      cause_text + "below the utilization target, cause {{ $labels.code }} ({{ $labels.cause }}): "
-                      "{{ $labels.remedy }}."))
-    low_line = f"{cfg.num('utilization_low_threshold') * 100:g}%"
-    out.append(Mirror(
-        EVIDENCE_ALERT, "gpu-node", "Processes",
-        "Process {{ $labels.pid }} on " + WHERE + f" reports no training phases (not instrumented) while the GPU is "
-        f"below the {low_line} alert threshold, and /proc points at the input pipeline: evidence "
-        "{{ $labels.hint }} ({{ $labels.code }}, reading {{ humanize $values.B.Value }}). The runbook says what each "
-        "hint means and its remedy; instrument the job with gpu_exporter.training to measure its phases.",
-        level=LOW, summary="A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization; "
-                           "its processes point at the input pipeline (M1)."))
-    return out
 
 
 OPS = {"<": "lt", ">": "gt"}
 """A model alert's comparison as a Grafana threshold evaluator."""
 
 
-@dataclass(frozen=True)
-class Query:
-    """What a Grafana rule evaluates: query A and how condition C compares its last value."""
-
-    expr: str
-    evaluator: tuple[str, float]
-
-
-def query(cfg: ThresholdsFile, same: list[Alert]) -> Query:
-    """The query of the model alerts named alike (one per cause: ORed, as Grafana titles are unique),
-    without the comparison, which becomes the evaluator (no comparison: any series fires, > 0)."""
+def query(cfg: ThresholdsFile, same: list[Alert]) -> tuple[str, tuple[str, float]]:
+    """What a Grafana rule evaluates: query A, the model alerts named alike (one per cause: ORed, as Grafana
+    titles are unique) without the comparison, and the evaluator with which condition C compares its last
+    value (no comparison: any series fires, > 0)."""
     if len({(a.op, a.threshold) for a in same}) != 1:
         raise ValueError(f"{same[0].name}: its rules compare differently; Grafana needs one threshold")
     exprs = [render(a.expr(compared=False), cfg, source=a.name) for a in same]
     expr = exprs[0] if len(exprs) == 1 else "\nor\n".join(f"(\n{indent(e, 2)})" for e in exprs) + "\n"
     first = same[0]
-    return Query(expr, (OPS[first.op], cfg.num(first.threshold)) if first.op else ("gt", 0.0))
+    return expr, (OPS[first.op], cfg.num(first.threshold)) if first.op else ("gt", 0.0)
 
 
 def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
@@ -135,16 +124,15 @@ def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
         same = [a for a in same if ("level", mirror.level) in a.labels]
     if not same:
         raise KeyError(f"{mirror.alert}: no such alert in the model")
-    first, q = same[0], query(model.config, same)
+    first, (expr, (kind, value)) = same[0], query(model.config, same)
     labels = {k: v for k, v in first.labels if all((k, v) in a.labels for a in same)}
-    kind, value = q.evaluator
     return {
         "uid": "gpu-" + "".join("-" + ch.lower() if ch.isupper() else ch for ch in mirror.alert[3:]).lstrip("-"),
         "title": mirror.alert,
         "condition": "C",
         "data": [
             {"refId": "A", "datasourceUid": DATASOURCE_UID, "relativeTimeRange": {"from": 600, "to": 0},
-             "model": {"refId": "A", "instant": True, "range": False, "expr": q.expr}},
+             "model": {"refId": "A", "instant": True, "range": False, "expr": expr}},
             {"refId": "B", "datasourceUid": "__expr__",
              "model": {"refId": "B", "type": "reduce", "expression": "A", "reducer": "last"}},
             {"refId": "C", "datasourceUid": "__expr__",
