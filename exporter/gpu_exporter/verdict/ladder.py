@@ -166,9 +166,7 @@ def _hinted(row: Row, f: Facts, t: Thresholds) -> Verdict:
 def _holder(view: GpuView, live: Sequence[RunView]) -> str:
     parts = [f"training run {live[0].run}"] if live else []
     parts += [f"pid {p.pid} {p.name} ({p.memory_bytes / 2**30:.1f} GiB)" for p in view.process_list]
-    if not parts:
-        return f"{pct(view.memory_used_ratio or 0.0)} of its memory"
-    return ", ".join(parts)
+    return ", ".join(parts) or f"{pct(view.memory_used_ratio or 0.0)} of its memory"
 
 
 def _idle(row: Row, f: Facts, t: Thresholds) -> Verdict:

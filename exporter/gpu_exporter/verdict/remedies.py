@@ -195,13 +195,10 @@ def workers_suggestion(ctx: Context, data_share: float) -> str:
     w = ctx.num_workers
     have = f"num_workers={_n(w)} with {_n(ctx.cpu_cores)} cores available"
     target = suggested_workers(w, data_share, ctx.cpu_cores)
-    extra = []
-    if not ctx.pin_memory:
-        extra.append("pin_memory=True")
-    if not ctx.persistent_workers:
-        extra.append("persistent_workers=True")
-    if w > 0 and ctx.prefetch_factor is not None and ctx.prefetch_factor < 4:
-        extra.append("prefetch_factor=4")
+    low_prefetch = w > 0 and ctx.prefetch_factor is not None and ctx.prefetch_factor < 4
+    extra = [setting for setting, wanted in (("pin_memory=True", not ctx.pin_memory),
+                                             ("persistent_workers=True", not ctx.persistent_workers),
+                                             ("prefetch_factor=4", low_prefetch)) if wanted]
     if target <= w:
         more = f"; also {', '.join(extra)}" if extra else ""
         return f"{have}: no core left for more workers: cache or preload the data set, decode on the GPU{more}"
