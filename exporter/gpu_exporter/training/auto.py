@@ -107,7 +107,6 @@ class _State:
         self.module_hooks: list[Any] = []
         self.openers: list[Any] = []
         """The modules whose calls opened ``compute`` (the job's models), until the hooks are narrowed to them."""
-        self.narrow_after = NARROW_AFTER
         self.narrowed = False
         self.lock = threading.Lock()
 
@@ -142,10 +141,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             exec_module(module)
             _imported(fullname, module)
 
-        try:
+        with contextlib.suppress(Exception):  # a loader that takes no attribute: patch at the next chance
             loader.exec_module = exec_then_patch  # type: ignore[method-assign]
-        except Exception:  # a loader that takes no attribute: patch at the next chance
-            return spec
         return spec
 
 
@@ -286,8 +283,7 @@ def _start_run() -> None:
     try:
         from .hooks import SaveTimer, start_run
 
-        name = os.environ.get(NAME_ENV, "").strip() or None
-        run, _ = start_run(name, None, {})
+        run, _ = start_run(_name(), None, {})
         state.thread = threading.get_ident()
         state.compute = run.phase("compute")
         state.run = run
@@ -360,13 +356,10 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
 
 
 def _end_compute() -> None:
-    run = _state.run
-    if run is None:
-        return
-    compute = _state.compute
-    if run._current is compute:
-        compute._depth = 0
-        compute.__exit__(None, None, None)
+    from .hooks import leave
+
+    if _state.run is not None:
+        leave(_state.compute)
 
 
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -392,7 +385,7 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if optimizer is _state.first_optimizer:
             run.step(samples=_state.pending_samples)
             _state.pending_samples = 0
-            if not _state.narrowed and run.steps >= _state.narrow_after and _state.openers:
+            if not _state.narrowed and run.steps >= NARROW_AFTER and _state.openers:
                 _narrow()
     except Exception as err:
         _disable(err)

@@ -88,9 +88,14 @@ def batch_len(batch: Any) -> int:
 def to_other(run: Run) -> None:
     """Leave every phase still open (one a failed backward or an unfinished save left), back to ``other``."""
     while run._current is not run._other:
-        current = run._current
-        current._depth = 0
-        current.__exit__(None, None, None)
+        leave(run._current)
+
+
+def leave(phase: Phase) -> None:
+    """Close ``phase`` if it is the open one, however often it was entered again."""
+    if phase._run._current is phase:
+        phase._depth = 0
+        phase.__exit__(None, None, None)
 
 
 class PhaseStack:
@@ -472,11 +477,6 @@ class Watch:
 
         is_grad_enabled = torch.is_grad_enabled
 
-        def end_compute() -> None:
-            if run._current is compute:
-                compute._depth = 0
-                compute.__exit__(None, None, None)
-
         if model is not None:
             forward = model.forward
 
@@ -502,7 +502,7 @@ class Watch:
         optimizers = _as_list(optimizer)
 
         def step_post(opt: Any, args: Any, kwargs: Any) -> None:
-            end_compute()
+            leave(compute)
             if opt is optimizers[0]:
                 self._step()
 
