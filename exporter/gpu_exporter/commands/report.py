@@ -88,11 +88,9 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     for series in moments.values():
         judged = [m for m in series if m is not None and m.view.utilization is not None]
         below += wall * sum(m.verdict.below_target for m in judged) / len(judged) if judged else 0.0
-
-    def by_rank(rank: str) -> tuple[int, str]:
-        return len(rank), rank
-    causes = sorted((CauseSpan(c, BY_ID[c].code, BY_ID[c].label, s.seconds(step), s.intervals(step),
-                               BY_ID[c].remedy, sorted(s.where, key=by_rank)) for c, s in timeline.causes().items()),
+    causes = sorted((CauseSpan(c, BY_ID[c].code, BY_ID[c].label, s.seconds(step), s.intervals(step), BY_ID[c].remedy,
+                               sorted(s.where, key=lambda rank: (len(rank), rank)))
+                     for c, s in timeline.causes().items()),
                     key=lambda c: (-c.seconds, -shares.get(BY_ID[c.cause].phase, 0.0)))
     verdicts = sorted((_verdict_span(v, hint, s, step) for (v, hint), s in timeline.verdicts().items()),
                       key=lambda v: -v.seconds)
