@@ -117,7 +117,6 @@ def duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
-
 def _rows(r: Report) -> list[tuple[str, str]]:
     """The headline figures as (label, value) rows, shared by every format."""
     rows = [("run", r.run)]
