@@ -283,10 +283,12 @@ class ExporterSource:
     """
 
     def __init__(self, url: str, timeout: float = 5.0, connection: Connection | None = None) -> None:
+        from gpu_exporter.config import DEFAULTS
+
         self.url = normalize_url(url, "/metrics", "exporter")
         self.timeout = timeout
         self.connection = connection or Connection()
-        self.poll_interval = _default_poll_interval()
+        self.poll_interval = float(DEFAULTS.poll_interval)
         """The exporter's poll interval: ``gpu_exporter_poll_interval_seconds`` once a scrape shows
         it, else the exporter's default."""
 
@@ -308,12 +310,6 @@ class ExporterSource:
         if interval is not None and interval > 0:
             self.poll_interval = interval
         return Snapshot(snapshot.samples, at=at - (age or 0.0), wall=wall)
-
-
-def _default_poll_interval() -> float:
-    from gpu_exporter.config import DEFAULTS
-
-    return float(DEFAULTS.poll_interval)
 
 
 @dataclass
