@@ -235,8 +235,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 launch = (run, readings.launches[key][0] if key else "")
             points.append(Point(ts, view.key, view.uuid, view.node, view.name, view.pods, verdict.name,
                                 verdict.title, verdict.code, verdict.below_target, view.utilization, verdict.remedy,
-                                launch, seconds_at[ts],
-                                not live and any(r.live for r in view.runs)))
+                                launch, seconds_at[ts], not live and any(r.live for r in view.runs)))
     rows = _launches(prom, start, end, now, t.cluster_label)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
     for point in points:
