@@ -64,8 +64,7 @@ _STATUS = {
     "disabled": 404, "unauthorized": 401, "length_required": 411, "too_large": 413, "unsupported_media_type": 415,
     "malformed_json": 400, "invalid_schema": 400, "invalid_label": 400, "non_finite": 400,
     "negative_value": 400, "decreasing_counter": 409, "old_incarnation": 409, "implausible_started_at": 409,
-    "too_many_phases": 422,
-    "too_many_runs": 429,
+    "too_many_phases": 422, "too_many_runs": 429,
 }
 
 MAX_CLOCK_SKEW_SECONDS = 30.0
@@ -74,6 +73,12 @@ incarnation's start before the live one's last push (push latency; jobs share th
 
 _ALLOCATOR_FIELDS = ("allocated_bytes", "reserved_bytes", "retries", "ooms")
 _ALLOCATOR_COUNTERS = ("retries", "ooms")
+_ALLOCATOR_FAMILIES = (catalog.GPU_TRAINING_ALLOCATOR_ALLOCATED_BYTES, catalog.GPU_TRAINING_ALLOCATOR_RESERVED_BYTES,
+                       catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL, catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)
+_RUN_FAMILIES = ((catalog.GPU_TRAINING_STEPS_TOTAL, "steps"), (catalog.GPU_TRAINING_SAMPLES_TOTAL, "samples"),
+                 (catalog.GPU_TRAINING_BATCH_SIZE, "batch_size"), (catalog.GPU_TRAINING_WORLD_SIZE, "world_size"),
+                 (catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS, "received_at"))
+"""The one-sample-per-run families and the _Entry field each shows."""
 
 
 class Rejected(Exception):
@@ -274,32 +279,20 @@ class TrainingStore:
         source = ["source"] if any(e.source for _, e in entries) else []  # sampled phases say so (collectors/stacks.py)
         phase_seconds = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.new(labels=[*labels, "phase", *source])
         current = catalog.GPU_TRAINING_CURRENT_PHASE.new(labels=[*labels, "phase", *source])
-        steps = catalog.GPU_TRAINING_STEPS_TOTAL.new()
-        samples = catalog.GPU_TRAINING_SAMPLES_TOTAL.new()
-        batch = catalog.GPU_TRAINING_BATCH_SIZE.new()
-        world = catalog.GPU_TRAINING_WORLD_SIZE.new()
-        pushed = catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.new()
-        allocated = catalog.GPU_TRAINING_ALLOCATOR_ALLOCATED_BYTES.new()
-        reserved = catalog.GPU_TRAINING_ALLOCATOR_RESERVED_BYTES.new()
-        retries = catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL.new()
-        ooms = catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL.new()
+        per_run = [(family.new(), field) for family, field in _RUN_FAMILIES]
+        allocator = [(family.new(), key) for family, key in zip(_ALLOCATOR_FAMILIES, _ALLOCATOR_FIELDS, strict=True)]
         for (run, rank, uuid), entry in entries:
             values = [run, rank, uuid]
             for phase, seconds in entry.phases.items():
                 marked = [*values, phase, entry.source][:len(labels) + 1 + len(source)]
                 phase_seconds.add_metric(marked, seconds)
                 current.add_metric(marked, 1.0 if phase == entry.current_phase else 0.0)
-            steps.add_metric(values, entry.steps)
-            samples.add_metric(values, entry.samples)
-            batch.add_metric(values, entry.batch_size)
-            world.add_metric(values, entry.world_size)
-            pushed.add_metric(values, entry.received_at)
+            for family, field in per_run:
+                family.add_metric(values, getattr(entry, field))
             if entry.allocator is not None:
-                allocated.add_metric(values, entry.allocator["allocated_bytes"])
-                reserved.add_metric(values, entry.allocator["reserved_bytes"])
-                retries.add_metric(values, entry.allocator["retries"])
-                ooms.add_metric(values, entry.allocator["ooms"])
-        yield from (phase_seconds, current, steps, samples, batch, world, pushed, allocated, reserved, retries, ooms)
+                for family, field in allocator:
+                    family.add_metric(values, entry.allocator[field])
+        yield from (phase_seconds, current, *(family for family, _ in per_run), *(family for family, _ in allocator))
         yield from _identity_families(entries)
         yield from context_families((key, entry.context or {}) for key, entry in entries)
         requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
@@ -575,9 +568,7 @@ def _world_size(doc: dict[str, Any]) -> int:
 
 
 def _bearer(authorization: str | None) -> bytes | None:
-    if authorization is None:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
+    scheme, _, token = (authorization or "").strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip().encode("utf-8", "replace")
