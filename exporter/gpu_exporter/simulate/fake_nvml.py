@@ -13,6 +13,7 @@ Unknown names raise AttributeError, which pynvml reports as FunctionNotFound. Ex
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from collections.abc import Callable
@@ -178,10 +179,7 @@ class FakeNvmlLibrary:
                 node.call_counts[name] = node.call_counts.get(name, 0) + 1
             node.refresh_training()
             try:
-                if not locked:
-                    self._check_loaded(name)
-                    return method(*args)
-                with node.lock:
+                with node.lock if locked else contextlib.nullcontext():
                     self._check_loaded(name)
                     if device:
                         return method(self._resolve(args[0], name), *args[1:])
