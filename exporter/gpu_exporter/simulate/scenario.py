@@ -53,7 +53,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_exporter import yamlfile
 from gpu_exporter.simulate.patterns import Bursts, Constant, Noisy, Pattern, Steps
@@ -70,6 +70,7 @@ CLOCK_EVENT_REASONS = {
 FAULT_KINDS = ("lost", "not_supported")
 DEFAULT_SCENARIO = Path(__file__).with_name("scenarios") / "default.yaml"
 GIB = 1 << 30
+_D = TypeVar("_D")
 
 
 class ScenarioError(ValueError):
@@ -264,7 +265,7 @@ class _Reader:
             raise self.fail(f"must be a list, got {_show(value)}", key)
         return [_Reader(self.source, f"{self.key_path(key)}[{i}]", item) for i, item in enumerate(value)]
 
-    def level(self, key: str, default: Level | None) -> Level | None:
+    def level(self, key: str, default: _D) -> Level | _D:
         value = self.raw(key)
         if value is None:
             return default
@@ -407,11 +408,8 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         raise r.fail("on a MIG GPU every process needs mig_instance", "processes")
 
     reserved = r.number("memory_reserved_gib", 0.5)
-    if mig_instances is not None:
-        default_used = sum(inst.memory_used_gib for inst in mig_instances)
-    else:
-        default_used = sum(p.memory_gib for p in processes)
-    used = r.number("memory_used_gib", default_used)
+    used = r.number("memory_used_gib", sum(p.memory_gib for p in processes) if mig_instances is None
+                    else sum(inst.memory_used_gib for inst in mig_instances))
     if used + reserved > memory_gib:
         raise r.fail(f"{used:g} GiB plus {reserved:g} GiB reserved exceeds memory_gib {memory_gib:g}",
                      "memory_used_gib")
@@ -463,16 +461,14 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         index=index, name=name, architecture=architecture, memory_gib=memory_gib, uuid=uuid,
         pci_bus_id=pci_bus_id.upper().replace("X", "x"), utilization=utilization,
         memory_utilization=memory_utilization, memory_used_gib=used, memory_reserved_gib=reserved,
-        power_watts=r.level("power_watts", Level(0.15 * limit, 0.9 * limit)) or Level(0, 0),
-        power_limit_watts=limit,
-        temperature_celsius=r.level("temperature_celsius", Level(33.0, 72.0)) or Level(0, 0),
-        sm_clock_mhz=r.level("sm_clock_mhz", Level(345.0, 1755.0)) or Level(0, 0),
-        memory_clock_mhz=r.level("memory_clock_mhz", Level(1593.0, 1593.0)) or Level(0, 0),
+        power_watts=r.level("power_watts", Level(0.15 * limit, 0.9 * limit)), power_limit_watts=limit,
+        temperature_celsius=r.level("temperature_celsius", Level(33.0, 72.0)),
+        sm_clock_mhz=r.level("sm_clock_mhz", Level(345.0, 1755.0)),
+        memory_clock_mhz=r.level("memory_clock_mhz", Level(1593.0, 1593.0)),
         fan_percent=r.level("fan_percent", None),
-        pcie_tx_mib_s=pcie_tx or Level(0, 0), pcie_rx_mib_s=pcie_rx or Level(0, 0),
+        pcie_tx_mib_s=pcie_tx, pcie_rx_mib_s=pcie_rx,
         clock_event_reasons=reasons, processes=tuple(processes), mig_instances=mig_instances,
-        device=r.boolean("device", False),
-        follow_training=r.boolean("follow_training", False),
+        device=r.boolean("device", False), follow_training=r.boolean("follow_training", False),
         busy_utilization=r.ratio("busy_utilization", 0.95), idle_utilization=r.ratio("idle_utilization", 0.01),
         gpm_occupancy_factor=occupancy_factor, gpm_tensor_factor=tensor_factor,
         xid_events=tuple(xids), faults=tuple(faults),
