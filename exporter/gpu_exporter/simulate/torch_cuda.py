@@ -38,16 +38,13 @@ def install(device: AsyncDevice, *, name: str = "NVIDIA H100 80GB HBM3", total_g
         device.torch_synchronize_calls += 1
         device.synchronize()
 
-    def event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> DeviceEvent:
-        return _Event(device)
-
     replacements: dict[str, Any] = {
         "is_available": lambda: True,
         "is_initialized": lambda: True,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
         "synchronize": synchronize,
-        "Event": event,
+        "Event": lambda enable_timing=False, blocking=False, interprocess=False: _Event(device),
         "get_device_properties": lambda device_index=0: SimpleNamespace(
             name=name, uuid=device.uuid, total_memory=total, major=9, minor=0),
         "memory_stats": lambda device_index=None: {
