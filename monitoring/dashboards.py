@@ -28,7 +28,6 @@ from monitoring.panels import (
     Config,
     bar_gauge,
     dashboard,
-    link,
     link_url,
     model,
     override,
@@ -49,8 +48,8 @@ from monitoring.paths import DASHBOARD_DIR
 
 
 def gpu_link() -> dash.DashboardLink:
-    return link("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}", "gpu-node",
-                node="${__field.labels.node}", gpu="${__field.labels.gpu}")
+    return dash.DashboardLink("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}").url(
+        link_url("gpu-node", node="${__field.labels.node}", gpu="${__field.labels.gpu}"))
 
 
 def fleet(cfg: Config) -> dash.Dashboard:

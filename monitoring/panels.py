@@ -147,11 +147,6 @@ def link_url(uid: str, **variables: str) -> str:
     return f"/d/{uid}/{uid}?{params}${{__url_time_range}}"
 
 
-def link(title: str, uid: str, **variables: str) -> dash.DashboardLink:
-    """A data link to another generated dashboard (see :func:`link_url`)."""
-    return dash.DashboardLink(title).url(link_url(uid, **variables))
-
-
 def runbook_links(cfg: Config, alerts: Sequence[tuple[str, str]]) -> list[dash.DashboardLink]:
     """Panel links ``(title, alert)`` to the alerts' runbook sections (config ``runbook_url_pattern``)."""
     return [dash.DashboardLink(f"Runbook: {title}").type(dm.DashboardLinkType.LINK).url(cfg.runbook(alert))
@@ -169,15 +164,12 @@ DASHED = {"custom_fillOpacity": 0, "custom_lineStyle": {"dash": [10, 10], "fill"
 
 
 def _common(panel: P, title: str, description: str, targets: Sequence[prometheus.Dataquery], unit: str,
-            w: int, h: int) -> P:
+            w: int, h: int, ratio_range: bool = True) -> P:
+    """The parts every panel has; a ratio unit fixes the range to 0-1 (unless not ``ratio_range``)."""
     panel = panel.title(title).description(description).datasource(DATASOURCE).unit(unit).span(w).height(h)
     for ref, target in zip("ABCDEFGH", targets, strict=False):
         panel = panel.with_target(target.ref_id(ref).datasource(DATASOURCE))
-    return panel
-
-
-def _ratio(panel: P, ratio: bool) -> P:
-    return panel.min(0).max(1) if ratio else panel
+    return panel.min(0).max(1) if ratio_range and unit == "percentunit" else panel
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -191,7 +183,6 @@ def timeseries(title: str, description: str, targets: Sequence[prometheus.Dataqu
     """A time series: lines (fill 10) or bars (fill 80), optionally stacked; a ratio unit fixes 0-1;
     ``dashed`` names a regex of series drawn as dashed reference lines."""
     panel = _common(ts.Panel(), title, description, targets, unit, w, h)
-    panel = _ratio(panel, unit == "percentunit")
     panel = (panel.thresholds(thresholds or steps(("green", None)))
              .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
              .draw_style(cm.GraphDrawStyle.BARS if bars else cm.GraphDrawStyle.LINE)
@@ -221,7 +212,7 @@ def stat_panel(title: str, description: str, target: prometheus.Dataquery, *, un
                w: int = 4, h: int = 5, thresholds: dash.ThresholdsConfig | None = None) -> stat.Panel:
     """A big number (last value, with its sparkline) coloured by ``thresholds``."""
     panel = _common(stat.Panel(), title, description, [target], unit, w, h)
-    return (_ratio(panel, unit == "percentunit").thresholds(thresholds or steps(("green", None)))
+    return (panel.thresholds(thresholds or steps(("green", None)))
             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields(""))
             .color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
@@ -234,7 +225,7 @@ def bar_gauge(title: str, description: str, target: prometheus.Dataquery, *, uni
               panel_links: Sequence[dash.DashboardLink] = ()) -> bargauge.Panel:
     """Horizontal gradient bars, one per series, of an instant query."""
     panel = _common(bargauge.Panel(), title, description, [target], unit, w, h)
-    panel = (_ratio(panel, unit == "percentunit").thresholds(thresholds or steps(("green", None)))
+    panel = (panel.thresholds(thresholds or steps(("green", None)))
              .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
              .orientation(cm.VizOrientation.HORIZONTAL).display_mode(cm.BarGaugeDisplayMode.GRADIENT)
              .show_unfilled(True)
@@ -247,7 +238,7 @@ def state_timeline(title: str, description: str, target: prometheus.Dataquery, *
                    links: Sequence[dash.DashboardLink] = ()) -> statetimeline.Panel:
     """One row per series, coloured by ``thresholds``; on/off signals merge equal neighbours."""
     panel = _common(statetimeline.Panel(), title, description, [target], unit, w, h)
-    panel = (_ratio(panel, unit == "percentunit").thresholds(thresholds)
+    panel = (panel.thresholds(thresholds)
              .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
              .show_value(cm.VisibilityMode.NEVER).merge_values(unit != "percentunit")
              .row_height(0.9 if unit == "percentunit" else 0.8).align_value(cm.TimelineValueAlignment.LEFT)
@@ -266,7 +257,7 @@ def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataq
     """Instant queries in table format, merged on their common labels into one row per series;
     ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value); ``sort_by`` a
     column, lowest first (highest with ``sort_desc``)."""
-    panel = _common(table.Panel(), title, description, targets, unit, w, h)
+    panel = _common(table.Panel(), title, description, targets, unit, w, h, ratio_range=False)
     panel = (panel.thresholds(steps(("green", None)))
              .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
              .show_header(True).cell_height(cm.TableCellHeight.SM))
