@@ -120,11 +120,9 @@ def generate(model: Model) -> dict[Path, str]:
         body = render(intervals(runbooks(splice(template.read_text(), model, spliced))), model.config, used,
                       template.name)
         outputs[RULES / name] = HEADER.format(name=name) + body
-    lost = sorted(({r.group for r in model.records} | {a.group for a in model.alerts}) - spliced)
-    if lost:
+    if lost := sorted(set(model.groups()) - spliced):
         raise ValueError(f"no template has a '# <generated rules of GROUP>' line for {', '.join(lost)}")
-    unused = sorted(key for key in set(model.config.values) - used
-                    if not key.startswith("dashboard_"))  # monitoring.dashboards reads those
-    if unused:
+    if unused := sorted(key for key in set(model.config.values) - used
+                        if not key.startswith("dashboard_")):  # monitoring.dashboards reads those
         raise ValueError(f"{THRESHOLDS.name}: unused thresholds {', '.join(unused)}")
     return outputs
