@@ -39,6 +39,8 @@ Only this module imports Lightning, and only when one of those names is used.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -177,10 +179,7 @@ class _Hooks:
 
 def _module_base(pl_module: Any) -> type | None:
     """The ``LightningModule`` class the module derives from (its hooks' defaults)."""
-    for cls in type(pl_module).__mro__:
-        if cls.__name__ == "LightningModule":
-            return cls
-    return None
+    return next((cls for cls in type(pl_module).__mro__ if cls.__name__ == "LightningModule"), None)
 
 
 def first_loader(loaders: Any) -> Any:
@@ -202,21 +201,13 @@ def first_loader(loaders: Any) -> Any:
     return None
 
 
-_classes: dict[str, type] = {}
-
-
+@functools.cache
 def _callback_class(package: str) -> type:
-    """``_Hooks`` mixed into ``<package>.Callback`` (``lightning.pytorch`` or ``pytorch_lightning``)."""
-    cls = _classes.get(package)
-    if cls is None:
-        import importlib
-
-        base = importlib.import_module(package).Callback
-        cls = type("GpuExporterCallback", (_Hooks, base), {
-            "__module__": __name__, "_base": base,
-            "__doc__": f"Times a Lightning job's phases ({package}.Callback); see module doc."})
-        _classes[package] = cls
-    return cls
+    """``_Hooks`` mixed into ``<package>.Callback`` (``lightning.pytorch`` or ``pytorch_lightning``), built once."""
+    base = importlib.import_module(package).Callback
+    return type("GpuExporterCallback", (_Hooks, base), {
+        "__module__": __name__, "_base": base,
+        "__doc__": f"Times a Lightning job's phases ({package}.Callback); see module doc."})
 
 
 def _default_package() -> str:
