@@ -407,7 +407,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "pushing (the exporter drops it after ingest.stale_after_seconds).",
                  query(f"time() - {sel(m.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.name)}", "rank {{rank}}"), unit="s",
                  w=6, h=8, thresholds=steps(("green", None), ("orange", cfg.num("dashboard_push_age_warn_seconds")),
-                                            ("red", cfg.ingest_stale_after)))))
+                                            ("red", cfg.default("ingest.stale_after_seconds"))))))
     return board
 
 
@@ -425,7 +425,7 @@ def exporter_health(cfg: Config) -> dash.Dashboard:
     board = dashboard(cfg, "gpu-exporter-health", "GPU exporter health",
                       "Is the exporter itself healthy: targets up, collectors succeeding, NVML errors, sample age, "
                       "training ingest.", "6h", [variable(cfg, "node", "Node", m.GPU_EXPORTER_BUILD_INFO.name)])
-    stale = cfg.stale_after
+    stale = cfg.default("stale_after")
     legend = f"{{{{{c}}}}} {{{{node}}}}"
     board = (board
              .with_panel(stat_panel(

@@ -73,15 +73,11 @@ class Config:
     def exporter_job(self) -> str:
         return self.text("exporter_job_regex")
 
-    @property
-    def stale_after(self) -> float:
-        """The exporter's default ``stale_after`` (seconds), when /readyz starts failing."""
-        return _setting("stale_after")
-
-    @property
-    def ingest_stale_after(self) -> float:
-        """The exporter's default ``ingest.stale_after_seconds``, when it drops a silent training rank."""
-        return _setting("ingest.stale_after_seconds")
+    @staticmethod
+    def default(setting: str) -> float:
+        """The exporter's default of a numeric setting: ``stale_after`` (seconds), when /readyz starts failing;
+        ``ingest.stale_after_seconds``, when it drops a silent training rank."""
+        return float(next(s.default for s in SETTINGS if s.key == setting))
 
     def runbook(self, alert: str) -> str:
         """The runbook URL of an alert (its section: :func:`monitoring.model.anchor`)."""
@@ -114,10 +110,6 @@ class Config:
         starts = [None, *(self.num(lv.key) for lv in LEVELS)]
         colours = [*(LEVEL_COLOURS[lv.name] for lv in LEVELS), LEVEL_COLOURS[OK]]
         return steps(*zip(colours, starts, strict=True))
-
-
-def _setting(name: str) -> float:
-    return float(next(s.default for s in SETTINGS if s.key == name))
 
 
 # ------------------------------------------------------------------------------------------- pieces
