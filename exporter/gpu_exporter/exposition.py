@@ -37,13 +37,14 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from prometheus_client.exposition import generate_latest, gzip_accepted
 from prometheus_client.metrics_core import Metric
@@ -281,14 +282,9 @@ class Body:
 
     def _parts(self, sources: Sequence[Source]) -> tuple[list[bytes], int]:
         """Every source's text, and how many leading ones are pre-rendered."""
-        parts: list[bytes] = []
-        leading = -1
-        for source in sources:
-            text, cached = _part(source)
-            if not cached and leading < 0:
-                leading = len(parts)
-            parts.append(text)
-        return parts, len(parts) if leading < 0 else leading
+        rendered = [_part(source) for source in sources]
+        leading = next((i for i, (_, cached) in enumerate(rendered) if not cached), len(rendered))
+        return [text for text, _ in rendered], leading
 
     def _compressed_head(self, key: tuple[bytes, ...]) -> tuple[bytes, zlib._Compress]:
         """gzip output and compressor state after the parts ``key``, computed once per change."""
@@ -302,21 +298,13 @@ class Body:
             return head, state.copy()
 
     def _leading(self) -> tuple[bytes, ...]:
-        """The leading run of pre-rendered parts."""
-        leading = []
-        for source in self.sources:
-            cached = getattr(source, "exposition", None)
-            if not isinstance(cached, bytes):
-                break
-            leading.append(cached)
-        return tuple(leading)
+        """The leading run of pre-rendered parts (no source after it is asked for its text)."""
+        texts: Iterable[Any] = (getattr(source, "exposition", None) for source in self.sources)
+        return tuple(itertools.takewhile(lambda text: isinstance(text, bytes), texts))
 
     def _live(self) -> int:
         """How many trailing sources are ``live``: rendered at every scrape, even into a body rendered ahead."""
-        count = 0
-        while count < len(self.sources) and getattr(self.sources[-1 - count], "live", False):
-            count += 1
-        return count
+        return sum(1 for _ in itertools.takewhile(lambda s: getattr(s, "live", False), reversed(self.sources)))
 
     def prepare(self, ahead: float = 0.0) -> None:
         """Render and compress the pre-rendered sources now, ahead of a scrape.
