@@ -42,12 +42,10 @@ def loader_settings(loader: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {"num_workers": workers,
                            "pin_memory": bool(getattr(loader, "pin_memory", False)),
                            "persistent_workers": bool(getattr(loader, "persistent_workers", False))}
-    prefetch = getattr(loader, "prefetch_factor", None)
-    if isinstance(prefetch, int) and not isinstance(prefetch, bool) and prefetch >= 0:
-        out["prefetch_factor"] = prefetch
-    batch = getattr(loader, "batch_size", None)
-    if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
-        out["loader_batch_size"] = batch
+    for key, attribute, least in (("prefetch_factor", "prefetch_factor", 0), ("loader_batch_size", "batch_size", 1)):
+        value = getattr(loader, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= least:
+            out[key] = value
     return out
 
 

@@ -103,8 +103,7 @@ def short_id(run_id: str) -> str:
     >>> short_id("launch-0123456789ab"), short_id("slurm-8812"), short_id("a4f0e6c2-1b2c-4d5e-8f90-123456789abc")
     ('0123456789ab', 'slurm-8812', '123456789abc')
     """
-    tail = run_id.removeprefix("launch-")
-    return tail[-12:] if len(tail) > 12 else tail
+    return run_id.removeprefix("launch-")[-12:]
 
 
 def default_run_name(stem: str, run_id: str) -> str:

@@ -39,11 +39,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     script = args[0]
     sys.argv = [script, *args[1:]]
-    directory = os.path.dirname(os.path.abspath(script))
-    if sys.path:
-        sys.path[0] = directory
-    else:
-        sys.path.append(directory)
+    sys.path[:1] = [os.path.dirname(os.path.abspath(script))]  # sys.path[0], as `python SCRIPT` sets it
     runpy.run_path(script, run_name="__main__")
 
 
