@@ -45,7 +45,6 @@ from gpu_exporter.commands.metrics_client import (
     Labels,
     MetricsError,
     Prometheus,
-    fail,
     iso,
     parse_seconds,
     parse_time,
@@ -770,28 +769,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top", type=int, default=TOP, metavar="N", help=f"offenders to list (default {TOP})")
 
 
-def run_range(args: argparse.Namespace, prom: Prometheus, t: Thresholds) -> int:
-    """``report --list`` / ``report --fleet``; 0 on success, 2 on errors (one line)."""
-    try:
-        if args.run_name is not None or args.run_id is not None:
-            raise MetricsError("--list and --fleet cover every run of the range: drop --run/--run-id")
-        if args.list and args.output == "html":
-            raise MetricsError("--list writes text, markdown or json (--output html is for a report)")
-        if args.top < 0:
-            raise MetricsError(f"--top: {args.top} is not a count of offenders (0 or more)")
-        prices = load_prices(args.prices) if args.prices else None
-        now = parse_time("now", "now")
-        end = parse_time(args.end, "--to") if args.end else now
-        start = parse_time(args.start or DEFAULT_FROM, "--from", now)
-        step = None if args.step is None else parse_seconds(args.step, "--step")
-        r = judge_range(prom, t, start, end, step, now)
-        if args.list:
-            rows = keep_launches(r.launches, args.namespace, args.team, args.node)
-            text = LIST_RENDERERS[args.output](rows, r)
-        else:
-            text = RENDERERS[args.output](fleet(r, prices, args.namespace, args.team, args.node, args.top))
-    except MetricsError as err:
-        return fail(str(err))
-    except KeyboardInterrupt:
-        return fail("interrupted", 130)
-    return render.write(text, args.out)
+def range_text(args: argparse.Namespace, prom: Prometheus, t: Thresholds) -> str:
+    """What ``report --list`` / ``report --fleet`` print; MetricsError on bad flags or an unreadable Prometheus
+    (``report``'s :func:`~gpu_exporter.commands.report.run` prints it as one line, exit status 2)."""
+    if args.run_name is not None or args.run_id is not None:
+        raise MetricsError("--list and --fleet cover every run of the range: drop --run/--run-id")
+    if args.list and args.output == "html":
+        raise MetricsError("--list writes text, markdown or json (--output html is for a report)")
+    if args.top < 0:
+        raise MetricsError(f"--top: {args.top} is not a count of offenders (0 or more)")
+    prices = load_prices(args.prices) if args.prices else None
+    now = parse_time("now", "now")
+    end = parse_time(args.end, "--to") if args.end else now
+    start = parse_time(args.start or DEFAULT_FROM, "--from", now)
+    step = None if args.step is None else parse_seconds(args.step, "--step")
+    r = judge_range(prom, t, start, end, step, now)
+    if args.list:
+        return LIST_RENDERERS[args.output](keep_launches(r.launches, args.namespace, args.team, args.node), r)
+    return RENDERERS[args.output](fleet(r, prices, args.namespace, args.team, args.node, args.top))

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         prom = Prometheus(args.prometheus_url, connection=connection(args, args.prometheus_url, "--prometheus-url"))
         now = parse_time("now", "now")
         if getattr(args, "list", False) or getattr(args, "fleet", False):
-            return fleet.run_range(args, prom, t)
+            return write(fleet.range_text(args, prom, t), args.out)
         step = None if args.step is None else parse_seconds(args.step, "--step")
         try:
             parse_duration(args.lookback)
