@@ -97,8 +97,7 @@ class Intervals:
             return
         lo = bisect.bisect_left(p, start)
         hi = bisect.bisect_right(p, end)
-        merged = ([] if lo % 2 else [start]) + ([] if hi % 2 else [end])
-        p[lo:hi] = merged
+        p[lo:hi] = ([] if lo % 2 else [start]) + ([] if hi % 2 else [end])
 
     def busy(self, t0: float, t1: float) -> float:
         """Busy seconds within [t0, t1]."""
@@ -107,11 +106,8 @@ class Intervals:
         p = self.points
         lo = bisect.bisect_right(p, t0)
         hi = bisect.bisect_left(p, t1)
-        cuts = [t0] if lo % 2 else []
-        cuts += p[lo:hi]
-        if hi % 2:
-            cuts.append(t1)
-        return sum(cuts[i + 1] - cuts[i] for i in range(0, len(cuts) - 1, 2))
+        cuts = ([t0] if lo % 2 else []) + p[lo:hi] + ([t1] if hi % 2 else [])
+        return sum(b - a for a, b in zip(cuts[::2], cuts[1::2], strict=False))
 
 
 class Chunks:
