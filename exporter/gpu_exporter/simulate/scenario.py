@@ -317,13 +317,9 @@ class _Reader:
         sub.finish()
         return Noisy(base, noise, seed) if noise > 0 else base
 
-    def allow(self, *keys: str) -> None:
-        unknown = sorted(set(self.data) - set(keys))
-        if unknown:
-            raise self.fail("unknown key", str(unknown[0]))
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
+    def finish(self, *expected: str) -> None:
+        """Fail on the first unknown key: one not read so far, or, given ``expected`` (before reading), not in it."""
+        unknown = sorted(set(self.data) - (set(expected) if expected else self.used))
         if unknown:
             raise self.fail("unknown key", str(unknown[0]))
 
@@ -483,10 +479,8 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     >>> parse_scenario({"gpus": [{"name": "T4", "architecture": "turing", "memory_gib": 16}]}, "x").gpus[0].uuid[:4]
     'GPU-'
     """
-    if data is None:
-        data = {}
-    top = _Reader(source, "", data)
-    top.allow("seed", "driver_missing", "gpus", "cuda_version", "driver_version")
+    top = _Reader(source, "", {} if data is None else data)
+    top.finish("seed", "driver_missing", "gpus", "cuda_version", "driver_version")
     seed = top.integer("seed", 0)
     driver_missing = top.boolean("driver_missing", False)
     gpus = tuple(_parse_gpu(g, i, seed) for i, g in enumerate(top.items("gpus")))
