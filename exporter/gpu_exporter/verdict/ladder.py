@@ -2,9 +2,9 @@
 
 :data:`LADDER` lists the rows in the order the judge tries them; the first row whose condition
 holds names the GPU's verdict. Each row carries its condition in words, the thresholds.yml keys
-it reads, the levels it applies at, its remedy, its runbook anchor and the shipped PromQL that
-expresses it (tests/test_causes_conformance.py feeds the same cases to promtool and to
-:func:`judge`). The causes (M1, M2, CK, M3, M4, ST, CM) are rows too, one per row of
+it reads, its remedy, its runbook anchor and the shipped PromQL that expresses it
+(tests/test_causes_conformance.py feeds the same cases to promtool and to :func:`judge`). The
+causes (M1, M2, CK, M3, M4, ST, CM) are rows too, one per row of
 :data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
 :func:`~gpu_exporter.verdict.causes.cause_order` wins.
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
-from gpu_exporter.verdict.levels import LEVELS, LOW, TARGET, level, useful_text, useful_utilization
+from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 INSTRUMENT_SNIPPET = """\
@@ -58,9 +58,6 @@ for batch in run.data(loader):                # time spent waiting for the batch
 
 BELOW_TARGET_ANCHOR = "gpuutilizationbelowtarget"
 """The runbook section of GpuUtilizationBelowTarget (monitoring.model.anchor derives the same for the alert)."""
-
-BELOW = tuple(lv.name for lv in LEVELS)
-"""The levels below target: the rows that say why a GPU is below its target apply at these."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,6 @@ class Row:
     title: str
     when: str
     keys: tuple[str, ...]
-    levels: tuple[str, ...]
     remedy: str
     anchor: str
     promql: str
@@ -210,7 +206,7 @@ def _cause_row(cause: Cause) -> Row:
         return bool(f.found) and f.found[0][0].cause is cause
 
     return Row(cause.cause, cause.cause, cause.label,
-               f"the biggest finding of a live run on the GPU (allocator first) is {cause.label}", cause.keys, BELOW,
+               f"the biggest finding of a live run on the GPU (allocator first) is {cause.label}", cause.keys,
                cause.advice, cause.anchor,
                f"{cause.alert} ({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause=\"{cause.cause}\"}})",
                holds, _cause)
@@ -222,36 +218,34 @@ def _has_work(f: Facts, t: Thresholds) -> bool:
 
 
 LADDER: tuple[Row, ...] = (
-    Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), (), "", "",
+    Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), "", "",
         f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None, _unknown),
-    Row("healthy", "healthy", "healthy", "useful utilization at or above the target", ("utilization_target",), (),
-        "", "",
+    Row("healthy", "healthy", "healthy", "useful utilization at or above the target", ("utilization_target",), "", "",
         "no GpuUtilizationLow, GpuTrainingBelowTarget or cause alert", lambda f, t: f.level is None, _healthy),
     Row("unused", "unused", "unused", "no process, no live run, memory at most work_memory_used_ratio",
-        ("work_memory_used_ratio",), BELOW, "", "", f"{catalog.GPU_HAS_WORK_BOOL.name} == 0",
+        ("work_memory_used_ratio",), "", "", f"{catalog.GPU_HAS_WORK_BOOL.name} == 0",
         lambda f, t: not _has_work(f, t), _unused),
     *(_cause_row(c) for c in CAUSES),
     Row("not_instrumented_evidence", "not_instrumented", "not instrumented",
         "no live run reports, and the processes' /proc evidence passes a row of HINTS",
-        tuple(dict.fromkeys(k for h in HINTS for k in h.keys)), BELOW,
-        f"Instrument it to confirm:\n{INSTRUMENT_SNIPPET}", EVIDENCE_ALERT.lower(),
-        f"{EVIDENCE_ALERT} ({catalog.PROCESS_HINT_VALUE.name})",
+        tuple(dict.fromkeys(k for h in HINTS for k in h.keys)), f"Instrument it to confirm:\n{INSTRUMENT_SNIPPET}",
+        EVIDENCE_ALERT.lower(), f"{EVIDENCE_ALERT} ({catalog.PROCESS_HINT_VALUE.name})",
         lambda f, t: not f.live and bool(f.view.evidence_hint), _hinted),
     Row("idle_but_allocated", "idle_but_allocated", "idle but allocated",
         "utilization below idle_utilization_threshold while work holds the GPU", ("idle_utilization_threshold",),
-        BELOW, "Release the GPU (stop the idle notebook kernel or the finished job), or find what the job waits for: "
-               "its input pipeline or a collective with a dead rank.", "gpuidlebutallocated", "GpuIdleButAllocated",
+        "Release the GPU (stop the idle notebook kernel or the finished job), or find what the job waits for: "
+        "its input pipeline or a collective with a dead rank.", "gpuidlebutallocated", "GpuIdleButAllocated",
         lambda f, t: f.u < t.idle_utilization_threshold, _idle),
     Row("not_instrumented", "not_instrumented", "not instrumented",
         "below target with work on the GPU, and no live training run reports its phases",
-        ("utilization_low_threshold", "utilization_target"), BELOW,
+        ("utilization_low_threshold", "utilization_target"),
         "Instrument the job with gpu_exporter.training so the phases show the cause (input pipeline, metrics, "
         f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}", "gpuutilizationlow",
         "GpuUtilizationLow / GpuUtilizationBelowTarget without a run label", lambda f, t: not f.live,
         _uninstrumented, BELOW_TARGET_ANCHOR),
     Row("underutilized", "underutilized", "underutilized",
         "below target, a live run reports, but no cause passes its threshold",
-        ("utilization_low_threshold", "utilization_target"), BELOW,
+        ("utilization_low_threshold", "utilization_target"),
         "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
         "inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow",
         "GpuUtilizationLow / GpuUtilizationBelowTarget with a run label and no "
