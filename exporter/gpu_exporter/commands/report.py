@@ -170,15 +170,13 @@ def run(args: argparse.Namespace) -> int:
             final = totals if end is None or end >= launch.end else None
             start = launch.start if start is None else max(start, launch.start)
             end = launch.end if end is None else min(end, launch.end)
-            report = build(prom, launch.run, t, start, end, step, args.lookback, final, launch)
         elif start is None or end is None:
             run_start, run_end, totals = sources.lifetime(prom, args.run_name, end if end is not None else now,
                                                           args.lookback, t.cluster_label)
             final = totals if end is None else None
             start = run_start if start is None else start
             end = run_end if end is None else end
-        if launch is None:
-            report = build(prom, args.run_name, t, start, end, step, args.lookback, final)
+        report = build(prom, launch.run if launch else args.run_name, t, start, end, step, args.lookback, final, launch)
     except MetricsError as err:
         return fail(str(err))
     except KeyboardInterrupt:
