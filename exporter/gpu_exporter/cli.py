@@ -143,12 +143,6 @@ COMMAND_MODULES = {"query": "gpu_exporter.commands.query", "diagnose": "gpu_expo
 """Sub-commands whose module registers itself on first use: serving never imports them."""
 
 
-def _register(names: Sequence[str]) -> None:
-    for name in names:
-        if name not in SUBCOMMANDS:
-            import_module(COMMAND_MODULES[name]).register(SUBCOMMANDS)
-
-
 def command_names() -> list[str]:
     """Every sub-command, serve first, without importing the lazily registered ones."""
     return ["serve", *COMMAND_MODULES]
@@ -159,7 +153,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     The usage line names every sub-command either way, so an error never hides one.
     """
-    _register([command] if command in COMMAND_MODULES else [] if command else list(COMMAND_MODULES))
+    for name in [command] if command in COMMAND_MODULES else [] if command else COMMAND_MODULES:
+        if name not in SUBCOMMANDS:
+            import_module(COMMAND_MODULES[name]).register(SUBCOMMANDS)
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="Prometheus exporter that finds NVIDIA GPUs below 30% utilization and explains why.",
