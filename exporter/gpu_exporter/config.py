@@ -424,14 +424,13 @@ def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
         if value is not None:
             raw[key] = (value, f"flag {SETTINGS_BY_KEY[key].flag}")
     values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
     for key, (value, where) in raw.items():
         setting = SETTINGS_BY_KEY[key]
         try:
             values[setting.attr] = setting.parse(value)
         except ValueError as err:
             raise ConfigError(f"{where}: {key}: {err}") from None
-        sources[key] = where
+    sources = {key: where for key, (_, where) in raw.items()}
     unknown = set(values.get("collectors_disabled", ())) - set(COLLECTOR_NAMES)
     if unknown:
         raise ConfigError(f"{sources['collectors.disabled']}: collectors.disabled: unknown collector(s) "
