@@ -231,8 +231,7 @@ class EvidenceCollector(PollingCollector):
         self._hidden_logged = False
 
     def reset(self) -> None:
-        proc, share, clock = self.proc, self.cpu_share, self._cpu_clock
-        type(self).__init__(self, proc, share, clock)
+        type(self).__init__(self, self.proc, self.cpu_share, self._cpu_clock)
 
     def poll(self, ctx: PollContext) -> bool:
         self._seen, self._listed, self._polled = set(), set(), []
