@@ -245,7 +245,6 @@ class PodAttribution(Collector):
     def _failed(self, state: str, message: str) -> None:
         self.last_success, self.last_error = False, message
         if self._state != state:
-            kept = len(self._map)
             log.warning("%s (keeping the last known map of %d devices; retrying every %gs)",
-                        message, kept, self.refresh_seconds)
+                        message, len(self._map), self.refresh_seconds)
             self._state = state
