@@ -154,9 +154,7 @@ class WebConfig:
 
 
 def _parse_basic(header: str | None) -> tuple[str, bytes] | None:
-    if header is None:
-        return None
-    scheme, _, encoded = header.strip().partition(" ")
+    scheme, _, encoded = (header or "").strip().partition(" ")
     if scheme.lower() != "basic":
         return None
     try:
