@@ -18,14 +18,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from gpu_exporter import catalog
-from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
+from gpu_exporter.verdict.causes import HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
 from gpu_exporter.verdict.samples import Labels, Snapshot
 
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["EVIDENCE_ALERT", "HINTS_BY_ID", "WINDOWED", "ProcessSignals", "explain", "from_series", "from_snapshots",
-           "from_window", "rates"]
+__all__ = ["HINTS_BY_ID", "WINDOWED", "ProcessSignals", "explain", "from_series", "from_snapshots", "from_window",
+           "rates"]
 
 Key = tuple[str, str]
 """(GPU uuid, pid)."""

@@ -33,8 +33,7 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
     memory.update(readings.memory_ratio)
     for key, totals in readings.phase_total.items():
         window = readings.phase_window.get(key, {})
-        seconds = sum(v for v in window.values() if v > 0)
-        since_start = seconds <= 0
+        since_start = sum(v for v in window.values() if v > 0) <= 0
         basis = totals if since_start else window
         total = sum(v for v in basis.values() if v > 0)
         shares = {p: round(max(v, 0.0) / total, 4) for p, v in basis.items()} if total > 0 else {}

@@ -131,13 +131,12 @@ def _unused(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
     (first, run), others = f.found[0], f.found[1:]
-    cause = first.cause
     also = "".join(f" Also {g.cause.label}: {g.cause.amount(g.value)}"
                    + (f" (at most ~{pct(g.projected)} without it)" if g.projected is not None else "") + "."
                    for g, _ in others)
     reason = f"{first.projection(f.u, run.shares)}. {first.reason(run.run, run.rank)}{also}"
     return _suggested(run, Verdict(row.verdict, row.titled(f.level), reason, row.remedy, row.runbook(t), True,
-                                   cause.code, f.level or "", first.projected))
+                                   first.cause.code, f.level or "", first.projected))
 
 
 def _gone(f: Facts) -> str:
