@@ -244,10 +244,8 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     for row in rows:
         row.kube_owners = list(owners_of(row.owners(), owners))
         if row.gpus:
-            busy = sources.busy(prom, row.gpus, max(start, row.start), min(end, row.end), t.cluster_label)
-            span = max(min(end, row.end) - max(start, row.start), 1e-9)
-            util = [min(1.0, max(0.0, v / span)) for v in busy.values()]
-            row.utilization = sum(util) / len(util) if util else None
+            util = sources.utilization(prom, row.gpus, max(start, row.start), min(end, row.end), t.cluster_label)
+            row.utilization = sum(util.values()) / len(util) if util else None
     return Range(prom.base, start, end, step, window, points, rows, t.utilization_target,
                  t.utilization_low_threshold, owners)
 

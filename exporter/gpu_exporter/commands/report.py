@@ -71,9 +71,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     all_seconds = sum(totals.values())
     shares = {p: v / all_seconds for p, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
-    # Busy seconds of the run's GPUs over the range (the GPU counter's samples at both ends).
-    busy = sources.busy(prom, gpus, start, end, t.cluster_label) if gpus else {}
-    util = {gpu: min(1.0, max(0.0, value / (end - start))) for gpu, value in busy.items()}
+    util = sources.utilization(prom, gpus, start, end, t.cluster_label) if gpus else {}
     mean_util = sum(util.values()) / len(util) if util else None
 
     step = step or max(MIN_STEP, (end - start) / POINTS)

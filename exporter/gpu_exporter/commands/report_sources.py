@@ -215,16 +215,18 @@ def deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str, 
             for key, phases in after.items()}
 
 
-def busy(prom: Prometheus, gpus: Sequence[str], start: float, end: float, cluster_label: str = "") -> dict[str, float]:
-    """Busy seconds of each GPU (by GPU key) between its first and last sample in the range (the counter only
-    grows)."""
+def utilization(prom: Prometheus, gpus: Sequence[str], start: float, end: float,
+                cluster_label: str = "") -> dict[str, float]:
+    """Mean utilization (0-1) of each GPU (by GPU key) over the range: its busy seconds between its first and last
+    sample in the range (the counter only grows), over the range's seconds."""
     keys = Keys(cluster_label)
     uuids = sorted({gpu.rpartition("/")[2] for gpu in gpus})
     sel = f"{_BUSY}{{uuid=~{_quote('|'.join(uuids))}}}[{promql_duration(max(end - start, 1.0))}]"
     by = f"uuid, {cluster_label}" if cluster_label else "uuid"
     found = {keys.gpu(labels): value for labels, value in
              prom.at_time(end).query(f"max by ({by}) (max_over_time({sel}) - min_over_time({sel}))")}
-    return {gpu: value for gpu, value in found.items() if gpu in gpus}
+    span = max(end - start, 1e-9)
+    return {gpu: min(1.0, max(0.0, value / span)) for gpu, value in found.items() if gpu in gpus}
 
 
 class Stepped(Prometheus):
