@@ -77,13 +77,10 @@ _originals: dict[str, Callable[..., Any]] = {}
 
 def _dist() -> Any:
     """``torch.distributed`` if the job imported torch and it is available, else None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
     try:
-        dist = torch.distributed
+        dist = sys.modules["torch"].distributed
         return dist if dist.is_available() else None
-    except Exception:  # a torch built without distributed support
+    except Exception:  # torch not imported by the job, or built without distributed support
         return None
 
 
@@ -156,8 +153,7 @@ def watch(run: TimedRun, ddp_model: Any = None) -> bool:
     with _lock:
         if not _originals:
             _wrap_functions(dist)
-        _watched["run"] = run
-        _watched["thread"] = threading.get_ident()
+        _watched.update(run=run, thread=threading.get_ident())
     if run.world_size == 1 and not os.environ.get("WORLD_SIZE", "").strip():
         run.world_size = int(dist.get_world_size())
     if ddp_model is not None and getattr(ddp_model, "_gpu_exporter_run", None) is not run:
@@ -175,8 +171,7 @@ def unwatch(run: TimedRun) -> None:
     """Stop timing ``run``'s torch.distributed calls (``run.close()`` does this)."""
     with _lock:
         if _watched["run"] is run:
-            _watched["run"] = None
-            _watched["thread"] = None
+            _watched.update(run=None, thread=None)
 
 
 def _wrap_functions(dist: Any) -> None:

@@ -196,9 +196,9 @@ def model_parts(model: Any) -> list[Any]:
     return [m for m in (model, *model.children()) if not is_torchmetric(m)]
 
 
-def time_optimizer_step(optimizers: Iterable[Any], stack: PhaseStack, phase: Phase, *,
+def time_optimizer_step(optimizer: Any, stack: PhaseStack, phase: Phase, *,
                         pre: bool = True) -> tuple[Callable[[], None], Callable[[], None]]:
-    """``optimizer.step`` of each torch optimizer counts as ``phase``; returns (open, undo).
+    """``step`` of each torch optimizer in ``optimizer`` (one or a list) counts as ``phase``; returns (open, undo).
 
     With ``pre``, a step pre-hook opens the phase; without, the caller opens it with ``open()`` (Lightning
     runs its closure, ``training_step`` and backward included, inside ``optimizer.step`` and says when
@@ -217,7 +217,7 @@ def time_optimizer_step(optimizers: Iterable[Any], stack: PhaseStack, phase: Pha
             stack.pop()
 
     handles = []
-    for opt in _as_list(list(optimizers)):
+    for opt in _as_list(optimizer):
         if pre:
             handles.append(opt.register_step_pre_hook(open_step))
         handles.append(opt.register_step_post_hook(close_step))
@@ -356,14 +356,12 @@ class SaveTimer:
 
         self.phase = phase
         self.thread = threading.get_ident()
-        cls = SaveTimer
-        if cls._original is None:
-            original = torch.save
-            cls._original = original
+        if SaveTimer._original is None:
+            original = SaveTimer._original = torch.save
 
             def save(*args: Any, **kwargs: Any) -> Any:
                 me = threading.get_ident()
-                for timer in cls._active:
+                for timer in SaveTimer._active:
                     if timer.thread == me:
                         with timer.phase:
                             return original(*args, **kwargs)
@@ -372,7 +370,7 @@ class SaveTimer:
             save.__wrapped__ = original  # type: ignore[attr-defined]
             save.__doc__ = original.__doc__
             torch.save = save
-        cls._active.append(self)
+        SaveTimer._active.append(self)
 
     def undo(self) -> None:
         if self in SaveTimer._active:

@@ -105,9 +105,7 @@ class _Hooks:
         undo.append(SaveTimer(checkpoint).undo)
         model = kwargs.get("model")
         undo.append(time_forward(model_parts(model), stack, self._phases["compute"]))
-        optimizer = kwargs.get("optimizer")
-        undo.append(time_optimizer_step([optimizer] if optimizer is not None else [], stack,
-                                        self._phases["compute"])[1])
+        undo.append(time_optimizer_step(kwargs.get("optimizer"), stack, self._phases["compute"])[1])
         trainer = _find_trainer()
         callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
         if trainer is not None:
