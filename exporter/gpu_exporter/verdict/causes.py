@@ -469,10 +469,6 @@ class Finding:
         """ST: the run's step time if the straggler kept up (this rank's step time without its wait)."""
         return None if self.step_seconds is None or not self.cause.waits else self.step_seconds * (1.0 - self.value)
 
-    def reason(self, run: str, rank: str) -> str:
-        """One sentence on what the run does, for diagnose."""
-        return self.cause.reason(self, run, rank)
-
 
 def pct(ratio: float) -> str:
     """``0.084 -> "8%"``."""

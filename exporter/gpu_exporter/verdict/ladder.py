@@ -134,7 +134,7 @@ def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
     also = "".join(f" Also {g.cause.label}: {g.cause.amount(g.value)}"
                    + (f" (at most ~{pct(g.projected)} without it)" if g.projected is not None else "") + "."
                    for g, _ in others)
-    reason = f"{first.projection(f.u, run.shares)}. {first.reason(run.run, run.rank)}{also}"
+    reason = f"{first.projection(f.u, run.shares)}. {first.cause.reason(first, run.run, run.rank)}{also}"
     return _suggested(run, Verdict(row.verdict, row.titled(f.level), reason, row.remedy, row.runbook(t), True,
                                    first.cause.code, f.level or "", first.projected))
 
