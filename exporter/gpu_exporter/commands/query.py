@@ -290,12 +290,9 @@ def _cells(fields: Sequence[Field], row: Any, units: bool, lost: bool = False) -
     cells = []
     for f in fields:
         value = f.get(row) if f.identity or not lost else GPU_LOST
-        if value is None:
-            cells.append(NOT_AVAILABLE)
-        elif value == GPU_LOST:
-            cells.append(GPU_LOST)
-        else:
-            cells.append(f"{value} {f.unit}" if units and f.unit else str(value))
+        if value is not None and value != GPU_LOST and units and f.unit:
+            value = f"{value} {f.unit}"
+        cells.append(NOT_AVAILABLE if value is None else str(value))
     return ", ".join(cells)
 
 
