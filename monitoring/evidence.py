@@ -70,9 +70,8 @@ def records() -> list[Record]:
 
 
 def _finding(hint: Hint) -> str:
-    value = ("{{ $value | humanizePercentage }} of one core" if hint.name == WORKERS_BUSY else
-             "{{ $value | humanizePercentage }}")
-    return hint.finding.format(value=value)
+    per_core = " of one core" if hint.name == WORKERS_BUSY else ""
+    return hint.finding.format(value="{{ $value | humanizePercentage }}" + per_core)
 
 
 ALERTS = "gpu-process-evidence.alerts"

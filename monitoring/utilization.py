@@ -92,15 +92,13 @@ def alerts() -> list[Alert]:
     """GpuUtilizationLow (the lowest 5m mean over alert_hold: hysteresis), GpuUtilizationBelowTarget (the
     same between the low line and the target, for GPUs without a cause) and GpuIdleButAllocated."""
     warning, info = (("severity", "warning"),), (("severity", "info"),)
+    lowest = f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])"
     return [
-        Alert(GROUP, "GpuUtilizationLow", f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
-              "utilization_low_for", warning,
+        Alert(GROUP, "GpuUtilizationLow", lowest, "utilization_low_for", warning,
               "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
               op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
               comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
-        Alert(GROUP, "GpuUtilizationBelowTarget",
-              f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])",
-              "utilization_low_for", info,
+        Alert(GROUP, "GpuUtilizationBelowTarget", lowest, "utilization_low_for", info,
               "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
               "is known.", BELOW_TARGET_DESCRIPTION, op="<",
               threshold="utilization_target", shape=BELOW_TARGET,
