@@ -143,13 +143,8 @@ class ProcReader:
                     return []
             except (OSError, ValueError):
                 return []
-        out = []
-        for entry in self.root.iterdir():
-            if entry.name.isdigit():
-                stat = self.stat(int(entry.name))
-                if stat is not None and stat.ppid == pid:
-                    out.append(int(entry.name))
-        return out
+        pids = (int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())
+        return [child for child in pids if (stat := self.stat(child)) is not None and stat.ppid == pid]
 
     def evidence(self, pid: int) -> Evidence | None:
         """Everything about ``pid`` and its live children, or None when the process cannot be seen."""
