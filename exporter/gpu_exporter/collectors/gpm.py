@@ -81,11 +81,8 @@ class GpmCollector(PollingCollector):
         target.taken_at = ctx.now
         if first:
             return [None] * len(METRICS)
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(METRICS)
-        request.sample1 = target.older
-        request.sample2 = target.newer
+        request = pynvml.c_nvmlGpmMetricsGet_t(version=pynvml.NVML_GPM_METRICS_GET_VERSION, numMetrics=len(METRICS),
+                                               sample1=target.older, sample2=target.newer)
         for i, (metric_id, _) in enumerate(METRICS):
             request.metrics[i].metricId = metric_id
         if nvml.call(gpu.uuid, "nvmlGpmMetricsGet", request) is None:
