@@ -189,8 +189,7 @@ class PhaseSampler:
             proc.kill()
             _, err = proc.communicate()
         elapsed = time.monotonic() - started
-        text = out.read_text() if out.exists() else ""
-        counts = parse_raw(text, pid)
+        counts = parse_raw(out.read_text() if out.exists() else "", pid)
         total = sum(counts.values())
         if not total:
             if proc.returncode not in (0, None) and ("ermission" in err or "ptrace" in err.lower()):
