@@ -46,6 +46,12 @@ from monitoring.panels import (
 )
 from monitoring.paths import DASHBOARD_DIR
 
+GPU_TABLE_LINK = {"title": "GPU detail",
+                  "url": link_url("gpu-node", node="${__data.fields.node}", gpu="${__data.fields.gpu}")}
+RUN_TABLE_LINK = {"title": "Training run ${__data.fields.run}",
+                  "url": link_url("gpu-training-run", run="${__data.fields.run}")}
+"""A table cell's links to the row's GPU and to its training run."""
+
 
 def gpu_link() -> dash.DashboardLink:
     return dash.DashboardLink("GPU detail: ${__field.labels.node} GPU ${__field.labels.gpu}").url(
@@ -144,8 +150,8 @@ def fleet(cfg: Config) -> dash.Dashboard:
                          "Value #F": "Could reach"},
                  overrides=[override("Utilization (5m)", custom_cellOptions={"type": "color-background"},
                                      thresholds=cfg.utilization_steps().build(), color={"mode": "thresholds"}),
-                            override("gpu", links=[gpu_table_link()]),
-                            override("run", links=[run_table_link()])],
+                            override("gpu", links=[GPU_TABLE_LINK]),
+                            override("run", links=[RUN_TABLE_LINK])],
                  sort_by="Utilization (5m)", panel_links=cause_runbooks(cfg, "GpuUtilizationLow"))))
     return board
 
@@ -153,16 +159,6 @@ def fleet(cfg: Config) -> dash.Dashboard:
 def cause_runbooks(cfg: Config, first: str) -> list[dash.DashboardLink]:
     """Runbook links of ``first`` and of every cause in the cause table (gpu_exporter.verdict.causes.CAUSES)."""
     return runbook_links(cfg, [(first, first), *((c.label, c.alert) for c in CAUSES)])
-
-
-def gpu_table_link() -> dict[str, str]:
-    return {"title": "GPU detail",
-            "url": link_url("gpu-node", node="${__data.fields.node}", gpu="${__data.fields.gpu}")}
-
-
-def run_table_link() -> dict[str, str]:
-    return {"title": "Training run ${__data.fields.run}",
-            "url": link_url("gpu-training-run", run="${__data.fields.run}")}
 
 
 def node_detail(cfg: Config) -> dash.Dashboard:
@@ -562,7 +558,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  [table_query(named(workloads, "code")), table_query(named(f"{workloads} * $price", "code"))],
                  w=24, h=10, order=(c, "node", "namespace", "pod", "run", "code", "Value #A", "Value #B"),
                  rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
-                 overrides=[override("GPU-hours lost", unit="h"), override("run", links=[run_table_link()])],
+                 overrides=[override("GPU-hours lost", unit="h"), override("run", links=[RUN_TABLE_LINK])],
                  sort_by="GPU-hours lost", sort_desc=True,
                  panel_links=cause_runbooks(cfg, "GpuUtilizationBelowTarget"))))
     return board
