@@ -119,13 +119,10 @@ def duration(seconds: float) -> str:
 
 def _rows(r: Report) -> list[tuple[str, str]]:
     """The headline figures as (label, value) rows, shared by every format."""
-    rows = [("run", r.run)]
-    if r.run_id:
-        rows.append(("run id", r.run_id))
-    if r.tags:
-        rows.append(("tags", ", ".join(f"{k}={v}" for k, v in r.tags.items())))
     return [
-        *rows,
+        ("run", r.run),
+        *([("run id", r.run_id)] if r.run_id else []),
+        *([("tags", ", ".join(f"{k}={v}" for k, v in r.tags.items()))] if r.tags else []),
         ("range", f"{iso(r.start)} .. {iso(r.end)}"),
         ("wall time", duration(r.wall_seconds)),
         ("GPUs", f"{len(r.gpus)} ({', '.join(r.gpus)})" if r.gpus else "none joined (no GPU UUID)"),
