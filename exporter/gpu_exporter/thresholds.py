@@ -261,8 +261,7 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
         return ThresholdsFile.from_mapping(doc, source).thresholds()
     where = doc.where if isinstance(doc, yamlfile.YamlMap) else (lambda key: source)
     values = {f.name: _check(where(f.name), f.name, doc[f.name]) for f in fields(Thresholds)}
-    values.update({key: parse_duration(str(values[key])) for key in values if KINDS[key] == DURATION})
     if values["utilization_target"] < values["utilization_low_threshold"]:  # type: ignore[operator]
         raise ThresholdsError(f"{where('utilization_target')}: utilization_target must be at least "
                               "utilization_low_threshold")
-    return Thresholds(**values)  # type: ignore[arg-type]
+    return ThresholdsFile(source, values).thresholds()  # durations in seconds, as from a whole file
