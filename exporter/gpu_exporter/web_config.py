@@ -24,7 +24,7 @@ import logging
 import ssl
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,6 @@ from gpu_exporter.yamlfile import YamlMap
 log = logging.getLogger(__name__)
 
 _TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
-             "cipher_suites", "curve_preferences", "prefer_server_cipher_suites", "client_allowed_sans",
-             "cert", "key", "client_ca"}
 _TLS_IGNORED = {"cipher_suites", "curve_preferences"}  # OpenSSL's defaults apply; warned about
 _TLS_UNSUPPORTED = {"client_allowed_sans": "restrict clients with client_ca_file instead",
                     "cert": "put the certificate in a file and use cert_file",
@@ -207,7 +204,8 @@ def _parse_tls(section: dict[str, Any], base: Path, source: str) -> TLSServerCon
     def fail(key: str, message: str) -> WebConfigError:
         return WebConfigError(f"{_where(section, key, source)}: tls_server_config.{message}")
 
-    _unknown(section, _TLS_KEYS, "tls_server_config.", source)
+    known = {f.name for f in fields(TLSServerConfig)} | _TLS_IGNORED | _TLS_UNSUPPORTED.keys()  # honoured or not
+    _unknown(section, known, "tls_server_config.", source)
     for key, hint in _TLS_UNSUPPORTED.items():
         if section.get(key):
             raise fail(key, f"{key} is not supported by gpu-exporter: {hint}")
