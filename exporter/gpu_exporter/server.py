@@ -175,8 +175,7 @@ class MetricsServer(ThreadingHTTPServer):
             if self._page is None:
                 from gpu_exporter.status_page import StatusPage
 
-                sources = self.sources
-                self._page = StatusPage(lambda: [family for source in sources for family in source.collect()],
+                self._page = StatusPage(lambda: [family for source in self.sources for family in source.collect()],
                                         metrics_path=self.telemetry_path)
             return self._page
 
