@@ -68,20 +68,13 @@ def parse_duration(text: str, prometheus: bool = False) -> float:
     (90.0, 0.5, 5400.0)
     """
     raw = text.strip().replace("\u00b5s", "us").replace("\u03bcs", "us") if isinstance(text, str) else ""
-    units = list(_DURATION_UNITS)
-    total, pos, last = 0.0, 0, -1
-    ok = bool(raw)
-    while ok and pos < len(raw):
-        match = _DURATION_PART.match(raw, pos)
-        number, unit = match.groups() if match else ("", "")
-        ok = match is not None and units.index(unit) > last and (
-            not prometheus or (unit in _PROMETHEUS_UNITS and number.isdigit()))
-        if match is not None and ok:
-            last, pos = units.index(unit), match.end()
-            total += float(number) * _DURATION_UNITS[unit]
-    if not ok:
+    parts = _DURATION_PART.findall(raw)  # (number, unit) pairs; whole: nothing else in raw
+    order = [list(_DURATION_UNITS).index(unit) for _, unit in parts]  # must grow: largest unit first, each once
+    whole = bool(raw) and "".join(number + unit for number, unit in parts) == raw
+    if not whole or order != sorted(set(order)) or (prometheus and not all(
+            unit in _PROMETHEUS_UNITS and number.isdigit() for number, unit in parts)):
         raise ValueError(f"{text!r} is not a duration like {'30s, 15m, 1h or 1d' if prometheus else DURATION_EXAMPLES}")
-    return total
+    return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
 
 
 def _duration(value: Any) -> float:
