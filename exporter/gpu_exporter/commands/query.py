@@ -211,10 +211,6 @@ APP_FIELDS: tuple[Field, ...] = (
 )
 
 
-def _by_name(fields: Sequence[Field]) -> dict[str, Field]:
-    return {name: f for f in fields for name in (f.name, *f.aliases)}
-
-
 class UsageError(ValueError):
     """Bad command-line input; the message is one sentence."""
 
@@ -227,7 +223,7 @@ def parse_fields(text: str, fields: Sequence[Field] = FIELDS, flag: str = "--que
     >>> [f.header for f in parse_fields("pid,used_memory", APP_FIELDS, "--query-compute-apps")]
     ['pid', 'used_gpu_memory [MiB]']
     """
-    by_name = _by_name(fields)
+    by_name = {name: f for f in fields for name in (f.name, *f.aliases)}
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise UsageError(f"{flag} needs at least one field, e.g. {flag}={fields[0].name},{fields[-1].name}")
