@@ -140,18 +140,13 @@ def _shares(shares: dict[str, float]) -> str:
     return ", ".join(f"{p} {pct(v)}" for p, v in shares.items() if v >= 0.005)
 
 
-def _cause_lines(r: Report) -> list[str]:
-    if not r.causes:
-        return ["no cause of the table applied"]
-    return [f"{c.title}: {duration(c.seconds)} on rank(s) {', '.join(c.ranks)} in {len(c.intervals)} stretch(es), "
-            f"first {iso(c.intervals[0][0])}, last until {iso(c.intervals[-1][1])}; remedy: {c.remedy}"
-            for c in r.causes]
-
-
 def render_text(r: Report) -> str:
     width = max(len(k) for k, _ in _rows(r))
     lines = [f"{k.ljust(width)}  {v}" for k, v in _rows(r)]
-    lines.append("causes" + " " * (width - 4) + ("\n" + " " * (width + 2)).join(_cause_lines(r)))
+    causes = [f"{c.title}: {duration(c.seconds)} on rank(s) {', '.join(c.ranks)} in {len(c.intervals)} stretch(es), "
+              f"first {iso(c.intervals[0][0])}, last until {iso(c.intervals[-1][1])}; remedy: {c.remedy}"
+              for c in r.causes] or ["no cause of the table applied"]
+    lines.append("causes" + " " * (width - 4) + ("\n" + " " * (width + 2)).join(causes))
     for rank in r.ranks:
         util = pct(rank["utilization"]) if rank["utilization"] is not None else "unknown"
         lines.append(f"rank {rank['rank']} on {rank['uuid'] or '(no GPU UUID)'}: {duration(rank['wall_seconds'])}, "
