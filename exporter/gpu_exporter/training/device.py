@@ -113,11 +113,9 @@ def _torch_uuid(device: int) -> str:
 def _nvml_uuid(index: int) -> str:
     try:
         import pynvml
-    except ImportError:
-        return ""
-    try:
+
         pynvml.nvmlInit()
-    except Exception:  # no driver
+    except Exception:  # no pynvml, or no driver
         return ""
     try:
         uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))

@@ -223,10 +223,7 @@ def _default_package() -> str:
 
 def __getattr__(name: str) -> Any:
     """The callback classes, built on first use for the Lightning package in use."""
-    if name == "LightningCallback":
-        return _callback_class("lightning.pytorch")
-    if name == "PytorchLightningCallback":
-        return _callback_class("pytorch_lightning")
-    if name == "GpuExporterCallback":
-        return _callback_class(_default_package())
+    packages = {"LightningCallback": "lightning.pytorch", "PytorchLightningCallback": "pytorch_lightning"}
+    if name in packages or name == "GpuExporterCallback":
+        return _callback_class(packages.get(name) or _default_package())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
