@@ -218,8 +218,8 @@ def _fetch(url: str, what: str, timeout: float, conn: Connection | None = None) 
                 404: f"check the path (the {what} serves {'/metrics' if what == 'exporter' else '/api/v1/'})"}
         raise MetricsError(f"the {what} at {shown} answered HTTP {err.code} {err.reason}"
                            f"{': ' + hint[err.code] if err.code in hint else ''}") from None
-    except urllib.error.URLError as err:
-        reason = err.reason
+    except (urllib.error.URLError, TimeoutError) as err:
+        reason = err.reason if isinstance(err, urllib.error.URLError) else err
         if isinstance(reason, ConnectionRefusedError):
             raise MetricsError(f"cannot connect to the {what} at {shown}: connection refused "
                                f"(is {'gpu-exporter' if what == 'exporter' else 'it'} running there?)") from None
@@ -237,8 +237,6 @@ def _fetch(url: str, what: str, timeout: float, conn: Connection | None = None) 
     except ssl.SSLError as err:
         raise MetricsError(f"the TLS connection to the {what} at {shown} failed ({err.reason or err}): "
                            "does it want a client certificate (--cert-file, --key-file)?") from None
-    except TimeoutError:
-        raise MetricsError(f"the {what} at {shown} did not answer within {timeout:g} s") from None
     except OSError as err:
         raise MetricsError(f"cannot reach the {what} at {shown}: {err.strerror or err}") from None
 
