@@ -10,9 +10,10 @@ the order they are tried, are the rows of the ladder table
 not instrumented with /proc evidence, idle but allocated, not instrumented, underutilized).
 
 This module is only the command line: the sources (:mod:`gpu_exporter.verdict.readings` for
-an exporter, :mod:`gpu_exporter.commands.diagnose_sources` for Prometheus), the join
-(:mod:`gpu_exporter.verdict.join`), the judge (:mod:`gpu_exporter.verdict.ladder`) and the
-renderings (:mod:`gpu_exporter.commands.diagnose_render`) live in their own modules.
+an exporter, :mod:`gpu_exporter.commands.diagnose_sources` for Prometheus), the join, narrowing
+and judge of one moment (:func:`gpu_exporter.verdict.timeline.judged`, which a run report calls at
+each point of its range) and the renderings (:mod:`gpu_exporter.commands.diagnose_render`) live
+in their own modules.
 
 ``--prometheus-url`` with ``--window`` and/or ``--at`` judges any window ending at any time Prometheus
 still holds: the recording rules' signals are computed for that window from the raw counters
@@ -58,9 +59,9 @@ from gpu_exporter.commands.metrics_client import (
 )
 from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict import launches
-from gpu_exporter.verdict.join import build_views, select, unjoined_runs
-from gpu_exporter.verdict.ladder import judge
+from gpu_exporter.verdict.join import unjoined_runs
 from gpu_exporter.verdict.readings import from_snapshots
+from gpu_exporter.verdict.timeline import judged
 
 DEFAULT_URL = "http://127.0.0.1:9445"
 DEFAULT_WINDOW_EXPORTER = "15s"
@@ -154,14 +155,12 @@ def run(args: argparse.Namespace) -> int:
             first = exporter.read()
             _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url
-        views = select(build_views(readings, thresholds, seconds), args.node, args.namespace, args.run_name, args.id)
         live = {key: launch for key, launch in readings.launches.items() if key in readings.live}
         chosen, note = launches.choose(live, args.run_name, args.run_id)
-        if chosen is not None:
-            views = launches.keep(views, chosen)
         if note is not None:
             sys.stderr.write(f"gpu-exporter: {note}\n")
-        if not views:
+        results = judged(readings, thresholds, seconds, args.run_name, chosen, args.node, args.namespace, args.id)
+        if not results:
             filters = [f"--{flag} {getattr(args, dest)}" for flag, dest in
                        (("node", "node"), ("namespace", "namespace"), ("run", "run_name"), ("run-id", "run_id"),
                         ("id", "id")) if getattr(args, dest) is not None]
@@ -172,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     unjoined = [(r, k) for r, k in unjoined_runs(readings) if args.run_name in (None, r)]
-    results = [(view, judge(view, thresholds)) for view in views]
     if args.output == "json":
         render_json(results, source, seconds, thresholds, sys.stdout, unjoined)
     else:

@@ -18,7 +18,7 @@ from gpu_exporter.verdict import launches
 from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.join import build_views, select
 from gpu_exporter.verdict.ladder import judge
-from gpu_exporter.verdict.views import GpuView, Readings, Verdict
+from gpu_exporter.verdict.views import GpuView, Readings, RunKey, Verdict
 
 Totals = Mapping[tuple[str, str], Mapping[str, float]]
 """Phase seconds of each (rank, GPU key) of a run."""
@@ -26,14 +26,16 @@ K = TypeVar("K", str, tuple[str, str])
 """A span's key: a cause, or a verdict with its evidence hint."""
 
 
-def judged(readings: Readings, t: Thresholds, window: float, run: str,
-           run_ids: Sequence[str] = ()) -> list[tuple[GpuView, Verdict]]:
-    """The GPUs of ``run`` at one moment with their verdicts: ``diagnose --run RUN`` (with ``run_ids``: ``diagnose
-    --run-id``, each id of a launch whose ranks drew their own) over these readings."""
-    views = select(build_views(readings, t, window), None, None, run, None)
-    if run_ids:
-        views = launches.keep(views, {key for key, (ident, _) in readings.launches.items()
-                                      if key[0] == run and ident in run_ids})
+def judged(readings: Readings, t: Thresholds, window: float, run: str | None = None,
+           chosen: set[RunKey] | None = None, node: str | None = None, namespace: str | None = None,
+           ids: str | None = None) -> list[tuple[GpuView, Verdict]]:
+    """The GPUs of ``readings`` at one moment with their verdicts, narrowed as ``diagnose``'s flags narrow them
+    (:func:`~gpu_exporter.verdict.join.select`: ``node``, pod ``namespace``, ``run``, ``ids``) and to the run keys
+    ``chosen`` of the launches to judge (:func:`~gpu_exporter.verdict.launches.choose`). What ``diagnose`` says, and
+    what a run report says at each point (:meth:`Timeline.judge`)."""
+    views = select(build_views(readings, t, window), node, namespace, run, ids)
+    if chosen is not None:
+        views = launches.keep(views, chosen)
     return [(view, judge(view, t)) for view in views]
 
 
@@ -70,10 +72,13 @@ class Timeline:
     @classmethod
     def judge(cls, points: Iterable[tuple[float, Readings]], t: Thresholds, window: float, run: str,
               run_ids: Sequence[str] = ()) -> Timeline:
-        """The moments of ``run`` at each (time, readings) point (:func:`judged`)."""
+        """The moments of ``run`` at each (time, readings) point (:func:`judged`: ``diagnose --run RUN``, with
+        ``run_ids`` ``--run-id`` of each id of a launch whose ranks drew their own)."""
         out = cls()
         for ts, readings in points:
-            for view, verdict in judged(readings, t, window, run, run_ids):
+            chosen = {key for key, (ident, _) in readings.launches.items()
+                      if key[0] == run and ident in run_ids} if run_ids else None
+            for view, verdict in judged(readings, t, window, run, chosen):
                 out.moments.setdefault(view.key, []).append(Moment(ts, view, verdict))
         return out
 
