@@ -189,12 +189,10 @@ class TrainingStore:
                 return 202, f"accepted without {refused}"
             return 202, "accepted"
         except Rejected as rejected:
-            with self._lock:
-                self._outcomes[rejected.outcome] += 1
+            self.count_rejection(rejected.outcome)
             return _STATUS[rejected.outcome], f"rejected ({rejected.outcome}): {rejected}"
         except Exception as err:  # a validation bug must still not become a 5xx
-            with self._lock:
-                self._outcomes["invalid_schema"] += 1
+            self.count_rejection("invalid_schema")
             return 400, f"rejected (invalid_schema): {type(err).__name__}"
 
     def _warn_refused(self, key: _Key, refused: str) -> None:
