@@ -216,6 +216,35 @@ def test_a_busy_rank_waiting_in_collectives_is_judged_at_its_useful_utilization(
     assert below.reason.startswith("75% useful utilization (95% busy, 25% of the step in collectives) (target 85%)")
 
 
+def test_two_clusters_runs_of_one_name_are_two_runs() -> None:
+    """Run ``ddp`` in eu and in us, on GPUs of the same UUIDs: in eu rank 0 waits for input-bound rank 1 (ST), in
+    us both ranks are balanced and healthy. The ranks are compared, and the runs listed, per cluster and run."""
+    from gpu_exporter.verdict import ranks
+    from gpu_exporter.verdict.views import Readings
+
+    def key(cluster: str, rank: str) -> tuple[str, str, str]:
+        return ("ddp", rank, f"{cluster}/GPU-{rank}")
+
+    eu = {key("eu", "0"): {"compute": 35.0, "communication": 65.0},
+          key("eu", "1"): {"data": 60.0, "compute": 35.0, "communication": 5.0}}
+    us = {key("us", rank): {"compute": 95.0, "communication": 5.0} for rank in ("0", "1")}
+    readings = Readings(
+        info=[{"cluster": c, "uuid": f"GPU-{r}", "gpu": r, "node": f"{c}-node"} for c in ("eu", "us") for r in "01"],
+        utilization={"eu/GPU-0": 0.95, "eu/GPU-1": 0.3, "us/GPU-0": 0.95, "us/GPU-1": 0.95},
+        memory_ratio={f"{c}/GPU-{r}": 0.5 for c in ("eu", "us") for r in "01"},
+        phase_total={**eu, **us}, live={*eu, *us}, cluster_label="cluster")
+    results = [(v, judge(v, T)) for v in build_views(readings, T, 300.0)]
+    verdicts = {(v.cluster, v.gpu): verdict for v, verdict in results}
+    assert {k: v.name for k, v in verdicts.items()} == {
+        ("eu", "0"): "straggler", ("eu", "1"): "input_bound", ("us", "0"): "healthy", ("us", "1"): "healthy"}
+    assert "rank 1 is input-bound" in verdicts["eu", "0"].reason, verdicts["eu", "0"].reason
+    runs = ranks.distributed_runs(results)
+    assert [(d.cluster, d.run, len(d.ranks), d.straggler) for d in runs] == [("eu", "ddp", 2, "1"),
+                                                                            ("us", "ddp", 2, "")]
+    assert [d["cluster"] for d in ranks.to_doc(runs)] == ["eu", "us"]
+    assert "Run ddp in cluster eu: 2 of 2 ranks reporting" in ranks.render_text(runs)
+
+
 def _uninstrumented(window: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Two clusters, one UUID, no training run: in us pid 7's main thread is runnable 97% of the window with no
     worker (the evidence row, main_busy); in eu pid 7 mostly sleeps (plain "not instrumented"). ``window``: the

@@ -42,10 +42,13 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
                        allocator_ooms=readings.ooms.get(key, 0.0), live=key in readings.live,
                        world_size=int(readings.world_size.get(key, 1)), step_seconds=readings.step_seconds.get(key))
         runs.setdefault(key[2], []).append(view)
-    communication = ranks.communication_by_run(r for views_of_gpu in runs.values() for r in views_of_gpu)
+    cluster = {keys.gpu(labels): labels.get(readings.cluster_label, "") for labels in readings.info
+               } if readings.cluster_label else {}
+    communication = ranks.communication_by_run((cluster.get(gpu, ""), r) for gpu, rs in runs.items() for r in rs)
     if t is not None:  # judged after every rank's shares are known: the straggler cause compares ranks
-        runs = {gpu: [_judged(view, readings, gpu, memory.get(gpu), t, window_seconds, communication.get(view.run))
-                      for view in views_of_gpu] for gpu, views_of_gpu in runs.items()}
+        runs = {gpu: [_judged(view, readings, gpu, memory.get(gpu), t, window_seconds,
+                              communication.get((cluster.get(gpu, ""), view.run))) for view in views_of_gpu]
+                for gpu, views_of_gpu in runs.items()}
     views = []
     for labels in readings.info:
         gpu = keys.gpu(labels)
@@ -60,7 +63,7 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
             runs=tuple(sorted(runs.get(gpu, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs,
             evidence=seen, evidence_hint=hint[0].name if hint else "",
             evidence_finding=hint[1] if hint else "", evidence_text=text,
-            cluster=labels.get(readings.cluster_label, "") if readings.cluster_label else ""))
+            cluster=cluster.get(gpu, "")))
     return ranks.name_straggler_causes(
         sorted(views, key=lambda v: (v.cluster, v.node, int(v.gpu) if v.gpu.isdigit() else 1 << 30, v.uuid)))
 

@@ -5,9 +5,11 @@ the other ranks' GPUs (they wait for it in collectives). This module gives diagn
 view: the ``communication`` share of each live rank of a run (what the straggler cause ST and the
 communication-bound cause CM of :mod:`gpu_exporter.verdict.causes` compare), the straggler's own
 cause in words for the waiting ranks' verdicts, and a table of the run's ranks (rank, node, GPU,
-phases, verdict) with the run's step time and the step time if the straggler kept up. Example::
+phases, verdict) with the run's step time and the step time if the straggler kept up. A run is its
+cluster and name: in a fleet read with a ``cluster_label`` two clusters' runs of one name stay apart,
+as the rules keep them. Example::
 
-    comm = communication_by_run(run_views)          # {"ddp": {"0": 0.71, "1": 0.02}}
+    comm = communication_by_run(runs)               # {("", "ddp"): {"0": 0.71, "1": 0.02}}
     views = name_straggler_causes(views)            # fills Finding.straggler_cause
     for run in distributed_runs(judged_views): ...  # judged_views: (GpuView, Verdict) pairs
 """
@@ -25,19 +27,20 @@ if TYPE_CHECKING:
     from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 
-def communication_by_run(runs: Iterable[RunView]) -> dict[str, dict[str, float]]:
-    """run -> {rank: communication share} over the live ranks that report the phase.
+def communication_by_run(runs: Iterable[tuple[str, RunView]]) -> dict[tuple[str, str], dict[str, float]]:
+    """(cluster, run) -> {rank: communication share} over the live ranks that report the phase, from (cluster,
+    rank) pairs.
 
     >>> from gpu_exporter.verdict.views import RunView
     >>> def view(rank, share):
     ...     return RunView("ddp", rank, {"communication": share}, 10.0, False, None, 0.0, 0.0)
-    >>> communication_by_run([view("0", 0.7), view("1", 0.02)])
-    {'ddp': {'0': 0.7, '1': 0.02}}
+    >>> communication_by_run([("", view("0", 0.7)), ("", view("1", 0.02)), ("eu", view("0", 0.1))])
+    {('', 'ddp'): {'0': 0.7, '1': 0.02}, ('eu', 'ddp'): {'0': 0.1}}
     """
-    out: dict[str, dict[str, float]] = {}
-    for r in runs:
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for cluster, r in runs:
         if r.live and COMMUNICATION in r.shares:
-            out.setdefault(r.run, {})[r.rank] = r.shares[COMMUNICATION]
+            out.setdefault((cluster, r.run), {})[r.rank] = r.shares[COMMUNICATION]
     return out
 
 
@@ -56,13 +59,13 @@ def own_cause(rank: str, finding: Finding | None, utilization: float | None) -> 
 
 def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
     """``views`` with each ST finding's ``straggler_cause`` filled from the straggler rank's own findings."""
-    by_rank: dict[tuple[str, str], tuple[RunView, float | None]] = {
-        (r.run, r.rank): (r, v.utilization) for v in views for r in v.runs if r.live}
+    by_rank: dict[tuple[str, str, str], tuple[RunView, float | None]] = {
+        (v.cluster, r.run, r.rank): (r, v.utilization) for v in views for r in v.runs if r.live}
 
-    def named(f: Finding, run: str) -> Finding:
+    def named(f: Finding, cluster: str, run: str) -> Finding:
         if not f.cause.waits:
             return f
-        straggler, util = by_rank.get((run, f.straggler), (None, None))
+        straggler, util = by_rank.get((cluster, run, f.straggler), (None, None))
         if straggler is None:  # its snapshots carry no GPU UUID: its own cause is not judged here
             return replace(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
                                               "GPU read here)")
@@ -73,7 +76,7 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
     def renamed(v: GpuView) -> GpuView:
         if not any(f.cause.waits for r in v.runs for f in r.findings):
             return v
-        return replace(v, runs=tuple(replace(r, findings=tuple(named(f, r.run) for f in r.findings))
+        return replace(v, runs=tuple(replace(r, findings=tuple(named(f, v.cluster, r.run) for f in r.findings))
                                      for r in v.runs))
 
     return [renamed(v) for v in views]
@@ -101,6 +104,8 @@ class DistributedRun:
     ranks: tuple[RankRow, ...]
     straggler: str
     straggler_finding: Finding | None
+    cluster: str = ""
+    """Its GPUs' ``cluster_label`` value in a fleet read from Prometheus ("" for one node)."""
 
     @property
     def step_seconds(self) -> float | None:
@@ -111,25 +116,26 @@ class DistributedRun:
 
 def distributed_runs(results: Sequence[tuple[GpuView, Verdict]]) -> list[DistributedRun]:
     """The runs of ``results`` with two or more live ranks (or a world size above 1), rank by rank."""
-    rows: dict[str, list[RankRow]] = {}
-    sizes: dict[str, int] = {}
-    waits: dict[str, list[Finding]] = {}
+    rows: dict[tuple[str, str], list[RankRow]] = {}
+    sizes: dict[tuple[str, str], int] = {}
+    waits: dict[tuple[str, str], list[Finding]] = {}
     for view, verdict in results:
         for r in view.runs:
             if not r.live:
                 continue
-            rows.setdefault(r.run, []).append(RankRow(r.rank, view.node, view.gpu, view.uuid, r.shares,
-                                                      r.step_seconds, verdict.title))
-            sizes[r.run] = max(sizes.get(r.run, 1), r.world_size)
-            waits.setdefault(r.run, []).extend(f for f in r.findings if f.cause.waits)
+            key = (view.cluster, r.run)
+            rows.setdefault(key, []).append(RankRow(r.rank, view.node, view.gpu, view.uuid, r.shares,
+                                                    r.step_seconds, verdict.title))
+            sizes[key] = max(sizes.get(key, 1), r.world_size)
+            waits.setdefault(key, []).extend(f for f in r.findings if f.cause.waits)
     out = []
-    for run, ranks in sorted(rows.items()):
-        if len(ranks) < 2 and sizes[run] < 2:
+    for (cluster, run), ranks in sorted(rows.items(), key=lambda item: (item[0][1], item[0][0])):
+        if len(ranks) < 2 and sizes[cluster, run] < 2:
             continue
-        first = max(waits[run], key=lambda f: f.value, default=None)
-        out.append(DistributedRun(run, max(sizes[run], len(ranks)),
+        first = max(waits[cluster, run], key=lambda f: f.value, default=None)
+        out.append(DistributedRun(run, max(sizes[cluster, run], len(ranks)),
                                   tuple(sorted(ranks, key=lambda r: (len(r.rank), r.rank))),
-                                  first.straggler if first else "", first))
+                                  first.straggler if first else "", first, cluster))
     return out
 
 
@@ -143,7 +149,8 @@ def render_text(runs: Sequence[DistributedRun]) -> str:
     for d in runs:
         missing = (" (the others report elsewhere, e.g. to other nodes' exporters: diagnose --prometheus-url "
                    "sees the whole run)" if len(d.ranks) < d.world_size else "")
-        out.append(f"Run {d.run}: {len(d.ranks)} of {d.world_size} ranks reporting{missing}\n")
+        where = f" in cluster {d.cluster}" if d.cluster else ""
+        out.append(f"Run {d.run}{where}: {len(d.ranks)} of {d.world_size} ranks reporting{missing}\n")
         for r in d.ranks:
             step = f", step {seconds(r.step_seconds)}" if r.step_seconds is not None else ""
             mark = "  <- straggler" if r.rank == d.straggler else ""
@@ -168,7 +175,7 @@ def to_doc(runs: Sequence[DistributedRun]) -> list[dict[str, Any]]:
     for d in runs:
         f = d.straggler_finding
         docs.append({
-            "run": d.run, "world_size": d.world_size, "ranks_reporting": len(d.ranks),
+            "run": d.run, "cluster": d.cluster, "world_size": d.world_size, "ranks_reporting": len(d.ranks),
             "ranks": [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "uuid": r.uuid,
                        "shares": dict(r.shares), "step_seconds": r.step_seconds, "verdict": r.verdict}
                       for r in d.ranks],
