@@ -290,8 +290,8 @@ class Straggler(Cause):
 
     def alert_reason(self) -> str:
         run_wide = "|".join(c.cause for c in CAUSES if c.run_wide)  # not the straggler's own cause
-        query = (f'printf "topk(1, max without (level) ({CAUSE_SHARE}{{run=%q,rank=%q,'
-                 f'cause!~\\"{run_wide}\\"}}))" $labels.run $labels.{LABEL}')
+        query = (f'printf "topk(1, max without (level) ({CAUSE_SHARE}{{{C}=%q,run=%q,rank=%q,'
+                 f'cause!~\\"{run_wide}\\"}}))" $labels.{C} $labels.run $labels.{LABEL}')
         chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $c "{other.cause}" }}}}{other.label}, '
                         f"{other.alert_own()}" for i, other in enumerate(c for c in CAUSES if not c.run_wide))
         return (f"is waiting for rank {{{{ $labels.{LABEL} }}}} (straggler): {{{{ with {query} | query }}}}"
