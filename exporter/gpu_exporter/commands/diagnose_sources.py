@@ -25,6 +25,7 @@ from gpu_exporter.verdict.views import Readings
 
 _GPU, _RUN, _PROCESS = ("uuid",), ("run", "rank", "uuid"), ("uuid", "pid")
 _READ: dict[str, tuple[str, ...]] = {
+    catalog.GPU_INFO.name: ("uuid", "gpu", "name", "node", "instance"),
     **dict.fromkeys((m.name for m in (catalog.GPU_MEMORY_USED_BYTES, catalog.GPU_MEMORY_TOTAL_BYTES,
                                       catalog.GPU_UTILIZATION_AVG5M, catalog.GPU_MEMORY_USED_RATIO)), _GPU),
     **dict.fromkeys((m.name for m in (catalog.GPU_TRAINING_BATCH_SIZE, catalog.GPU_TRAINING_WORLD_SIZE,
@@ -50,7 +51,7 @@ _READ: dict[str, tuple[str, ...]] = {
 """The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies), besides
 the cluster label; a rate of a counter keeps the counter's (evidence.rates). Prometheus drops the others
 (``max by``: instance, job, node and a target's own labels): at fleet scale that halves the answers to decode.
-``gpu_info`` is read whole, for the GPU's name and node."""
+Of ``gpu_info`` the labels of a GPU's view (verdict.join): its index, name and node (or instance)."""
 
 
 def _sent(expr: str, labels: tuple[str, ...] | None, cluster_label: str) -> str:
@@ -72,7 +73,7 @@ class _Fleet:
         self.prom = prom
         self.keys = Keys(cluster_label)
         self.sent = {expr: _sent(expr, labels, cluster_label)
-                     for expr, labels in {catalog.GPU_INFO.name: None, **exprs}.items()}
+                     for expr, labels in {catalog.GPU_INFO.name: _READ[catalog.GPU_INFO.name], **exprs}.items()}
         self.answers = prom.query_many(list(self.sent.values()))
         if not self.raw(catalog.GPU_INFO.name):
             prom.require(catalog.GPU_INFO.name, "15m")
