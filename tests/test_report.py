@@ -100,6 +100,28 @@ def _keep(name: str, data: bytes | str) -> None:
         path.write_bytes(data if isinstance(data, bytes) else data.encode())
 
 
+def test_a_launch_is_read_until_an_hour_after_the_next_launch_of_its_name() -> None:
+    """``Launch.until`` bounds a launch's reads: an hour after the next launch of the same name started, and no
+    bound for the latest (a run of more than an hour is read to its end), whatever other names start between."""
+    from gpu_exporter.commands import report_sources
+
+    starts = {("train", "a"): 1000.0, ("eval", "x"): 1500.0, ("train", "b"): 2000.0, ("train", "c"): 9000.0}
+
+    class Fake:
+        def at_time(self, at: float) -> Fake:
+            return self
+
+        def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+            if not expr.startswith("max_over_time("):
+                return []
+            return [({"run": run, "run_id": ident, "rank": "0", "uuid": "GPU-1"}, start)
+                    for (run, ident), start in starts.items()]
+
+    found = report_sources.launches(Fake(), 10_000.0, "1d")  # type: ignore[arg-type]
+    assert [(x.run, x.run_id, x.until) for x in found] == [
+        ("train", "a", 5600.0), ("eval", "x", float("inf")), ("train", "b", 12600.0), ("train", "c", float("inf"))]
+
+
 def test_report_figures_match_the_runs_own_timers(recorded: tuple[str, dict[str, Any], Path]) -> None:
     prom, ranks, _ = recorded
     result = _report(prom, "--output", "json")

@@ -132,8 +132,10 @@ def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
     ordered = sorted((Launch(name, ident, start, tuple(sorted(keys)), tags=tags.get((name, ident), ()),
                              cluster_label=cluster_label)
                       for (name, ident), (start, keys) in found.items()), key=lambda launch: launch.start)
-    return [replace(launch, until=later.start + 3600) if later.run == launch.run else launch
-            for launch, later in zip(ordered, [*ordered[1:], ordered[-1]], strict=True)] if ordered else []
+    later = [next((other for other in ordered[i + 1:] if other.run == launch.run), None)
+             for i, launch in enumerate(ordered)]
+    return [replace(launch, until=next_one.start + 3600) if next_one else launch
+            for launch, next_one in zip(ordered, later, strict=True)]
 
 
 def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None, run_id: str | None,
