@@ -202,6 +202,14 @@ def test_utilization_is_the_busy_delta_over_the_time_nvml_covered() -> None:
         "[N/A], [N/A]"]
 
 
+def test_a_memory_gauge_that_is_not_a_number_prints_not_available() -> None:
+    fields = parse_fields("memory.used,memory.total")
+    snap = _snapshot(0.0, 0.0)
+    snap.samples["gpu_memory_used_bytes"] = [({"gpu": "0", "uuid": "GPU-a"}, float("nan"))]
+    snap.samples["gpu_memory_total_bytes"] = [({"gpu": "0", "uuid": "GPU-a"}, 80.0 * 2 ** 30)]
+    assert format_rows(fields, None, snap, [("0", "GPU-a")], True) == ["[N/A], 81920 MiB"]
+
+
 def test_field_table_and_parsers() -> None:
     assert {f.name for f in FIELDS} >= {"timestamp", "index", "name", "uuid", "pci.bus_id", "driver_version",
                                         "utilization.gpu", "utilization.memory", "memory.total", "memory.used",

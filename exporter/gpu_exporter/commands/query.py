@@ -130,11 +130,13 @@ def _scaled(name: str, scale: float, fmt: str) -> Callable[[GpuRow], str | None]
     return get
 
 
+def _in_mib(value: float | None) -> str | None:
+    """Whole MiB, as nvidia-smi prints memory; None ([N/A]) for no reading or one that is not a number."""
+    return None if value is None or not math.isfinite(value) else str(int(value // _MIB))
+
+
 def _mib(name: str) -> Callable[[GpuRow], str | None]:
-    def get(row: GpuRow) -> str | None:
-        value = row.gauge(name)
-        return None if value is None else str(int(value // _MIB))
-    return get
+    return lambda row: _in_mib(row.gauge(name))
 
 
 def _percent(counter: str) -> Callable[[GpuRow], str | None]:
@@ -206,7 +208,7 @@ APP_FIELDS: tuple[Field, ...] = (
     Field("gpu_uuid", "", lambda r: r.labels.get("uuid"), help="UUID of the process's GPU"),
     Field("pid", "", lambda r: r.labels.get("pid"), help="process id (host PID)"),
     Field("process_name", "", lambda r: r.labels.get("process_name"), help="process name"),
-    Field("used_gpu_memory", "MiB", lambda r: str(int(r.memory_bytes // _MIB)), ("used_memory",),
+    Field("used_gpu_memory", "MiB", lambda r: _in_mib(r.memory_bytes), ("used_memory",),
           help="GPU memory used by the process"),
 )
 
