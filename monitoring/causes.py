@@ -14,7 +14,7 @@ from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import CAUSES, COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
-from gpu_exporter.verdict.promql import CAUSE_SHARE, GPU_SEL, RUN, USEFUL, C, held_low
+from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, USEFUL, C, busier, held_low
 from gpu_exporter.verdict.remedies import alert_text
 
 from monitoring.model import Alert, Record, indent, wrap
@@ -75,17 +75,13 @@ WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labe
          "node {{ $labels.node }}{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}")
 _RUN_SEL = (f"{{{C}=%q,run=%q,rank=%q,uuid=%q}}", f"$labels.{C} $labels.run $labels.rank $labels.uuid")
 """A selector of this alert's run (rank) on its GPU for the queries of the text, with its printf arguments."""
-UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}{{{{ $u := . | first | value }}}}'
-            "{{ $u | humanizePercentage }}"
-            f'{{{{ with printf "max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}) > %g" {GPU_SEL[1]} $u '
-            '| query }} useful ({{ . | first | value | humanizePercentage }} busy, {{ with printf "vector(1 - %g)" $u '
-            "| query }}{{ . | first | value | humanizePercentage }}{{ end }} of the step in collectives){{ end }}"
-            "{{ end }}")
+UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }}"
+            f"{busier(USEFUL, _RUN_SEL)} useful ({{{{ . | first | value | humanizePercentage }}}} busy, "
+            f'{{{{ with printf "1 - {USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }} of the step in collectives){{ end }}")
 """The run's useful utilization now, as :func:`gpu_exporter.verdict.levels.useful_text` writes it: ``8%``, or
-``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time.
-The useful utilization is looked up once and its value ($u) written into the other two queries: a waiting rank's
-text costs the cause alert groups two series lookups fewer (the straggler group, with a waiting rank per alert,
-spends most of its evaluation in these lookups)."""
+``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time."""
 HELD_LOW_RUN = held_low(USEFUL, RUN)
 """The run's useful utilization (its causes' level) was low within ``alert_hold`` (verdict.promql.held_low)."""
 
