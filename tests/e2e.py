@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,14 +77,18 @@ def keep_output(variable: str, name: str, data: bytes | str) -> None:
 def running_jobs(commands: Sequence[Sequence[str]], timeout: float = 60,
                  env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[str]]]:
     """Start each command (the exporter's environment plus ``env``, stderr kept); afterwards stop them and require
-    that each ended by itself (0) or by the SIGTERM sent here (-15), with its stderr in the message otherwise."""
+    that each ended by itself (0) or by the SIGTERM sent here (-15), with its stderr in the message otherwise.
+
+    Each job is a process group and the SIGTERM goes to the whole group: a job's own children (DDP ranks) end with
+    it, where a rank left alone to its parent's death signal could block in a collective its peer had left."""
     jobs = [subprocess.Popen(list(c), env=exporter_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True) for c in commands]
+                             text=True, start_new_session=True) for c in commands]
     try:
         yield jobs
     finally:
         for job in jobs:
-            job.terminate()
+            with contextlib.suppress(ProcessLookupError):  # the whole group has ended already
+                os.killpg(job.pid, signal.SIGTERM)
         for job in jobs:
             _, err = job.communicate(timeout=timeout)
             assert job.returncode in (0, -15), err[-2000:]
