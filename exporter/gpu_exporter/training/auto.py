@@ -356,9 +356,9 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
 
 
 def _end_compute() -> None:
-    from .hooks import leave
-
     if _state.run is not None:
+        from .hooks import leave
+
         leave(_state.compute)
 
 

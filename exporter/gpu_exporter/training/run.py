@@ -280,6 +280,9 @@ class Run:
         self._sync_now = False
         self._sync_every = sync_every
         self._sync_fn: Callable[[], None] | None = None
+        self._start = perf_counter()  # the run's wall time includes the GPU timing's set-up, as it always did
+        self._since: float | None = self._start
+        """Clock reading of the last phase change; None while one is in progress (module docstring)."""
         new_event = _device.timing_event_factory() if gpu_timing and not sync_every else None
         self._phase_class: type[Phase] = Phase if new_event is None else _EventPhase
         self._other = self._phase_class(self, OTHER)
@@ -288,9 +291,6 @@ class Run:
         for standard in STANDARD_PHASES:
             self._add_phase(standard)
         self._current: Phase = self._other
-        self._start = perf_counter()
-        self._since: float | None = self._start
-        """Clock reading of the last phase change; None while one is in progress (module docstring)."""
         self._gpu = None if new_event is None else GpuClock(new_event, self._other, self._start)
         """GPU-truthful phases (CUDA, ``sync_every`` off): see :class:`GpuClock`."""
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
