@@ -57,15 +57,14 @@ def judge_node(prev: Snapshot | None, cur: Snapshot, t: Thresholds, window_secon
     ``prev`` None (a single reading so far): utilization is the exporter's mean over its last
     poll interval (``gpu_utilization_ratio``) and phase shares are the runs' totals.
     """
-    from gpu_exporter.verdict.join import build_views
-    from gpu_exporter.verdict.ladder import judge
     from gpu_exporter.verdict.readings import from_snapshots
+    from gpu_exporter.verdict.timeline import judged
 
     readings = from_snapshots(prev if prev is not None else cur, cur)
     if prev is None:
         readings.utilization = {labels.get("uuid", ""): min(max(value, 0.0), 1.0)
                                 for labels, value in cur.series(catalog.GPU_UTILIZATION_RATIO.name)}
-    return [(view, judge(view, t)) for view in build_views(readings, t, window_seconds)]
+    return judged(readings, t, window_seconds)
 
 
 def _phase_order(shares: dict[str, float]) -> list[str]:

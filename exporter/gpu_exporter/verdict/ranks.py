@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def communication_by_run(runs: Iterable[tuple[str, RunView]]) -> dict[tuple[str, str], dict[str, float]]:
     """(cluster, run) -> {rank: communication share} over the live ranks that report the phase, from (cluster,
-    rank) pairs.
+    run view) pairs.
 
     >>> from gpu_exporter.verdict.views import RunView
     >>> def view(rank, share):
