@@ -41,20 +41,23 @@ HELD_LOW = held_low(m.GPU_USEFUL_UTILIZATION_AVG5M.name, f"({C}, uuid)")
 """The GPU's useful utilization was low within ``alert_hold`` (GpuUtilizationLow's, GpuUtilizationBelowTarget's)."""
 GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
 """A selector of an alert's GPU for the queries of its text, with its printf arguments."""
+RUN_SEL = (f"{{{C}=%q,run=%q,rank=%q,uuid=%q}}", f"$labels.{C} $labels.run $labels.rank $labels.uuid")
+"""A selector of an alert's run (rank) on its GPU, in its cluster: two clusters' runs of one name, rank and GPU UUID
+stay apart, as in the rules."""
 
 
 def run_query(metric: str, extra: str = "", joined: str = "") -> str:
     """Template text: a printf of the query of ``metric`` for the alert's run (rank) on its GPU, ``extra`` after it,
     then ``joined`` with the same selector: a lookup selects only the alert's series on both sides of a join (a
     bare metric name on one side selected the whole fleet's, 1.5 ms a lookup at 992 GPUs against 0.04 ms)."""
-    sel, args = "{run=%q,rank=%q,uuid=%q}", "$labels.run $labels.rank $labels.uuid"
+    sel, args = RUN_SEL
     return (f'printf "{metric}{sel}{extra}{joined}{sel if joined else ""}" {args}{f" {args}" if joined else ""}')
 
 
 def projected_query(cause: str) -> str:
     """Template text: a printf of the query of the utilization the alert's GPU could reach without ``cause``."""
-    return (f'printf "{m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,run=%q,rank=%q,uuid=%q}}" '
-            f'"{cause}" $labels.run $labels.rank $labels.uuid')
+    return (f'printf "{m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name}{{cause=%q,{RUN_SEL[0][1:]}" '
+            f'"{cause}" {RUN_SEL[1]}')
 
 
 def busier(useful: str, sel: tuple[str, str]) -> str:

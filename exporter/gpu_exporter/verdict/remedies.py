@@ -51,7 +51,7 @@ from typing import Any
 from gpu_exporter import catalog
 from gpu_exporter.catalog import MetricFamily
 from gpu_exporter.training.protocol import CONTEXT_FIELDS
-from gpu_exporter.verdict.promql import C, run_query, share
+from gpu_exporter.verdict.promql import RUN, C, run_query, share
 
 GAUGES: dict[str, MetricFamily] = {
     "num_workers": catalog.GPU_TRAINING_LOADER_WORKERS,
@@ -243,7 +243,7 @@ def alert_text(cause: str) -> str:
     if cause == "input_bound":
         pin = run_query(catalog.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
         persistent = run_query(catalog.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
-        more = run_query(catalog.RUN_TRAINING_REMEDY_NUM_WORKERS.name, " > on (run, rank, uuid) ", joined=_W)
+        more = run_query(catalog.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on {RUN} ", joined=_W)
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")
