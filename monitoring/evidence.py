@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict import evidence
-from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, Hint
+from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, Hint
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.promql import GPU_SEL, HELD_LOW, C
 
@@ -43,18 +43,6 @@ RATES = (
 )
 
 
-def _condition(hint: Hint) -> str:
-    """PromQL of the hint on one process; the value is the reading that passes (as in find_hints)."""
-    if hint.name == STORAGE_WAIT:
-        return (f'max without (state) ({m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="disk"}})'
-                " > ${evidence_io_wait_share}")
-    if hint.name == MAIN_BUSY:
-        return (f'max without (state) ({m.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="running"}})'
-                f" >= ${{evidence_busy_core_ratio}}\nand\n{m.GPU_PROCESS_CHILD_PROCESSES.name} == 0")
-    return (f"{m.PROCESS_CHILDREN_CPU_RATE5M.name}\n/\n({m.GPU_PROCESS_CHILD_PROCESSES.name} > 0)\n"
-            ">= ${evidence_busy_core_ratio}")
-
-
 RECORDING = "gpu-process-evidence.recording"
 
 
@@ -62,7 +50,7 @@ def records() -> list[Record]:
     """The ``gpu-process-evidence.recording`` group: rates, shares and one hint rule per row of HINTS."""
     rules = [Record(RECORDING, name, expr, comment=doc) for name, expr, doc in RATES]
     for hint in HINTS:
-        expr = f"(\n{indent(_condition(hint), 2)}\n)\nand on ({C}, uuid)\n(\n{indent(UNINSTRUMENTED, 2)}\n)\n"
+        expr = f"(\n{indent(hint.promql, 2)}\n)\nand on ({C}, uuid)\n(\n{indent(UNINSTRUMENTED, 2)}\n)\n"
         rules.append(Record(RECORDING, m.PROCESS_HINT_VALUE.name, expr,
                             (("hint", hint.name), ("code", hint.code)),
                             f"{hint.label}: {hint.finding.format(value='<value>')}."))
@@ -70,7 +58,7 @@ def records() -> list[Record]:
 
 
 def _finding(hint: Hint) -> str:
-    per_core = " of one core" if hint.name == WORKERS_BUSY else ""
+    per_core = " of one core" if hint.per_core else ""
     return hint.finding.format(value="{{ $value | humanizePercentage }}" + per_core)
 
 

@@ -43,7 +43,8 @@ launch-bound GPU (M3) can reach at most the compute share. (M3 needs ``u < compu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
@@ -611,7 +612,12 @@ def cores(value: float) -> str:
 
 @dataclass(frozen=True)
 class Hint:
-    """One row of the evidence table: a condition on a process's readings and what it points at."""
+    """One row of the evidence table: a condition on a process's readings and what it points at.
+
+    A process passes it when ``children`` holds for its child processes and ``compare`` holds for the
+    value ``read`` from it and the threshold ``keys[0]``; ``promql`` is the same condition on one process
+    (monitoring/evidence.py), its value the reading. ``per_core``: the value is CPU cores, not a share.
+    """
 
     name: str
     code: str
@@ -619,6 +625,11 @@ class Hint:
     keys: tuple[str, ...]
     finding: str
     advice: str
+    read: Callable[[ProcessSignals], float]
+    children: Callable[[int], bool]
+    compare: Callable[[float, float], bool]
+    promql: str
+    per_core: bool = False
 
     @property
     def label(self) -> str:
@@ -634,17 +645,28 @@ HINTS: tuple[Hint, ...] = (
          finding="its main thread is blocked on I/O (state D) for {value} of the time",
          advice="M1: the job waits for storage: copy or cache the data set on local disk or in memory, read "
                 "fewer larger files (shards), and overlap reading with compute with DataLoader(num_workers=N, "
-                "prefetch_factor=4); then instrument it to measure the data phase."),
+                "prefetch_factor=4); then instrument it to measure the data phase.",
+         read=lambda p: p.states.get("disk", 0.0), children=lambda n: True, compare=operator.gt,
+         promql=f'max without (state) ({catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="disk"}})'
+                " > ${evidence_io_wait_share}"),
     Hint(MAIN_BUSY, "M1", "likely input-bound", ("evidence_busy_core_ratio",),
          finding="its main thread is runnable (on a CPU or waiting for one) {value} of the time with 0 worker "
                  "processes while the GPU waits",
          advice="M1: the main process loads and decodes every batch itself: raise DataLoader(num_workers=N) "
                 "(N up to the cores the job may use), pin_memory=True, persistent_workers=True; instrument it "
-                "(gpu_exporter.training) to confirm the data phase."),
+                "(gpu_exporter.training) to confirm the data phase.",
+         # runnable, not CPU seconds: a loaded node must not hide a CPU-bound job
+         read=lambda p: p.states.get("running", 0.0), children=lambda n: n == 0, compare=operator.ge,
+         promql=f'max without (state) ({catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M.name}{{state="running"}})'
+                f" >= ${{evidence_busy_core_ratio}}\nand\n{catalog.GPU_PROCESS_CHILD_PROCESSES.name} == 0"),
     Hint(WORKERS_BUSY, "M1", "likely input-bound, workers saturated", ("evidence_busy_core_ratio",),
          finding="each of its worker processes uses {value} (all busy) while the GPU waits",
          advice="M1: every DataLoader worker is busy: more workers if the job has spare cores, cheaper decoding "
-                "or augmentation (on the GPU, e.g. DALI), or cache decoded samples; instrument it to confirm."),
+                "or augmentation (on the GPU, e.g. DALI), or cache decoded samples; instrument it to confirm.",
+         read=lambda p: p.children_cpu_cores / p.child_processes if p.child_processes else 0.0,
+         children=lambda n: n > 0, compare=operator.ge, per_core=True,
+         promql=f"{catalog.PROCESS_CHILDREN_CPU_RATE5M.name}\n/\n({catalog.GPU_PROCESS_CHILD_PROCESSES.name} > 0)\n"
+                ">= ${evidence_busy_core_ratio}"),
 )
 """Every hint, in the order diagnose prefers them."""
 
@@ -662,22 +684,10 @@ def find_hints(p: ProcessSignals, t: Thresholds) -> list[tuple[Hint, float]]:
     >>> [h.name for h, _ in find_hints(ProcessSignals("1", 0.98, 0.0, 0, {"running": 0.97, "sleeping": 0.03}), t)]
     ['main_busy']
     """
-    found: list[tuple[Hint, float]] = []
-    for hint in HINTS:
-        if hint.name == STORAGE_WAIT:
-            value = p.states.get("disk", 0.0)
-            passes = value > t.evidence_io_wait_share
-        elif hint.name == MAIN_BUSY:  # runnable, not CPU seconds: a loaded node must not hide a CPU-bound job
-            value = p.states.get("running", 0.0)
-            passes = p.child_processes == 0 and value >= t.evidence_busy_core_ratio
-        else:
-            value = p.children_cpu_cores / p.child_processes if p.child_processes else 0.0
-            passes = p.child_processes > 0 and value >= t.evidence_busy_core_ratio
-        if passes:
-            found.append((hint, value))
-    return found
+    found = ((hint, hint.read(p)) for hint in HINTS if hint.children(p.child_processes))
+    return [(hint, value) for hint, value in found if hint.compare(value, threshold(t, hint.keys[0]))]
 
 
 def hint_text(hint: Hint, value: float) -> str:
     """The hint's finding with its value: ``"the main process uses 98% of one core with 0 worker ..."``."""
-    return hint.finding.format(value=cores(value) if hint.name == WORKERS_BUSY else pct(value))
+    return hint.finding.format(value=cores(value) if hint.per_core else pct(value))
