@@ -168,6 +168,21 @@ def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
     assert {judge(v, T).name for v in merged} == {"input_bound"}
 
 
+def test_the_launches_are_read_only_when_asked_for() -> None:
+    """diagnose reads the runs' start times only to choose among launches of a name (``--run``, ``--run-id``): a
+    fleet-wide read skips their query, and the verdicts stay the same."""
+    start = catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name
+    answers = {**_fleet(), start: [(_gpu("us", run="r", rank="0", run_id="job-1"), 1000.0)]}
+    asked: Any = FakePrometheus(answers)
+    readings = from_prometheus(asked, T.cluster_label)
+    assert readings.launches == {("r", "0", "us/GPU-same"): ("job-1", 1000.0)}
+    skipped: Any = FakePrometheus(answers)
+    fleet_wide = from_prometheus(skipped, T.cluster_label, launches=False)
+    assert fleet_wide.launches == {} and not [e for e in skipped.asked if start in e]
+    assert any(start in e for e in asked.asked)
+    assert _verdicts(fleet_wide) == _verdicts(readings)
+
+
 def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> None:
     from gpu_exporter.verdict.views import GpuView, Process
 

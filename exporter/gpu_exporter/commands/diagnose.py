@@ -56,6 +56,7 @@ from gpu_exporter.commands.metrics_client import (
     parse_seconds,
     parse_time,
     read_after,
+    without_gc,
 )
 from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict import launches
@@ -143,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
             ending = "" if at is None else f" ending {iso(at)}"
             if seconds == parse_duration(PROMETHEUS_WINDOW):
                 window = f"{PROMETHEUS_WINDOW}{ending} (recording rules)"
-                readings = from_prometheus(prom, thresholds.cluster_label)
+                readings = from_prometheus(prom, thresholds.cluster_label,
+                                           launches=args.run_name is not None or args.run_id is not None)
             else:
                 window = f"{window}{ending} (the rules' signals over that window)"
                 readings = from_prometheus_window(prom, seconds, thresholds.cluster_label)
@@ -181,4 +183,4 @@ def run(args: argparse.Namespace) -> int:
 def register(subcommands: dict[str, Any]) -> None:
     """Add ``diagnose`` to the CLI's sub-command registry (``gpu_exporter.cli.SUBCOMMANDS``)."""
     subcommands["diagnose"] = ("say per GPU why it is below the utilization target, and the remedy",
-                               add_arguments, run)
+                               add_arguments, without_gc(run))

@@ -133,14 +133,17 @@ _RULES = tuple(m.name for m in (
 """The recording rules :func:`from_prometheus` reads."""
 
 
-def from_prometheus(prom: Prometheus, cluster_label: str = "") -> Readings:
+def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = True) -> Readings:
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 
     Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
     ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series. Every
-    query is sent at once (:class:`_Fleet`).
+    query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
+    they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
     """
-    names = tuple(name for name in INSTANT if name != catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name)
+    skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name,
+            *(() if launches else (catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name,))}
+    names = tuple(name for name in INSTANT if name not in skip)
     fleet = _Fleet(prom, cluster_label, _reads((*names, *_RULES, *evidence.SERIES,
                                                 *(family.name for family in GAUGES.values()))))
     utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
