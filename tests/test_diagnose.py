@@ -6,6 +6,8 @@ snapshots for the instrumented ones over HTTP, like the training library does.
 
 from __future__ import annotations
 
+import argparse
+import gc
 import json
 import re
 import threading
@@ -17,7 +19,8 @@ from typing import Any
 
 import pytest
 from e2e import run_clis
-from gpu_exporter.commands.metrics_client import Snapshot
+from gpu_exporter.cli import SUBCOMMANDS, build_parser
+from gpu_exporter.commands.metrics_client import Snapshot, without_gc
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.causes import RunSignals, find_causes
 from gpu_exporter.verdict.join import build_views
@@ -207,6 +210,23 @@ def test_errors_are_one_sentence_and_exit_2(args: list[str], message: str) -> No
     assert result.returncode == 2
     assert result.stderr == f"gpu-exporter: error: {message.replace('{port}', port)}\n"
     assert result.stdout == ""
+
+
+def test_the_fleet_commands_pause_the_garbage_collector_and_give_it_back() -> None:
+    """diagnose and report run with Python's cyclic GC paused (a fleet read keeps every series it makes to the end)
+    and turn it back on when they return or raise; serve and query, which may run for long, keep it."""
+    seen: list[bool] = []
+
+    def probe(args: argparse.Namespace) -> int:
+        seen.append(gc.isenabled())
+        raise KeyError(args)
+
+    with pytest.raises(KeyError):
+        without_gc(probe)(argparse.Namespace())
+    assert seen == [False] and gc.isenabled()
+    build_parser()
+    paused = {name for name, (_, _, run) in SUBCOMMANDS.items() if hasattr(run, "__wrapped__")}
+    assert paused == {"diagnose", "report"}
 
 
 def _run(shares: dict[str, float], retries: float = 0.0, ooms: float = 0.0, live: bool = True) -> RunView:

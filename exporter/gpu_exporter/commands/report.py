@@ -32,6 +32,7 @@ from gpu_exporter.commands.metrics_client import (
     iso,
     parse_seconds,
     parse_time,
+    without_gc,
 )
 from gpu_exporter.commands.report_render import RENDERERS, CauseSpan, Report, write
 from gpu_exporter.commands.report_sources import MIN_STEP, POINTS, WINDOW_STEPS, Launch, Totals
@@ -185,5 +186,5 @@ def run(args: argparse.Namespace) -> int:
 def register(subcommands: dict[str, Any]) -> None:
     """Add ``report`` to the CLI's sub-command registry (``gpu_exporter.cli.SUBCOMMANDS``)."""
     subcommands["report"] = ("what one training run cost and why, from Prometheus (text, Markdown, JSON, HTML)",
-                             add_arguments, run)
+                             add_arguments, without_gc(run))
 
