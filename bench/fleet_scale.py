@@ -69,6 +69,9 @@ SERIES_PER_GPU_BUDGET = 80.0
 """Budget: series stored per GPU (exporter series, scrape series and recording-rule results) on
 the simulated mix (docs/fleet.md)."""
 TARGET_GPUS = 10_000
+ROUNDS = 7
+"""Fresh ``diagnose --prometheus-url`` processes timed per fleet size (and tree): a figure is their median, as one
+run's wall time varies by tens of ms on this shared machine, and the line to 10,000 GPUs multiplies that by ten."""
 DCGM_DEFAULT_FIELDS = 25
 """Metric fields in dcgm-exporter's etc/default-counters.csv (main, 2026-05: 26 entries, one of them,
 DCGM_FI_DRIVER_VERSION, a label): one series per GPU each (docs/fleet.md)."""
@@ -104,6 +107,8 @@ class Figures:
     queries: list[tuple[float, float, str, str, int]] = field(default_factory=list)
     """(wall seconds instant, wall seconds range over 5m, dashboard, panel, result series)"""
     diagnose_seconds: float = 0.0
+    """The median wall time of ``rounds`` fresh ``diagnose --prometheus-url`` processes over the whole fleet."""
+    rounds: int = 1
     diagnose_status: int = 0
     simulator_cpu_seconds: float = 0.0
     warmup: float = 0.0
@@ -243,7 +248,7 @@ def timed_command(prom: str, exporter: Path = REPO / "exporter",
 
 
 def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: float, warmup: float,
-                       queries: bool = True, diagnose: bool = True) -> Figures:
+                       queries: bool = True, diagnose: bool = True, rounds: int = ROUNDS) -> Figures:
     """Fill ``figures`` from a Prometheus scraping the fleet at ``hostport``."""
     nodes = figures.nodes
     node_utilization = catalog.NODE_UTILIZATION_AVG5M.name
@@ -278,20 +283,22 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
             ranged, _ = timed_query(prom, expr, range_seconds=300)
             figures.queries.append((instant, ranged, dashboard, title, size))
     if diagnose:
-        figures.diagnose_seconds, figures.diagnose_status = timed_command(prom)
+        runs = [timed_command(prom) for _ in range(rounds)]
+        figures.diagnose_seconds, figures.diagnose_status = statistics.median(t for t, _ in runs), runs[-1][1]
     return figures
 
 
-def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 660.0) -> Figures:
+def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 660.0,
+            rounds: int = ROUNDS) -> Figures:
     """Run the simulated fleet of ``nodes`` nodes and a Prometheus with the shipped rules; measure."""
     with simulator(nodes) as (hostport, sim):
         cpu0 = _cpu_seconds(sim.pid)
         figures = Figures(nodes=nodes, gpus=nodes * fleet_sim.GPUS_PER_NODE, runs=0, scrape_interval=scrape_interval,
-                          seconds=seconds, load=(os.getloadavg()[0], 0.0), warmup=warmup)
+                          seconds=seconds, load=(os.getloadavg()[0], 0.0), warmup=warmup, rounds=rounds)
         started = time.monotonic()
         with run_prometheus(prometheus_config(nodes, hostport, scrape_interval), files=fleet.shipped_rules(),
                             ready_timeout=60, rule_intervals=True) as prom:
-            measure_prometheus(prom, figures, hostport, seconds, warmup)
+            measure_prometheus(prom, figures, hostport, seconds, warmup, rounds=rounds)
         figures.simulator_cpu_seconds = (_cpu_seconds(sim.pid) - cpu0) / (time.monotonic() - started)
         figures.load = (figures.load[0], os.getloadavg()[0])
     return figures
@@ -351,7 +358,7 @@ REPORT_FLEET = ("report", "--fleet", "--from=-2m", "--step", "15s", "--output", 
 """``report --fleet`` as the A/B bench times it: the last 2 minutes, a point every 15 s (9 points judged)."""
 
 
-def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = 7, scrape_interval: float = 5.0) -> str:
+def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrape_interval: float = 5.0) -> str:
     """Fleet-wide ``diagnose --prometheus-url`` of this tree and of git ``revision``, side by side: for each fleet
     size, one Prometheus with the shipped rules, and the two commands run in turn ``rounds`` times once every
     GPU has its utilization series, then :data:`REPORT_FLEET` of each once. The median wall time of each, and
@@ -513,7 +520,7 @@ def rows(figs: Sequence[Figures]) -> list[Row]:
                 f"< {QUERY_BUDGET_SECONDS * 1000:,.0f} ms"),
         ]
     if all(f.diagnose_seconds for f in figs):
-        out.append(Row("`diagnose --prometheus-url`, whole fleet, ms (fresh process)",
+        out.append(Row(f"`diagnose --prometheus-url`, whole fleet, ms (fresh processes, median of {figs[0].rounds})",
                        tuple(f.diagnose_seconds * 1000 for f in figs), "{:,.0f}",
                        f"< {QUERY_BUDGET_SECONDS * 1000:,.0f} ms"))
     return out
@@ -608,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds after the first rule results before sampling (default 660: the 10m "
                              "windows of the alerts' hysteresis fill, and the low rates of the start leave them)")
     parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"fresh diagnose processes per figure, their median (default {ROUNDS})")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--annotations-ab", action="store_true",
                         help="instead: compare the shipped rules with the same rules without annotations, side by "
@@ -629,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         print(rules_ab(args.nodes[0], args.seconds, other, name, args.scrape_interval))
         return 0
     if args.diagnose_ab:
-        print(diagnose_ab(args.nodes, args.diagnose_ab, scrape_interval=args.scrape_interval))
+        print(diagnose_ab(args.nodes, args.diagnose_ab, args.rounds, args.scrape_interval))
         return 0
     if args.victoriametrics:
         print(measure_victoriametrics(args.nodes[0], args.seconds, args.scrape_interval))
@@ -639,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         figs = [Figures(**{**d, "load": tuple(d["load"])}) for d in json.loads(args.from_json.read_text())]
     for nodes in [] if args.from_json else args.nodes:
         print(f"fleet_scale: {nodes} nodes ({nodes * fleet_sim.GPUS_PER_NODE} GPUs)...", file=sys.stderr, flush=True)
-        figs.append(measure(nodes, args.seconds, args.scrape_interval, args.warmup))
+        figs.append(measure(nodes, args.seconds, args.scrape_interval, args.warmup, args.rounds))
         if args.json:
             args.json.write_text(json.dumps([f.__dict__ for f in figs], indent=1, default=str))
     if args.from_json:
