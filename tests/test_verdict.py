@@ -147,7 +147,8 @@ def _fleet() -> dict[str, list[tuple[dict[str, str], float]]]:
         "gpu_training_phase_seconds_total": [({**run, "phase": "data"}, 85.0), ({**run, "phase": "compute"}, 15.0)],
         "increase(gpu_training_phase_seconds_total[600s])": [({**run, "phase": "data"}, 85.0),
                                                            ({**run, "phase": "compute"}, 15.0)],
-        "gpu_training_current_phase": [({**run, "phase": "compute"}, 1.0)],
+        "gpu_training_current_phase == 1": [({**run, "phase": "compute"}, 1.0)],
+        "run:gpu_useful_utilization:avg5m": [(run, 0.10)],
         "run:gpu_training_cause:share": [({**run, "cause": "input_bound", "level": "low"}, 0.85)],
         "run:gpu_training_cause:projected_utilization": [({**run, "cause": "input_bound"}, 0.67)],
     }
