@@ -147,8 +147,9 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
     query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
     they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
     """
-    skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name,
-            *(() if launches else (catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name,))}
+    skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name}
+    if not launches:
+        skip.add(catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name)
     names = tuple(name for name in INSTANT if name not in skip)
     fleet = _Fleet(prom, cluster_label, _reads((*names, *_RULES, *evidence.SERIES,
                                                 *(family.name for family in GAUGES.values())), _LIVE_RULES))
