@@ -14,7 +14,7 @@ from gpu_exporter import catalog as m
 from gpu_exporter.verdict.causes import CAUSES, COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
-from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, USEFUL, C, busier, held_low
+from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, RUN_SEL, USEFUL, C, busier, held_low
 from gpu_exporter.verdict.remedies import alert_text
 
 from monitoring.model import Alert, Record, indent, wrap
@@ -73,12 +73,10 @@ def records() -> list[Record]:
 
 WHERE = ("Training run {{ $labels.run }} rank {{ $labels.rank }} on GPU {{ $labels.gpu }} ({{ $labels.uuid }}), "
          "node {{ $labels.node }}{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}")
-_RUN_SEL = (f"{{{C}=%q,run=%q,rank=%q,uuid=%q}}", f"$labels.{C} $labels.run $labels.rank $labels.uuid")
-"""A selector of this alert's run (rank) on its GPU for the queries of the text, with its printf arguments."""
-UTIL_NOW = (f'{{{{ with printf "{USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+UTIL_NOW = (f'{{{{ with printf "{USEFUL}{RUN_SEL[0]}" {RUN_SEL[1]} | query }}}}'
             "{{ . | first | value | humanizePercentage }}{{ end }}"
-            f"{busier(USEFUL, _RUN_SEL)} useful ({{{{ . | first | value | humanizePercentage }}}} busy, "
-            f'{{{{ with printf "1 - {USEFUL}{_RUN_SEL[0]}" {_RUN_SEL[1]} | query }}}}'
+            f"{busier(USEFUL, RUN_SEL)} useful ({{{{ . | first | value | humanizePercentage }}}} busy, "
+            f'{{{{ with printf "1 - {USEFUL}{RUN_SEL[0]}" {RUN_SEL[1]} | query }}}}'
             "{{ . | first | value | humanizePercentage }}{{ end }} of the step in collectives){{ end }}")
 """The run's useful utilization now, as :func:`gpu_exporter.verdict.levels.useful_text` writes it: ``8%``, or
 ``35% useful (95% busy, 65% of the step in collectives)`` when its collectives hide part of the GPU's busy time."""
