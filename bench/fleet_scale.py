@@ -386,13 +386,16 @@ def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrap
                     times.setdefault(("`diagnose --prometheus-url`", name), []).append(statistics.median(runs[name]))
                     times.setdefault(("`report --fleet`, 9 points", name), []).append(
                         timed_command(prom, tree, REPORT_FLEET)[0])
+                    print(f"fleet_scale: {count} GPUs, {name}: diagnose runs {sorted(runs[name])}, report --fleet "
+                          f"{times[('`report --fleet`, 9 points', name)][-1]:.2f} s", file=sys.stderr, flush=True)
     gpus = [n * fleet_sim.GPUS_PER_NODE for n in sizes]
+    line = len(gpus) > 1 and max(gpus) < TARGET_GPUS  # else 10,000 GPUs measured, or no slope to draw
     lines = [f"| whole fleet, s (diagnose: median of {rounds}) | tree | "
-             + " | ".join(f"{g:,} GPUs" for g in gpus) + f" | ~{TARGET_GPUS:,} GPUs |",
-             "|---|---|" + "---|" * (len(gpus) + 1)]
+             + " | ".join(f"{g:,} GPUs" for g in gpus) + (f" | ~{TARGET_GPUS:,} GPUs |" if line else " |"),
+             "|---|---|" + "---|" * (len(gpus) + line)]
     for (command, name), values in times.items():
         lines.append(f"| {command} | {name} | " + " | ".join(f"{v:.2f}" for v in values)
-                     + f" | ~{extrapolated(gpus, values):.1f} |")
+                     + (f" | ~{extrapolated(gpus, values):.1f} |" if line else " |"))
     return "\n".join(lines)
 
 
