@@ -583,7 +583,8 @@ def report(figs: Sequence[Figures], command: str) -> str:
                             check=False).stdout.strip()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     misses = budget_misses(figs)
-    verdict = ("every budget met (10,000 GPUs extrapolated)" if not misses
+    how = "measured" if max(f.gpus for f in figs) >= TARGET_GPUS else "extrapolated"
+    verdict = (f"every budget met ({TARGET_GPUS:,} GPUs {how})" if not misses
                else "budgets missed:\n" + "\n".join(f"- {m}" for m in misses))
     return (f"`{command}` on {when}, commit {commit}\n\n{table(figs)}\n\n{details(figs)}\n\n{verdict}\n")
 
