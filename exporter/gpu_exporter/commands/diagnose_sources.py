@@ -74,11 +74,15 @@ class _Fleet:
     """A Prometheus, the GPU keys of its answers, and the answers to every query of one reading, sent together
     (:meth:`Prometheus.query_many`: a fleet waits for the slowest query, not for their sum)."""
 
-    def __init__(self, prom: Prometheus, cluster_label: str, exprs: Mapping[str, tuple[str, ...] | None]) -> None:
+    def __init__(self, prom: Prometheus, cluster_label: str, exprs: Mapping[str, tuple[str, ...] | None],
+                 live: str) -> None:
         self.prom = prom
         self.keys = Keys(cluster_label)
+        self.live = live
+        """The expression with a series for each live run (:data:`_LIVE_NOW`, :data:`_LIVE_RULES`)."""
         self.sent = {expr: _sent(expr, labels, cluster_label)
-                     for expr, labels in {catalog.GPU_INFO.name: _READ[catalog.GPU_INFO.name], **exprs}.items()}
+                     for expr, labels in {catalog.GPU_INFO.name: _READ[catalog.GPU_INFO.name], **exprs,
+                                          live: _RUN}.items()}
         self.answers = prom.query_many(list(self.sent.values()))
         if not self.raw(catalog.GPU_INFO.name):
             prom.require(catalog.GPU_INFO.name, "15m")
@@ -91,17 +95,17 @@ class _Fleet:
         """:meth:`raw` with the GPU key in ``uuid``, for key-blind readers (evidence, remedies)."""
         return self.keys.relabel(self.raw(expr))
 
-    def readings(self, names: Iterable[str], live: str) -> Readings:
-        """Readings with the instant series ``names`` filled in, and the live runs: those with a series of ``live``."""
+    def readings(self, names: Iterable[str]) -> Readings:
+        """Readings with the instant series ``names`` filled in, and the live runs (a series of :attr:`live`)."""
         readings = instant(Readings(cluster_label=self.keys.cluster_label),
                            ((name, self.raw(name)) for name in names), self.keys)
-        readings.live = set(self.keys.per_run(self.raw(live)))
+        readings.live = set(self.keys.per_run(self.raw(self.live)))
         return readings
 
 
-def _reads(names: Iterable[str], live: str) -> dict[str, tuple[str, ...] | None]:
-    """Each series of ``names`` with the labels diagnose reads of it, and ``live``, the live runs'."""
-    return {**{name: _READ.get(name) for name in names}, live: _RUN}
+def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
+    """Each series of ``names`` with the labels diagnose reads of it."""
+    return {name: _READ.get(name) for name in names}
 
 
 def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str = "") -> Readings:
@@ -119,11 +123,11 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL),
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)))
     process_rates = {expr: _READ[name] for name, expr in zip(evidence.WINDOWED, evidence.rates(w), strict=True)}
-    fleet = _Fleet(prom, cluster_label, {**_reads((*INSTANT, catalog.GPU_PROCESS_CHILD_PROCESSES.name), _LIVE_NOW),
-                                         busy: _GPU,
-                                         phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates})
+    fleet = _Fleet(prom, cluster_label, {**_reads((*INSTANT, catalog.GPU_PROCESS_CHILD_PROCESSES.name)), busy: _GPU,
+                                         phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates},
+                   _LIVE_NOW)
     keys = fleet.keys
-    readings = fleet.readings(INSTANT, _LIVE_NOW)
+    readings = fleet.readings(INSTANT)
     readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(fleet.raw(busy)).items() if math.isfinite(v)}
     readings.phase_window = keys.phases(fleet.raw(phases))
     readings.retries = keys.per_run(fleet.raw(retries))
@@ -152,13 +156,13 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
         skip.add(catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name)
     names = tuple(name for name in INSTANT if name not in skip)
     fleet = _Fleet(prom, cluster_label, _reads((*names, *_RULES, *evidence.SERIES,
-                                                *(family.name for family in GAUGES.values())), _LIVE_RULES))
+                                                *(family.name for family in GAUGES.values()))), _LIVE_RULES)
     utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
     if not utilization:
         raise MetricsError(f"Prometheus at {prom.base} has no {_RULES[0]} series: load the rules "
                            "of prometheus/rules/*.rules.yml (rule_files) so diagnose can read the cause series")
     keys = fleet.keys
-    readings = fleet.readings(names, _LIVE_RULES)
+    readings = fleet.readings(names)
     readings.utilization = {u: min(v, 1.0) for u, v in keys.per_gpu(utilization).items() if math.isfinite(v)}
     readings.memory_ratio = keys.per_gpu(memory)
     readings.phase_window = readings.phase_total = keys.phases(shares)
