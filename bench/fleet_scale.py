@@ -389,7 +389,7 @@ def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrap
                     print(f"fleet_scale: {count} GPUs, {name}: diagnose runs {sorted(runs[name])}, report --fleet "
                           f"{times[('`report --fleet`, 9 points', name)][-1]:.2f} s", file=sys.stderr, flush=True)
     gpus = [n * fleet_sim.GPUS_PER_NODE for n in sizes]
-    line = len(gpus) > 1 and max(gpus) < TARGET_GPUS  # else 10,000 GPUs measured, or no slope to draw
+    line = extrapolates(gpus)
     lines = [f"| whole fleet, s (diagnose: median of {rounds}) | tree | "
              + " | ".join(f"{g:,} GPUs" for g in gpus) + (f" | ~{TARGET_GPUS:,} GPUs |" if line else " |"),
              "|---|---|" + "---|" * (len(gpus) + line)]
@@ -464,6 +464,11 @@ class Row:
     budget: str = ""
     """the budget, in words, when a budget applies"""
     extrapolate: bool = True
+
+
+def extrapolates(gpus: Sequence[int]) -> bool:
+    """Whether a table has a ~10,000-GPU column: two sizes or more, all below it (else measured, or no line)."""
+    return len(gpus) > 1 and max(gpus) < TARGET_GPUS
 
 
 def extrapolated(gpus: Sequence[int], values: Sequence[float], target: int = TARGET_GPUS) -> float:
@@ -545,7 +550,7 @@ def budget_misses(figs: Sequence[Figures]) -> list[str]:
 
 def table(figs: Sequence[Figures]) -> str:
     gpus = [f.gpus for f in figs]
-    extra = len(figs) > 1 and max(gpus) < TARGET_GPUS
+    extra = extrapolates(gpus)
     head = ["figure", *(f"{g:,} GPUs (measured)" for g in gpus)]
     if extra:
         head.append(f"{TARGET_GPUS:,} GPUs (~ extrapolated)")
