@@ -212,10 +212,10 @@ def prometheus_config(nodes: int, hostport: str, scrape_interval: float,
 
 
 @contextlib.contextmanager
-def simulator(nodes: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``python -m bench.fleet_sim --nodes N`` in its own process; yields (host:port, process)."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.fleet_sim", "--nodes", str(nodes)], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+def simulator(nodes: int, context: str = "loader") -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``python -m bench.fleet_sim --nodes N --context C`` in its own process; yields (host:port, process)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.fleet_sim", "--nodes", str(nodes), "--context", context],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -289,9 +289,9 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
 
 
 def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 660.0,
-            rounds: int = ROUNDS) -> Figures:
+            rounds: int = ROUNDS, context: str = "loader") -> Figures:
     """Run the simulated fleet of ``nodes`` nodes and a Prometheus with the shipped rules; measure."""
-    with simulator(nodes) as (hostport, sim):
+    with simulator(nodes, context) as (hostport, sim):
         cpu0 = _cpu_seconds(sim.pid)
         figures = Figures(nodes=nodes, gpus=nodes * fleet_sim.GPUS_PER_NODE, runs=0, scrape_interval=scrape_interval,
                           seconds=seconds, load=(os.getloadavg()[0], 0.0), warmup=warmup, rounds=rounds)
@@ -626,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"fresh diagnose processes per figure, their median (default {ROUNDS})")
+    parser.add_argument("--context", choices=sorted(fleet_sim.CONTEXTS), default="loader",
+                        help="what each simulated rank's context reports (bench/fleet_sim.py CONTEXTS; default "
+                             "loader, as every run in the docs; cuda: all a CUDA job sends)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--annotations-ab", action="store_true",
                         help="instead: compare the shipped rules with the same rules without annotations, side by "
@@ -657,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         figs = [Figures(**{**d, "load": tuple(d["load"])}) for d in json.loads(args.from_json.read_text())]
     for nodes in [] if args.from_json else args.nodes:
         print(f"fleet_scale: {nodes} nodes ({nodes * fleet_sim.GPUS_PER_NODE} GPUs)...", file=sys.stderr, flush=True)
-        figs.append(measure(nodes, args.seconds, args.scrape_interval, args.warmup, args.rounds))
+        figs.append(measure(nodes, args.seconds, args.scrape_interval, args.warmup, args.rounds, args.context))
         if args.json:
             args.json.write_text(json.dumps([f.__dict__ for f in figs], indent=1, default=str))
     if args.from_json:

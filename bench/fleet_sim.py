@@ -14,7 +14,8 @@ The mix repeats every :data:`CYCLE` nodes (8 GPUs each):
 
 - ``shared``: the packaged ``eight_gpus`` scenario, 8 uninstrumented processes per GPU (20-90% busy);
 - ``ddp-a`` + ``ddp-b``: one instrumented 16-rank run across two nodes (one process per GPU),
-  a communication share that makes rank 11 the straggler, allocator and context fields;
+  a communication share that makes rank 11 the straggler, allocator and context fields
+  (:data:`CONTEXTS`);
 - ``solo``: eight single-GPU instrumented runs, one per GPU, with causes (input-bound,
   checkpoint, metrics, allocator retries) and some without.
 
@@ -94,7 +95,19 @@ _SOLO_SHARES: tuple[dict[str, float], ...] = (
 )
 
 
-def _pushes(kind: str, uuids: Sequence[str], started: float, now: float) -> list[dict[str, Any]]:
+CONTEXTS: dict[str, dict[str, Any]] = {
+    "loader": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False},
+    "cuda": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False,
+             "loader_batch_size": 64, "cpu_cores": 12.0, "gpu_memory_used_bytes": 61 * 2**30,
+             "gpu_memory_total_bytes": 80 * 2**30, "allocator_peak_bytes": 45 * 10**9},
+}
+"""The ``context`` each rank pushes (``--context``). ``loader``, the default: four of the DataLoader's settings,
+what every measurement in docs/benchmarks.md used. ``cuda``: every field gpu_exporter.training sends from a CUDA
+job with a DataLoader (training/context.py: the loader's settings, the cores it may use, torch's GPU memory and
+the allocator's peak), for a process using 60 GiB of an 80 GiB GPU with 12 cores: 5 more series per rank."""
+
+
+def _pushes(kind: str, uuids: Sequence[str], started: float, now: float, context: str) -> list[dict[str, Any]]:
     """The snapshots a kind's training processes push at ``now`` (cumulative since ``started``)."""
     elapsed = now - started
     docs = []
@@ -117,12 +130,13 @@ def _pushes(kind: str, uuids: Sequence[str], started: float, now: float) -> list
             "steps": int(elapsed * 4), "samples": int(elapsed * 4) * 64, "batch_size": 64, "finished": False,
             "world_size": world,
             "allocator": {"allocated_bytes": 40e9, "reserved_bytes": 60e9, "retries": retries, "ooms": 0},
-            "context": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False},
+            "context": CONTEXTS[context],
         })
     return docs
 
 
-def render_kind(kind: str, start: float | None = None, gap: float = RENDER_GAP) -> tuple[str, str, float]:
+def render_kind(kind: str, start: float | None = None, gap: float = RENDER_GAP,
+                context: str = "loader") -> tuple[str, str, float]:
     """Two /metrics bodies of one node of ``kind``, ``gap`` simulated seconds apart, as the exporter
     renders them (every polling collector, the training store, the self metrics); and the gap."""
     doc = yaml.safe_load((SCENARIOS / "eight_gpus.yaml").read_text()) if kind == "shared" else _one_process_scenario()
@@ -149,7 +163,7 @@ def render_kind(kind: str, start: float | None = None, gap: float = RENDER_GAP) 
                 for _ in range(int(gap)):
                     clock.t += 1.0
                     poller.poll_once()
-                for push in _pushes(kind, uuids, started, clock.t):
+                for push in _pushes(kind, uuids, started, clock.t, context):
                     status, reason = training.handle_push(json.dumps(push).encode(), "application/json", None)
                     if status != 202:
                         raise RuntimeError(f"{kind}: push refused: {status} {reason}")
@@ -251,11 +265,11 @@ def run_names(index: int) -> dict[str, str]:
 class Fleet:
     """``nodes`` simulated nodes' templates; ``body(i)`` is node i's /metrics now."""
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, context: str = "loader") -> None:
         now = time.time()
         kinds = {}
         for kind in dict.fromkeys(node_kind(i) for i in range(nodes)):
-            first, second, gap = render_kind(kind, start=now)
+            first, second, gap = render_kind(kind, start=now, context=context)
             kinds[kind] = Template.build(kind, first, second, gap, rendered_at=now)
         self.templates = [kinds[node_kind(i)].for_node(i, run_names(i)) for i in range(nodes)]
         self.ticks = [0] * nodes
@@ -313,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=125, help="simulated 8-GPU nodes (default 125)")
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--context", choices=sorted(CONTEXTS), default="loader",
+                        help="what each rank's context reports (CONTEXTS; default loader)")
     args = parser.parse_args(argv)
-    fleet = Fleet(args.nodes)
+    fleet = Fleet(args.nodes, args.context)
     server = serve(fleet, port=args.port)
     print(f"http://127.0.0.1:{server.server_address[1]}/node/<0..{args.nodes - 1}>/metrics", flush=True)
     try:
