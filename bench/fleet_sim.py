@@ -95,10 +95,10 @@ _SOLO_SHARES: tuple[dict[str, float], ...] = (
 )
 
 
+_LOADER: dict[str, Any] = {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False}
 CONTEXTS: dict[str, dict[str, Any]] = {
-    "loader": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False},
-    "cuda": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False,
-             "loader_batch_size": 64, "cpu_cores": 12.0, "gpu_memory_used_bytes": 61 * 2**30,
+    "loader": _LOADER,
+    "cuda": {**_LOADER, "loader_batch_size": 64, "cpu_cores": 12.0, "gpu_memory_used_bytes": 61 * 2**30,
              "gpu_memory_total_bytes": 80 * 2**30, "allocator_peak_bytes": 45 * 10**9},
 }
 """The ``context`` each rank pushes (``--context``). ``loader``, the default: four of the DataLoader's settings,

@@ -62,7 +62,7 @@ SNAPSHOT_FIELDS = {"gpu_memory_used_bytes", "gpu_memory_total_bytes"}
 that share a device family's name. The files that read and write the context may spell them; the
 gauges they become are gpu_training_memory_*_bytes."""
 SNAPSHOT_FILES = {"exporter/gpu_exporter/training/protocol.py", "exporter/gpu_exporter/training/context.py",
-                  "exporter/gpu_exporter/verdict/remedies.py"}
+                  "exporter/gpu_exporter/verdict/remedies.py", "bench/fleet_sim.py"}
 
 
 def test_scan_finds_planted_literals() -> None:
