@@ -212,7 +212,7 @@ def prometheus_config(nodes: int, hostport: str, scrape_interval: float,
 
 
 @contextlib.contextmanager
-def simulator(nodes: int, context: str = "loader") -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def simulator(nodes: int, context: str = fleet_sim.DEFAULT_CONTEXT) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """``python -m bench.fleet_sim --nodes N --context C`` in its own process; yields (host:port, process)."""
     proc = subprocess.Popen([sys.executable, "-m", "bench.fleet_sim", "--nodes", str(nodes), "--context", context],
                             cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -289,7 +289,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
 
 
 def measure(nodes: int, seconds: float, scrape_interval: float = 5.0, warmup: float = 660.0,
-            rounds: int = ROUNDS, context: str = "loader") -> Figures:
+            rounds: int = ROUNDS, context: str = fleet_sim.DEFAULT_CONTEXT) -> Figures:
     """Run the simulated fleet of ``nodes`` nodes and a Prometheus with the shipped rules; measure."""
     with simulator(nodes, context) as (hostport, sim):
         cpu0 = _cpu_seconds(sim.pid)
@@ -626,9 +626,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape-interval", type=float, default=5.0, help="scrape interval, s (default 5)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"fresh diagnose processes per figure, their median (default {ROUNDS})")
-    parser.add_argument("--context", choices=sorted(fleet_sim.CONTEXTS), default="loader",
+    parser.add_argument("--context", choices=sorted(fleet_sim.CONTEXTS), default=fleet_sim.DEFAULT_CONTEXT,
                         help="what each simulated rank's context reports (bench/fleet_sim.py CONTEXTS; default "
-                             "loader, as every run in the docs; cuda: all a CUDA job sends)")
+                             f"{fleet_sim.DEFAULT_CONTEXT}, as every run in the docs but one; cuda: all a CUDA job "
+                             "sends)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--annotations-ab", action="store_true",
                         help="instead: compare the shipped rules with the same rules without annotations, side by "

@@ -107,6 +107,9 @@ job with a DataLoader (training/context.py: the loader's settings, the cores it 
 the allocator's peak), for a process using 60 GiB of an 80 GiB GPU with 12 cores: 5 more series per rank."""
 
 
+DEFAULT_CONTEXT = "loader"
+
+
 def _pushes(kind: str, uuids: Sequence[str], started: float, now: float, context: str) -> list[dict[str, Any]]:
     """The snapshots a kind's training processes push at ``now`` (cumulative since ``started``)."""
     elapsed = now - started
@@ -136,7 +139,7 @@ def _pushes(kind: str, uuids: Sequence[str], started: float, now: float, context
 
 
 def render_kind(kind: str, start: float | None = None, gap: float = RENDER_GAP,
-                context: str = "loader") -> tuple[str, str, float]:
+                context: str = DEFAULT_CONTEXT) -> tuple[str, str, float]:
     """Two /metrics bodies of one node of ``kind``, ``gap`` simulated seconds apart, as the exporter
     renders them (every polling collector, the training store, the self metrics); and the gap."""
     doc = yaml.safe_load((SCENARIOS / "eight_gpus.yaml").read_text()) if kind == "shared" else _one_process_scenario()
@@ -265,7 +268,7 @@ def run_names(index: int) -> dict[str, str]:
 class Fleet:
     """``nodes`` simulated nodes' templates; ``body(i)`` is node i's /metrics now."""
 
-    def __init__(self, nodes: int, context: str = "loader") -> None:
+    def __init__(self, nodes: int, context: str = DEFAULT_CONTEXT) -> None:
         now = time.time()
         kinds = {}
         for kind in dict.fromkeys(node_kind(i) for i in range(nodes)):
@@ -327,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=125, help="simulated 8-GPU nodes (default 125)")
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    parser.add_argument("--context", choices=sorted(CONTEXTS), default="loader",
-                        help="what each rank's context reports (CONTEXTS; default loader)")
+    parser.add_argument("--context", choices=sorted(CONTEXTS), default=DEFAULT_CONTEXT,
+                        help=f"what each rank's context reports (CONTEXTS; default {DEFAULT_CONTEXT})")
     args = parser.parse_args(argv)
     fleet = Fleet(args.nodes, args.context)
     server = serve(fleet, port=args.port)
