@@ -7,7 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 from gpu_exporter import simulate
+from gpu_exporter.app import polling_collectors
+from gpu_exporter.catalog import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS
+from gpu_exporter.collectors.device import DeviceCollector
 from gpu_exporter.collectors.xid import XidCollector
+from gpu_exporter.config import ConfigError, load_config
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.poller import Poller
 from harness import Harness, scenario_path
@@ -64,9 +68,29 @@ def test_memory_power_thermal_clocks(default: Harness) -> None:
     default.advance(2.0)
     assert default.value("gpu_energy_joules_total", gpu="0") > energy
     reasons = {s.labels["reason"]: s.value for s in default.samples("gpu_clock_event_active", gpu="0")}
-    assert len(reasons) == 9 and set(reasons.values()) <= {0.0, 1.0}
+    assert set(reasons) == set(SLOWDOWN_REASONS) and set(reasons.values()) <= {0.0, 1.0}
     assert default.samples("gpu_fan_speed_ratio") == []  # scenario GPUs have no fan: NOT_SUPPORTED
     assert default.value("gpu_pcie_tx_bytes_per_second", gpu="0") >= 0
+
+
+def test_clock_event_reasons_are_the_slowdowns_unless_configured(default: Harness) -> None:
+    """gpu_clock_event_active has the five slowdown reasons by default; device.clock_event_reasons picks others
+    (all: the nine NVML names), and a name NVML does not have is a one-line config error."""
+    assert {s.labels["reason"] for s in default.samples("gpu_clock_event_active", gpu="1")} == set(SLOWDOWN_REASONS)
+    everything = load_config(None, env={}, flags={"device.clock_event_reasons": "all"}).device_clock_event_reasons
+    assert everything == tuple(CLOCK_EVENT_REASONS) and len(everything) == 9
+    device = next(c for c in polling_collectors(clock_event_reasons=everything) if isinstance(c, DeviceCollector))
+    assert device.clock_event_reasons == everything
+    next(c for c in default.collectors if isinstance(c, DeviceCollector)).clock_event_reasons = everything
+    default.advance(1.0)
+    reasons = {s.labels["reason"]: s.value for s in default.samples("gpu_clock_event_active", gpu="1")}
+    assert set(reasons) == set(everything) and reasons["gpu_idle"] == 1.0  # GPU 1 is idle for its first 18 s
+    assert default.value("gpu_clock_event_active", gpu="0", reason="gpu_idle") == 0.0  # GPU 0 is busy
+    picked = load_config(None, env={"GPU_EXPORTER_DEVICE_CLOCK_EVENT_REASONS": "gpu_idle, sw_power_cap"}, flags={})
+    assert picked.device_clock_event_reasons == ("gpu_idle", "sw_power_cap")
+    with pytest.raises(ConfigError, match=r"device.clock_event_reasons: unknown clock event reason\(s\) thermal; "
+                                          r"known: all, gpu_idle,"):
+        load_config(None, env={"GPU_EXPORTER_DEVICE_CLOCK_EVENT_REASONS": "gpu_idle,thermal"}, flags={})
 
 
 def test_processes(default: Harness) -> None:

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_exporter import collectors
+from gpu_exporter.catalog import SLOWDOWN_REASONS
 from gpu_exporter.collectors.base import Assembly, PollingCollector
+from gpu_exporter.collectors.device import DeviceCollector
 from gpu_exporter.collectors.evidence import CPU_SHARE, EvidenceCollector
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import Source
@@ -33,15 +35,19 @@ POLLING_COLLECTORS: tuple[type[PollingCollector], ...] = tuple(collectors.pollin
 
 
 def polling_collectors(disabled: set[str] | frozenset[str] = frozenset(), simulated: bool = False,
-                       evidence_cpu_share: float = CPU_SHARE) -> list[PollingCollector]:
+                       evidence_cpu_share: float = CPU_SHARE,
+                       clock_event_reasons: tuple[str, ...] = SLOWDOWN_REASONS) -> list[PollingCollector]:
     """One instance of every enabled polling collector; on simulated GPUs the evidence collector does not
     suggest hostPID for PIDs it cannot see (a scenario's PIDs need not exist on this node). The evidence
-    collector's /proc reads keep to ``evidence_cpu_share`` of one CPU (0: every process at every poll)."""
+    collector's /proc reads keep to ``evidence_cpu_share`` of one CPU (0: every process at every poll); the
+    device collector exports the ``clock_event_reasons`` of gpu_clock_event_active."""
     polling = [cls() for cls in POLLING_COLLECTORS if cls.name not in disabled]
     for collector in polling:
         if isinstance(collector, EvidenceCollector):
             collector.hint_hidden = not simulated
             collector.cpu_share = evidence_cpu_share
+        if isinstance(collector, DeviceCollector):
+            collector.clock_event_reasons = clock_event_reasons
     return polling
 
 
@@ -58,7 +64,8 @@ class Exporter:
         self.nvml = Nvml()
         disabled = set(config.collectors_disabled)
         polling = polling_collectors(disabled, simulated=self.simulated is not None,
-                                     evidence_cpu_share=config.evidence_cpu_share)
+                                     evidence_cpu_share=config.evidence_cpu_share,
+                                     clock_event_reasons=config.device_clock_event_reasons)
         self.poller = Poller(self.nvml, polling, poll_interval=config.poll_interval,
                              discovery_interval=config.discovery_interval)
         self.parts = collectors.build_sources(Assembly(config, self.nvml, self.poller, polling, self.simulated),

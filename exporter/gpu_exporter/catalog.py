@@ -150,6 +150,18 @@ GPU_MEMORY_CLOCK_HERTZ = _define(
 GPU_CLOCK_EVENT_ACTIVE = _define(
     "gpu_clock_event_active", GAUGE, "1", "1 while the clock event (throttle) reason is active, else 0.",
     (*GPU, "reason"), "device")
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100,
+}
+"""NVML's clock event (throttle) reason bits, by the ``reason`` label value of gpu_clock_event_active."""
+SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                    "hw_power_brake_slowdown")
+"""The reasons gpu_clock_event_active has by default (setting ``device.clock_event_reasons``): the power, thermal
+and hardware slowdowns that make a busy GPU slower than rated. The other four (gpu_idle: clocks drop on an idle
+GPU, which gpu_busy_seconds_total already shows; applications_clocks_setting, sync_boost, display_clock_setting:
+clocks an administrator set) cost 4 series a GPU that no rule, alert or verdict reads."""
 GPU_FAN_SPEED_RATIO = _define(
     "gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a share of its maximum (0-1).", GPU, "device")
 GPU_PCIE_TX_BYTES_PER_SECOND = _define(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_exporter import collectors, yamlfile
+from gpu_exporter import catalog, collectors, yamlfile
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -176,6 +176,18 @@ def _name_list(value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _clock_event_reasons(value: Any) -> tuple[str, ...]:
+    """Reasons of gpu_clock_event_active: names of catalog.CLOCK_EVENT_REASONS, or ``all``."""
+    names = _name_list(value)
+    known = tuple(catalog.CLOCK_EVENT_REASONS)
+    if names == ("all",):
+        return known
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown clock event reason(s) {', '.join(unknown)}; known: all, {', '.join(known)}")
+    return tuple(dict.fromkeys(names))
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configuration key: its dotted name, parser, default and help text."""
@@ -209,6 +221,8 @@ class Setting:
         """The default as help shows it: ``1s`` for a duration, ``""`` when there is none."""
         if self.default in (None, ()):
             return ""
+        if isinstance(self.default, tuple):
+            return ",".join(self.default)
         return format_duration(self.default) if self.is_duration else str(self.default)
 
     @property
@@ -268,6 +282,9 @@ SETTINGS: tuple[Setting, ...] = (
             "logfmt (key=value, as exporter-toolkit) or json, one object per line", "FORMAT"),
     Setting("collectors.disabled", _name_list, (),
             "comma-separated collectors to switch off: " + ", ".join(COLLECTOR_NAMES), "NAMES"),
+    Setting("device.clock_event_reasons", _clock_event_reasons, catalog.SLOWDOWN_REASONS,
+            "comma-separated reasons of gpu_clock_event_active, or all: " + ", ".join(catalog.CLOCK_EVENT_REASONS),
+            "REASONS"),
     Setting("simulate.enabled", _boolean, False, "run on simulated GPUs", "BOOL"),
     Setting("simulate.scenario", _optional_path, None, "scenario YAML for simulated GPUs", "FILE"),
     Setting("ingest.enabled", _boolean, _INGEST.enabled, "accept training snapshots on POST /api/v1/training", "BOOL"),
@@ -318,6 +335,7 @@ class Config:
     log_level: str
     log_format: str
     collectors_disabled: tuple[str, ...]
+    device_clock_event_reasons: tuple[str, ...]
     simulate_enabled: bool
     simulate_scenario: str | None
     ingest_enabled: bool

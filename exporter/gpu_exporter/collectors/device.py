@@ -8,19 +8,6 @@ from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
 
-# NVML clock event (throttle) reason bits and the label value each gets.
-CLOCK_EVENT_REASONS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-
 _MIB = 1024 * 1024
 
 
@@ -28,6 +15,8 @@ class DeviceCollector(PollingCollector):
     """Everything NVML reports about a GPU as a whole, except utilization."""
 
     name = "device"
+    clock_event_reasons: tuple[str, ...] = catalog.SLOWDOWN_REASONS
+    """The ``reason`` values of gpu_clock_event_active (setting ``device.clock_event_reasons``)."""
 
     def poll_gpu(self, ctx: PollContext, gpu: Gpu, out: Families) -> None:
         call, uuid, h = ctx.nvml.call, gpu.uuid, gpu.handle
@@ -76,8 +65,8 @@ class DeviceCollector(PollingCollector):
             reasons = call(uuid, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if reasons is not None:
             events = out.of(catalog.GPU_CLOCK_EVENT_ACTIVE)
-            for bit, reason in CLOCK_EVENT_REASONS:
-                events.add_metric([*gpu.labels, reason], 1 if reasons & bit else 0)
+            for reason in self.clock_event_reasons:
+                events.add_metric([*gpu.labels, reason], 1 if reasons & catalog.CLOCK_EVENT_REASONS[reason] else 0)
 
         fan = call(uuid, "nvmlDeviceGetFanSpeed", h)
         if fan is not None:

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gpu_exporter.catalog import CLOCK_EVENT_REASONS
 from gpu_exporter.simulate.node import SimulatedNode
 from gpu_exporter.simulate.patterns import Pattern, integral, mean
-from gpu_exporter.simulate.scenario import CLOCK_EVENT_REASONS, GIB, GpuSpec, Level, MigInstanceSpec
+from gpu_exporter.simulate.scenario import GIB, GpuSpec, Level, MigInstanceSpec
 
 # NVML return codes (nvml.h)
 SUCCESS = 0

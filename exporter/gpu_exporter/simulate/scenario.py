@@ -56,16 +56,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpu_exporter import yamlfile
+from gpu_exporter.catalog import CLOCK_EVENT_REASONS
 from gpu_exporter.simulate.patterns import Bursts, Constant, Noisy, Pattern, Steps
 
 ARCHITECTURES = {
     "kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6,
     "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10,
-}
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
-    "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100,
 }
 FAULT_KINDS = ("lost", "not_supported")
 DEFAULT_SCENARIO = Path(__file__).with_name("scenarios") / "default.yaml"
