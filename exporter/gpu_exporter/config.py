@@ -177,7 +177,7 @@ def _name_list(value: Any) -> tuple[str, ...]:
 
 
 def _clock_event_reasons(value: Any) -> tuple[str, ...]:
-    """Reasons of gpu_clock_event_active: names of catalog.CLOCK_EVENT_REASONS, or ``all``."""
+    """The reasons the device collector exports: names of catalog.CLOCK_EVENT_REASONS, or ``all``."""
     names = _name_list(value)
     known = tuple(catalog.CLOCK_EVENT_REASONS)
     if names == ("all",):
@@ -283,7 +283,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("collectors.disabled", _name_list, (),
             "comma-separated collectors to switch off: " + ", ".join(COLLECTOR_NAMES), "NAMES"),
     Setting("device.clock_event_reasons", _clock_event_reasons, catalog.SLOWDOWN_REASONS,
-            "comma-separated reasons of gpu_clock_event_active, or all: " + ", ".join(catalog.CLOCK_EVENT_REASONS),
+            f"comma-separated reasons of {catalog.GPU_CLOCK_EVENT_ACTIVE.name}, or all: "
+            + ", ".join(catalog.CLOCK_EVENT_REASONS),
             "REASONS"),
     Setting("simulate.enabled", _boolean, False, "run on simulated GPUs", "BOOL"),
     Setting("simulate.scenario", _optional_path, None, "scenario YAML for simulated GPUs", "FILE"),
