@@ -430,9 +430,6 @@ PROCESS_HINT_VALUE = _record(
     "process:gpu_process_hint:value",
     "One series per evidence hint that holds for an uninstrumented GPU process (hint, code labels); "
     "value = the evidence.", generated=True)
-RUN_TRAINING_REMEDY_WORKERS_NEEDED = _record(
-    "run:gpu_training_remedy:workers_needed",
-    "M1: DataLoader workers that keep up with compute; +Inf when all the time is data.", generated=True)
 RUN_TRAINING_REMEDY_NUM_WORKERS = _record(
     "run:gpu_training_remedy:num_workers", "M1: the num_workers to try next, within the run's CPU cores.",
     generated=True)

@@ -34,8 +34,8 @@ a GPU busy ``u / c`` of the compute phase can at most get ``c / u`` times more w
 >>> workers_suggestion(ctx, 0.9)
 'num_workers=0 with 16 cores available: try num_workers=9, pin_memory=True, persistent_workers=True'
 >>> [rule.name for rule in RULES]  # doctest: +NORMALIZE_WHITESPACE
-['run:gpu_training_remedy:workers_needed', 'run:gpu_training_remedy:num_workers',
- 'run:gpu_training_remedy:batch_factor', 'run:gpu_training_remedy:batch_size']
+['run:gpu_training_remedy:num_workers', 'run:gpu_training_remedy:batch_factor',
+ 'run:gpu_training_remedy:batch_size']
 >>> alert_text("metrics_bound")
 ''
 """
@@ -109,7 +109,8 @@ class Rule:
 
 
 def _min(a: str, b: str) -> str:
-    return f"(\n    ({a})\n  <=\n    ({b})\n)\nor\n({b})"
+    """``min(a, b)`` where both have a value, else ``b``."""
+    return f"(\n  (\n{indent(a, ' ' * 4)}\n  )\n  <=\n  (\n{indent(b, ' ' * 4)}\n  )\n)\nor\n(\n{indent(b, ' ' * 2)}\n)"
 
 
 def _per_run(gpu_metric: str) -> str:
@@ -132,18 +133,18 @@ def suggested_workers(workers: float, data_share: float, cores: float) -> float:
 
 
 _W, _S = catalog.GPU_TRAINING_LOADER_WORKERS.name, share("data")
-_NEEDED = catalog.RUN_TRAINING_REMEDY_WORKERS_NEEDED.name
+_NEEDED = (f"ceil(\n  (\n      ({_W} >= {_S})\n    or\n      {_S}\n  )\n  / (1 - ({_S} < 1))\n  - 1e-9\n)\n"
+           f"or\n({_S} >= 1) * 0 + Inf")
+"""Workers that keep up with compute: ``ceil(max(w, s) / (1 - s))``; +Inf when all the time is data."""
 WORKERS = (
-    Rule(_NEEDED, "M1: workers that keep up with compute: ceil(max(w, s) / (1 - s)); +Inf when all the time is data.",
-         f"ceil(\n  (\n      ({_W} >= {_S})\n    or\n      {_S}\n  )\n  / (1 - ({_S} < 1))\n  - 1e-9\n)\n"
-         f"or\n({_S} >= 1) * 0 + Inf"),
     Rule(catalog.RUN_TRAINING_REMEDY_NUM_WORKERS.name,
          "M1: DataLoader workers that keep up with compute, one core left for the main process:\n"
          "min(floor(cores) - 1, max(w + 1, ceil(max(w, s) / (1 - s)))) (gpu_exporter.verdict.remedies).",
-         _min(f"({_NEEDED} >= ({_W} + 1))\nor\n({_W} + 1)", f"floor({catalog.GPU_TRAINING_CPU_CORES.name}) - 1")),
+         _min(f"(\n  (\n{indent(_NEEDED, ' ' * 4)}\n  )\n  >= ({_W} + 1)\n)\nor\n{_W} + 1",
+              f"floor({catalog.GPU_TRAINING_CPU_CORES.name}) - 1")),
 )
-""":func:`suggested_workers` in PromQL: ``max(w, s) / (1 - s)`` recorded first, then bounded by ``w + 1`` and the
-cores."""
+""":func:`suggested_workers` in PromQL: ``max(w, s) / (1 - s)``, bounded by ``w + 1`` and the cores. One recorded
+series a rank (an intermediate one for the first step cost 0.6 series a GPU at fleet scale)."""
 
 
 def batch_factor(memory_used: float, memory_total: float, utilization: float, compute_share: float,
