@@ -628,8 +628,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"fresh diagnose processes per figure, their median (default {ROUNDS})")
     parser.add_argument("--context", choices=sorted(fleet_sim.CONTEXTS), default=fleet_sim.DEFAULT_CONTEXT,
                         help="what each simulated rank's context reports (bench/fleet_sim.py CONTEXTS; default "
-                             f"{fleet_sim.DEFAULT_CONTEXT}, as every run in the docs but one; cuda: all a CUDA job "
-                             "sends)")
+                             f"{fleet_sim.DEFAULT_CONTEXT}: all a CUDA job sends; loader: the four DataLoader settings "
+                             "the runs in the docs before 2026-12-06 sent)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--annotations-ab", action="store_true",
                         help="instead: compare the shipped rules with the same rules without annotations, side by "

@@ -101,13 +101,14 @@ CONTEXTS: dict[str, dict[str, Any]] = {
     "cuda": {**_LOADER, "loader_batch_size": 64, "cpu_cores": 12.0, "gpu_memory_used_bytes": 61 * 2**30,
              "gpu_memory_total_bytes": 80 * 2**30, "allocator_peak_bytes": 45 * 10**9},
 }
-"""The ``context`` each rank pushes (``--context``). ``loader``, the default: four of the DataLoader's settings,
-what every measurement in docs/benchmarks.md used. ``cuda``: every field gpu_exporter.training sends from a CUDA
-job with a DataLoader (training/context.py: the loader's settings, the cores it may use, torch's GPU memory and
-the allocator's peak), for a process using 60 GiB of an 80 GiB GPU with 12 cores: 5 more series per rank."""
+"""The ``context`` each rank pushes (``--context``). ``cuda``, the default: every field gpu_exporter.training sends
+from a CUDA job with a DataLoader (training/context.py: the loader's settings, the cores it may use, torch's GPU
+memory and the allocator's peak), for a process using 60 GiB of an 80 GiB GPU with 12 cores. ``loader``: four of
+the DataLoader's settings only, 5 series a rank fewer, what the measurements in docs/benchmarks.md before 2026-12-06
+used."""
 
 
-DEFAULT_CONTEXT = "loader"
+DEFAULT_CONTEXT = "cuda"
 
 
 def _pushes(kind: str, uuids: Sequence[str], started: float, now: float, context: str) -> list[dict[str, Any]]:
