@@ -19,10 +19,12 @@ from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.training import context
 from gpu_exporter.training.run import Run
 from gpu_exporter.verdict.remedies import (
+    CAUSES,
     Context,
     batch_factor,
     batch_suggestion,
     suggested_workers,
+    suggestions,
     workers_suggestion,
 )
 
@@ -124,6 +126,17 @@ def test_the_issue_examples() -> None:
     small = Context.of({"allocator_peak_bytes": 3 * GIB, "gpu_memory_total_bytes": 80 * GIB})
     assert batch_suggestion(small, 2, 0.05, 0.9, None, None, 0.8) == (
         "batch 2 uses 3.0 of 80 GiB: try batch 32 and scale the learning rate by 16")
+
+
+def test_a_run_gets_suggestions_for_the_causes_found_in_it_only() -> None:
+    ctx = Context.of({"num_workers": 0, "cpu_cores": 16, "allocator_peak_bytes": 3 * GIB,
+                      "gpu_memory_total_bytes": 80 * GIB})
+    shares = {"data": 0.5, "compute": 0.5}
+    both = suggestions(ctx, CAUSES, shares, 2, 0.05, None, None, 0.8)
+    assert set(both) == set(CAUSES) == {"input_bound", "batch_too_small"}
+    assert suggestions(ctx, {"input_bound", "straggler"}, shares, 2, 0.05, None, None, 0.8) == \
+        {"input_bound": both["input_bound"]}
+    assert suggestions(ctx, {"checkpoint"}, shares, 2, 0.05, None, None, 0.8) == {}
 
 
 def test_suggestions_say_when_there_is_no_room() -> None:

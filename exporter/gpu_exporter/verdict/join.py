@@ -82,7 +82,7 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
 
 def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t: Thresholds,
             window_seconds: float, communication: dict[str, float] | None) -> RunView:
-    """``run`` with its causes (a live run) and the concrete remedies its reported context allows
+    """``run`` with its causes (a live run) and the concrete remedies its reported context allows for them
     (gpu_exporter.verdict.remedies), in one copy."""
     key = (run.run, run.rank, gpu)
     changes: dict[str, Any] = {}
@@ -93,8 +93,9 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
         changes.update(source="sampled", batch_size=None)  # the stack sampler sees no batch
         batch = None
     ctx = readings.contexts.get(key)
-    if ctx is not None:
-        changes["suggestions"] = remedies.suggestions(ctx, run.shares, batch, readings.utilization.get(gpu),
+    causes = {f.cause.cause for f in changes.get("findings", run.findings)}
+    if ctx is not None and causes:
+        changes["suggestions"] = remedies.suggestions(ctx, causes, run.shares, batch, readings.utilization.get(gpu),
                                                       readings.memory_used.get(gpu), readings.memory_total.get(gpu),
                                                       t.remedy_memory_target_ratio)
     return replace(run, **changes) if changes else run

@@ -43,7 +43,7 @@ a GPU busy ``u / c`` of the compute phase can at most get ``c / u`` times more w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from textwrap import indent
 from typing import Any
@@ -225,14 +225,21 @@ def batch_suggestion(ctx: Context, batch: float | None, utilization: float, comp
     return f"{have}: try batch {_n(b * k)} and scale the learning rate by {k}"
 
 
-def suggestions(ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
-                gpu_used: float | None, gpu_total: float | None, memory_target: float) -> dict[str, str]:
-    """The suggestion for each cause it has numbers for (cause id -> text), from one run's readings."""
+CAUSES = ("input_bound", "batch_too_small")
+"""The causes a run's context gives numbers for: a run found with neither needs no context (diagnose reads the
+context gauges of the others only)."""
+
+
+def suggestions(ctx: Context, causes: Collection[str], shares: Mapping[str, float], batch: float | None,
+                utilization: float | None, gpu_used: float | None, gpu_total: float | None,
+                memory_target: float) -> dict[str, str]:
+    """The suggestion for each of ``causes`` (the run's findings) it has numbers for (cause id -> text), from one
+    run's readings."""
     out = {}
-    if "data" in shares:
+    if "input_bound" in causes and "data" in shares:
         out["input_bound"] = workers_suggestion(ctx, shares["data"])
     compute = shares.get("compute", 0.0)
-    if utilization is not None and compute > 0:
+    if "batch_too_small" in causes and utilization is not None and compute > 0:
         out["batch_too_small"] = batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total,
                                                   memory_target)
     return {k: v for k, v in out.items() if v}
