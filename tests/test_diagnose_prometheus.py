@@ -66,6 +66,25 @@ def test_node_and_run_filters(prometheus: str) -> None:
     assert result.stderr == f"gpu-exporter: error: no GPU matches --namespace ml-team at {prometheus}\n"
 
 
+def test_a_matcher_naming_many_runs_is_escaped_and_posted(prometheus: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """any_of() escapes RE2's metacharacters, and a query longer than GET_LIMIT goes to Prometheus as a POST form:
+    a fleet-wide diagnose names every run whose remedy it words (diagnose_sources._Fleet.remedy_inputs)."""
+    from gpu_exporter.commands import metrics_client
+    from gpu_exporter.commands.metrics_client import GET_LIMIT, Prometheus, any_of
+
+    sent: list[str | None] = []
+    fetch = metrics_client._fetch
+    monkeypatch.setattr(metrics_client, "_fetch", lambda *a, **k: (sent.append(a[4] if len(a) > 4 else None),
+                                                                   fetch(*a, **k))[1])
+    loader = len(promql(prometheus, 'gpu_training_steps_total{run="loader"}'))
+    many = ["loader", *(f"l.ader{i}+(x)|[y]" for i in range(300))]  # "l.ader" must not match "loader"
+    for names in (["loader", "l.ader"], many):
+        expr = f"count(gpu_training_steps_total{{{any_of('run', names)}}})"
+        (answer,) = Prometheus(prometheus).query(expr)
+        assert answer[1] == loader >= 1, (expr[:200], answer)
+    assert sent[0] is None and sent[1] is not None and len(sent[1]) > GET_LIMIT  # short: GET; long: POST
+
+
 def test_prometheus_without_gpu_metrics_is_one_sentence_and_exit_2() -> None:
     with run_prometheus("global: {scrape_interval: 1s}\nscrape_configs: []\n") as prom:
         result = run_cli("diagnose", "--prometheus-url", prom)

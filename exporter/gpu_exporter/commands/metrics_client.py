@@ -217,18 +217,21 @@ def connection(args: argparse.Namespace, url: str, url_flag: str,
                       headers)
 
 
-def _fetch(url: str, what: str, timeout: float, conn: Connection | None = None) -> bytes:
+def _fetch(url: str, what: str, timeout: float, conn: Connection | None = None, form: str | None = None) -> bytes:
+    """GET ``url``, or POST ``form`` (URL-encoded) to it."""
     conn = conn or Connection()
     parts = urllib.parse.urlsplit(url)
     headers = {"Accept": "text/plain, application/json", **conn.headers}
+    if form is not None:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
     if parts.username is not None:
         credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
         url = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
     shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout,
-                                    context=conn.context) as resp:
+        request = urllib.request.Request(url, None if form is None else form.encode(), headers)
+        with urllib.request.urlopen(request, timeout=timeout, context=conn.context) as resp:
             body: bytes = resp.read()
             return body
     except urllib.error.HTTPError as err:
@@ -452,6 +455,23 @@ Series = list[tuple[float, float]]
 """(Unix seconds, value) pairs of one range-query series."""
 
 
+GET_LIMIT = 4096
+"""The longest query string sent in a URL. A longer one (a matcher that lists many runs) is POSTed as a form, as the
+Prometheus HTTP API also takes it: proxies in front of Prometheus commonly refuse URLs over 8 KiB."""
+
+_REGEX_META = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def any_of(label: str, values: Sequence[str]) -> str:
+    """A PromQL matcher: ``label`` is one of ``values`` (RE2's metacharacters escaped, the string quoted for PromQL).
+
+    >>> print(any_of("run", ["b", "a.1", 'q"x']))
+    run=~"a\\\\.1|b|q\\"x"
+    """
+    regex = "|".join(_REGEX_META.sub(r"\\\1", value) for value in sorted(set(values)))
+    return f"{label}=~{json.dumps(regex, ensure_ascii=False)}"
+
+
 QUERY_WORKERS = 8
 """Queries :meth:`Prometheus.query_many` has in flight at once (Prometheus' own default limit is 20)."""
 
@@ -477,8 +497,10 @@ class Prometheus:
         return Prometheus(self.base, self.timeout, at, self.connection)
 
     def _data(self, path: str, params: dict[str, str], expr: str, kind: str) -> list[dict[str, Any]]:
-        url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        body = _fetch(url, "Prometheus server", self.timeout, self.connection)
+        form = urllib.parse.urlencode(params)
+        long = len(form) > GET_LIMIT
+        url = f"{self.base}/api/v1/{path}" + ("" if long else f"?{form}")
+        body = _fetch(url, "Prometheus server", self.timeout, self.connection, form if long else None)
         try:
             doc = json.loads(body)
             status, data = doc["status"], doc.get("data", {})
