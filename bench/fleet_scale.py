@@ -361,8 +361,9 @@ REPORT_FLEET = ("report", "--fleet", "--from=-2m", "--step", "15s", "--output", 
 def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrape_interval: float = 5.0) -> str:
     """Fleet-wide ``diagnose --prometheus-url`` of this tree and of git ``revision``, side by side: for each fleet
     size, one Prometheus with the shipped rules, and the two commands run in turn ``rounds`` times once every
-    GPU has its utilization series, then :data:`REPORT_FLEET` of each once. The median wall time of each, and
-    each extrapolated to 10,000 GPUs."""
+    GPU has its utilization series (the order swapped every round, so neither tree always lands on the other's
+    load), then :data:`REPORT_FLEET` of each once. The median wall time of each, and each extrapolated to 10,000
+    GPUs."""
     times: dict[tuple[str, str], list[float]] = {}
     with contextlib.ExitStack() as stack:
         old = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="diagnose-ab-")))
@@ -379,8 +380,8 @@ def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrap
                            180 + count * 0.05, interval=1, what=f"{catalog.GPU_UTILIZATION_AVG5M.name} for every GPU")
                 time.sleep(120)  # the report's 2 minutes hold data
                 runs: dict[str, list[float]] = {name: [] for name in trees}
-                for _ in range(rounds):
-                    for name, tree in trees.items():
+                for round_ in range(rounds):
+                    for name, tree in list(trees.items())[::1 if round_ % 2 == 0 else -1]:
                         runs[name].append(timed_command(prom, tree)[0])
                 for name, tree in trees.items():
                     times.setdefault(("`diagnose --prometheus-url`", name), []).append(statistics.median(runs[name]))
