@@ -241,7 +241,8 @@ def node_detail(cfg: Config) -> dash.Dashboard:
              .with_panel(state_timeline(
                  "Clock event (throttle) reasons",
                  "Which clock event reasons were active: power, thermal and hardware slowdowns make a busy GPU "
-                 "slower than rated (the exporter's device.clock_event_reasons adds others, e.g. gpu_idle).", query(sel(m.GPU_CLOCK_EVENT_ACTIVE.name), "GPU {{gpu}} {{reason}}"),
+                 "slower than rated (the exporter's device.clock_event_reasons adds others, e.g. gpu_idle).",
+                 query(sel(m.GPU_CLOCK_EVENT_ACTIVE.name), "GPU {{gpu}} {{reason}}"),
                  unit="bool_on_off", thresholds=steps(("transparent", None), ("orange", 1)), w=8))
              .with_panel(timeseries("Fan speed", "Fan speed as a share of its maximum (absent on passively "
                                     "cooled GPUs).", series(m.GPU_FAN_SPEED_RATIO.name), unit="percentunit", w=8))
