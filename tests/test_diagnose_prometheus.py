@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from e2e import shipped_fast_rules
@@ -74,8 +75,12 @@ def test_a_matcher_naming_many_runs_is_escaped_and_posted(prometheus: str, monke
 
     sent: list[str | None] = []
     fetch = metrics_client._fetch
-    monkeypatch.setattr(metrics_client, "_fetch", lambda *a, **k: (sent.append(a[4] if len(a) > 4 else None),
-                                                                   fetch(*a, **k))[1])
+
+    def recorded(*args: Any) -> bytes:
+        sent.append(args[4] if len(args) > 4 else None)  # the form POSTed, None for a GET
+        return fetch(*args)
+
+    monkeypatch.setattr(metrics_client, "_fetch", recorded)
     loader = len(promql(prometheus, 'gpu_training_steps_total{run="loader"}'))
     many = ["loader", *(f"l.ader{i}+(x)|[y]" for i in range(300))]  # "l.ader" must not match "loader"
     for names in (["loader", "l.ader"], many):
