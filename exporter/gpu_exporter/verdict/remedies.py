@@ -225,7 +225,10 @@ def batch_suggestion(ctx: Context, batch: float | None, utilization: float, comp
     return f"{have}: try batch {_n(b * k)} and scale the learning rate by {k}"
 
 
-CAUSES = ("input_bound", "batch_too_small")
+WORKERS_CAUSE, BATCH_CAUSE = "input_bound", "batch_too_small"
+"""The cause ids (gpu_exporter.verdict.causes) of M1, worded by :func:`workers_suggestion`, and M3, by
+:func:`batch_suggestion`."""
+CAUSES = (WORKERS_CAUSE, BATCH_CAUSE)
 """The causes a run's context gives numbers for: a run found with neither needs no context (diagnose reads the
 context gauges of the others only)."""
 
@@ -236,11 +239,11 @@ def suggestions(ctx: Context, causes: Collection[str], shares: Mapping[str, floa
     """The suggestion for each of ``causes`` (the run's findings) it has numbers for (cause id -> text), from one
     run's readings."""
     out = {}
-    if "input_bound" in causes and "data" in shares:
-        out["input_bound"] = workers_suggestion(ctx, shares["data"])
+    if WORKERS_CAUSE in causes and "data" in shares:
+        out[WORKERS_CAUSE] = workers_suggestion(ctx, shares["data"])
     compute = shares.get("compute", 0.0)
-    if "batch_too_small" in causes and utilization is not None and compute > 0:
-        out["batch_too_small"] = batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total,
+    if BATCH_CAUSE in causes and utilization is not None and compute > 0:
+        out[BATCH_CAUSE] = batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total,
                                                   memory_target)
     return {k: v for k, v in out.items() if v}
 
@@ -248,14 +251,14 @@ def suggestions(ctx: Context, causes: Collection[str], shares: Mapping[str, floa
 def alert_text(cause: str) -> str:
     """Template text: the suggestion the alerts of ``cause`` (a cause id) carry in their description, before the
     cause's advice (monitoring/causes.py), from the recorded series of :data:`RULES`; "" for other causes."""
-    if cause == "input_bound":
+    if cause == WORKERS_CAUSE:
         pin = run_query(catalog.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
         persistent = run_query(catalog.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
         more = run_query(catalog.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on {RUN} ", joined=_W)
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")
-    if cause == "batch_too_small":
+    if cause == BATCH_CAUSE:
         batch = run_query(catalog.RUN_TRAINING_REMEDY_BATCH_SIZE.name)
         factor = run_query(catalog.RUN_TRAINING_REMEDY_BATCH_FACTOR.name)
         return (f"{{{{ with {batch} | query }}}}Its memory allows batch {{{{ . | first | value }}}}"
