@@ -194,3 +194,43 @@ def test_page_is_rendered_from_the_collectors_families_alone(tmp_path: Path) -> 
     assert doc["levels"] == [{"level": "low", "key": "utilization_low_threshold", "below": t.utilization_low_threshold},
                              {"level": "target", "key": "utilization_target", "below": t.utilization_target}]
     assert "pynvml" not in Path(status_page.__file__).read_text()
+
+
+_ONE_GPU = ("gpu_info{gpu=\"0\",uuid=\"GPU-x\",name=\"T\",pci_bus_id=\"0\",driver_version=\"1\"} 1\n"
+            "gpu_busy_seconds_total{gpu=\"0\",uuid=\"GPU-x\"} %s\n"
+            "gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-x\"} 0.5\n"
+            "gpu_exporter_last_sample_age_seconds 0\n")
+
+
+def test_an_unvisited_page_still_judges_the_last_window() -> None:
+    """Busy 30 s, then idle 30 s with nobody looking: the next view judges the idle window, not the minute."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    clock = [100.0]
+
+    def busy() -> float:  # fully busy from 100 to 130 s, idle after
+        return min(clock[0], 130.0) - 100.0
+
+    page = StatusPage(lambda: text_string_to_metric_families(_ONE_GPU % busy()), load_thresholds(),
+                      clock=lambda: clock[0], wall=lambda: 0.0)
+    assert page.status()["measured_seconds"] == 0  # the first view: one reading
+    while clock[0] < 160.0:  # the poller records after each one-second poll; nobody views the page
+        clock[0] += 1.0
+        page.record()
+    doc = page.status()
+    window = doc["window_seconds"]
+    assert window - status_page.RECORD_SECONDS <= doc["measured_seconds"] <= window  # not the 60 s since the view
+    assert doc["gpus"][0]["utilization"] == 0.0  # the idle half alone (over 60 s it would read 0.5)
+
+
+def test_a_view_after_a_gap_in_readings_does_not_average_over_the_gap() -> None:
+    """No reading for longer than the window (polls stopped): the view judges the last poll, not the gap."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    clock = [100.0]
+    page = StatusPage(lambda: text_string_to_metric_families(_ONE_GPU % (clock[0] - 100.0)), load_thresholds(),
+                      clock=lambda: clock[0], wall=lambda: 0.0)
+    page.status()
+    clock[0] = 100.0 + 3 * status_page.WINDOW_SECONDS
+    doc = page.status()
+    assert doc["measured_seconds"] == 0 and doc["gpus"][0]["utilization"] == 0.5  # the last poll's own mean

@@ -112,7 +112,7 @@ class Exporter:
             ssl_context=ssl_context, check_auth=check_auth, on_auth_failure=self.health.count_auth_failure,
             headers=headers, limits=Limits.from_config(self.config), accept_guard=self.process.guard)
         self.poller.poll_once()
-        self.poller.after_poll = self._prepare_scrape
+        self.poller.after_poll = self._after_poll
         self.poller.start()
         for part in self.threads:
             part.start()
@@ -124,6 +124,11 @@ class Exporter:
         log.info("serving %s://%s:%s%s for %d GPU(s)%s", scheme, self.config.listen_host_port[0] or "*",
                  port, self.config.web_telemetry_path, len(self.poller.discovery.gpus),
                  " (simulated)" if self.simulated is not None else "")
+
+    def _after_poll(self) -> None:
+        self._prepare_scrape()
+        if self.server is not None:
+            self.server.record_page()
 
     def _prepare_scrape(self) -> None:
         """After a poll: when a scrape is expected before the next poll, render and compress its body now.

@@ -179,6 +179,12 @@ class MetricsServer(ThreadingHTTPServer):
                                         metrics_path=self.telemetry_path)
             return self._page
 
+    def record_page(self) -> None:
+        """After a poll: the status page, once viewed, keeps a reading (its window stays the last seconds)."""
+        page = self._page
+        if page is not None:
+            page.record()
+
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)

@@ -11,7 +11,9 @@ Python serves the data (the JSON) and a static shell with the first document emb
 page's script (status_page.js) draws every card from the JSON, at load and every two seconds;
 no framework, no external assets. The readings come from the collectors in this process (their
 metric families, built from the rows of their last poll; no exposition text is parsed back), at
-most once per :data:`REFRESH_SECONDS` whatever the number of viewers. It never calls NVML and
+most once per :data:`REFRESH_SECONDS` whatever the number of viewers, and, once the page has been
+viewed, after every poll (:meth:`StatusPage.record`, at most once per :data:`RECORD_SECONDS`), so a
+view after minutes unvisited still judges the last :data:`WINDOW_SECONDS`, not the minutes. It never calls NVML and
 takes no lock that ``/metrics`` takes. The HTTP server owns one :class:`StatusPage`. Example::
 
     page = StatusPage(lambda: (family for source in sources for family in source.collect()))
@@ -43,6 +45,10 @@ STATUS_PATH = "/api/v1/status"
 WINDOW_SECONDS = 30.0
 """Utilization and phase shares are means over (up to) this many seconds of readings."""
 REFRESH_SECONDS = 1.0
+"""The status is recomputed at most this often; viewers in between get the cached answer."""
+RECORD_SECONDS = WINDOW_SECONDS / 10
+"""Between views, the poller's readings are kept at most this often (the window's oldest is then
+at most this much younger than :data:`WINDOW_SECONDS`)."""
 """The status is recomputed at most this often; viewers in between get the cached answer."""
 POLL_MILLISECONDS = 2000
 """How often the page's script polls :data:`STATUS_PATH`."""
@@ -132,6 +138,29 @@ class StatusPage:
         age = read.value(catalog.GPU_EXPORTER_LAST_SAMPLE_AGE_SECONDS.name)
         return Snapshot(read.samples, at=now - (age or 0.0), wall=wall)
 
+    def _keep(self, cur: Snapshot) -> None:
+        """Add ``cur`` to the history and drop what lies outside the window (the lock is held)."""
+        poll = cur.value(catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.name) or 1.0
+        if self._history and cur.at - self._history[-1].at < poll / 2:
+            self._history.pop()  # the same poll as the newest reading: keep the newer reading of it
+        self._history.append(cur)
+        while len(self._history) > 2 and cur.at - self._history[1].at >= WINDOW_SECONDS:
+            self._history.popleft()
+        # a reading from before a gap (no poll and no view for longer than the window) would make
+        # the "last window" a mean over the gap: drop it; the view then judges the last poll alone
+        while len(self._history) > 1 and cur.at - self._history[0].at > WINDOW_SECONDS + max(poll, RECORD_SECONDS):
+            self._history.popleft()
+
+    def record(self) -> None:
+        """Keep a reading of the collectors' current families (called after each poll).
+
+        At most once per :data:`RECORD_SECONDS`; views in between add theirs (:meth:`status`).
+        """
+        with self._lock:
+            if self._history and self._clock() - self._history[-1].at < RECORD_SECONDS:
+                return
+            self._keep(self._read())
+
     def status(self) -> dict[str, Any]:
         """The current status document (recomputed at most every :data:`REFRESH_SECONDS`)."""
         with self._lock:
@@ -143,12 +172,7 @@ class StatusPage:
 
                 self._thresholds = load_thresholds()
             cur = self._read()
-            poll = cur.value(catalog.GPU_EXPORTER_POLL_INTERVAL_SECONDS.name) or 1.0
-            if self._history and cur.at - self._history[-1].at < poll / 2:
-                self._history.pop()  # the same poll as the newest reading: keep the newer reading of it
-            self._history.append(cur)
-            while len(self._history) > 2 and cur.at - self._history[1].at >= WINDOW_SECONDS:
-                self._history.popleft()
+            self._keep(cur)
             prev = self._history[0] if len(self._history) > 1 else None
             doc = build_status(prev, cur, self._thresholds)
             self._cached = (now, doc)
