@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import io
 import json
 import re
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from e2e import run_clis
 from gpu_exporter.cli import SUBCOMMANDS, build_parser
+from gpu_exporter.commands.diagnose_render import render_text
 from gpu_exporter.commands.metrics_client import Snapshot, without_gc
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.causes import RunSignals, find_causes
@@ -343,3 +345,31 @@ def test_help_states_the_exit_statuses() -> None:
     text = " ".join(result.stdout.split())  # argparse wraps the epilog
     assert re.search(r"exit status: 0 no GPU below the target .*, 1 a GPU with work below the target, 2 an error",
                      text), result.stdout
+
+
+def test_a_concrete_remedy_is_printed_once() -> None:
+    """The run's suggestion (its numbers) leads the remedy; the verdict line does not repeat it."""
+    t = load_thresholds()
+    tip = "num_workers=2 with 16 cores available: try num_workers=8"
+    run = RunView("r", "0", {"data": 0.5, "compute": 0.5}, 60.0, False, 8.0, 0.0, 0.0,
+                  suggestions={"input_bound": tip})
+    view = _view(0.2, 0.5, runs=(run,))
+    verdict = judge(view, t)
+    assert (verdict.name, verdict.suggestion) == ("input_bound", tip)
+    assert verdict.remedy.startswith(tip + ".\n") and tip not in verdict.reason
+    out = io.StringIO()
+    render_text([(view, verdict)], "5m", t, out)
+    assert out.getvalue().count(tip) == 1, out.getvalue()
+
+
+def test_a_gpu_whose_run_ended_is_not_told_to_instrument_it() -> None:
+    """Below target with only finished runs: the verdict says the run ended, not 'instrument the job'."""
+    t = load_thresholds()
+    ended = judge(_view(0.2, 0.5, runs=(_run({"data": 0.9, "compute": 0.1}, live=False),)), t)
+    assert (ended.name, ended.title) == ("not_instrumented", "run r ended or stopped pushing"), ended
+    assert ended.remedy.startswith("Run r ended or stopped pushing: it was instrumented.")
+    assert "Instrument the job" not in ended.remedy and INSTRUMENT_SNIPPET not in ended.remedy
+    above_low = judge(_view(0.5, 0.5, runs=(_run({"compute": 1.0}, live=False),)), t)
+    assert above_low.title == "below target: run r ended or stopped pushing"
+    never = judge(_view(0.2, 0.5), t)  # no run ever reported: instrument it
+    assert never.title == "not instrumented" and INSTRUMENT_SNIPPET in never.remedy

@@ -139,9 +139,20 @@ def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
                                    first.cause.code, f.level or "", first.projected))
 
 
+def _finished(f: Facts) -> list[str]:
+    """The runs on the GPU that finished or stopped pushing, by name."""
+    return sorted({r.run for r in f.view.runs if not r.live})
+
+
 def _gone(f: Facts) -> str:
-    finished = [r.run for r in f.view.runs if not r.live]
-    return f" (run {', '.join(sorted(set(finished)))} finished or stopped pushing)" if finished else ""
+    finished = _finished(f)
+    return f" (run {', '.join(finished)} finished or stopped pushing)" if finished else ""
+
+
+ENDED_REMEDY = ("If the job still runs, it stopped reaching the exporter: check that GPU_EXPORTER_URL points at this "
+                "node's exporter and read the job's log for the pusher's warning. If it ended, its end is the low "
+                "utilization: release the GPU, or instrument the job that holds it now.")
+"""The remedy of a GPU below target whose training runs all ended or stopped pushing: it was instrumented."""
 
 
 def _seen(f: Facts) -> str:
@@ -170,8 +181,14 @@ def _idle(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 
 def _uninstrumented(row: Row, f: Facts, t: Thresholds) -> Verdict:
-    return _below(row, f, t, f"{pct(f.u)} utilization (target {pct(t.utilization_target)}) and no live "
-                             f"training run reports its phases{_gone(f)}.{_seen(f)}")
+    verdict = _below(row, f, t, f"{pct(f.u)} utilization (target {pct(t.utilization_target)}) and no live "
+                                f"training run reports its phases{_gone(f)}.{_seen(f)}")
+    finished = _finished(f)
+    if not finished:
+        return verdict
+    ended = f"run {', '.join(finished)} ended or stopped pushing"
+    return replace(verdict, title=ended if f.level == LOW else f"below target: {ended}",
+                   remedy=f"Run {', '.join(finished)} ended or stopped pushing: it was instrumented. {ENDED_REMEDY}")
 
 
 def _underutilized(row: Row, f: Facts, t: Thresholds) -> Verdict:
@@ -189,15 +206,15 @@ def _below(row: Row, f: Facts, t: Thresholds, reason: str, title: str | None = N
 
 
 def _suggested(run: RunView, verdict: Verdict) -> Verdict:
-    """``verdict`` with the run's concrete remedy for its cause, first in the remedy and in the reason."""
+    """``verdict`` with the run's concrete remedy for its cause first in the remedy (once: diagnose and the live
+    page print the reason and the remedy one after the other)."""
     if run.source:
         verdict = replace(verdict, reason=f"{verdict.reason} (Phases sampled from the Python stack with py-spy, "
                                           "not reported by the job.)")
     text = run.suggestions.get(verdict.name, "")
     if not text:
         return verdict
-    return replace(verdict, reason=f"{verdict.reason} {verdict.title.split(': ')[-1]}: {text}.",
-                   remedy=f"{text}.\n{verdict.remedy}", suggestion=text)
+    return replace(verdict, remedy=f"{text}.\n{verdict.remedy}", suggestion=text)
 
 
 def _cause_row(cause: Cause) -> Row:
