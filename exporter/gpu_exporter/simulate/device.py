@@ -19,34 +19,40 @@ busy:
   and idle during everything else, Python inside ``training_step`` included. ``python -m
   gpu_exporter.simulate.device --uuid GPU-x -- train.py ARGS`` runs any script on one.
 
-**The channel.** Each device appends its busy time to ``DIR/<uuid>.busy``, one line ``START END BUSY``
-per chunk of at most a millisecond (or one longer interval): seconds of ``CLOCK_MONOTONIC``
-(``time.monotonic()``, one clock for every process of the machine) and the busy seconds within.
-``DIR`` is ``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir. A scenario GPU with
+**Kernels.** A kernel uses a share of the GPU while it runs (:class:`Kernel`: SM activity, tensor pipe,
+DRAM bandwidth); NVML's utilization counts only that a kernel ran, GPM and DCGM profiling the shares. A
+device has a default kernel (``kernel=``; an ops-mode one also reads ``$GPU_SIM_KERNEL``), and
+:meth:`AsyncDevice.launch` takes ``sm=``, ``tensor=``, ``dram=`` per kernel.
+
+**The channel** (:mod:`gpu_exporter.simulate.channel`). Each device appends what it did to
+``DIR/<uuid>.busy``, one line ``START END BUSY SM TENSOR DRAM`` per chunk of at most a millisecond (or one
+longer interval): seconds of ``CLOCK_MONOTONIC`` (``time.monotonic()``, one clock for every process of the
+machine), the busy seconds within, and the SM-, tensor- and DRAM-seconds within. ``DIR`` is
+``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir. A scenario GPU with
 ``device: true`` reads that file (:class:`DeviceTrace`): its utilization is a chunk's busy share inside
-it and 0 outside, and its NVML samples lag real time by :data:`SETTLE_SECONDS` so that chunks still
-being written are in when a sample is taken.
+it and 0 outside, its GPM metrics the SM/tensor/DRAM seconds over the GPM window, and its NVML samples
+lag real time by :data:`SETTLE_SECONDS` so that chunks still being written are in when a sample is taken.
 
 **The truth.** A device also knows, exactly, how long it sat idle while the job's CPU did each
 thing: the job marks what its CPU does with :meth:`SimDevice.doing` (its own ground truth, apart
-from what any library reports), and :meth:`SimDevice.truth` returns the idle seconds per mark.
+from what any library reports), and :meth:`SimDevice.truth` returns the idle seconds per mark, and the
+SM-, tensor- and DRAM-seconds of its kernels.
 
+>>> import tempfile
 >>> dev = AsyncDevice("GPU-doc", directory=tempfile.mkdtemp(prefix="gpu-sim-doc-"))
->>> dev.launch(0.02); dev.synchronize()
->>> round(dev.busy_seconds(), 2)
-0.02
+>>> dev.launch(0.02, sm=0.25); dev.synchronize()
+>>> [round(x, 3) for x in dev.activity()]  # busy, SM, tensor, DRAM seconds
+[0.02, 0.005, 0.012, 0.006]
 >>> dev.close()
 """
 
 from __future__ import annotations
 
 import atexit
-import bisect
 import contextlib
 import itertools
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -54,191 +60,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CHANNEL_ENV = "GPU_SIM_DEVICE_DIR"
-"""Environment variable naming the channel directory (both sides read it)."""
-SETTLE_SECONDS = 0.5
-"""How far behind real time a device GPU's NVML samples are taken. The writer flushes every 10 ms, but on a
-loaded machine its thread can wake up much later, and a sample taken before its chunks are in would stay idle."""
-FLUSH_SECONDS = 0.01
-CHUNK_SECONDS = 0.001
-"""Busy intervals within this span are kept (and written) as one chunk with their busy seconds: an ops-mode
-device makes tens of thousands of intervals a second, a few microseconds apart, and the idle gaps between them
-(Python between two small ops: launch overhead) are what M3 is about, so they are summed, never merged away."""
+from gpu_exporter.simulate.channel import (
+    CHANNEL_ENV,
+    CHUNK_SECONDS,
+    FLUSH_SECONDS,
+    SETTLE_SECONDS,
+    Activity,
+    ChannelWriter,
+    Chunks,
+    DeviceTrace,
+    Intervals,
+    Kernel,
+    channel_path,
+)
 
+__all__ = [
+    "CHANNEL_ENV", "CHUNK_SECONDS", "COLLECTIVE_KERNEL", "FLUSH_SECONDS", "KERNEL_ENV", "SETTLE_SECONDS", "Activity",
+    "AsyncDevice", "Chunks", "DeviceEvent", "DeviceTrace", "Intervals", "Kernel", "OpsDevice", "SimDevice",
+    "channel_path", "run_script", "spin",
+]
 
-def channel_path(uuid: str, directory: str | Path | None = None) -> Path:
-    """``DIR/<uuid>.busy``, the file one simulated GPU's busy intervals go to. ``DIR``: ``directory``, else
-    ``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir."""
-    if directory is None:
-        directory = os.environ.get(CHANNEL_ENV, "").strip() or Path(tempfile.gettempdir()) / "gpu-exporter-sim-device"
-    return Path(directory) / f"{uuid}.busy"
-
-
-class Intervals:
-    """Disjoint busy intervals as one sorted list of edges (even: starts, odd: ends), with exact integrals.
-
-    >>> iv = Intervals(); iv.add(1.0, 2.0); iv.add(1.5, 3.0); iv.add(5.0, 6.0)
-    >>> iv.points, iv.busy(0.0, 10.0)
-    ([1.0, 3.0, 5.0, 6.0], 3.0)
-    """
-
-    def __init__(self) -> None:
-        self.points: list[float] = []
-
-    def add(self, start: float, end: float) -> None:
-        if end <= start:
-            return
-        p = self.points
-        if not p or start > p[-1]:
-            p.extend((start, end))
-            return
-        if start >= p[-2]:  # overlaps or touches the last interval: extend it
-            p[-1] = max(p[-1], end)
-            return
-        lo = bisect.bisect_left(p, start)
-        hi = bisect.bisect_right(p, end)
-        p[lo:hi] = ([] if lo % 2 else [start]) + ([] if hi % 2 else [end])
-
-    def busy(self, t0: float, t1: float) -> float:
-        """Busy seconds within [t0, t1]."""
-        if t1 <= t0:
-            return 0.0
-        p = self.points
-        lo = bisect.bisect_right(p, t0)
-        hi = bisect.bisect_left(p, t1)
-        cuts = ([t0] if lo % 2 else []) + p[lo:hi] + ([t1] if hi % 2 else [])
-        return sum(b - a for a, b in zip(cuts[::2], cuts[1::2], strict=False))
-
-
-class Chunks:
-    """Busy time as chunks ``[start, end)`` of at most :data:`CHUNK_SECONDS` (or one longer interval), each with its
-    busy seconds, spread evenly over the chunk: exact to the chunk for every integral, at a bounded size.
-
-    >>> c = Chunks(); c.add(0.0, 0.0002); c.add(0.0005, 0.0007); c.add(1.0, 3.0)
-    >>> [round(x, 6) for x in (c.value(0.0003), c.busy(0.0, 0.001), c.busy(0.0, 2.0), c.value(2.5))]
-    [0.571429, 0.0004, 1.0004, 1.0]
-    """
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-        self.busies: list[float] = []
-
-    def add(self, start: float, end: float, busy: float | None = None) -> None:
-        busy = end - start if busy is None else busy
-        if end <= start or busy <= 0:
-            return
-        if self.starts:
-            first, last = self.starts[-1], self.ends[-1]
-            if start >= first and end - first <= CHUNK_SECONDS:  # into the open chunk
-                self.ends[-1] = max(last, end)
-                self.busies[-1] = min(self.ends[-1] - first, self.busies[-1] + busy)
-                return
-            if start < last:  # overlaps the last chunk (out of order): keep what lies after it
-                busy, start = busy * max(0.0, end - last) / (end - start), last
-                if end <= start:
-                    return
-        self.starts.append(start)
-        self.ends.append(end)
-        self.busies.append(min(busy, end - start))
-
-    def value(self, t: float) -> float:
-        i = bisect.bisect_right(self.starts, t) - 1
-        if i < 0 or t >= self.ends[i]:
-            return 0.0
-        return self.busies[i] / (self.ends[i] - self.starts[i])
-
-    def edges(self, t0: float, t1: float) -> list[float]:
-        lo = max(0, bisect.bisect_right(self.starts, t0) - 1)
-        hi = bisect.bisect_left(self.starts, t1)
-        return [x for i in range(lo, hi) for x in (self.starts[i], self.ends[i]) if t0 < x < t1]
-
-    def busy(self, t0: float, t1: float) -> float:
-        """Busy seconds within [t0, t1]."""
-        total = 0.0
-        for i in range(max(0, bisect.bisect_right(self.starts, t0) - 1), bisect.bisect_left(self.starts, t1)):
-            a, b = self.starts[i], self.ends[i]
-            overlap = min(b, t1) - max(a, t0)
-            if overlap > 0:
-                total += self.busies[i] * overlap / (b - a)
-        return total
-
-
-class DeviceTrace:
-    """The exporter's side of the channel: a utilization pattern read from ``DIR/<uuid>.busy``.
-
-    ``origin`` is the ``time.monotonic()`` reading of simulated time 0. :meth:`refresh` reads the
-    lines appended since the last call (a partly written last line waits for the next call).
-    """
-
-    def __init__(self, path: Path, origin: float) -> None:
-        self.path = path
-        self.origin = origin
-        self._chunks = Chunks()
-        self._offset = 0
-        self._lock = threading.Lock()
-
-    def refresh(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except OSError:  # no job has used this GPU yet
-            return
-        end = chunk.rfind(b"\n") + 1
-        if not end:
-            return
-        with self._lock:
-            self._offset += end
-            for line in chunk[:end].splitlines():
-                try:
-                    start, stop, *busy = (float(x) for x in line.split())
-                except ValueError:  # not numbers: skip it, a trace must never break NVML
-                    continue
-                self._chunks.add(start - self.origin, stop - self.origin, busy[0] if busy else None)
-
-    def value(self, t: float) -> float:
-        with self._lock:
-            return self._chunks.value(t)
-
-    def edges(self, t0: float, t1: float) -> list[float]:
-        with self._lock:
-            return self._chunks.edges(t0, t1)
-
-
-class _Channel:
-    """The job's side: appends the device's closed chunks (``START END BUSY``) to the channel file."""
-
-    def __init__(self, uuid: str, directory: str | Path | None, chunks: Chunks) -> None:
-        self.path = channel_path(uuid, directory)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._pid = os.getpid()
-        self._chunks = chunks
-        self._written = 0
-
-    def flush(self, lock: threading.Lock, final: bool = False) -> None:
-        """Write the chunks that can no longer grow (all of them when ``final``)."""
-        if os.getpid() != self._pid:  # a forked DataLoader worker is not the device's owner
-            return
-        c = self._chunks
-        with lock:
-            upto = len(c.starts)
-            if (not final and upto and c.ends[-1] - c.starts[-1] < CHUNK_SECONDS
-                    and c.starts[-1] > time.monotonic() - CHUNK_SECONDS):
-                upto -= 1  # the open chunk may still grow (a longer one, e.g. a queued kernel, cannot)
-            lines = "".join(f"{c.starts[i]:.6f} {c.ends[i]:.6f} {c.busies[i]:.6f}\n"
-                            for i in range(self._written, upto))
-            self._written = max(self._written, upto)
-        if lines:
-            with self.path.open("a") as f:
-                f.write(lines)
+KERNEL_ENV = "GPU_SIM_KERNEL"
+"""Environment variable with the default kernel shares of an ops-mode device (``sm=0.25,tensor=0,dram=0.1``)."""
+COLLECTIVE_KERNEL = Kernel(sm=0.1, tensor=0.0, dram=0.05)
+"""What an emulated NCCL collective uses while it is busy (its spinning wait and its transfer): NCCL runs a few
+blocks on a handful of SMs, no tensor math, and moves data at network speed, far below DRAM bandwidth."""
 
 
 class SimDevice:
     """What both modes share: the channel, the record of busy intervals, the flusher and the truth."""
 
-    def __init__(self, uuid: str, directory: str | Path | None = None) -> None:
+    def __init__(self, uuid: str, directory: str | Path | None = None, *, kernel: Kernel | None = None) -> None:
         self.uuid = uuid
+        self.kernel = kernel or Kernel()
+        """The shares of the GPU the device's kernels use unless a launch says otherwise."""
         self.history = Chunks()
         """Every busy interval so far (monotonic seconds): the device's own truth."""
         self.collectives = Intervals()
@@ -247,18 +102,18 @@ class SimDevice:
         """When the stream waited, idle, for the other ranks of a collective."""
         self._marks: list[tuple[float, str]] = []
         self._history_lock = threading.Lock()
-        self._channel = _Channel(uuid, directory, self.history)
+        self._channel = ChannelWriter(uuid, directory, self.history)
         self._started = time.monotonic()
         self._closed = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name=f"gpu-sim-{uuid}", daemon=True)
         self._flusher.start()
         atexit.register(self.close)
 
-    def _busy(self, start: float, end: float) -> None:
-        if os.getpid() != self._channel._pid:  # a forked DataLoader worker does no GPU work of this device
+    def _busy(self, start: float, end: float, kernel: Kernel | None = None) -> None:
+        if os.getpid() != self._channel.pid:  # a forked DataLoader worker does no GPU work of this device
             return
         with self._history_lock:
-            self.history.add(start, end)
+            self.history.add(start, end, kernel=kernel or self.kernel)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(FLUSH_SECONDS):
@@ -287,9 +142,17 @@ class SimDevice:
         with self._history_lock:
             return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
 
+    def activity(self, t0: float | None = None, t1: float | None = None) -> Activity:
+        """Busy, SM-, tensor- and DRAM-seconds between monotonic times t0 (its start) and t1 (now): what the
+        exporter's simulated NVML and the stand-in dcgm-exporter read from the channel, exactly."""
+        with self._history_lock:
+            return self.history.activity(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
+
     def truth(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
-        """The device's own account up to ``until`` (now): wall, busy, idle seconds per marked CPU phase, and
-        ``collective``, the seconds the stream spent in collectives (its idle wait there is not in ``idle``).
+        """The device's own account up to ``until`` (now): wall, busy, idle seconds per marked CPU phase,
+        ``collective``, the seconds the stream spent in collectives (its idle wait there is not in ``idle``), and
+        ``sm``, ``tensor``, ``dram``: the SM-, tensor-pipe- and DRAM-seconds of its kernels (``sm / wall`` is the
+        SM activity GPM and DCGM report over that window; ``sm / busy`` the mean share of SMs its kernels used).
 
         From ``since`` (the device's start) on; time before the first mark counts as ``other``.
         """
@@ -306,7 +169,8 @@ class SimDevice:
                     continue
                 cpu[what] = cpu.get(what, 0.0) + (b - a)
                 idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b) - self.waits.busy(a, b)
-            return {"wall": end - begin, "busy": self.history.busy(begin, end),
+            act = self.history.activity(begin, end)
+            return {"wall": end - begin, "busy": act.busy, "sm": act.sm, "tensor": act.tensor, "dram": act.dram,
                     "idle": idle, "cpu": cpu, "collective": self.collectives.busy(begin, end)}
 
     def close(self) -> None:
@@ -327,6 +191,7 @@ class _Op:
     seconds: float
     kind: str  # "kernel", "copy" or "collective"
     seq: int = 0
+    kernel: Kernel | None = None
 
 
 class DeviceEvent:
@@ -365,10 +230,13 @@ class AsyncDevice(SimDevice):
     holds the stream but is not busy (NVML counts kernels only), and so is a collective's wait for
     the slowest rank: by default (``wait_busy``) that wait is busy too, as NCCL's kernel spins while it waits and
     NVML counts it; ``wait_busy=False`` makes the wait idle (a CPU-side wait, e.g. gloo).
+
+    ``kernel`` gives the shares of the GPU (SM, tensor pipe, DRAM) a :meth:`launch` uses unless it says
+    otherwise; a collective's busy time uses :data:`COLLECTIVE_KERNEL`, a copy none (it is not busy).
     """
 
     def __init__(self, uuid: str, directory: str | Path | None = None, *, group: str = "", rank: int = 0,
-                 world: int = 1, wait_busy: bool = True) -> None:
+                 world: int = 1, wait_busy: bool = True, kernel: Kernel | None = None) -> None:
         self._lock = threading.RLock()
         self._queue: list[_Op] = []
         """Ops not yet placed on the device's clock (only behind a collective whose peers have not arrived)."""
@@ -383,18 +251,23 @@ class AsyncDevice(SimDevice):
         """How often the job waited for the whole queue (``torch.cuda.synchronize()``, ``.item()``)."""
         self.torch_synchronize_calls = 0
         """How often ``torch.cuda.synchronize()`` was called (simulate/torch_cuda.py installs it)."""
-        super().__init__(uuid, directory)
+        super().__init__(uuid, directory, kernel=kernel)
         self._meeting = self._channel.path.parent / f"collectives-{group or uuid}"
         if world > 1:
             self._meeting.mkdir(parents=True, exist_ok=True)
 
     # --- what the job does --------------------------------------------------------------------
 
-    def launch(self, seconds: float, cpu_seconds: float = 0.0) -> None:
-        """Queue a kernel of ``seconds`` GPU time; issuing it costs ``cpu_seconds`` of CPU first (launch overhead)."""
+    def launch(self, seconds: float, cpu_seconds: float = 0.0, *, sm: float | None = None,
+               tensor: float | None = None, dram: float | None = None) -> None:
+        """Queue a kernel of ``seconds`` GPU time; issuing it costs ``cpu_seconds`` of CPU first (launch overhead).
+
+        ``sm``, ``tensor``, ``dram``: the shares of the GPU it uses while it runs (None: the device's kernel's),
+        e.g. ``launch(0.01, sm=0.2)`` for a small batch that fills a fifth of the SMs."""
+        kernel = self.kernel.replace(sm, tensor, dram)
         if cpu_seconds > 0:
             spin(cpu_seconds)
-        self._enqueue(_Op(time.monotonic(), seconds, "kernel"))
+        self._enqueue(_Op(time.monotonic(), seconds, "kernel", kernel=kernel))
 
     def copy(self, seconds: float) -> None:
         """Queue a copy between host and device (holds the stream, not counted busy)."""
@@ -450,12 +323,15 @@ class AsyncDevice(SimDevice):
                     if arrived is None:
                         break
                     transfer_start = max(arrived)
-                    (self._busy if self.wait_busy else self.waits.add)(start, transfer_start)
+                    if self.wait_busy:
+                        self._busy(start, transfer_start, COLLECTIVE_KERNEL)
+                    else:
+                        self.waits.add(start, transfer_start)
                     self.collectives.add(start, transfer_start + op.seconds)
                     start = transfer_start
                 end = start + op.seconds
                 if op.kind != "copy":
-                    self._busy(start, end)
+                    self._busy(start, end, op.kernel or COLLECTIVE_KERNEL)
                 self._tail = end
                 self._queue.pop(0)
                 self._placed += 1
@@ -496,12 +372,15 @@ class OpsDevice(SimDevice):
 
     :meth:`start` enters a ``TorchDispatchMode`` that times each top-level aten operator (the ones
     autograd runs in ``backward()`` too); collectives (``c10d``) are communication, not GPU work.
+    Every operator runs at ``kernel``'s shares of the GPU (SM, tensor pipe, DRAM); without one, at
+    ``$GPU_SIM_KERNEL`` (``sm=0.25,tensor=0,dram=0.1``: any subset, the rest :class:`Kernel`'s defaults), else
+    at the defaults.
     """
 
     SKIP_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
-    def __init__(self, uuid: str, directory: str | Path | None = None) -> None:
-        super().__init__(uuid, directory)
+    def __init__(self, uuid: str, directory: str | Path | None = None, *, kernel: Kernel | None = None) -> None:
+        super().__init__(uuid, directory, kernel=kernel if kernel is not None else kernel_from_env())
         self._mode: Any = None
 
     def start(self) -> OpsDevice:
@@ -533,8 +412,20 @@ class OpsDevice(SimDevice):
         super().close()
 
 
+def kernel_from_env() -> Kernel:
+    """The kernel ``$GPU_SIM_KERNEL`` names (the defaults when it is unset or empty).
+
+    Raises ValueError, one line naming the variable, on a bad value."""
+    text = os.environ.get(KERNEL_ENV, "").strip()
+    try:
+        return Kernel.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"${KERNEL_ENV}: {exc}") from None
+
+
 def run_script(argv: list[str]) -> int:
-    """``python -m gpu_exporter.simulate.device --uuid GPU-x [--dir DIR] [--truth FILE] -- script.py ARGS``."""
+    """``python -m gpu_exporter.simulate.device --uuid GPU-x [--dir DIR] [--truth FILE] [--sm S] [--tensor T]
+    [--dram D] -- script.py ARGS``."""
     import argparse
     import json
     import runpy
@@ -545,10 +436,18 @@ def run_script(argv: list[str]) -> int:
     parser.add_argument("--uuid", required=True, help="the simulated GPU's UUID (a scenario GPU with device: true)")
     parser.add_argument("--dir", default=None, help=f"channel directory (default ${CHANNEL_ENV} or the temp dir)")
     parser.add_argument("--truth", default=None, help="write the device's own account (JSON) here at exit")
+    for share, what in (("sm", "SM activity"), ("tensor", "tensor pipe activity"), ("dram", "DRAM bandwidth")):
+        parser.add_argument(f"--{share}", type=float, default=None,
+                            help=f"the {what} (0-1) every operator runs at (default: ${KERNEL_ENV}, else "
+                                 f"{getattr(Kernel(), share)})")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     ns = parser.parse_args(argv)
-    device = OpsDevice(ns.uuid, ns.dir).start()
+    try:
+        kernel = kernel_from_env().replace(ns.sm, ns.tensor, ns.dram)
+    except ValueError as exc:
+        parser.error(str(exc))
+    device = OpsDevice(ns.uuid, ns.dir, kernel=kernel).start()
     sys.argv = [ns.script, *ns.args]
     try:
         runpy.run_path(ns.script, run_name="__main__")

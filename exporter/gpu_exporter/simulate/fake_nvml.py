@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from gpu_exporter.catalog import CLOCK_EVENT_REASONS
 from gpu_exporter.simulate.node import SimulatedNode
-from gpu_exporter.simulate.patterns import Pattern, integral, mean
+from gpu_exporter.simulate.patterns import Pattern, integral
 from gpu_exporter.simulate.scenario import GIB, GpuSpec, Level, MigInstanceSpec
 
 # NVML return codes (nvml.h)
@@ -682,7 +682,7 @@ class FakeNvmlLibrary:
         support = _out(ref)
         if support.version != GPM_VERSION:
             return ERROR_ARGUMENT_VERSION_MISMATCH
-        support.isSupportedDevice = int(dev.gpu.architecture_id >= ARCH_HOPPER)
+        support.isSupportedDevice = int(dev.gpu.gpm)
         return SUCCESS
 
     @_symbol("nvmlGpmSampleAlloc", device=False)
@@ -700,7 +700,7 @@ class FakeNvmlLibrary:
         return SUCCESS
 
     def _gpm_record(self, dev: _Target, mig_index: int | None, sample: Any) -> int:
-        if dev.gpu.architecture_id < ARCH_HOPPER:
+        if not dev.gpu.gpm:
             return ERROR_NOT_SUPPORTED
         address = _address(sample)
         if address not in self._gpm_samples:
@@ -732,15 +732,12 @@ class FakeNvmlLibrary:
             return ERROR_INVALID_ARGUMENT
         if second.t <= first.t or request.numMetrics > len(request.metrics):
             return ERROR_INVALID_ARGUMENT
-        gpu = self.node.scenario.gpus[first.gpu]
-        sm_pattern = self.node.utilization_pattern(gpu.index) if first.mig_index is None \
-            or gpu.mig_instances is None else gpu.mig_instances[first.mig_index].utilization
-        sm = mean(sm_pattern, first.t, second.t)
+        profile = self.node.profile(first.gpu, first.t, second.t, first.mig_index)
         values = {
-            GPM_SM_UTIL: sm,
-            GPM_SM_OCCUPANCY: sm * gpu.gpm_occupancy_factor,
-            GPM_ANY_TENSOR_UTIL: sm * gpu.gpm_tensor_factor,
-            GPM_DRAM_BW_UTIL: mean(gpu.memory_utilization, first.t, second.t),
+            GPM_SM_UTIL: profile.sm,
+            GPM_SM_OCCUPANCY: profile.occupancy,
+            GPM_ANY_TENSOR_UTIL: profile.tensor,
+            GPM_DRAM_BW_UTIL: profile.dram,
         }
         for i in range(request.numMetrics):
             metric = request.metrics[i]

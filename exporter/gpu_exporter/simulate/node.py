@@ -14,9 +14,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
+from typing import NamedTuple
 
-from gpu_exporter.simulate.device import SETTLE_SECONDS, DeviceTrace, channel_path
+from gpu_exporter.simulate.channel import SETTLE_SECONDS, DeviceTrace, channel_path
 from gpu_exporter.simulate.patterns import SLOT_SECONDS, Pattern, Timeline, integral, mean
 from gpu_exporter.simulate.scenario import GpuSpec, Scenario
 
@@ -25,6 +27,19 @@ RING_SLOTS = 120
 TIMESTAMP_BASE_US = 1_700_000_000_000_000
 """Sample timestamp (microseconds) of simulated time 0; consumers must treat it as opaque."""
 TRAINING_REFRESH_SECONDS = 0.02
+
+
+
+class Profile(NamedTuple):
+    """What GPM and DCGM profiling report for a window, as ratios 0-1: ``busy`` (NVML's utilization, DCGM's
+    GR_ENGINE_ACTIVE), SM activity, SM occupancy, tensor pipe activity and DRAM bandwidth."""
+
+    busy: float
+    sm: float
+    occupancy: float
+    tensor: float
+    dram: float
+
 
 TrainingSource = Callable[[str], "Mapping[str, float] | str | None"]
 """``fn(uuid)``: the cumulative phase seconds of the newest live run on the GPU (or its current phase)."""
@@ -36,7 +51,8 @@ class SimulatedNode:
     Tests and demos use it to move through failure modes, e.g. ``node.lose_gpu(1)``.
     """
 
-    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, *,
+                 channel_dir: str | Path | None = None) -> None:
         self.scenario = scenario
         self._clock = clock or time.monotonic
         self._start = self._clock()
@@ -48,7 +64,7 @@ class SimulatedNode:
         self.driver_loaded = True
         self._training_source: TrainingSource | None = None
         self._timelines = {g.index: Timeline(g.idle_utilization) for g in scenario.gpus if g.follow_training}
-        self._traces = {g.index: DeviceTrace(channel_path(g.uuid), origin=self._start)
+        self._traces = {g.index: DeviceTrace(channel_path(g.uuid, channel_dir), origin=self._start)
                         for g in scenario.gpus if g.device}
         """Device GPUs: busy while the job's simulated device works (simulate/device.py, the channel)."""
         self._last_phases: dict[int, dict[str, float]] = {}
@@ -203,6 +219,27 @@ class SimulatedNode:
         """
         self.refresh_training()
         return integral(self.utilization_pattern(index), t0, t1)
+
+    def profile(self, index: int, t0: float, t1: float, mig_index: int | None = None) -> Profile:
+        """GPU ``index``'s (or one MIG instance's) profiling metrics between simulated times t0 and t1: the simulated
+        NVML's GPM and the stand-in dcgm-exporter both report these.
+
+        A device GPU's come from its job's kernels (the channel's SM/tensor/DRAM seconds over the window, taken
+        :data:`SETTLE_SECONDS` behind like its samples); a pattern GPU's SM activity is its utilization pattern,
+        tensor activity that times ``gpm.tensor_factor`` and DRAM its memory-utilization pattern. Occupancy is SM
+        activity times ``gpm.occupancy_factor`` on both.
+        """
+        gpu = self._gpu(index)
+        trace = self._traces.get(index)
+        if trace is not None and mig_index is None:
+            a, b = self.sample_time(index, t0), self.sample_time(index, t1)
+            busy, sm, tensor, dram = trace.activity(a, b).ratios(b - a)
+        else:
+            pattern = self.utilization_pattern(index) if mig_index is None or gpu.mig_instances is None \
+                else gpu.mig_instances[mig_index].utilization
+            busy = sm = mean(pattern, t0, t1)
+            tensor, dram = sm * gpu.gpm_tensor_factor, mean(gpu.memory_utilization, t0, t1)
+        return Profile(busy, sm, sm * gpu.gpm_occupancy_factor, tensor, dram)
 
     def slot_count(self, t: float) -> int:
         """Number of complete 1/6 s sample slots at simulated time ``t``."""

@@ -33,7 +33,9 @@ is optional)::
         follow_training: false       # true (demos only): utilization follows the compute share of a live job
         busy_utilization: 0.95       # how busy the GPU is while the job computes (0.25: launch-bound)
         idle_utilization: 0.01       # ... while it does anything else, or no job is live
-        gpm: {occupancy_factor: 0.5, tensor_factor: 0.7}   # GPM metrics relative to SM activity
+        gpm: {occupancy_factor: 0.5, tensor_factor: 0.7}   # occupancy (all GPUs) and tensor activity
+                                     # (pattern GPUs; a device GPU's comes from its kernels) relative to SM activity
+                                     # gpm: false: GPM unsupported (like an A100; default: hopper and newer support it)
         xid_events: [{at: 30, xid: 79}]
         faults: [{at: 5, until: 20, kind: lost}, {at: 0, kind: not_supported,
                   function: nvmlDeviceGetPowerUsage}]
@@ -162,6 +164,7 @@ class GpuSpec:
     follow_training: bool
     busy_utilization: float
     idle_utilization: float
+    gpm: bool
     gpm_occupancy_factor: float
     gpm_tensor_factor: float
     xid_events: tuple[XidEvent, ...]
@@ -421,7 +424,16 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
     pcie_rx = pcie.level("rx_mib_s", Level(5.0, 1200.0))
     pcie.finish()
 
-    gpm = r.child("gpm", r.raw("gpm", {}))
+    gpm_value = r.raw("gpm", {})
+    gpm_supported = ARCHITECTURES[architecture] >= ARCHITECTURES["hopper"]
+    if isinstance(gpm_value, bool):
+        if gpm_value and not gpm_supported:
+            raise r.fail(f"GPM needs hopper or newer, this GPU is {architecture}", "gpm")
+        gpm_supported, gpm_value = gpm_value, {}
+    if not isinstance(gpm_value, dict):
+        raise r.fail(f"must be false, true or a mapping {{occupancy_factor, tensor_factor}}, got {_show(gpm_value)}",
+                     "gpm")
+    gpm = r.child("gpm", gpm_value)
     occupancy_factor = gpm.ratio("occupancy_factor", 0.5)
     tensor_factor = gpm.ratio("tensor_factor", 0.7)
     gpm.finish()
@@ -462,7 +474,7 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         clock_event_reasons=reasons, processes=tuple(processes), mig_instances=mig_instances,
         device=r.boolean("device", False), follow_training=r.boolean("follow_training", False),
         busy_utilization=r.ratio("busy_utilization", 0.95), idle_utilization=r.ratio("idle_utilization", 0.01),
-        gpm_occupancy_factor=occupancy_factor, gpm_tensor_factor=tensor_factor,
+        gpm=gpm_supported, gpm_occupancy_factor=occupancy_factor, gpm_tensor_factor=tensor_factor,
         xid_events=tuple(xids), faults=tuple(faults),
     )
     r.finish()

@@ -1,0 +1,294 @@
+"""SM activity on simulated GPUs: kernels that use a share of the GPU, through the real pynvml's GPM.
+
+A device GPU's GPM metrics come from the kernels its job ran (the channel's SM/tensor/DRAM seconds), not from a
+factor of its utilization, so a GPU busy with kernels that fill a quarter of its SMs reads busy ~ high and SM
+activity ~ a quarter of that. Each test compares what the exporter's collector reports with the device's own truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+from gpu_exporter import simulate
+from gpu_exporter.collectors.gpm import GpmCollector
+from gpu_exporter.exposition import exposition
+from gpu_exporter.nvml import Nvml
+from gpu_exporter.poller import Poller
+from gpu_exporter.simulate.channel import (
+    CHANNEL_ENV,
+    SETTLE_SECONDS,
+    Activity,
+    Chunks,
+    DeviceTrace,
+    Kernel,
+    channel_path,
+)
+from gpu_exporter.simulate.device import COLLECTIVE_KERNEL, KERNEL_ENV, AsyncDevice, OpsDevice, kernel_from_env
+from gpu_exporter.simulate.scenario import ScenarioError, load_scenario
+from prometheus_client.parser import text_string_to_metric_families
+
+UUID = "GPU-sm-quarter"
+NODE = f"""
+gpus:
+  - {{name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: {UUID}, device: true}}
+  - {{name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: GPU-sm-nogpm, device: true,
+     gpm: false}}
+  - {{name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, utilization: 0.8,
+     gpm: {{occupancy_factor: 0.5, tensor_factor: 0.25}}}}
+"""
+RATIO_TOLERANCE = 2e-3
+"""The channel writes seconds with 6 decimals (1 us); a window of ~0.5 s over a few hundred lines is exact to well
+under 1e-3, and the collector's percent is a float: anything looser would hide a wrong share."""
+
+
+class Clock:
+    """A hand-driven clock on ``time.monotonic``'s scale (the channel's), so each poll's time is exact."""
+
+    def __init__(self) -> None:
+        self.t = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class GpmNode:
+    """The simulated node above with the real pynvml, the project's Nvml wrapper and GpmCollector."""
+
+    def __init__(self, directory: Path) -> None:
+        self.clock = Clock()
+        scenario = directory / "node.yaml"
+        scenario.write_text(NODE)
+        self.node = simulate.install(scenario, clock=self.clock)
+        self.nvml = Nvml()
+        self.gpm = GpmCollector()
+        self.poller = Poller(self.nvml, [self.gpm], clock=self.clock)
+        self.nvml.init()
+
+    def poll_at(self, t: float) -> None:
+        self.clock.t = t
+        self.poller.poll_once()
+
+    def values(self, name: str) -> dict[str, float]:
+        """``name``'s value per GPU index (whole GPU)."""
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(exposition([self.gpm]).decode()):
+            for s in family.samples:
+                if s.name == name and s.labels["mig_uuid"] == "":
+                    out[s.labels["gpu"]] = s.value
+        return out
+
+
+@pytest.fixture
+def gpm_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GpmNode]:
+    monkeypatch.setenv(CHANNEL_ENV, str(tmp_path))
+    node = GpmNode(tmp_path)
+    yield node
+    node.nvml.shutdown()
+    simulate.uninstall()
+
+
+def _quarter_sm_work(device: AsyncDevice) -> None:
+    """Busy about two thirds of the time with small-batch fp32 kernels: a quarter of the SMs, no tensor pipe."""
+    for _ in range(4):
+        for _ in range(5):
+            device.launch(0.016)  # the device's kernel: sm=0.25, tensor=0, dram=0.1
+        device.synchronize()
+        time.sleep(0.04)
+    device.launch(0.03, sm=0.5, tensor=0.4)  # one kernel of its own shares
+    device.synchronize()
+
+
+def test_a_kernel_using_a_quarter_of_the_sms_reads_a_quarter_of_busy_through_real_gpm(
+        gpm_node: GpmNode, tmp_path: Path) -> None:
+    began = gpm_node.clock.t
+    gpm_node.poll_at(began)  # the first GPM sample (the collector reports from the second on)
+    device = AsyncDevice(UUID, directory=tmp_path, kernel=Kernel(sm=0.25, tensor=0.0, dram=0.1))
+    _quarter_sm_work(device)
+    ended = time.monotonic()
+    device.close()  # writes the last chunks
+    truth = device.truth(since=began, until=ended)
+    # the device GPU's samples lag SETTLE_SECONDS: polling that much later makes the GPM window [began, ended]
+    gpm_node.poll_at(ended + SETTLE_SECONDS)
+
+    wall = ended - began
+    busy, sm, tensor, dram = truth["busy"] / wall, truth["sm"] / wall, truth["tensor"] / wall, truth["dram"] / wall
+    assert 0.3 < busy < 0.95  # the GPU is busy, its kernels run at a quarter of its SMs
+    assert sm == pytest.approx((0.25 * (busy * wall - 0.03) + 0.5 * 0.03) / wall, rel=1e-6)
+    reported = {name: gpm_node.values(name)["0"] for name in (
+        "gpu_sm_active_ratio", "gpu_tensor_active_ratio", "gpu_dram_bandwidth_utilization_ratio",
+        "gpu_sm_occupancy_ratio")}
+    assert reported["gpu_sm_active_ratio"] == pytest.approx(sm, abs=RATIO_TOLERANCE)
+    assert reported["gpu_tensor_active_ratio"] == pytest.approx(tensor, abs=RATIO_TOLERANCE)
+    assert tensor == pytest.approx(0.4 * 0.03 / wall, rel=1e-6)  # only the one kernel used the tensor pipe
+    assert reported["gpu_dram_bandwidth_utilization_ratio"] == pytest.approx(dram, abs=RATIO_TOLERANCE)
+    assert reported["gpu_sm_occupancy_ratio"] == pytest.approx(0.5 * sm, abs=RATIO_TOLERANCE)  # occupancy_factor
+
+
+def test_tensor_zero_kernels_give_tensor_zero_and_no_work_gives_zero(gpm_node: GpmNode, tmp_path: Path) -> None:
+    began = gpm_node.clock.t
+    gpm_node.poll_at(began)
+    device = AsyncDevice(UUID, directory=tmp_path, kernel=Kernel(sm=0.8, tensor=0.0, dram=0.5))
+    device.launch(0.1)
+    device.synchronize()
+    ended = time.monotonic()
+    device.close()
+    gpm_node.poll_at(ended + SETTLE_SECONDS)
+    values = gpm_node.values("gpu_tensor_active_ratio")
+    assert values["0"] == 0.0
+    assert gpm_node.values("gpu_sm_active_ratio")["0"] == pytest.approx(
+        device.truth(since=began, until=ended)["sm"] / (ended - began), abs=RATIO_TOLERANCE)
+    assert gpm_node.values("gpu_sm_active_ratio")["0"] > 0.05
+    # the pattern GPU keeps its factors: SM = utilization, tensor = SM x tensor_factor
+    assert gpm_node.values("gpu_sm_active_ratio")["2"] == pytest.approx(0.8)
+    assert values["2"] == pytest.approx(0.8 * 0.25)
+    gpm_node.poll_at(ended + SETTLE_SECONDS + 1.0)  # a window with no kernels
+    assert gpm_node.values("gpu_sm_active_ratio")["0"] == 0.0
+
+
+def test_gpm_false_is_unsupported_and_the_collector_emits_no_gpm_series(gpm_node: GpmNode) -> None:
+    gpm_node.poll_at(gpm_node.clock.t)
+    gpm_node.poll_at(gpm_node.clock.t + 1.0)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlGpmSampleGet(handle, pynvml.nvmlGpmSampleAlloc())
+    for name in ("gpu_sm_active_ratio", "gpu_sm_occupancy_ratio", "gpu_tensor_active_ratio",
+                 "gpu_dram_bandwidth_utilization_ratio"):
+        assert set(gpm_node.values(name)) == {"0", "2"}
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("gpm: maybe", "gpus[0].gpm: must be false, true or a mapping {occupancy_factor, tensor_factor}, got 'maybe'"),
+    ("gpm: [1]", "gpus[0].gpm: must be false, true or a mapping"),
+    ("gpm: {tensor_factor: 2}", "gpus[0].gpm.tensor_factor: must be between 0 and 1, got 2"),
+    ("gpm: {supported: false}", "gpus[0].gpm.supported: unknown key"),
+])
+def test_bad_gpm_values_are_one_line_errors(tmp_path: Path, value: str, expected: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"gpus:\n  - {{name: H100, architecture: hopper, memory_gib: 80, {value}}}\n")
+    with pytest.raises(ScenarioError) as raised:
+        load_scenario(path)
+    assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_gpm_true_needs_hopper_and_defaults_follow_the_architecture(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("gpus:\n  - {name: A100, architecture: ampere, memory_gib: 80}\n"
+                    "  - {name: H100, architecture: hopper, memory_gib: 80}\n"
+                    "  - {name: H100, architecture: hopper, memory_gib: 80, gpm: false}\n")
+    assert [g.gpm for g in load_scenario(path).gpus] == [False, True, False]
+    path.write_text("gpus:\n  - {name: A100, architecture: ampere, memory_gib: 80, gpm: true}\n")
+    with pytest.raises(ScenarioError, match=r"gpus\[0\]\.gpm: GPM needs hopper or newer, this GPU is ampere"):
+        load_scenario(path)
+
+
+# --- the channel and the kernel -------------------------------------------------------------------
+
+
+def test_kernel_shares_parse_and_reject_bad_input() -> None:
+    assert Kernel.parse("sm=0.25, tensor=0") == Kernel(sm=0.25, tensor=0.0, dram=0.3)
+    assert Kernel.parse("") == Kernel()
+    for bad, message in (("sm=1.5", "Kernel sm must be a number between 0 and 1, got 1.5"),
+                         ("sm=x", "kernel share sm must be a number between 0 and 1, got 'x'"),
+                         ("occupancy=0.5", "kernel shares must look like sm=0.25,tensor=0,dram=0.1"),
+                         ("0.25", "kernel shares must look like")):
+        with pytest.raises(ValueError, match=message):
+            Kernel.parse(bad)
+    with pytest.raises(ValueError, match="Kernel tensor must be"):
+        Kernel(tensor=-0.1)
+
+
+def test_old_channel_lines_still_parse(tmp_path: Path) -> None:
+    path = tmp_path / "GPU-old.busy"
+    path.write_text("10.0 10.5\n"             # a 2-field line: busy all through, the default kernel
+                    "11.0 11.001 0.0005\n"    # a 3-field line: busy seconds, the default kernel
+                    "12.0 13.0 0.5 0.1 0.0 0.25\n"  # a 6-field line: SM/tensor/DRAM seconds as written
+                    "not numbers\n"
+                    "14.0 14.5")              # a partly written line waits for the next refresh
+    trace = DeviceTrace(path, origin=10.0)
+    trace.refresh()
+    d = Kernel()
+    old = trace.activity(0.0, 1.5)
+    assert old == pytest.approx(Activity(0.5005, 0.5005 * d.sm, 0.5005 * d.tensor, 0.5005 * d.dram))
+    assert trace.activity(2.0, 2.5) == pytest.approx(Activity(0.25, 0.05, 0.0, 0.125))
+    assert trace.value(2.5) == pytest.approx(0.5)
+
+
+def test_chunks_sum_kernels_of_different_shares_within_one_chunk() -> None:
+    c = Chunks()
+    c.add(0.0, 0.0002, kernel=Kernel(sm=1.0, tensor=1.0, dram=0.0))
+    c.add(0.0004, 0.0008, kernel=Kernel(sm=0.25, tensor=0.0, dram=1.0))
+    assert len(c.starts) == 1  # one chunk, the shares weighted by each kernel's busy seconds
+    assert c.activity(0.0, 1.0) == pytest.approx(Activity(0.0006, 0.0002 + 0.0001, 0.0002, 0.0004))
+    line = c.line(0).split()
+    assert [float(x) for x in line] == pytest.approx([0.0, 0.0008, 0.0006, 0.0003, 0.0002, 0.0004])
+
+
+def test_a_collective_uses_few_sms(tmp_path: Path) -> None:
+    device = AsyncDevice("GPU-coll", directory=tmp_path)
+    try:
+        began = time.monotonic()
+        device.all_reduce(0.02)
+        device.copy(0.01)  # holds the stream, not busy, no activity
+        device.synchronize()
+        act = device.activity(began)
+    finally:
+        device.close()
+    assert act.busy == pytest.approx(0.02, abs=1e-6)
+    assert act.sm == pytest.approx(0.02 * COLLECTIVE_KERNEL.sm, abs=1e-6)
+    assert act.tensor == 0.0
+
+
+def test_ops_device_takes_its_kernel_from_gpu_sim_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv(KERNEL_ENV, "sm=0.3,tensor=0")
+    device = OpsDevice("GPU-ops-env", directory=tmp_path).start()
+    try:
+        x = torch.randn(256, 256)
+        for _ in range(5):
+            x = torch.tanh(x @ x) / 16
+    finally:
+        device.close()
+    assert device.kernel == Kernel(sm=0.3, tensor=0.0, dram=0.3)
+    truth = device.truth()
+    assert truth["busy"] > 0
+    assert (truth["sm"], truth["tensor"], truth["dram"]) == pytest.approx((0.3 * truth["busy"], 0.0,
+                                                                           0.3 * truth["busy"]))
+    # what the channel carries is what the device knows
+    trace = DeviceTrace(channel_path("GPU-ops-env", tmp_path), origin=0.0)
+    trace.refresh()
+    written = trace.activity(0.0, time.monotonic())
+    assert written == pytest.approx(Activity(truth["busy"], truth["sm"], truth["tensor"], truth["dram"]), abs=1e-4)
+    monkeypatch.setenv(KERNEL_ENV, "sm=2")
+    with pytest.raises(ValueError, match=r"^\$GPU_SIM_KERNEL: Kernel sm must be a number between 0 and 1, got 2.0$"):
+        kernel_from_env()
+
+
+def test_run_script_flags_set_the_kernel(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = torch.randn(128, 128)\nfor _ in range(20):\n    x = torch.tanh(x @ x)\n")
+    truth_file = tmp_path / "truth.json"
+    subprocess.run([sys.executable, "-m", "gpu_exporter.simulate.device", "--uuid", "GPU-script", "--dir",
+                    str(tmp_path), "--sm", "0.2", "--dram", "0.05", "--truth", str(truth_file), "--", str(script)],
+                   check=True, timeout=120, env={**os.environ, KERNEL_ENV: "tensor=0.1"})
+    truth = json.loads(truth_file.read_text())
+    assert truth["busy"] > 0
+    assert truth["sm"] == pytest.approx(0.2 * truth["busy"])  # the flag
+    assert truth["tensor"] == pytest.approx(0.1 * truth["busy"])  # the environment, for what no flag names
+    assert truth["dram"] == pytest.approx(0.05 * truth["busy"])
+    trace = DeviceTrace(channel_path("GPU-script", tmp_path), origin=0.0)
+    trace.refresh()
+    assert trace.activity(0.0, time.monotonic()).sm == pytest.approx(truth["sm"], abs=1e-4)
+    bad = subprocess.run([sys.executable, "-m", "gpu_exporter.simulate.device", "--uuid", "GPU-script", "--dir",
+                          str(tmp_path), "--sm", "1.5", "--", str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "Kernel sm must be a number between 0 and 1, got 1.5" in bad.stderr
