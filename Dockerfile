@@ -13,7 +13,7 @@ ARG VENV=/opt/gpu-exporter
 # Optional: a package index mirror for pip, for builds where the public index is out of reach.
 ARG PIP_INDEX_URL
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py ./
 COPY exporter ./exporter
 # pip and setuptools leave the environment once it is installed: the runtime image carries neither.
 # Extras: kubernetes (pod attribution), tls (basic auth), sampling (py-spy, 8 MB: sampled phases of

@@ -13,7 +13,9 @@ building anything. Then it
    ``docker load -i`` and ``podman load -i`` both read it);
 2. packages the chart with Helm's Go SDK (helm-python-sdk's ``package``, the same code as
    ``helm package``) into ``<out>/gpu-utilization-exporter-<chart version>.tgz``;
-3. builds two wheels from the same source (setuptools' PEP 517 backend, offline): the exporter,
+3. builds two wheels from the same source (setuptools' PEP 517 backend: this Python's own, offline,
+   when it has ``setuptools>=68`` with ``bdist_wheel``; else ``pip wheel``, which fetches it into an
+   isolated build environment from pip's package index, as in a venv of README command 1): the exporter,
    ``<out>/gpu_utilization_exporter-<version>-py3-none-any.whl``, and the training library alone,
    ``<out>/gpu_utilization_exporter_training-<version>-py3-none-any.whl`` (distribution
    ``gpu-utilization-exporter-training``: ``gpu_exporter.training`` and the package's
@@ -43,12 +45,15 @@ from pathlib import Path
 
 try:
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the tomli backport, if installed
+except ModuleNotFoundError:  # Python 3.10: the tomli backport, else the copy pip carries (any venv has pip)
     try:
         import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
     except ModuleNotFoundError:
-        sys.exit("release.py: reading pyproject.toml needs Python 3.11+ or the tomli package (pip install tomli)")
-import yaml
+        try:
+            from pip._vendor import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ImportError:
+            sys.exit("release.py: reading pyproject.toml needs Python 3.11+ or tomli: "
+                     f"{sys.executable} -m pip install tomli")
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpu-utilization-exporter"
@@ -72,6 +77,8 @@ def package_version(pyproject: Path = REPO / "pyproject.toml") -> str:
 
 def chart_versions(chart: Path = CHART) -> tuple[str, str]:
     """(version, appVersion) of the chart's Chart.yaml."""
+    import yaml  # the exporter's own dependency (pyyaml), installed by README command 1
+
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     return str(meta["version"]), str(meta.get("appVersion", ""))
 
@@ -162,28 +169,72 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_wheel(project: Path, out: Path) -> Path:
-    """Build a wheel of ``project`` (a folder with a pyproject.toml) into ``out`` with setuptools'
-    PEP 517 backend, in a subprocess, offline (no isolated build environment, nothing fetched)."""
+BUILD_REQUIREMENT = "setuptools>=68"
+"""The build backend both pyproject.tomls name (``[build-system] requires``)."""
+LOCAL_BACKEND_CHECK = """
+import sys
+try:
+    import setuptools
+except ImportError:
+    sys.exit("no setuptools")
+if int(setuptools.__version__.split(".")[0]) < 68:
+    sys.exit(f"setuptools {setuptools.__version__}, older than 68")
+try:
+    import setuptools.command.bdist_wheel
+except ImportError:
+    try:
+        import wheel.bdist_wheel
+    except ImportError:
+        sys.exit(f"setuptools {setuptools.__version__} without the wheel package")
+"""
+"""Exits with the reason when this Python cannot build a wheel offline with its own setuptools."""
+
+
+def local_backend() -> str | None:
+    """None when this Python's setuptools builds wheels (``setuptools>=68`` with ``bdist_wheel``); else why not.
+
+    A venv of README command 1 has none on Python 3.12+ and setuptools 65 without ``wheel`` on 3.10/3.11.
+    """
+    check = subprocess.run([sys.executable, "-c", LOCAL_BACKEND_CHECK], capture_output=True, text=True, timeout=120)
+    return None if check.returncode == 0 else (check.stderr.strip().splitlines() or ["no usable setuptools"])[-1]
+
+
+def build_wheel(project: Path, out: Path, isolated: bool = False) -> Path:
+    """Build a wheel of ``project`` (a folder with a pyproject.toml) into ``out``.
+
+    With this Python's setuptools, offline, when it can (``isolated`` False); else with
+    ``pip wheel``, which fetches the build requirement into an isolated build environment from the
+    index pip uses. A failure is a ReleaseError of one line naming the fix.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    code = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
-    result = subprocess.run([sys.executable, "-c", code, str(out.resolve())], cwd=project, capture_output=True,
-                            text=True, timeout=600)
-    if result.returncode != 0 and "bdist_wheel" in result.stdout + result.stderr:
-        # An old setuptools without the wheel package (a fresh venv's setuptools 65.5): let pip build it in an
-        # isolated environment with a current backend, fetched from the index pip uses.
-        before = set(out.glob("*.whl"))
-        result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out.resolve()),
-                                 str(project.resolve())], capture_output=True, text=True, timeout=600)
-        built = sorted(set(out.glob("*.whl")) - before)
-        if result.returncode == 0:
-            if len(built) != 1:
-                raise ReleaseError(f"pip wheel of {project.name} left {len(built)} new wheels in {out}, expected 1")
-            return built[0]
+    if not isolated:
+        code = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
+        result = subprocess.run([sys.executable, "-c", code, str(out.resolve())], cwd=project, capture_output=True,
+                                text=True, timeout=600)
+        if result.returncode != 0:
+            raise ReleaseError(f"wheel build of {project.name} failed (exit {result.returncode}): "
+                               + _last_error(result.stdout + result.stderr))
+        return out / result.stdout.strip().splitlines()[-1]
+    before = set(out.glob("*.whl"))
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
+                             "-w", str(out.resolve()), str(project.resolve())],
+                            capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
-        tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
-        raise ReleaseError(f"wheel build of {project.name} failed (exit {result.returncode}): " + " | ".join(tail))
-    return out / result.stdout.strip().splitlines()[-1]
+        why = _last_error(result.stdout + result.stderr)
+        raise ReleaseError(f"pip could not build the {project.name} wheel ({why}); without a package index, "
+                           "install the build requirement into this Python first: "
+                           f"{sys.executable} -m pip install '{BUILD_REQUIREMENT}' wheel")
+    built = sorted(set(out.glob("*.whl")) - before)
+    if len(built) != 1:
+        raise ReleaseError(f"pip wheel of {project.name} left {len(built)} new wheels in {out}, expected 1")
+    return built[0]
+
+
+def _last_error(output: str) -> str:
+    """The line of a build's output that says what went wrong (a traceback's last line), not the whole output."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:") or "Error:" in line]  # pip's, a traceback's
+    return (errors or lines or ["no output"])[-1]
 
 
 def training_pyproject(version: str, pyproject: Path = REPO / "pyproject.toml") -> str:
@@ -232,33 +283,13 @@ def stage_training(version: str, stage: Path, source: Path = REPO / "exporter") 
         shutil.copyfile(path, target)
     (stage / "pyproject.toml").write_text(training_pyproject(version))
     (stage / "README.md").write_text(TRAINING_README)
-    name, line = startup_hook(source)
-    (stage / name).write_text(line)
-    (stage / "setup.py").write_text(TRAINING_SETUP.format(pth=name))
+    shutil.copyfile(REPO / "setup.py", stage / "setup.py")  # the build hook that installs the startup hook
     return stage
 
 
-TRAINING_SETUP = '''"""Puts the zero-code startup hook {pth} at the wheel's root (site-packages)."""
-from pathlib import Path
-
-from setuptools import setup
-from setuptools.command.build_py import build_py
-
-
-class BuildWithStartupHook(build_py):
-    def run(self) -> None:
-        super().run()
-        self.copy_file("{pth}", str(Path(self.build_lib) / "{pth}"), preserve_mode=False)
-
-
-setup(cmdclass={{"build_py": BuildWithStartupHook}})
-'''
-"""setup.py of the training wheel: setuptools puts package files under their package, and a ``.pth`` runs only from
-the root of site-packages, so build_py copies it there (data_files would land under the environment's prefix)."""
-
-
 def startup_hook(source: Path = REPO / "exporter") -> tuple[str, str]:
-    """The zero-code startup hook of the training wheel: (file name, its one line), from training/auto.py."""
+    """The zero-code startup hook both wheels hold (setup.py writes it): (file name, its one line), from
+    training/auto.py."""
     import runpy
 
     auto = runpy.run_path(str(source / "gpu_exporter" / "training" / "auto.py"))  # standard library only
@@ -269,15 +300,20 @@ def build_wheels(out: Path) -> list[Path]:
     """The exporter's wheel and the training library's wheel, built from copies of the sources (the
     repository gets no build/ or egg-info folders)."""
     version = package_version()
+    why = local_backend()
+    if why is not None:
+        print(f"release: this Python cannot build wheels itself ({why}); pip builds them in an isolated environment "
+              f"with {BUILD_REQUIREMENT} from its package index", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="release-wheels-") as tmp:
         exporter = Path(tmp) / "exporter-project"
         exporter.mkdir()
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "setup.py"):
             shutil.copyfile(REPO / name, exporter / name)
         shutil.copytree(REPO / "exporter", exporter / "exporter",
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         training = stage_training(version, Path(tmp) / "training-project")
-        return [build_wheel(exporter, out), build_wheel(training, out)]
+        isolated = why is not None
+        return [build_wheel(exporter, out, isolated), build_wheel(training, out, isolated)]
 
 
 def release(out: Path, base_image: str | None, chart: Path = CHART) -> list[Path]:

@@ -158,3 +158,107 @@ def test_wheels_only_works_in_a_fresh_venv_without_the_wheel_package(readme_clon
                                                      f"gpu_utilization_exporter_training-{version}-py3-none-any.whl"]
     if has_wheel:
         pytest.skip("this Python's venv ships the wheel package: the pip-wheel fallback was not exercised")
+
+
+def _phase_seconds(metrics: str, run: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.labels["phase"]: s.value for family in text_string_to_metric_families(metrics) for s in family.samples
+            if s.name == "gpu_training_phase_seconds_total" and s.labels.get("run") == run}
+
+
+@pytest.mark.slow
+def test_readme_command_1_installs_the_startup_hook_and_a_plain_loop_reports_its_phases(
+        readme_clone: Path, tmp_path: Path) -> None:
+    """`pip install .` (README command 1) puts the zero-code startup hook at site-packages' root: with only
+    GPU_EXPORTER_AUTO=1 set, a plain PyTorch loop that knows nothing of the library (tests/auto_jobs.py) pushes
+    its phases to a real exporter. A second copy of the hook on the path (the training wheel's, another site
+    folder) activates nothing twice. torch comes from this checkout's venv, appended after the venv's own
+    packages (command 1 installs no torch); about 10 s."""
+    import torch
+    from gpu_exporter.training import auto
+    from servers import http_get, run_exporter
+
+    py = readme_clone / ".venv" / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert (Path(purelib) / auto.PTH_NAME).read_text() == auto.PTH_LINE
+    version = subprocess.run([str(py), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True, check=True, timeout=60).stdout.strip()
+    if version != str(sys.version_info[:2]):
+        pytest.skip(f"README command 1's python3 is {version}, this checkout's torch is for {sys.version_info[:2]}")
+    second = tmp_path / "second-site"
+    second.mkdir()
+    (second / auto.PTH_NAME).write_text(auto.PTH_LINE)
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(
+        f"import site, sys\nsys.path.append({str(Path(torch.__file__).parents[1])!r})\n"
+        f"site.addsitedir({str(second)!r})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_EXPORTER_", "VIRTUAL_ENV"))}
+    env.update({"PYTHONPATH": str(boot), auto.ENV: "1", auto.NAME_ENV: "readme-auto",
+                "CUDA_VISIBLE_DEVICES": "GPU-readme-auto"})
+    probe = subprocess.run([str(py), "-c", "import sys, gpu_exporter.training.auto as a; print(a.__file__); "
+                            "print(sum(type(f).__module__ == a.__name__ for f in sys.meta_path))"],
+                           env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert probe.returncode == 0 and not probe.stderr, probe.stderr
+    location, finders = probe.stdout.split()
+    assert location.startswith(purelib) and finders == "1", probe.stdout  # the venv's library, installed once
+    with run_exporter(["--simulate"]) as url:
+        job = subprocess.run([str(py), str(readme_clone / "tests" / "auto_jobs.py"), "plain",
+                              str(tmp_path / "own.json"), "3"], env={**env, "GPU_EXPORTER_URL": url},
+                             capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        assert job.returncode == 0, job.stderr[-3000:]
+        reported = _phase_seconds(http_get(url + "/metrics"), "readme-auto")
+    own = json.loads((tmp_path / "own.json").read_text())
+    total = sum(reported.values())
+    assert total > 2.0, (reported, job.stderr[-3000:])
+    for phase in ("data", "compute", "checkpoint"):  # each phase once, as the job's own timers saw it
+        assert reported.get(phase, 0.0) / total == pytest.approx(own[phase] / total, abs=0.05), (phase, reported, own)
+
+
+def newest_python() -> Path | None:
+    """The newest CPython 3 this machine has (pyenv's versions and python3.X on PATH), or None."""
+    found: dict[tuple[int, ...], Path] = {}
+    candidates = [*Path.home().glob(".pyenv/versions/3.*/bin/python3"),
+                  *(Path(p) / f"python3.{minor}" for p in os.environ.get("PATH", "").split(os.pathsep)
+                    for minor in range(10, 20))]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK) and not str(path).startswith(str(REPO / ".venv")):
+            out = subprocess.run([str(path), "-c", "import sys; print(*sys.version_info[:3])"], capture_output=True,
+                                 text=True, timeout=60)
+            if out.returncode == 0:
+                found[tuple(int(x) for x in out.stdout.split())] = path
+    return found[max(found)] if found else None
+
+
+@pytest.mark.slow
+def test_wheels_only_in_a_readme_venv_of_the_newest_python(readme_clone: Path, tmp_path: Path) -> None:
+    """Python 3.12+ venvs hold no setuptools: release.py says so in one line and pip builds both wheels in an
+    isolated environment (fetched from pip's index; skipped where none answers). About 15 s."""
+    python = newest_python()
+    if python is None:
+        pytest.skip("no python3 found")
+    venv_dir = tmp_path / "venv"
+    made = subprocess.run(f"{python} -m venv {venv_dir} && {venv_dir}/bin/pip install -q "
+                          "--disable-pip-version-check .", shell=True, cwd=readme_clone, capture_output=True,
+                          text=True, timeout=600)
+    if made.returncode != 0 and "No matching distribution" in made.stderr:
+        pytest.skip(f"no package index answers here: {made.stderr.strip().splitlines()[-1]}")
+    assert made.returncode == 0, made.stderr[-3000:]
+    out = tmp_path / "dist"
+    result = subprocess.run([str(venv_dir / "bin" / "python"), "scripts/release.py", "--wheels-only", "--out",
+                             str(out)], cwd=readme_clone, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    version = release.package_version()
+    assert sorted(p.name for p in out.iterdir()) == [f"gpu_utilization_exporter-{version}-py3-none-any.whl",
+                                                     f"gpu_utilization_exporter_training-{version}-py3-none-any.whl"]
+    notes = result.stderr.strip().splitlines()  # at most the one line that says pip builds them
+    assert len(notes) <= 1 and "Traceback" not in result.stderr, result.stderr
+    import zipfile
+
+    from gpu_exporter.training import auto
+
+    for wheel in out.iterdir():  # both wheels hold the startup hook at their root
+        with zipfile.ZipFile(wheel) as whl:
+            assert whl.read(auto.PTH_NAME).decode() == auto.PTH_LINE, wheel.name

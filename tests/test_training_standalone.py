@@ -59,6 +59,7 @@ def test_release_builds_the_library_alone_with_the_package_version_and_no_depend
             assert whl.read(name) == (SOURCE / name).read_bytes(), name
     with zipfile.ZipFile(wheels["gpu_utilization_exporter"]) as whl:
         assert "gpu_exporter/training/run.py" in whl.namelist() and "gpu_exporter/cli.py" in whl.namelist()
+        assert whl.read(hook_name).decode() == hook_line  # the exporter's wheel installs the same hook
 
 
 @pytest.mark.slow
