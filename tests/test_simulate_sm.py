@@ -272,6 +272,7 @@ def test_ops_device_takes_its_kernel_from_gpu_sim_kernel(tmp_path: Path, monkeyp
         kernel_from_env()
 
 
+@pytest.mark.slow  # a subprocess that imports torch: ~5 s on 2 busy cores
 def test_run_script_flags_set_the_kernel(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     script = tmp_path / "train.py"
@@ -292,3 +293,110 @@ def test_run_script_flags_set_the_kernel(tmp_path: Path) -> None:
                           str(tmp_path), "--sm", "1.5", "--", str(script)], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "Kernel sm must be a number between 0 and 1, got 1.5" in bad.stderr
+
+
+# --- the stand-in dcgm-exporter -------------------------------------------------------------------
+
+DCGM_NODE = f"""
+driver_version: "550.90.07"
+gpus:
+  - {{name: "NVIDIA H100 80GB HBM3", architecture: hopper, memory_gib: 80, uuid: {UUID}, device: true, gpm: false}}
+  - {{name: "NVIDIA A100-SXM4-80GB", architecture: ampere, memory_gib: 80, uuid: GPU-sm-a100, utilization: 0.8,
+     memory_utilization: 0.3, gpm: {{occupancy_factor: 0.5, tensor_factor: 0.25}}}}
+  - name: "NVIDIA H100 80GB HBM3"
+    architecture: hopper
+    memory_gib: 80
+    uuid: GPU-sm-mig
+    mig: {{instances: [{{profile: "3g.40gb", memory_gib: 40, gpu_instance_id: 2, utilization: 0.6}}]}}
+  - {{name: "Tesla P100-PCIE-16GB", architecture: pascal, memory_gib: 16, uuid: GPU-sm-p100, utilization: 0.5}}
+"""
+PROFILING = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+             "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE")
+
+
+def _scrape(url: str) -> dict[str, dict[str, tuple[dict[str, str], float]]]:
+    """name -> UUID (+ "/GPU_I_ID" for a MIG instance) -> (labels, value), parsed by prometheus_client."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    out: dict[str, dict[str, tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge"
+        for s in family.samples:
+            key = s.labels["UUID"] + (f"/{s.labels['GPU_I_ID']}" if "GPU_I_ID" in s.labels else "")
+            assert key not in out.setdefault(s.name, {})
+            out[s.name][key] = (s.labels, s.value)
+    return out
+
+
+def test_the_stand_in_serves_a_device_gpus_own_truth_without_gpm(tmp_path: Path) -> None:
+    from gpu_exporter.simulate.dcgm_exporter import serve
+
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(DCGM_NODE)
+    clock = Clock()
+    began = clock.t
+    device = AsyncDevice(UUID, directory=tmp_path, kernel=Kernel(sm=0.25, tensor=0.0, dram=0.1))
+    _quarter_sm_work(device)
+    ended = time.monotonic()
+    device.close()
+    truth = device.truth(since=began, until=ended)
+    wall = ended - began
+    # the window of the scrape at ended + SETTLE_SECONDS, `interval` long and lagged like NVML's: [began, ended]
+    with serve(scenario, hostname="node-7", interval=wall, directory=tmp_path, clock=clock) as dcgm:
+        clock.t = ended + SETTLE_SECONDS
+        metrics = _scrape(dcgm.url)
+        import urllib.error
+        import urllib.request
+
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(dcgm.url.replace("/metrics", "/other"), timeout=10)
+
+    labels, sm = metrics["DCGM_FI_PROF_SM_ACTIVE"][UUID]
+    assert labels == {"gpu": "0", "UUID": UUID, "pci_bus_id": "00000000:18:00.0", "device": "nvidia0",
+                      "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-7", "DCGM_FI_DRIVER_VERSION": "550.90.07"}
+    busy = truth["busy"] / wall
+    assert 0.3 < busy < 0.95 and sm < 0.5 * busy  # busy, but not effective
+    assert sm == pytest.approx(truth["sm"] / wall, abs=RATIO_TOLERANCE)
+    assert metrics["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"][UUID][1] == pytest.approx(truth["tensor"] / wall,
+                                                                                abs=RATIO_TOLERANCE)
+    assert metrics["DCGM_FI_PROF_DRAM_ACTIVE"][UUID][1] == pytest.approx(truth["dram"] / wall, abs=RATIO_TOLERANCE)
+    assert metrics["DCGM_FI_PROF_GR_ENGINE_ACTIVE"][UUID][1] == pytest.approx(busy, abs=RATIO_TOLERANCE)
+    assert metrics["DCGM_FI_PROF_SM_OCCUPANCY"][UUID][1] == pytest.approx(0.5 * sm, abs=RATIO_TOLERANCE)
+    util = metrics["DCGM_FI_DEV_GPU_UTIL"][UUID][1]
+    assert util == int(util) and util == pytest.approx(100 * busy, abs=1)  # whole percents, like dcgm-exporter
+
+    # a pattern GPU (an A100: DCGM profiling, no GPM): SM = utilization, its factors
+    assert [metrics[name]["GPU-sm-a100"][1] for name in PROFILING] == pytest.approx([0.8, 0.8, 0.4, 0.2, 0.3])
+    assert metrics["DCGM_FI_DEV_GPU_UTIL"]["GPU-sm-a100"][1] == 80
+    # a MIG-mode GPU: per GPU instance, no utilization; a Pascal GPU: utilization only
+    mig_labels, mig_sm = metrics["DCGM_FI_PROF_SM_ACTIVE"]["GPU-sm-mig/2"]
+    assert mig_sm == pytest.approx(0.6) and mig_labels["GPU_I_PROFILE"] == "3g.40gb"
+    assert "GPU-sm-mig" not in metrics["DCGM_FI_PROF_SM_ACTIVE"]
+    assert not any(key.startswith("GPU-sm-mig") for key in metrics["DCGM_FI_DEV_GPU_UTIL"])
+    assert metrics["DCGM_FI_DEV_GPU_UTIL"]["GPU-sm-p100"][1] == 50
+    assert not any("GPU-sm-p100" in metrics[name] for name in PROFILING)
+
+
+def test_the_stand_in_as_a_subprocess_with_pods(tmp_path: Path) -> None:
+    from gpu_exporter.simulate.dcgm_exporter import spawn
+
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(DCGM_NODE)
+    with spawn(scenario, hostname="node-8", interval=1.0, directory=tmp_path,
+               pods={"GPU-sm-a100": ("team-a", "trainer-0", "pytorch")}) as dcgm:
+        metrics = _scrape(dcgm.url)
+    labels, sm = metrics["DCGM_FI_PROF_SM_ACTIVE"]["GPU-sm-a100"]
+    assert sm == pytest.approx(0.8)
+    assert (labels["pod"], labels["namespace"], labels["container"], labels["Hostname"]) == (
+        "trainer-0", "team-a", "pytorch", "node-8")
+    assert metrics["DCGM_FI_PROF_SM_ACTIVE"][UUID][0]["pod"] == ""  # no pod holds it
+    assert metrics["DCGM_FI_PROF_SM_ACTIVE"][UUID][1] == 0.0  # no job ran on it
+    assert dcgm.process.poll() is not None  # stopped
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus:\n  - {name: H100, architecture: hopper, memory_gib: 80, gpm: maybe}\n")
+    with pytest.raises(RuntimeError, match=r"did not start: error: .*bad\.yaml: gpus\[0\]\.gpm: must be false"):
+        spawn(bad)
