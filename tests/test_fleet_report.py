@@ -7,6 +7,7 @@ tests/test_report.py::test_fleet_report_and_list_of_runs.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,26 @@ def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
     path.write_text(f"gpu_hour:\n  {H100}: 4.0\n  default: 1.5\n")
     prices = load_prices(str(path))
     assert (prices.currency, prices.of(A100), prices.of(H100)) == ("USD", 1.5, 4.0)
+
+
+def test_the_text_report_fits_100_columns_and_cuts_no_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The longest cause title (the unjudged one) and the money column fit; a remedy's "e.g." ends no sentence."""
+    from gpu_exporter.commands.fleet import TEXT_WIDTH
+    from gpu_exporter.verdict.causes import HINTS
+
+    advice = next(h.advice for h in HINTS if "e.g. " in h.advice)  # the workers-saturated hint's
+    r = _range()
+    r.points[:] = [replace(p, title="likely input-bound, workers saturated", remedy=advice)
+                   if p.verdict == "not_instrumented" else p for p in r.points]
+    monkeypatch.chdir(tmp_path)  # a short path: the headline names the prices file, and a path is not cut
+    Path("prices.yaml").write_text("currency: EUR\ngpu_hour:\n  default: 123456.0\n")
+    for prices in (None, load_prices("prices.yaml")):
+        text = render_text(fleet(r, prices))
+        assert max(len(line) for line in text.splitlines()) <= TEXT_WIDTH == 100, text
+        assert "not judged (the run was live at no point" in text and ("money lost" in text) == bool(prices)
+        flat = " ".join(text.split())
+        assert f"remedy: {advice}" in flat, text  # one sentence, whole: "(on the GPU, e.g. DALI)" is not cut
+    assert f"| {advice} |" in render_markdown(fleet(r, None))
 
 
 @pytest.mark.parametrize(("text", "error"), [

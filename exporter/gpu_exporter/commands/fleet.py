@@ -23,7 +23,9 @@ pods' ``kube_pod_owner`` of kube-state-metrics, e.g. ``Job/nightly-resnet``, whe
 and GPU model:
 GPU-hours; GPU-hours below ``utilization_target`` (the verdicts the ladder marks below target); idle
 GPU-hours while below target (each point's share x (1 - utilization)): the capacity lost, which an optional
-price per GPU-hour per GPU model (``--prices FILE``) turns into money.
+price per GPU-hour per GPU model (``--prices FILE``) turns into money. And the funnel allocated -> busy ->
+effective GPU-hours with the hours lost at each step by cause (:mod:`gpu_exporter.verdict.funnel`; effective: SM
+activity, where GPM or dcgm-exporter reports it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import argparse
 import html
 import json
 import math
+import re
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -52,6 +56,9 @@ from gpu_exporter.commands.metrics_client import (
 )
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import pct
+from gpu_exporter.verdict.funnel import Funnel, Slice
+from gpu_exporter.verdict.funnel import funnel as funnel_of
+from gpu_exporter.verdict.funnel import lines as funnel_lines
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
@@ -98,6 +105,8 @@ class Point:
     starting: bool = False
     """A run on the GPU is live but at its first scrape in the window: the point is neither the run's time (its
     timers have it) nor the GPU's free time, and weighs nothing."""
+    sm: float | None = None
+    """Its SM activity (effective utilization, 0-1); None without a source (verdict.funnel)."""
 
 
 @dataclass
@@ -234,7 +243,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
                 launch = (run, readings.launches[key][0] if key else "")
             points.append(Point(ts, view.key, view.uuid, view.node, view.name, view.pods, verdict.name,
                                 verdict.title, verdict.code, verdict.below_target, view.utilization, verdict.remedy,
-                                launch, seconds_at[ts], not live and any(r.live for r in view.runs)))
+                                launch, seconds_at[ts], not live and any(r.live for r in view.runs), view.sm_active))
     rows = _launches(prom, start, end, now, t.cluster_label)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
     for point in points:
@@ -473,6 +482,8 @@ class Fleet:
     times: list[float] = field(default_factory=list)
     utilization: dict[str, list[float | None]] = field(default_factory=dict)
     """Mean utilization over time of every GPU, and of the GPUs a run had (the HTML's plot)."""
+    funnel: Funnel = field(default_factory=Funnel)
+    """Allocated -> busy -> effective GPU-hours and the hours lost at each step (gpu_exporter.verdict.funnel)."""
 
     def to_json(self) -> dict[str, Any]:
         priced = self.prices is not None
@@ -489,7 +500,7 @@ class Fleet:
             "by_namespace": table(self.by_namespace, "namespace"), "by_owner": table(self.by_owner, "owner"),
             "by_node": table(self.by_node, "node"),
             "by_model": table(self.by_model, "model"), "offenders": self.offenders,
-            "runs": [launch_json(row) for row in self.r.launches],
+            "runs": [launch_json(row) for row in self.r.launches], "funnel": self.funnel.to_json(),
         }
         if self.prices is not None:
             out["prices"] = {"currency": self.prices.currency, "gpu_hour": self.prices.gpu_hour,
@@ -539,7 +550,8 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
                  _tally(items, lambda s: list(s.owners) or [NONE], prices) if any(s.owners for s in items) else {},
                  _tally(items, lambda s: [s.point.node or NONE], prices),
                  _tally(items, lambda s: [s.point.model or NONE], prices), found, prices, filters, titles, codes,
-                 below, times, series)
+                 below, times, series,
+                 funnel_of(Slice(s.seconds, s.point.utilization, s.point.sm, s.point.verdict) for s in items))
 
 
 # --- rendering ---------------------------------------------------------------------------------------
@@ -557,11 +569,28 @@ def _money(prices: Prices, value: float) -> str:
     return f"{value:.2f} {prices.currency}" if value >= 1 or value == 0 else f"{value:.4f} {prices.currency}"
 
 
+TEXT_WIDTH = 100
+"""The widest line of the text report (its tables' labels, headline and offenders wrap to it)."""
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)\.\s+(?=[A-Z])")
+"""A full stop that ends a sentence: followed by a capital, not the one of "e.g." or "i.e."."""
+
+
 def _first(remedy: str) -> str:
-    """The first sentence of a remedy (the JSON has all of it)."""
+    """The first sentence of a remedy (the JSON has all of it); "e.g." or a dotted name does not end it.
+
+    >>> _first("Cheaper decoding (on the GPU, e.g. DALI), or cache torch.compile output. Then more.")
+    'Cheaper decoding (on the GPU, e.g. DALI), or cache torch.compile output.'
+    """
     line = (remedy.splitlines() or [""])[0]
-    head, dot, _ = line.partition(". ")
-    return head + dot.strip() if dot else line
+    end = _SENTENCE_END.search(line)
+    return line[:end.start() + 1] if end else line
+
+
+def _wrap(line: str, indent: int) -> list[str]:
+    """``line`` in lines of at most :data:`TEXT_WIDTH` columns, the later ones indented by ``indent``; a word
+    (a name, a code) is never cut."""
+    return textwrap.wrap(line, TEXT_WIDTH, subsequent_indent=" " * indent, break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 def _headline(f: Fleet) -> list[tuple[str, str]]:
@@ -577,6 +606,7 @@ def _headline(f: Fleet) -> list[tuple[str, str]]:
         unpriced = f", and {_h(f.total.unpriced)} idle GPU-hours of models without a price" if f.total.unpriced else ""
         rows.append(("money lost", f"{_money(f.prices, f.total.money)} (idle GPU-hours below target x "
                                    f"{f.prices.source}'s price per GPU-hour{unpriced})"))
+    rows += funnel_lines(f.funnel, f.titles)
     rows.append(("runs", str(len(f.r.launches))))
     return rows
 
@@ -607,20 +637,28 @@ def _offender_line(f: Fleet, i: int, o: dict[str, Any]) -> str:
 
 
 def render_text(f: Fleet) -> str:
+    """The report for a terminal: no line wider than :data:`TEXT_WIDTH` (a table's long labels wrap in their
+    column, the numbers on their first line)."""
     head = _headline(f)
     width = max(len(k) for k, _ in head)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in head]
+    lines = [wrapped for k, v in head for wrapped in _wrap(f"{k.ljust(width)}  {v}", width + 2)]
     for name, rows in _table_rows(f):
-        label = max([len(name), *(len(k) for k, _ in rows)])
         cols = _columns(f)
         cells = [_cells(f, t) for _, t in rows]
         widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
+        numbers = sum(widths) + 2 * len(widths)  # each column and the two spaces before it
+        room = max(TEXT_WIDTH - 3 - numbers, 12)  # the label column's widest
+        labels = [textwrap.wrap(k, room, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+                  or [k] for k, _ in rows]
+        label = max([len(name), *(len(part) for parts in labels for part in parts)])
         header = "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))
         lines += ["", f"{('by ' + name).ljust(label + 3)}  {header}"]
-        lines += [f"   {k.ljust(label)}  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True))
-                  for (k, _), row in zip(rows, cells, strict=True)]
+        for parts, row in zip(labels, cells, strict=True):
+            values = "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True))
+            lines += [f"   {parts[0].ljust(label)}  {values}", *(f"   {part}" for part in parts[1:])]
     lines += ["", "top offenders (idle GPU-hours below target)"]
-    lines += [_offender_line(f, i, o) for i, o in enumerate(f.offenders, 1)] or ["none: no GPU time below target"]
+    offenders = [_offender_line(f, i, o) for i, o in enumerate(f.offenders, 1)] or ["none: no GPU time below target"]
+    lines += [wrapped for line in offenders for wrapped in _wrap(line, 3)]
     return "\n".join(lines) + "\n"
 
 
