@@ -41,6 +41,7 @@ EXPECTED_ALERTS = {
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
     "GpuMissing", "GpuTrainingStraggler", "GpuTrainingCommunicationBound",
     "GpuUninstrumentedInputBound", "GpuExporterSeriesGrowth",
+    "GpuMemoryBoundKernels", "GpuSmBatchTooSmall", "GpuTensorCoresIdle", "GpuSmActivityLow",
 }
 CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
                   "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK", "GpuTrainingStraggler": "ST",
@@ -279,9 +280,11 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
     groups = {g["name"]: g["rules"] for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"]}
     generated = {a.group for a in model.alerts} | {r.group for r in model.records}
     from gpu_exporter.verdict.causes import CAUSES
+    from gpu_exporter.verdict.efficiency import EFFICIENCY
     assert generated == {"gpu-utilization.alerts", "gpu-utilization.recording", "gpu-process-evidence.alerts",
                          "gpu-process-evidence.recording", "gpu-remedy.recording", "gpu-cost.recording",
-                         *(f"gpu-cause-{c.cause}.{kind}" for c in CAUSES for kind in ("recording", "alerts"))
+                         *(f"gpu-cause-{c.cause}.{kind}" for c in CAUSES for kind in ("recording", "alerts")),
+                         "gpu-efficiency.recording", *(f"gpu-efficiency-{c.cause}.alerts" for c in EFFICIENCY),
                          }  # one group per cause: docs/fleet.md
     for name in generated:
         objects = model.group(name)
@@ -293,7 +296,9 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
             expr = obj.expr() if isinstance(obj, Alert) else obj.expr
             assert rule["expr"].strip() == gen_render(expr, cfg).strip(), obj.name
     compared = [a for a in model.alerts if a.op]
-    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated"}
+    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated",
+                                          "GpuMemoryBoundKernels", "GpuSmBatchTooSmall", "GpuTensorCoresIdle",
+                                          "GpuSmActivityLow"}
     for alert in compared:
         comparison = f" {alert.op} {cfg.text(alert.threshold)}"
         assert comparison in gen_render(alert.expr(), cfg)

@@ -447,8 +447,43 @@ GPU_IDLE_BELOW_TARGET_RATIO = _record(
     "The idle share (1 - useful utilization) of a GPU below target, with its workload and the code of its main "
     "cause where one is known (code label); summed over time: the GPU-hours lost.", generated=True)
 
+GPU_SM_ACTIVE_AVG5M = _record(
+    "gpu:gpu_sm_active:avg5m",
+    "Per-GPU effective utilization: the 5m mean SM activity (0-1) of the whole GPU, from GPM "
+    "(gpu_sm_active_ratio) where present, else from dcgm-exporter (DCGM_FI_PROF_SM_ACTIVE, joined by UUID); "
+    "label source = gpm or dcgm. No series without either.", generated=True)
+
 RECORDED: tuple[RecordedSeries, ...] = tuple(_RECORDED)
 """Every series the shipped recording rules produce, the template's and the generated ones."""
+
+
+# -- dcgm-exporter's series (not emitted by this exporter) ---------------------------------------
+# NVIDIA's dcgm-exporter serves the profiling fields of GPUs without GPM (A100 and older) as gauges 0-1 with
+# the labels gpu, UUID (the GPU UUID), pci_bus_id, device, modelName, Hostname and, when it maps pods,
+# pod / namespace / container (docs/dcgm-exporter.md). The effective-utilization rules (monitoring/efficiency.py)
+# and diagnose --dcgm-url read them by these names; the one place they are written.
+
+
+@dataclass(frozen=True)
+class ExternalSeries:
+    """A series another exporter serves that the shipped rules or diagnose read: its name and meaning."""
+
+    name: str
+    meaning: str
+
+
+DCGM_UUID_LABEL = "UUID"
+"""dcgm-exporter's label holding the GPU UUID (this exporter's ``uuid``)."""
+DCGM_SM_ACTIVE = ExternalSeries(
+    "DCGM_FI_PROF_SM_ACTIVE", "Share of time at least one warp was resident on an SM, averaged over the SMs (0-1).")
+DCGM_SM_OCCUPANCY = ExternalSeries(
+    "DCGM_FI_PROF_SM_OCCUPANCY", "Resident warps as a share of the theoretical maximum, over the SMs (0-1).")
+DCGM_TENSOR_ACTIVE = ExternalSeries(
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Share of cycles the tensor (HMMA / IMMA) pipe was active (0-1).")
+DCGM_DRAM_ACTIVE = ExternalSeries(
+    "DCGM_FI_PROF_DRAM_ACTIVE", "Share of cycles the device memory interface was sending or receiving (0-1).")
+DCGM: tuple[ExternalSeries, ...] = (DCGM_SM_ACTIVE, DCGM_SM_OCCUPANCY, DCGM_TENSOR_ACTIVE, DCGM_DRAM_ACTIVE)
+"""The dcgm-exporter series read (SM, occupancy, tensor pipe, DRAM activity)."""
 
 _BY_NAME: dict[str, MetricFamily] = {f.name: f for f in FAMILIES} | {f.base: f for f in FAMILIES}
 _RECORDED_BY_NAME: dict[str, RecordedSeries] = {r.name: r for r in RECORDED}

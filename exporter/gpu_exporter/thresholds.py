@@ -56,6 +56,9 @@ class Thresholds:
     batch_compute_share: float
     batch_busy_ratio: float
     batch_memory_used_ratio: float
+    sm_active_low: float
+    tensor_idle_ratio: float
+    dram_bound_ratio: float
     straggler_wait_share: float
     communication_bound_share: float
     allocator_window: float
@@ -90,7 +93,8 @@ RATIO, DURATION, COUNT, NUMBER, LABEL, REGEX, URL = "ratio", "duration", "count"
 KINDS: dict[str, str] = {
     **dict.fromkeys(("utilization_low_threshold", "utilization_target", "work_memory_used_ratio",
                      "idle_utilization_threshold", "input_bound_share", "metrics_bound_share", "checkpoint_share",
-                     "batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio", "straggler_wait_share",
+                     "batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio", "sm_active_low",
+                     "tensor_idle_ratio", "dram_bound_ratio", "straggler_wait_share",
                      "communication_bound_share", "memory_nearly_full_ratio", "evidence_busy_core_ratio",
                      "evidence_io_wait_share", "remedy_memory_target_ratio", "dashboard_time_below_warn",
                      "dashboard_time_below_critical", "dashboard_memory_warn_ratio"), RATIO),

@@ -87,6 +87,16 @@ class GpuView:
     evidence_text: str = ""
     cluster: str = ""
     """The GPU's ``cluster_label`` value in a fleet read from Prometheus ("" for one node)."""
+    sm_active: float | None = None
+    """Effective utilization: the whole GPU's SM activity (0-1, a 5m mean from Prometheus, the window's from an
+    exporter); None when no source reports it (verdict/efficiency.py)."""
+    tensor_active: float | None = None
+    """Tensor pipe activity (0-1); None when unknown."""
+    dram_active: float | None = None
+    """DRAM bandwidth / activity (0-1); None when unknown."""
+    sm_source: str | None = None
+    """Where the SM activity came from: ``"gpm"`` (NVML GPM, Hopper and newer) or ``"dcgm"`` (dcgm-exporter); None
+    when unknown."""
 
     @property
     def key(self) -> str:
@@ -109,6 +119,12 @@ class Verdict:
     projected: float | None = None
     suggestion: str = ""
     """The concrete remedy, with the run's own numbers (gpu_exporter.verdict.remedies); "" without them."""
+    effective: str = ""
+    """The effective-use line: SM activity beside busy utilization ("SM activity 25% (GPM) while 96% busy"), or
+    "SM activity unknown: ..." (gpu_exporter.verdict.efficiency.effective_line)."""
+    worth: float | None = None
+    """An efficiency verdict's worth: the share of the GPU between busy and effective (busy - SM activity);
+    times hours, the GPU-hours it is worth."""
 
 
 @dataclass
@@ -142,3 +158,9 @@ class Readings:
     """(run id, start time) of each run key (gpu_training_run_start_timestamp_seconds; verdict/launches.py)."""
     cluster_label: str = ""
     """The label the GPU keys were made with (verdict.readings.Keys); "" for one node."""
+    sm_active: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """The whole GPU's SM activity and its source ("gpm" or "dcgm") per GPU key."""
+    tensor_active: dict[str, float] = field(default_factory=dict)
+    """Tensor pipe activity per GPU key (the same source as the SM activity)."""
+    dram_active: dict[str, float] = field(default_factory=dict)
+    """DRAM activity per GPU key (the same source as the SM activity)."""

@@ -1,0 +1,334 @@
+"""Busy but not effective: the GPU-level causes read from SM activity, one table like the run causes.
+
+NVML's utilization is the share of time at least one kernel ran: a GPU busy with small kernels, fp32
+math (tensor cores idle) or memory-bound kernels reads 90-100% while most of its SMs idle. GPM (Hopper
+and newer, collectors/gpm.py) and the cluster's dcgm-exporter report what the SMs did; *effective
+utilization* is the SM activity, never more than the busy utilization. NVIDIA's guidance: ~0.8 is
+needed for good use, below 0.5 is likely ineffective (thresholds.yml ``sm_active_low``).
+
+:data:`EFFICIENCY` is the table, in precedence order (memory-bound, then batch too small, then tensor
+cores idle, then the fallback "busy but ineffective"). Each kind holds its condition twice, for the
+judge (:meth:`GpuCause.holds` on an :class:`Activity`) and for the generated rules (monitoring/efficiency.py:
+:meth:`GpuCause.promql`, the compared value, its comparison and the conditions around it), with its
+alert, runbook anchor, remedy and advice, so rules, runbooks and diagnose come from one definition;
+tests/test_causes_conformance.py feeds the same GPUs to promtool and to :func:`find_efficiency`. They
+apply only to a GPU at or above ``utilization_target`` (judged at its useful utilization, as the
+ladder's level) that has work: below the target the run causes and the below-target alerts speak.
+
+The worth of a finding is the share of the GPU between busy and effective (``busy - sm``): times the
+hours, the GPU-hours it is worth. The projection: SM activity could reach at most about the busy
+utilization if the kernels filled the GPU.
+
+>>> from gpu_exporter.thresholds import load_thresholds
+>>> t = load_thresholds()
+>>> f = find_efficiency(Activity(0.96, 0.25, 0.4, 0.1, 0.2, "gpm"), t)
+>>> f.cause.cause, f.cause.code, round(f.worth, 2)
+('sm_batch_too_small', 'M3', 0.71)
+>>> find_efficiency(Activity(0.96, 0.85, 0.6, 0.3, 0.5, "gpm"), t) is None
+True
+>>> effective_line(0.96, None, None)
+'SM activity unknown: enable GPM (Hopper and newer) or DCGM profiling (docs/dcgm-exporter.md)'
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from gpu_exporter import catalog as m
+from gpu_exporter.verdict.levels import threshold
+
+if TYPE_CHECKING:
+    from gpu_exporter.thresholds import Thresholds
+
+__all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "INEFFECTIVE", "MEMORY", "SM", "SOURCES", "TENSOR",
+           "UNKNOWN", "Activity", "GpuCause", "GpuFinding", "compute_sm", "effective_line", "find_efficiency"]
+
+C = "${cluster_label}"
+COMPUTE = "compute"
+"""The phase whose SM activity the verdict states where a run reports phases."""
+SOURCES = {"gpm": "GPM", "dcgm": "DCGM"}
+"""The sources of SM activity (the recorded series' ``source`` label) and their names in words."""
+UNKNOWN = "SM activity unknown: enable GPM (Hopper and newer) or DCGM profiling (docs/dcgm-exporter.md)"
+"""The effective-use line of a GPU without an SM source: never called effective."""
+
+
+def _gpm_or_dcgm(gpm: m.MetricFamily, dcgm: m.ExternalSeries) -> str:
+    """The whole GPU's 5m mean of a GPM gauge where the exporter reports one, else dcgm-exporter's field joined by
+    UUID (labels: the cluster label and uuid)."""
+    return (f'max by ({C}, uuid) (avg_over_time({gpm.name}{{mig_uuid=""}}[5m]))\n'
+            f"or on ({C}, uuid)\n"
+            f'max by ({C}, uuid) (label_replace(avg_over_time({dcgm.name}[5m]), "uuid", "$1", '
+            f'"{m.DCGM_UUID_LABEL}", "(.+)"))')
+
+
+SM_RECORD = (f'label_replace(\n  max by ({C}, uuid) (avg_over_time({m.GPU_SM_ACTIVE_RATIO.name}{{mig_uuid=""}}[5m])),'
+             f'\n  "source", "gpm", "", ""\n)\nor on ({C}, uuid)\nlabel_replace(\n'
+             f'  max by ({C}, uuid) (label_replace(avg_over_time({m.DCGM_SM_ACTIVE.name}[5m]), "uuid", "$1", '
+             f'"{m.DCGM_UUID_LABEL}", "(.+)")),\n  "source", "dcgm", "", ""\n)\n')
+"""The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, uuid, source}: GPM wins, else DCGM, else nothing."""
+SM = m.GPU_SM_ACTIVE_AVG5M.name
+"""The GPU's effective utilization (5m mean SM activity), recorded."""
+TENSOR = _gpm_or_dcgm(m.GPU_TENSOR_ACTIVE_RATIO, m.DCGM_TENSOR_ACTIVE)
+"""The GPU's tensor pipe activity (5m mean), read inline (no recorded series: the fleet's series budget)."""
+DRAM = _gpm_or_dcgm(m.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO, m.DCGM_DRAM_ACTIVE)
+"""The GPU's DRAM activity (5m mean), read inline."""
+MEMORY = f"max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
+"""The GPU's share of memory used."""
+
+
+def pct(ratio: float) -> str:
+    """``0.254 -> "25%"``."""
+    return f"{ratio * 100:.0f}%"
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What one GPU's SMs did over the window, beside its busy utilization (ratios 0-1, None: unknown)."""
+
+    busy: float
+    sm: float | None
+    tensor: float | None = None
+    dram: float | None = None
+    memory: float | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuFinding:
+    """A GPU-level cause that holds: its kind and the reading its alert reports (``value``), and the worth."""
+
+    cause: GpuCause
+    value: float
+    sm: float
+    busy: float
+
+    @property
+    def worth(self) -> float:
+        """The share of the GPU between busy and effective: ``busy - sm`` (never below 0)."""
+        return max(0.0, self.busy - self.sm)
+
+    def projection(self) -> str:
+        """``"SM activity 25% now, at most ~96% (the busy utilization) if the kernels filled the GPU"``."""
+        return (f"SM activity {pct(self.sm)} now, at most ~{pct(self.busy)} (the busy utilization) if the kernels "
+                "filled the GPU")
+
+
+@dataclass(frozen=True)
+class GpuCause:
+    """One row of the table; its class is its kind. ``keys``: the thresholds.yml keys its condition reads (the
+    first is the one its compared value is compared with). ``doing``: what the GPU does, for the reason."""
+
+    cause: str
+    code: str
+    title: str
+    alert: str
+    keys: tuple[str, ...]
+    doing: str
+    remedy: str
+    advice: str
+
+    op: ClassVar[str] = "<"
+    """How :meth:`value` compares with ``keys[0]`` (the alert's comparison; Grafana's evaluator)."""
+
+    @property
+    def label(self) -> str:
+        """``"batch too small for the SMs (M3)"``."""
+        return f"{self.title} ({self.code})" if self.code else self.title
+
+    @property
+    def anchor(self) -> str:
+        """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
+        return self.alert.lower()
+
+    def value(self, a: Activity) -> float | None:
+        """The reading the alert compares and reports: the SM activity (tensor pipe for tensor cores idle)."""
+        return a.sm
+
+    def holds(self, a: Activity, t: Thresholds) -> bool:
+        """The condition on a GPU at or above the target with work (the caller checks that)."""
+        raise NotImplementedError
+
+    def promql(self) -> tuple[str, str]:
+        """``(value, conditions)``: the compared value (its comparison is ``op keys[0]``) and the PromQL that
+        follows it (``and`` / ``unless`` on the GPU's cluster and uuid), as template text."""
+        raise NotImplementedError
+
+    def reason(self, a: Activity) -> str:
+        """One sentence on what the readings show, for diagnose."""
+        return (f"its SMs are {pct(a.sm or 0.0)} active ({SOURCES.get(a.source or '', a.source)}) while NVML "
+                f"reads it {pct(a.busy)} busy: {self.doing}.")
+
+
+def _low(a: Activity, t: Thresholds) -> bool:
+    return a.sm is not None and a.sm < threshold(t, "sm_active_low")
+
+
+def _dram_bound(a: Activity, t: Thresholds) -> bool:
+    return a.dram is not None and a.dram >= threshold(t, "dram_bound_ratio")
+
+
+def _memory_left(a: Activity, t: Thresholds) -> bool:
+    return a.memory is not None and a.memory < threshold(t, "batch_memory_used_ratio")
+
+
+DRAM_BOUND = f"(\n{textwrap.indent(DRAM, '  ')}\n) >= ${{dram_bound_ratio}}"
+MEMORY_LEFT = f"{MEMORY} < ${{batch_memory_used_ratio}}"
+
+
+def _indented(text: str) -> str:
+    """``text`` with every line after the first indented by two spaces (it follows an indented operator line)."""
+    return text.replace("\n", "\n  ")
+
+
+class MemoryBound(GpuCause):
+    """MB: SM activity low while DRAM is at or above its line: the kernels wait on memory bandwidth."""
+
+    def holds(self, a: Activity, t: Thresholds) -> bool:
+        return _low(a, t) and _dram_bound(a, t)
+
+    def promql(self) -> tuple[str, str]:
+        return SM, f"and on ({C}, uuid)\n  {_indented(DRAM_BOUND)}"
+
+    def reason(self, a: Activity) -> str:
+        return (f"its SMs are {pct(a.sm or 0.0)} active ({SOURCES.get(a.source or '', a.source)}) while NVML "
+                f"reads it {pct(a.busy)} busy and DRAM is {pct(a.dram or 0.0)} active: {self.doing}.")
+
+
+class SmBatch(GpuCause):
+    """M3, the SM form: SM activity low with memory left (and not memory-bound): too little work per kernel."""
+
+    def holds(self, a: Activity, t: Thresholds) -> bool:
+        return _low(a, t) and _memory_left(a, t) and not _dram_bound(a, t)
+
+    def promql(self) -> tuple[str, str]:
+        return SM, f"and on ({C}, uuid)\n  {MEMORY_LEFT}\nunless on ({C}, uuid)\n  {_indented(DRAM_BOUND)}"
+
+    def reason(self, a: Activity) -> str:
+        return f"{super().reason(a)} Only {pct(a.memory or 0.0)} of its memory is used."
+
+
+class TensorIdle(GpuCause):
+    """TC: the SMs are busy enough but the tensor pipe idles: fp32 math on a GPU built for bf16 / TF32."""
+
+    def value(self, a: Activity) -> float | None:
+        return a.tensor
+
+    def holds(self, a: Activity, t: Thresholds) -> bool:
+        return (a.sm is not None and not _low(a, t) and a.tensor is not None
+                and a.tensor < threshold(t, "tensor_idle_ratio"))
+
+    def promql(self) -> tuple[str, str]:
+        return f"(\n{textwrap.indent(TENSOR, '  ')}\n)", f"and on ({C}, uuid)\n  {SM} >= ${{sm_active_low}}"
+
+    def reason(self, a: Activity) -> str:
+        return (f"its SMs are {pct(a.sm or 0.0)} active ({SOURCES.get(a.source or '', a.source)}) but its tensor "
+                f"pipe only {pct(a.tensor or 0.0)}: {self.doing}.")
+
+
+class Ineffective(GpuCause):
+    """No cause found, yet SM activity is low: busy but ineffective (the ladder's fallback row)."""
+
+    def holds(self, a: Activity, t: Thresholds) -> bool:
+        return _low(a, t) and not _dram_bound(a, t) and not _memory_left(a, t)
+
+    def promql(self) -> tuple[str, str]:
+        return SM, f"unless on ({C}, uuid)\n  {_indented(DRAM_BOUND)}\nunless on ({C}, uuid)\n  {MEMORY_LEFT}"
+
+
+BATCH_REMEDY_TEXT = ("raise the batch size within memory, larger model shards per GPU, fewer tiny kernels "
+                     "(torch.compile, CUDA graphs)")
+EFFICIENCY: tuple[GpuCause, ...] = (
+    MemoryBound("memory_bound", "MB", "memory-bound kernels", "GpuMemoryBoundKernels",
+                ("sm_active_low", "dram_bound_ratio"),
+                doing="its kernels wait on memory bandwidth (memory-bound)",
+                remedy="fuse elementwise ops (torch.compile), fewer materialized intermediates, larger arithmetic "
+                       "intensity",
+                advice="MB: the GPU is busy but its kernels stream memory instead of computing. Fuse elementwise "
+                       "and normalization ops (torch.compile(model), fused optimizers such as "
+                       "torch.optim.AdamW(fused=True), flash attention via "
+                       "torch.nn.functional.scaled_dot_product_attention), avoid materializing intermediates (in-place "
+                       "ops, activation checkpointing trades memory traffic for compute), and raise the arithmetic "
+                       "intensity (larger batch or hidden sizes, bf16 halves the bytes moved)."),
+    SmBatch("sm_batch_too_small", "M3", "batch too small for the SMs", "GpuSmBatchTooSmall",
+            ("sm_active_low", "batch_memory_used_ratio", "dram_bound_ratio"),
+            doing="each kernel is too small to fill the SMs (small batches or kernels, launch-bound)",
+            remedy=BATCH_REMEDY_TEXT,
+            advice="M3: the GPU runs kernels all the time but each one fills few SMs, and memory is left. Raise the "
+                   "batch size within memory (gpu-exporter diagnose suggests one when the run reports its batch "
+                   "size), give each GPU a larger model shard, and launch fewer tiny kernels: torch.compile(model, "
+                   "mode=\"reduce-overhead\") or CUDA graphs (torch.cuda.graphs) fuse them and cut launch overhead."),
+    TensorIdle("tensor_cores_idle", "TC", "tensor cores idle", "GpuTensorCoresIdle",
+               ("tensor_idle_ratio", "sm_active_low"),
+               doing="its math runs on the fp32 pipes and the tensor cores idle",
+               remedy="bf16 autocast (torch.autocast(\"cuda\", dtype=torch.bfloat16)) or TF32 "
+                      "(torch.backends.cuda.matmul.allow_tf32 = True)",
+               advice="TC: the SMs compute, but in fp32, so the tensor cores (most of the GPU's math throughput) "
+                      "idle. Train in bf16 with torch.autocast(\"cuda\", dtype=torch.bfloat16): around the "
+                      "forward pass, or allow TF32 for fp32 matmuls and convolutions: "
+                      "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision(\"high\")) "
+                      "and torch.backends.cudnn.allow_tf32 = True."),
+    Ineffective("ineffective", "", "busy but ineffective", "GpuSmActivityLow",
+                ("sm_active_low", "dram_bound_ratio", "batch_memory_used_ratio"),
+                doing="most of its SMs idle while kernels run, and no single cause explains it",
+                remedy="profile the step (torch.profiler, Nsight Systems) for small or serialized kernels, "
+                       "host syncs and CPU-bound launches",
+                advice="The GPU is busy by NVML's count but most SMs idle, with memory used and DRAM not saturated: "
+                       "look for small or serialized kernels (one stream, no overlap), host synchronizations "
+                       "(.item(), .cpu()) between kernels and CPU-bound launch loops with torch.profiler or Nsight "
+                       "Systems; torch.compile and CUDA graphs cut launch overhead, and a larger batch (within "
+                       "memory) fills more SMs."),
+)
+"""Every GPU-level cause, in precedence order (the first that holds names the verdict). The conditions exclude each
+other: memory-bound first, batch too small unless memory-bound, tensor cores idle only with SM activity at or above
+the line, the fallback only when no other holds."""
+
+EFFICIENCY_BY_ID: dict[str, GpuCause] = {c.cause: c for c in EFFICIENCY}
+INEFFECTIVE = EFFICIENCY_BY_ID["ineffective"]
+
+
+def find_efficiency(a: Activity, t: Thresholds) -> GpuFinding | None:
+    """The first cause of :data:`EFFICIENCY` that holds for a GPU at or above the target with work, or None.
+
+    Mirrors the generated PromQL (tests/test_causes_conformance.py checks it); None without an SM source.
+    """
+    if a.sm is None:
+        return None
+    for cause in EFFICIENCY:
+        if cause.holds(a, t):
+            value = cause.value(a)
+            return GpuFinding(cause, a.sm if value is None else value, a.sm, a.busy)
+    return None
+
+
+def compute_sm(sm: float, shares: Mapping[str, float]) -> float | None:
+    """The compute phase's SM activity: SM activity / compute share (at most 1); None without a compute phase.
+
+    >>> compute_sm(0.2, {"compute": 0.5, "data": 0.5}), compute_sm(0.2, {"data": 1.0})
+    (0.4, None)
+    """
+    share = shares.get(COMPUTE, 0.0)
+    return min(1.0, sm / share) if share > 0 else None
+
+
+def effective_line(busy: float | None, sm: float | None, source: str | None, tensor: float | None = None,
+                   dram: float | None = None, shares: Mapping[str, float] | None = None) -> str:
+    """The effective-use line of a verdict: SM activity beside busy utilization, or :data:`UNKNOWN`.
+
+    >>> effective_line(0.96, 0.25, "dcgm", 0.0, 0.1, {"compute": 0.9, "data": 0.1})
+    'effective utilization (SM activity, DCGM) 25% while 96% busy; tensor pipe 0%, DRAM 10%; compute phase (90% of \
+the step) 28% SM activity'
+    """
+    if sm is None:
+        return UNKNOWN
+    busy_text = f" while {pct(busy)} busy" if busy is not None else ""
+    parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) {pct(sm)}{busy_text}"]
+    pipes = [f"{name} {pct(v)}" for name, v in (("tensor pipe", tensor), ("DRAM", dram)) if v is not None]
+    if pipes:
+        parts.append(", ".join(pipes))
+    in_compute = compute_sm(sm, shares or {})
+    if in_compute is not None and shares is not None:
+        parts.append(f"compute phase ({pct(shares[COMPUTE])} of the step) {pct(in_compute)} SM activity")
+    return "; ".join(parts)

@@ -1,0 +1,69 @@
+"""Busy but not effective: the recorded SM activity and the GPU-level alerts, from the table of
+gpu_exporter.verdict.efficiency (EFFICIENCY).
+
+:func:`records` is the ``gpu-efficiency.recording`` group: one series per GPU, ``gpu:gpu_sm_active:avg5m``
+{cluster, uuid, source}, GPM's whole-GPU SM activity where the exporter reports it, else dcgm-exporter's
+(joined by UUID), else none. :func:`alerts` gives each kind its own group ``gpu-efficiency-<cause>.alerts``
+(groups evaluate concurrently, docs/fleet.md): GpuMemoryBoundKernels, GpuSmBatchTooSmall, GpuTensorCoresIdle and
+GpuSmActivityLow, all info (the GPU is busy), ``for: ${cause_for}``, only for a GPU at or above
+``utilization_target`` (its useful utilization, the ladder's level) that has work. Tensor and DRAM activity are
+read inline (no recorded series: the fleet's series budget). Each alert makes one join for the workload's labels.
+"""
+
+from __future__ import annotations
+
+from gpu_exporter import catalog as m
+from gpu_exporter.verdict.efficiency import EFFICIENCY, SM, SM_RECORD, GpuCause
+from gpu_exporter.verdict.promql import GPU_SEL, C
+
+from monitoring.model import VALUE, Alert, Record, indent, wrap
+
+RECORDING = "gpu-efficiency.recording"
+ALERTS = "gpu-efficiency-{cause}.alerts"
+WORK = (f"(\n    {m.GPU_WORKLOAD_INFO.name}\n  * on ({C}, uuid) group_left (node)\n"
+        f"    ({m.GPU_HAS_WORK_BOOL.name} == 1)\n)")
+"""The GPUs with work, with the workload's labels and the node: the one join of each alert."""
+AT_TARGET = f"{m.GPU_USEFUL_UTILIZATION_AVG5M.name} >= ${{utilization_target}}"
+"""At or above the target, judged at the useful utilization like the ladder's level (below it the run causes and
+the below-target alerts speak)."""
+WHO = ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }}, pod "
+       "{{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}")
+BUSY = (f'{{{{ with printf "max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]})" {GPU_SEL[1]} | query }}}}'
+        "{{ . | first | value | humanizePercentage }}{{ end }}")
+"""The GPU's busy utilization (NVML) now, in the alert's text."""
+SM_NOW = (f'{{{{ with printf "max by ({C}, uuid, source) ({SM}{GPU_SEL[0]})" {GPU_SEL[1]} | query }}}}'
+          "{{ . | first | value | humanizePercentage }} ({{ . | first | label \"source\" }}){{ end }}")
+"""The GPU's SM activity now and its source, for the alert whose value is another reading (tensor cores idle)."""
+
+
+def records() -> list[Record]:
+    """``gpu:gpu_sm_active:avg5m``: GPM wins, else DCGM joined by UUID."""
+    return [Record(RECORDING, SM, SM_RECORD, comment=wrap(
+        "Effective utilization: the 5m mean SM activity of the whole GPU (0-1), from GPM (the exporter's "
+        f"{m.GPU_SM_ACTIVE_RATIO.name}, mig_uuid=\"\") where present, else from dcgm-exporter "
+        f"({m.DCGM_SM_ACTIVE.name}, its {m.DCGM_UUID_LABEL} label as uuid); label source = gpm or dcgm. No series "
+        "without either (diagnose then says SM activity unknown)."))]
+
+
+def _alert(cause: GpuCause) -> Alert:
+    value, conditions = cause.promql()
+    shape = (f"(\n    {VALUE}\n{indent(conditions, 2)}  and on ({C}, uuid)\n    {AT_TARGET}\n)\n"
+             f"* on ({C}, uuid) group_left (node, gpu, namespace, pod, container, run)\n{WORK}\n")
+    reading = "{{ $value | humanizePercentage }}"
+    tensor = cause.keys[0] == "tensor_idle_ratio"
+    now = (f"its SMs are {SM_NOW} active but its tensor pipe only {reading}" if tensor else
+           f"its SMs are {reading} active ({{{{ $labels.source }}}})")
+    line = ("Tensor pipe activity below ${tensor_idle_ratio|percent} while the SMs are at least ${sm_active_low|percent} "
+            "active means fp32 math." if tensor else
+            "Effective utilization (SM activity) below ${sm_active_low|percent} is likely ineffective use.")
+    description = (f"{WHO} is busy ({BUSY} utilization, at or above the ${{utilization_target|percent}} target) but "
+                   f"{now}: {cause.doing}. {line} Cause: {cause.label}. {cause.advice}")
+    summary = f"A busy GPU is not used effectively, cause {cause.label}."
+    return Alert(ALERTS.format(cause=cause.cause), cause.alert, value, "cause_for",
+                 (("severity", "info"), ("cause", cause.cause)) + ((("code", cause.code),) if cause.code else ()),
+                 summary, wrap(description), op=cause.op, threshold=cause.keys[0], shape=shape)
+
+
+def alerts() -> list[Alert]:
+    """One alert per kind of the table, each in its own group."""
+    return [_alert(cause) for cause in EFFICIENCY]
