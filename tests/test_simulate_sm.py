@@ -267,6 +267,9 @@ def test_ops_device_takes_its_kernel_from_gpu_sim_kernel(tmp_path: Path, monkeyp
     trace.refresh()
     written = trace.activity(0.0, time.monotonic())
     assert written == pytest.approx(Activity(truth["busy"], truth["sm"], truth["tensor"], truth["dram"]), abs=1e-4)
+    async_device = AsyncDevice("GPU-async-env", directory=tmp_path)  # an async device reads it too
+    async_device.close()
+    assert async_device.kernel == Kernel(sm=0.3, tensor=0.0, dram=0.3)
     monkeypatch.setenv(KERNEL_ENV, "sm=2")
     with pytest.raises(ValueError, match=r"^\$GPU_SIM_KERNEL: Kernel sm must be a number between 0 and 1, got 2.0$"):
         kernel_from_env()

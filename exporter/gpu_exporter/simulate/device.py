@@ -21,7 +21,7 @@ busy:
 
 **Kernels.** A kernel uses a share of the GPU while it runs (:class:`Kernel`: SM activity, tensor pipe,
 DRAM bandwidth); NVML's utilization counts only that a kernel ran, GPM and DCGM profiling the shares. A
-device has a default kernel (``kernel=``; an ops-mode one also reads ``$GPU_SIM_KERNEL``), and
+device has a default kernel (``kernel=``, else ``$GPU_SIM_KERNEL``, else the defaults), and
 :meth:`AsyncDevice.launch` takes ``sm=``, ``tensor=``, ``dram=`` per kernel.
 
 **The channel** (:mod:`gpu_exporter.simulate.channel`). Each device appends what it did to
@@ -92,8 +92,9 @@ class SimDevice:
 
     def __init__(self, uuid: str, directory: str | Path | None = None, *, kernel: Kernel | None = None) -> None:
         self.uuid = uuid
-        self.kernel = kernel or Kernel()
-        """The shares of the GPU the device's kernels use unless a launch says otherwise."""
+        self.kernel = kernel if kernel is not None else kernel_from_env()
+        """The shares of the GPU the device's kernels use unless a launch says otherwise (default: those
+        ``$GPU_SIM_KERNEL`` names, else :class:`Kernel`'s defaults)."""
         self.history = Chunks()
         """Every busy interval so far (monotonic seconds): the device's own truth."""
         self.collectives = Intervals()
@@ -232,7 +233,8 @@ class AsyncDevice(SimDevice):
     NVML counts it; ``wait_busy=False`` makes the wait idle (a CPU-side wait, e.g. gloo).
 
     ``kernel`` gives the shares of the GPU (SM, tensor pipe, DRAM) a :meth:`launch` uses unless it says
-    otherwise; a collective's busy time uses :data:`COLLECTIVE_KERNEL`, a copy none (it is not busy).
+    otherwise (default: ``$GPU_SIM_KERNEL``, else :class:`Kernel`'s defaults); a collective's busy time uses
+    :data:`COLLECTIVE_KERNEL`, a copy none (it is not busy).
     """
 
     def __init__(self, uuid: str, directory: str | Path | None = None, *, group: str = "", rank: int = 0,
@@ -380,7 +382,7 @@ class OpsDevice(SimDevice):
     SKIP_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
     def __init__(self, uuid: str, directory: str | Path | None = None, *, kernel: Kernel | None = None) -> None:
-        super().__init__(uuid, directory, kernel=kernel if kernel is not None else kernel_from_env())
+        super().__init__(uuid, directory, kernel=kernel)
         self._mode: Any = None
 
     def start(self) -> OpsDevice:
