@@ -6,7 +6,9 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import pynvml
 import pytest
@@ -298,3 +300,42 @@ def test_tags_from_the_environment_and_the_argument(monkeypatch: pytest.MonkeyPa
         Run("a", uuid="")
     monkeypatch.delenv("GPU_EXPORTER_TAGS")
     assert "tags" not in Run("a", uuid="").snapshot()
+
+
+def test_a_cuda_run_without_a_pusher_keeps_a_bounded_number_of_events(tmp_path: Path) -> None:
+    """A ``Run`` on CUDA that nobody reads (no pusher, as in ``Run``'s docstring) folds the reached events on the
+    training thread every FOLD_EVERY phase changes: 8,000 phase changes make a few dozen CUDA events, not 8,000,
+    and the phases still add up to the GPU's time."""
+    torch = pytest.importorskip("torch")
+    from gpu_exporter.simulate import torch_cuda
+    from gpu_exporter.simulate.device import AsyncDevice
+    from gpu_exporter.training.run import FOLD_EVERY
+
+    device = AsyncDevice("GPU-bounded", directory=tmp_path)
+    undo = torch_cuda.install(device)
+    made = [0]
+    new_event = torch.cuda.Event
+
+    def counting(**kwargs: Any) -> Any:
+        made[0] += 1
+        return new_event(**kwargs)
+
+    torch.cuda.Event = counting  # undo() puts torch's own back
+    try:
+        run = Run("no-pusher", uuid="GPU-bounded")
+        data, compute = run.phase("data"), run.phase("compute")
+        for _ in range(2000):  # 4 phase changes each: into data, back to other, into compute, back
+            with data:
+                pass
+            with compute:
+                device.launch(1e-5)
+        assert made[0] <= 2 * FOLD_EVERY, made[0]
+        device.synchronize()
+        seconds = run.phase_seconds(finished=True)  # the GPU's up to the last event, then the CPU's clock
+        cpu = run.cpu_phase_seconds()
+        run.close()
+    finally:
+        undo()
+        device.close()
+    assert seconds["compute"] > 0
+    assert sum(seconds.values()) == pytest.approx(sum(cpu.values()), rel=0.05)  # both: wall time since the start

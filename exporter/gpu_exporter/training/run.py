@@ -53,6 +53,9 @@ if TYPE_CHECKING:
     from .pusher import Pusher
 
 T = TypeVar("T")
+FOLD_EVERY = 64
+"""Phase changes between the training thread's own folds of the CUDA events the stream has reached
+(:class:`GpuClock`): without a reader (a ``Run`` with no pusher) they would pile up, one per change."""
 
 _reporting: weakref.WeakSet[Run] = weakref.WeakSet()
 """The runs with a pusher (:meth:`Run.attach`)."""
@@ -182,6 +185,11 @@ class GpuClock:
 
     Resolved seconds only grow, and lag real time by the events not yet reached (usually less than
     a step); :meth:`settle` attributes the rest by the CPU's clock when the run closes.
+
+    The events pending stay bounded without a reader too: every :data:`FOLD_EVERY` marks, :meth:`mark`
+    folds in the reached ones itself, unless a reader is folding at that moment (it never waits for
+    one). What stays pending is then at most :data:`FOLD_EVERY` marks plus those the stream has not
+    reached (work still queued, which CUDA's launch queue bounds); completed events are reused.
     """
 
     def __init__(self, new_event: Callable[[], Any], first: Phase, now: float) -> None:
@@ -189,7 +197,8 @@ class GpuClock:
         self._free: list[Any] = []
         self._pending: deque[tuple[Any, Phase, float]] = deque()
         self._last: tuple[Any, Phase, float] | None = None
-        self._lock = threading.Lock()  # readers only (pusher, phase_seconds callers); mark() never takes it
+        self._lock = threading.Lock()  # readers (pusher, phase_seconds callers); mark() only tries it, never waits
+        self._marks = 0
         self.seconds: dict[str, float] = {}
         """GPU-attributed seconds per phase name, up to the last completed event."""
         self.mark(first, now)
@@ -199,6 +208,12 @@ class GpuClock:
         event = self._free.pop() if self._free else self._new()
         event.record()
         self._pending.append((event, phase, perf_counter() if now is None else now))
+        self._marks += 1
+        if self._marks % FOLD_EVERY == 0 and self._lock.acquire(blocking=False):
+            try:
+                self._fold()
+            finally:
+                self._lock.release()
 
     def resolve(self) -> dict[str, float]:
         """Fold in every event the stream has reached, in order (pusher thread; never waits)."""
