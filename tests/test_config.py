@@ -240,3 +240,47 @@ def test_serve_logs_in_the_chosen_format(style: str) -> None:
         else:
             assert re.fullmatch(r'ts=\S+Z level=(debug|info|warn|error) logger=\S+ msg=("(?:[^"\\]|\\.)*"|\S+)',
                                 line), line
+
+
+def test_serve_help_gives_each_default_once_as_the_settings_take_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """One default per flag, a switch's as true/false (what YAML and the environment take), and the exit statuses."""
+    import re
+
+    from gpu_exporter.cli import build_parser
+    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for s in SETTINGS:
+        if s.key.startswith("simulate."):
+            continue
+        entry = help_text.split(f" {s.flag} ", 1)[1].split(f"[env {s.env}", 1)[1].split("]", 1)[0]
+        assert entry == (f"; default {s.default_text}" if s.default_text else ""), (s.key, entry)
+    assert help_text.count("default :9445") == 1 and "True" not in help_text and "False" not in help_text
+    assert "GPU_EXPORTER_INGEST_ENABLED; default true]" in help_text
+    assert "GPU_EXPORTER_KUBERNETES_ENABLED; default false]" in help_text
+    for s in SETTINGS:  # the default shown is one the setting itself reads back
+        if s.default_text:
+            assert s.parse(s.default_text) == s.default, s.key
+    assert re.search(rf"exit status: 0 stopped by SIGTERM or SIGINT, {EXIT_NO_DRIVER} no NVIDIA driver .* 2 a bad "
+                     "flag, setting, config file", help_text), help_text
+
+
+@pytest.mark.parametrize(("key", "text", "seconds"), [("ingest.stale_after_seconds", "90s", 90.0),
+                                                      ("ingest.stale_after_seconds", "5m", 300.0),
+                                                      ("kubernetes.refresh_seconds", "90s", 90.0),
+                                                      ("kubernetes.refresh_seconds", "45", 45.0)])
+def test_the_seconds_settings_take_prometheus_durations(tmp_path: Path, key: str, text: str, seconds: float) -> None:
+    """``*_seconds`` keys read a duration like every other time (flag, environment, YAML), and refuse a bad one."""
+    from gpu_exporter.config import SETTINGS_BY_KEY
+
+    s = SETTINGS_BY_KEY[key]
+    section, name = key.split(".")
+    assert getattr(load_config(None, env={}, flags={key: text}), s.attr) == seconds
+    assert getattr(load_config(None, env={s.env: text}, flags={}), s.attr) == seconds
+    assert getattr(load_config(write(tmp_path, f"{section}:\n  {name}: {text}\n"), env={}, flags={}), s.attr) == seconds
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={}, flags={key: "5 minutes"})
+    assert str(err.value) == (f"flag {s.flag}: {key}: expected a positive duration (1s, 500ms, 1m30s, 2h) or seconds, "
+                              "got '5 minutes'")

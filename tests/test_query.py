@@ -520,3 +520,13 @@ def test_client_times_take_the_settings_duration_grammar() -> None:
                           ("fast", "--step: 'fast' is not a duration like 1s, 500ms, 1m30s, 2h, or seconds")):
         with pytest.raises(MetricsError, match=re.escape(message)):
             parse_seconds(text, "--step")
+
+
+def test_help_states_the_exit_statuses() -> None:
+    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+
+    result = run_cli("query", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # argparse wraps the epilog
+    assert f"exit status: 0 rows printed (or stopped by Ctrl-C), {EXIT_NO_DRIVER} no NVIDIA driver" in text, text
+    assert "2 an error (bad flag or field, unreadable exporter or scenario)" in text, text

@@ -39,7 +39,13 @@ def _packaged_scenarios() -> list[str]:
     return sorted(p.stem for p in (Path(__file__).parent / "simulate" / "scenarios").glob("*.yaml"))
 
 
+SERVE_EXIT_STATUS = ("exit status: 0 stopped by SIGTERM or SIGINT, 1 no NVIDIA driver (without --simulate) or the "
+                     "listen address in use, 2 a bad flag, setting, config file, web config file or scenario")
+"""What ``serve``'s exit statuses mean (its --help epilog; docs/configuration.md quotes it)."""
+
+
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = SERVE_EXIT_STATUS
     parser.add_argument("--config", metavar="FILE", help="YAML config file (flags > env > file > defaults)")
     for setting in SETTINGS:
         if setting.key in ("simulate.enabled", "simulate.scenario"):

@@ -218,11 +218,14 @@ class Setting:
 
     @property
     def default_text(self) -> str:
-        """The default as help shows it: ``1s`` for a duration, ``""`` when there is none."""
+        """The default as help and docs show it, as a file or the environment may give it: ``1s`` for a duration,
+        ``true``/``false`` for a switch, ``""`` when there is none."""
         if self.default in (None, ()):
             return ""
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
         if isinstance(self.default, tuple):
-            return ",".join(self.default)
+            return ", ".join(self.default)  # a list may have spaces after its commas; help wraps there
         return format_duration(self.default) if self.is_duration else str(self.default)
 
     @property
@@ -257,7 +260,7 @@ COLLECTOR_NAMES = collectors.NAMES  # one line per collector in gpu_exporter/col
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("web.listen_address", _listen_address, f":{DEFAULT_PORT}",
-            f"address to serve HTTP on (default :{DEFAULT_PORT})", "HOST:PORT"),
+            "address to serve HTTP on (no host: every interface)", "HOST:PORT"),
     Setting("web.telemetry_path", _telemetry_path, "/metrics", "path of the metrics endpoint", "PATH"),
     Setting("web.config_file", _optional_path, None,
             "exporter-toolkit web config file (TLS, basic auth)", "FILE", "--web.config.file"),

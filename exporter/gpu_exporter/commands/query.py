@@ -371,6 +371,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``gpu-exporter query`` (nvidia-smi's names where nvidia-smi has one; no short form that
     means something else in nvidia-smi)."""
     parser.allow_abbrev = False
+    parser.epilog = (f"exit status: 0 rows printed (or stopped by Ctrl-C), {EXIT_NO_DRIVER} no NVIDIA driver (reading "
+                     "NVML in-process), 2 an error (bad flag or field, unreadable exporter or scenario)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--query-gpu", metavar="FIELDS",
                       help=f"comma-separated GPU fields (default {DEFAULT_QUERY}); see --help-query-gpu")
