@@ -1,0 +1,85 @@
+"""``report --fleet``'s funnel (gpu_exporter.verdict.funnel): allocated GPU-hours -> busy -> effective, with the hours
+lost at each step by cause, on a judged range whose SM activity is known, without servers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from gpu_exporter.commands.fleet import LaunchRow, Point, Range, fleet, render_json, render_text
+from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.funnel import NO_CAUSE, Funnel, Slice, funnel
+
+T = load_thresholds(None)
+STEP, POINTS = 60.0, 120  # two hours at one point a minute
+# uuid: (verdict, busy, SM activity or None: no source). The truth each GPU's readings scatter around.
+TRUTH: dict[str, tuple[str, float, float | None]] = {
+    "GPU-a": ("sm_batch_too_small", 0.95, 0.30),  # busy, most SMs idle, memory left (M3)
+    "GPU-b": ("tensor_cores_idle", 0.92, 0.70),  # fp32 math (TC)
+    "GPU-c": ("memory_bound", 0.90, 0.35),  # memory-bound (MB)
+    "GPU-d": ("healthy", 0.93, 0.85),  # effective
+    "GPU-e": ("input_bound", 0.20, 0.15),  # below target: its run cause explains it
+    "GPU-f": ("not_instrumented", 0.60, None),  # no GPM, no dcgm-exporter: SM activity unknown
+    "GPU-g": ("unused", 0.0, 0.0),  # no work: free capacity, not allocated
+}
+
+
+def _point(rng: random.Random, k: int, uuid: str) -> Point:
+    """One judged point: a 5m window's readings, the truth plus sampling noise (at most 0.02 either way)."""
+    verdict, busy, sm = TRUTH[uuid]
+    b = min(1.0, max(0.0, busy + rng.uniform(-0.02, 0.02)))
+    s = None if sm is None else min(b, max(0.0, sm + rng.uniform(-0.02, 0.02)))
+    launch = ("train", "r1") if uuid == "GPU-e" else None
+    return Point(STEP * k, uuid, uuid, "node-1", "NVIDIA H100 80GB HBM3", (), verdict, verdict, "",
+                 verdict in ("input_bound", "not_instrumented"), b, "fix it.", launch, STEP, False, s)
+
+
+def _range(seed: int) -> Range:
+    rng = random.Random(seed)
+    points = [_point(rng, k, uuid) for k in range(1, POINTS + 1) for uuid in TRUTH]
+    run = LaunchRow("train", ["r1"], 0.0, STEP * POINTS, {}, {("0", "GPU-e"): STEP * POINTS})
+    run.points = [p for p in points if p.launch]
+    return Range("http://prometheus:9090", 0.0, STEP * POINTS, STEP, 5 * STEP, points, [run], T.utilization_target,
+                 T.utilization_low_threshold)
+
+
+def _truth() -> Funnel:
+    """The funnel the GPUs' true shares make over the range (each GPU the whole range)."""
+    hours = STEP * POINTS / 3600
+    return funnel(Slice(hours * 3600, busy, sm, verdict) for verdict, busy, sm in TRUTH.values())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_funnel_of_a_fleet_with_known_sm_activity_matches_the_truth(seed: int) -> None:
+    """Each step's GPU-hours and each cause's lost hours are within 5% of what the GPUs' true busy and SM shares
+    make; an unused GPU is not allocated; a GPU without a source is unknown, neither effective nor lost."""
+    got, want = fleet(_range(seed), None).funnel, _truth()
+    assert want.allocated == pytest.approx(6 * 2.0)  # six GPUs with work, two hours each
+    for name in ("allocated", "busy", "effective", "unknown", "idle", "ineffective"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=0.05), name
+    assert set(got.ineffective_by) == {"sm_batch_too_small", "tensor_cores_idle", "memory_bound", NO_CAUSE}
+    for cause, hours in want.ineffective_by.items():
+        assert got.ineffective_by[cause] == pytest.approx(hours, rel=0.05), cause
+    for verdict, hours in want.idle_by.items():
+        assert got.idle_by[verdict] == pytest.approx(hours, rel=0.05), verdict
+    # busy = effective + lost busy -> effective + unknown (SM activity never above busy here)
+    assert got.busy == pytest.approx(got.effective + got.ineffective + got.unknown)
+    assert got.unknown == pytest.approx(2.0 * 0.60, rel=0.05) and "not_instrumented" not in got.ineffective_by
+
+
+def test_the_report_shows_the_funnel() -> None:
+    """Text and JSON carry the three steps and the biggest causes of each loss."""
+    f = fleet(_range(1), None)
+    text = render_text(f)
+    assert "allocated GPU-hours" in text and "effective GPU-hours" in text and "lost, busy -> effective" in text
+    assert "sm_batch_too_small" in text and "SM activity unknown" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+    data = json.loads(render_json(f))["funnel"]
+    assert data["allocated_gpu_hours"] == pytest.approx(f.funnel.allocated, abs=1e-6)
+    assert next(iter(data["lost_busy_to_effective"])) == "sm_batch_too_small"  # the biggest loss first
+
+
+def test_sm_activity_above_busy_counts_as_effective_and_loses_nothing() -> None:
+    f = funnel([Slice(3600.0, 0.5, 0.6, "healthy"), Slice(3600.0, None, 0.5, "unknown")])
+    assert (f.allocated, f.busy, f.effective, f.ineffective) == (1.0, 0.5, 0.5, 0.0)
