@@ -73,7 +73,8 @@ def test_the_report_shows_the_funnel() -> None:
     f = fleet(_range(1), None)
     text = render_text(f)
     assert "allocated GPU-hours" in text and "effective GPU-hours" in text and "lost, busy -> effective" in text
-    assert "sm_batch_too_small" in text and "SM activity unknown" in text
+    effective = text[text.index("lost, busy -> effective"):text.index("SM activity unknown")]
+    assert f.titles["sm_batch_too_small"].split(" (")[0] in effective  # named by its title, biggest first
     assert max(len(line) for line in text.splitlines()) <= 100
     data = json.loads(render_json(f))["funnel"]
     assert data["allocated_gpu_hours"] == pytest.approx(f.funnel.allocated, abs=1e-6)
