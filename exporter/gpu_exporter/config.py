@@ -32,6 +32,13 @@ from gpu_exporter import catalog, collectors, yamlfile
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
+OTHER_ENV = {
+    ENV_PREFIX + "URL": "the exporter a training job pushes to (gpu_exporter.training; default: the one on its host)",
+    ENV_PREFIX + "TOKEN": "the bearer token a training job's pushes carry (ingest.token_file holds the same token)",
+    ENV_PREFIX + "BEARER_TOKEN": "the bearer token of the query, diagnose and report commands' requests",
+}
+"""Variables of the same prefix that are no setting of ``serve`` (the training library's, the client commands'):
+``serve`` accepts them in its environment instead of calling them unknown."""
 
 
 class ConfigError(ValueError):
@@ -430,7 +437,7 @@ def load_config(file_path: str | None, env: Mapping[str, str] | None = None,
     for s in SETTINGS:
         if s.env in env:
             raw[s.key] = (env[s.env], f"environment variable {s.env}")
-    known_env = {s.env for s in SETTINGS} | {ENV_PREFIX + "URL", ENV_PREFIX + "TOKEN", ENV_PREFIX + "BEARER_TOKEN"}
+    known_env = {s.env for s in SETTINGS} | set(OTHER_ENV)
     for name in env:
         if name.startswith(ENV_PREFIX) and name not in known_env:
             raise ConfigError(f"unknown environment variable {name}; {_did_you_mean(name, known_env)}"
