@@ -169,7 +169,14 @@ def test_the_shares_the_jobs_set_are_what_diagnose_saw(
     gpus = {g["uuid"]: g for g in _diagnose_doc(diagnosed, "url")["gpus"]}
     waiting, slow = gpus[WAITING]["runs"][0]["shares"], gpus[SLOW]["runs"][0]["shares"]
     assert waiting["communication"] > 0.55 and waiting["compute"] < 0.35, waiting
-    assert slow["data"] > 0.55 and slow["communication"] < 0.1, slow
+    # Rank 1 reaches every collective last, so it waits for no one; its communication is the transfer plus
+    # the time the scheduler keeps either rank's gloo threads off a core: under 0.05 of its step on an idle
+    # machine, 0.19 once at a load of 3-5 on 2 cores. That is physics, not the library. What the library
+    # controls is where the wait goes: the ranks step in lockstep, so rank 1's extra loading is rank 0's
+    # extra communication (the compute time boxes are alike), whatever the load.
+    assert slow["data"] > 0.55 and slow["communication"] < 0.5 * waiting["communication"], (slow, waiting)
+    extra_wait, extra_data = waiting["communication"] - slow["communication"], slow["data"] - waiting["data"]
+    assert extra_wait == pytest.approx(extra_data, abs=0.1), (slow, waiting)
     for rank in ("0", "1"):  # the all-reduce job: every rank's step is mostly communication, alike
         assert gpus[f"GPU-ddp-allreduce-{rank}"]["runs"][0]["shares"]["communication"] > 0.4, gpus
 
