@@ -72,6 +72,25 @@ def test_readme_benchmark_claims_link_to_their_measurement_and_name_the_missed_g
     assert named == missed, (named, missed)
 
 
+def test_readme_names_every_packaged_scenario_and_dashboard() -> None:
+    """The scenario list of the Running block and the dashboards of the file list are the shipped ones."""
+    import json
+
+    from gpu_exporter.simulate.scenario import DEFAULT_SCENARIO
+
+    text = README.read_text()
+    listed = re.search(r"# a packaged scenario: (.+)\n", text)
+    assert listed is not None
+    shipped = sorted(p.stem for p in DEFAULT_SCENARIO.parent.glob("*.yaml") if p != DEFAULT_SCENARIO)
+    assert listed.group(1).split(", ") == shipped
+    dashboards = re.search(r"(\w+) dashboards \(([^)]+)\)", " ".join(text.split()))
+    assert dashboards is not None
+    titles = sorted(json.loads(p.read_text())["title"].removeprefix("GPU ")
+                    for p in (README.parent / "grafana" / "dashboards").glob("*.json"))
+    assert sorted(dashboards.group(2).split(", ")) == titles
+    assert dashboards.group(1) == ["one", "two", "three", "four", "five", "six", "seven"][len(titles) - 1]
+
+
 def test_license_is_the_apache_2_text_pyproject_names() -> None:
     license_text = (README.parent / "LICENSE").read_text()
     assert " ".join(license_text.split()[:4]) == "Apache License Version 2.0,"
