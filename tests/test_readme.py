@@ -91,6 +91,18 @@ def test_readme_names_every_packaged_scenario_and_dashboard() -> None:
     assert dashboards.group(1) == ["one", "two", "three", "four", "five", "six", "seven"][len(titles) - 1]
 
 
+def test_readers_docs_cite_no_internal_issue_number() -> None:
+    """Readers cannot see the project's issue tracker: README, docs/, CHANGELOG, the chart's README and the examples
+    say what changed in words ("issue 30, item 4" means nothing to them)."""
+    root = README.parent
+    files = [README, root / "CHANGELOG.md", *sorted((root / "docs").glob("*.md")),
+             *sorted(root.glob("helm/**/README*")), *sorted(p for p in (root / "examples").rglob("*") if p.is_file())]
+    cited = [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in files
+             for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if re.search(r"\bissues? #?\d+|\bissue-\d+", line, re.I)]
+    assert not cited, "\n".join(cited)
+
+
 def test_license_is_the_apache_2_text_pyproject_names() -> None:
     license_text = (README.parent / "LICENSE").read_text()
     assert " ".join(license_text.split()[:4]) == "Apache License Version 2.0,"
