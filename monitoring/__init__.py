@@ -19,7 +19,18 @@ from pathlib import Path
 
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
 
-from monitoring import causes, cost, dashboards, efficiency, evidence, grafana_alerts, remedies, rules, utilization
+from monitoring import (
+    causes,
+    cost,
+    dashboards,
+    efficiency,
+    evidence,
+    funnel,
+    grafana_alerts,
+    remedies,
+    rules,
+    utilization,
+)
 from monitoring.model import Model
 from monitoring.panels import Config
 
@@ -28,7 +39,8 @@ def build(config: ThresholdsFile | None = None) -> Model:
     """The model of ``config`` (default: the packaged thresholds.yml)."""
     config = read_thresholds_file() if config is None else config
     alerts = (*utilization.alerts(), *causes.alerts(), *evidence.alerts(), *efficiency.alerts())
-    records = (*causes.records(), *evidence.records(), *remedies.records(), *cost.records(), *efficiency.records())
+    records = (*causes.records(), *evidence.records(), *remedies.records(), *cost.records(), *efficiency.records(),
+               *funnel.records())
     return Model(config, alerts, records, dashboards.build(Config.load(config)))
 
 

@@ -23,6 +23,7 @@ from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import common as cm
 
+from monitoring import funnel
 from monitoring.model import Model
 from monitoring.panels import (
     Config,
@@ -153,7 +154,7 @@ def fleet(cfg: Config) -> dash.Dashboard:
                             override("gpu", links=[GPU_TABLE_LINK]),
                             override("run", links=[RUN_TABLE_LINK])],
                  sort_by="Utilization (5m)", panel_links=cause_runbooks(cfg, "GpuUtilizationLow"))))
-    return board
+    return funnel.fleet_row(cfg, board)
 
 
 def cause_runbooks(cfg: Config, first: str) -> list[dash.DashboardLink]:
@@ -201,7 +202,8 @@ def node_detail(cfg: Config) -> dash.Dashboard:
                  "GPM metrics of the whole GPU (mig_uuid empty) or of each MIG instance: SM active, SM occupancy, "
                  "tensor pipes active, DRAM bandwidth. Empty on GPUs older than Hopper.",
                  [query(sel(metric), f"GPU {{{{gpu}}}} {{{{mig_uuid}}}} {name}") for metric, name in gpm],
-                 unit="percentunit", h=7))
+                 unit="percentunit", h=7)))
+    board = (funnel.node_panels(cfg, board)
              .with_row(dash.Row("Memory"))
              .with_panel(timeseries(
                  "Memory used vs total", "Framebuffer memory used, reserved by the driver, and installed.",
@@ -312,12 +314,13 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "Utilization (busy-time counter, 5m mean) of the GPUs this run pushes from (joined on uuid), "
                  "beside each rank's useful utilization (what the level is judged at: min(utilization, 1 - its "
                  "communication share), since an NCCL kernel spins on the GPU while its rank waits in a collective) "
-                 f"and the compute-phase share. The line is {pct}.",
+                 f"and the compute-phase share, and its effective utilization (SM activity, from GPM or dcgm-exporter: "
+                 f"busy time in which most SMs idle does not count). The line is {pct}.",
                  [query(f"{cfg.sel(m.GPU_UTILIZATION_AVG5M.name)} * {cfg.on('uuid')} group_right (node, gpu) "
                         f"{run_gpus}", "GPU utilization rank {{rank}}"),
                   query(sel(m.RUN_USEFUL_UTILIZATION_AVG5M.name), "useful utilization rank {{rank}}"),
                   query(f"avg {cfg.by('rank')} ({sel(m.RUN_TRAINING_PHASE_SHARE5M.name, phase='compute')})",
-                        "compute share rank {{rank}}")], h=9, links=[gpu_link()]))
+                        "compute share rank {{rank}}"), *funnel.run_queries(cfg, run_gpus)], h=9, links=[gpu_link()]))
              .with_panel(bar_gauge("Phase shares over the selected range",
                                    "Share of each phase over the whole time range shown.",
                                    query(phase_share, "{{phase}}", instant=True)))
@@ -348,6 +351,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  w=8, order=("rank", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E"),
                  rename={"rank": "Rank", "Value #A": "Workers", "Value #B": "Cores", "Value #C": "Try workers",
                          "Value #D": "Batch", "Value #E": "Try batch"}))
+             .with_panel(funnel.run_table(cfg, run_gpus))
              .with_row(dash.Row("Ranks"))
              .with_panel(bar_gauge(
                  "Phases by rank", "Each rank's phase shares (5m) side by side. In a distributed run a rank with "
@@ -526,7 +530,8 @@ def cost(cfg: Config) -> dash.Dashboard:
              .with_panel(stat_panel(
                  "Money lost", "GPU-hours lost times the price per GPU-hour (the price variable; default "
                  f"{cfg.text('dashboard_gpu_hour_price')} from thresholds.yml), in the price's currency.",
-                 query(f"{lost} * $price", instant=True), w=6, thresholds=steps(("green", None), ("orange", 1))))
+                 query(f"{lost} * $price", instant=True), w=6, thresholds=steps(("green", None), ("orange", 1)))))
+    board = (funnel.cost_row(cfg, board, hours, named, cause_runbooks(cfg, "GpuSmActivityLow"))
              .with_row(dash.Row("Where the hours went"))
              .with_panel(bar_gauge(
                  "GPU-hours lost by cause", "GPU-hours lost by the code of each GPU's main cause: a live run's "

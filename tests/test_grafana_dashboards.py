@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import pytest
 import yaml
 from fake_kubelet import FakeKubelet
-from gpu_exporter import training
+from gpu_exporter import catalog, training
 from gpu_exporter.kubernetes import api_pb2
 from gpu_exporter.thresholds import ThresholdsError, read_thresholds_file
 from gpu_exporter.training import device as training_device
@@ -52,8 +52,9 @@ SCHEMA = REPO / "tests" / "schema"
 SCENARIO = REPO / "tests" / "scenarios" / "grafana-node.yaml"
 UNLABELLED = REPO / "exporter" / "gpu_exporter" / "simulate" / "scenarios" / "default.yaml"
 NODE, OTHER_NODE, CLUSTER = "sim-node-1", "sim-node-2", "east"
-# Prometheus' own series the dashboards may use besides the exporter's metrics and recording rules.
-PROMETHEUS_SERIES = {"up", "scrape_duration_seconds"}
+# Prometheus' own series the dashboards may use besides the exporter's metrics and recording rules, and
+# dcgm-exporter's profiling fields (catalog.DCGM: the effective-utilization panels read them where GPM is absent).
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", *(series.name for series in catalog.DCGM)}
 # Grafana's macros as the test's Prometheus (1 s scrapes, a 20 s panel range) makes them.
 MACROS = {"__rate_interval": "5s", "__interval": "1s", "__interval_ms": "1000", "__range": "1h"}
 PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
@@ -395,6 +396,8 @@ READY = [
     "gpu:gpu_has_work:bool",
     "increase(gpu_xid_errors_total[1m])",
     "gpu_sm_active_ratio",
+    "gpu:gpu_sm_active:avg5m",  # effective utilization (the Hopper GPU's GPM) beside busy
+    "gpu:gpu_busy_not_effective:ratio",  # the cost dashboard's funnel, busy -> effective
     "gpu_mig_memory_used_bytes",
     'up{job="kubelet"}',
     # the cost dashboard's subqueries step through whole seconds: the trainer's GPU below target with its main

@@ -452,6 +452,11 @@ GPU_SM_ACTIVE_AVG5M = _record(
     "Per-GPU effective utilization: the 5m mean SM activity (0-1) of the whole GPU, from GPM "
     "(gpu_sm_active_ratio) where present, else from dcgm-exporter (DCGM_FI_PROF_SM_ACTIVE, joined by UUID); "
     "label source = gpm or dcgm. No series without either.", generated=True)
+GPU_BUSY_NOT_EFFECTIVE_RATIO = _record(
+    "gpu:gpu_busy_not_effective:ratio",
+    "The utilization funnel's step busy -> effective: busy utilization - SM activity of a GPU with work and an SM "
+    "source, with the cause of its efficiency verdict where one holds (cause label); summed over time: the "
+    "GPU-hours between busy and effective (monitoring/funnel.py).", generated=True)
 
 RECORDED: tuple[RecordedSeries, ...] = tuple(_RECORDED)
 """Every series the shipped recording rules produce, the template's and the generated ones."""

@@ -1,0 +1,250 @@
+"""The utilization funnel: allocated GPU-hours -> busy -> effective, and the panels that show effective utilization
+(SM activity) beside busy utilization on the dashboards (monitoring.dashboards calls them).
+
+The problem: NVML's utilization (busy) is the share of time at least one kernel ran; a GPU busy with small
+kernels, fp32 math or memory-bound kernels reads 90-100% while most of its SMs idle. Effective utilization is
+its SM activity (``gpu:gpu_sm_active:avg5m``, from GPM or dcgm-exporter, label ``source``; no series without
+either). The funnel says where a fleet's GPU-hours go:
+
+- allocated: GPU-hours with work (``gpu:gpu_has_work:bool`` 1);
+- busy: allocated hours x busy utilization; the step allocated -> busy loses the idle time (by cause: the cost
+  dashboard's ``gpu:gpu_idle_below_target:ratio``, monitoring.cost);
+- effective: allocated hours x SM activity, where a source reports it; the step busy -> effective loses
+  hours x (busy - SM activity), recorded here per GPU with the code of its SM cause.
+
+One recording rule, in the ``gpu-cost.recording`` group (one series per GPU that has work and an SM source:
+the fleet's series budget, docs/fleet.md):
+
+- ``gpu:gpu_busy_not_effective:ratio`` {cluster, node, gpu, uuid, cause}: busy utilization - SM activity (at
+  least 0) of each GPU with work and an SM source, with the ``cause`` of its efficiency verdict where one holds
+  (memory_bound, sm_batch_too_small, tensor_cores_idle, ineffective: the conditions of the efficiency alerts,
+  monitoring.efficiency, from the table of gpu_exporter.verdict.efficiency; only at or above the target, as the
+  verdict). Summed over time: the GPU-hours between busy and effective, by cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpu_exporter import catalog as m
+from gpu_exporter.commands.fleet import NONE
+from gpu_exporter.verdict.efficiency import EFFICIENCY, GpuCause
+from gpu_exporter.verdict.promql import C
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, table
+
+from monitoring.cost import RECORDING
+from monitoring.efficiency import AT_TARGET
+from monitoring.model import Record, indent
+from monitoring.panels import (
+    Config,
+    bar_gauge,
+    query,
+    stat_panel,
+    steps,
+    table_panel,
+    table_query,
+    timeseries,
+)
+
+SM = m.GPU_SM_ACTIVE_AVG5M.name
+BUSY = m.GPU_UTILIZATION_AVG5M.name
+LOST = m.GPU_BUSY_NOT_EFFECTIVE_RATIO.name
+UNKNOWN = "unknown"
+"""The ``source`` the panels show for a GPU with no SM activity source (neither GPM nor dcgm-exporter)."""
+
+
+def _holds(cause: GpuCause) -> str:
+    """One series (value 1) per GPU with work at or above the target where ``cause`` holds, labelled with its id:
+    the condition of the cause's alert (monitoring.efficiency, from the table of gpu_exporter.verdict.efficiency)."""
+    value, conditions = cause.promql()
+    holds = f"(\n  {value} {cause.op} ${{{cause.keys[0]}}}\n)\n{conditions}\nand on ({C}, uuid)\n  {AT_TARGET}"
+    return f'label_replace(\n  group by ({C}, uuid) (\n{indent(holds, 4)}\n  ),\n  "cause", "{cause.cause}", "", ""\n)'
+
+
+def records() -> list[Record]:
+    """``gpu:gpu_busy_not_effective:ratio`` in the ``gpu-cost.recording`` group."""
+    causes = f"\nor on ({C}, uuid)\n".join(_holds(cause) for cause in EFFICIENCY)
+    expr = (f"clamp_min(\n  max by ({C}, node, gpu, uuid) ({BUSY})\n  - on ({C}, uuid) group_left ()\n"
+            f"  max by ({C}, uuid) ({SM}),\n  0\n)\n"
+            f"and on ({C}, uuid)\n  (max by ({C}, uuid) ({m.GPU_HAS_WORK_BOOL.name}) == 1)\n"
+            f"* on ({C}, uuid) group_left (cause)\n(\n{indent(causes, 2)}\n"
+            f"  or on ({C}, uuid)\n  group by ({C}, uuid) ({SM})\n)\n")
+    return [Record(RECORDING, LOST, expr, comment=(
+        "The step busy -> effective of the utilization funnel (monitoring/funnel.py): busy utilization - SM\n"
+        "activity of each GPU with work and an SM source, with the cause of the efficiency verdict where one\n"
+        "holds (memory_bound, sm_batch_too_small, tensor_cores_idle, ineffective: at or above the target, as the\n"
+        "efficiency alerts); summed over time, the GPU-hours between busy and effective, by cause."))]
+
+
+# ------------------------------------------------------------------------------------------- panels
+
+
+def sourced(cfg: Config, series: str) -> str:
+    """``series`` (per GPU, with cluster and uuid) with the ``source`` of each GPU's SM activity: gpm, dcgm, or
+    :data:`UNKNOWN` where no source reports it."""
+    known = f"group by ({cfg.cluster}, uuid, source) ({cfg.sel(SM)})"
+    every = f"group by ({cfg.cluster}, uuid) ({cfg.sel(m.GPU_INFO.name)})"
+    return (f"{series} * {cfg.on('uuid')} group_left (source) ({known} or {cfg.on('uuid')} "
+            f'label_replace({every}, "source", "{UNKNOWN}", "", ""))')
+
+
+def on_nodes(cfg: Config, series: str, *labels: str) -> str:
+    """``series`` (cluster, uuid) of the GPUs of the ``node`` (and ``labels``) variables, with node and gpu."""
+    gpus = f"max {cfg.by('node', 'gpu', 'uuid')} ({cfg.sel(m.GPU_INFO.name, 'node', *labels)})"
+    return f"{series} * {cfg.on('uuid')} group_left (node, gpu) {gpus}"
+
+
+
+SOURCE_TEXT = (f"Effective utilization is SM activity ({SM}: GPM on Hopper and newer, else the cluster's "
+               f"dcgm-exporter, {m.DCGM_SM_ACTIVE.name}); busy is NVML's utilization, the share of time a "
+               f"kernel ran. Source '{UNKNOWN}': neither reports SM activity, so the GPU's effective use is not "
+               "known (docs/effective-utilization.md).")
+
+
+def sm_steps(cfg: Config) -> dash.ThresholdsConfig:
+    """Red below ``sm_active_low`` (busy but likely ineffective), green from it."""
+    return steps(("red", None), ("green", cfg.num("sm_active_low")))
+
+
+def _per_gpu(cfg: Config, expr: str) -> str:
+    return f"max {cfg.by('node', 'gpu', 'uuid', 'source')} ({expr})"
+
+
+def fleet_row(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
+    """The fleet overview's row: effective utilization beside busy, and the GPUs whose SM activity is unknown."""
+    c, low = cfg.cluster, f"{cfg.num('sm_active_low') * 100:g}%"
+    busy, sm = cfg.sel(BUSY, "node"), on_nodes(cfg, cfg.sel(SM))
+    gpus = f"group {cfg.by('uuid')} ({cfg.sel(m.GPU_INFO.name, 'node')})"
+    legend = f"{{{{{c}}}}} {{{{node}}}} GPU {{{{gpu}}}}"
+    return (board.with_row(dash.Row("Effective utilization (SM activity)"))
+            .with_panel(stat_panel(
+                "Fleet effective utilization (5m)",
+                f"Mean SM activity of the selected GPUs that report it, over the last 5 minutes; red below {low} "
+                f"(sm_active_low). {SOURCE_TEXT}", query(f"avg({sm})"), unit="percentunit", thresholds=sm_steps(cfg)))
+            .with_panel(stat_panel(
+                "GPUs with SM activity unknown",
+                "Selected GPUs with no SM activity source (no GPM, no dcgm-exporter profiling fields): their "
+                "effective use is unknown, never assumed good.",
+                query(f"count({gpus} unless {cfg.on('uuid')} {cfg.sel(SM)}) or vector(0)"),
+                thresholds=steps(("green", None), ("orange", 1))))
+            .with_panel(timeseries(
+                "Busy vs effective utilization by GPU (5m mean)",
+                f"Each GPU's busy utilization (dashed) and its SM activity (solid, with its source). {SOURCE_TEXT}",
+                [query(sm, f"{legend} effective ({{{{source}}}})"),
+                 query(f"{busy} and {cfg.on('uuid')} {cfg.sel(SM)}", f"{legend} busy")],
+                unit="percentunit", w=10, dashed=".* busy"))
+            .with_panel(table_panel(
+                "Effective utilization by GPU",
+                f"Busy and effective utilization (5m) of every selected GPU, lowest effective first; source "
+                f"'{UNKNOWN}' where nothing reports SM activity. {SOURCE_TEXT}",
+                [table_query(_per_gpu(cfg, sourced(cfg, busy))), table_query(_per_gpu(cfg, sm))],
+                unit="percentunit", w=6, hide=("uuid",),
+                order=(c, "node", "gpu", "source", "Value #A", "Value #B"),
+                rename={"Value #A": "Busy", "Value #B": "Effective", "source": "Source"},
+                sort_by="Effective")))
+
+
+def node_panels(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
+    """The node detail's panels: busy against effective utilization per GPU, the source, tensor and DRAM activity
+    (GPM's whole-GPU gauges, else dcgm-exporter's fields)."""
+    busy = cfg.sel(BUSY, "node", "gpu")
+    sm = on_nodes(cfg, cfg.sel(SM), "gpu")
+
+    def activity(gpm: str, dcgm: str) -> str:
+        dcgm_uuid = f'label_join({cfg.sel(dcgm)}, "uuid", "", "{m.DCGM_UUID_LABEL}")'  # no $1: Grafana's variable
+        return (f"max {cfg.by('node', 'gpu', 'uuid')} ({cfg.sel(gpm, 'node', 'gpu', mig_uuid='')}) or "
+                f"{cfg.on('uuid')} max {cfg.by('node', 'gpu', 'uuid')} ({on_nodes(cfg, dcgm_uuid, 'gpu')})")
+
+    return (board
+            .with_panel(timeseries(
+                "Busy vs effective utilization (SM activity)",
+                f"Each GPU's busy utilization (5m, dashed) against its SM activity (5m, solid, with its source). "
+                f"The gap is busy time in which most SMs idled. {SOURCE_TEXT}",
+                [query(busy, "GPU {{gpu}} busy"), query(sm, "GPU {{gpu}} effective ({{source}})")],
+                unit="percentunit", w=8, h=7, dashed=".* busy"))
+            .with_panel(table_panel(
+                "SM activity source",
+                f"Where each GPU's SM activity comes from: gpm (NVML GPM, in this exporter), dcgm (the cluster's "
+                f"dcgm-exporter) or {UNKNOWN} (neither: enable GPM on Hopper and newer, or DCGM profiling).",
+                [table_query(f"max {cfg.by('node', 'gpu', 'source')} "
+                             f"({sourced(cfg, cfg.sel(m.GPU_INFO.name, 'node', 'gpu'))})")],
+                w=4, h=7, merge=False, hide=("Value",), rename={"source": "Source"}))
+            .with_panel(timeseries(
+                "Tensor and DRAM activity",
+                "Whole-GPU tensor pipe and DRAM activity (5m scale: GPM's gauges, else dcgm-exporter's "
+                f"{m.DCGM_TENSOR_ACTIVE.name} and {m.DCGM_DRAM_ACTIVE.name}). Tensor activity near 0 with SM "
+                "activity high: fp32 math, the tensor cores idle (TC); DRAM high with SM low: memory-bound (MB).",
+                [query(activity(m.GPU_TENSOR_ACTIVE_RATIO.name, m.DCGM_TENSOR_ACTIVE.name), "GPU {{gpu}} tensor"),
+                 query(activity(m.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO.name, m.DCGM_DRAM_ACTIVE.name),
+                       "GPU {{gpu}} DRAM")], unit="percentunit", w=12, h=7)))
+
+
+def run_queries(cfg: Config, run_gpus: str) -> list[prometheus.Dataquery]:
+    """The training run's effective utilization per rank (to draw beside its busy utilization)."""
+    return [query(f"{cfg.sel(SM)} * {cfg.on('uuid')} group_right (source) {run_gpus}",
+                  "effective (SM activity) rank {{rank}} ({{source}})")]
+
+
+def run_table(cfg: Config, run_gpus: str) -> table.Panel:
+    """Each rank's GPU: busy and effective utilization and the SM activity's source (unknown where none)."""
+    busy = f"{cfg.sel(BUSY)} * {cfg.on('uuid')} group_right () {run_gpus}"
+    sm = f"{cfg.sel(SM)} * {cfg.on('uuid')} group_right (source) {run_gpus}"
+
+    def per_rank(expr: str) -> str:
+        return f"max {cfg.by('rank', 'uuid', 'source')} ({expr})"
+
+    return table_panel(
+        "Effective utilization of the run's GPUs",
+        f"Each rank's GPU: busy utilization (5m) and SM activity (5m), with the source ('{UNKNOWN}': neither GPM "
+        "nor dcgm-exporter reports it). A GPU busy but below sm_active_low SM activity is busy but ineffective: "
+        f"batch too small for the SMs (M3), memory-bound (MB) or tensor cores idle (TC). {SOURCE_TEXT}",
+        [table_query(per_rank(sourced(cfg, busy))), table_query(per_rank(sm))], unit="percentunit", w=24, h=6,
+        order=("rank", "source", "Value #A", "Value #B", "uuid"),
+        rename={"rank": "Rank", "source": "Source", "Value #A": "Busy", "Value #B": "Effective", "uuid": "GPU uuid"})
+
+
+def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], named: Callable[[str, str], str],
+             panel_links: Sequence[dash.DashboardLink]) -> dash.Dashboard:
+    """The cost dashboard's funnel: allocated GPU-hours -> busy -> effective, with the hours lost at each step.
+    ``hours(series, *by)`` sums a series over the dashboard's range in GPU-hours, ``named`` names an absent label
+    as report --fleet does (monitoring.dashboards.cost)."""
+    c = cfg.cluster
+    work = f"(max {cfg.by('uuid')} ({cfg.sel(m.GPU_HAS_WORK_BOOL.name, 'node')}) == 1)"
+    on_work = f"* {cfg.on('uuid')} group_left () {work}"
+    busy = f"clamp_max({cfg.sel(BUSY, 'node')}, 1) {on_work}"
+    sm = f"{cfg.sel(SM)} {on_work}"
+    unknown = f"{busy} unless {cfg.on('uuid')} {cfg.sel(SM)}"
+    lost = cfg.sel(LOST, "node")
+    allocated = hours(work)
+    funnel = " or ".join(f'label_replace({hours(series)}, "step", "{step}", "", "")' for step, series in (
+        ("1 allocated", work), ("2 busy", f"({busy})"), ("3 effective", f"({sm})")))
+    return (board.with_row(dash.Row("Funnel: allocated, busy, effective"))
+            .with_panel(bar_gauge(
+                "Funnel: allocated, busy, effective GPU-hours",
+                "GPU-hours over the time range: allocated (the GPU had work: memory, processes or a training run), "
+                "busy (allocated hours x NVML's utilization, the time a kernel ran) and effective (allocated hours x "
+                "SM activity, on the GPUs that report it). The gaps are the hours lost at each step. "
+                f"{SOURCE_TEXT}", query(funnel, "{{step}}", instant=True), unit="h", w=8,
+                thresholds=steps(("blue", None))))
+            .with_panel(stat_panel(
+                "GPU-hours lost, allocated to busy", "Allocated GPU-hours in which no kernel ran: allocated hours x "
+                "(1 - busy utilization). Below target, their causes are the 'GPU-hours lost by cause' panel's.",
+                query(f"{allocated} - {hours(f'({busy})')}", instant=True), unit="h"))
+            .with_panel(stat_panel(
+                "GPU-hours lost, busy to effective", f"Busy GPU-hours in which most SMs idled: the sum of {LOST} "
+                "(busy - SM activity of each GPU with work) over the range, on the GPUs that report SM activity.",
+                query(hours(lost), instant=True), unit="h", thresholds=steps(("green", None), ("orange", 1))))
+            .with_panel(stat_panel(
+                "Busy GPU-hours with SM activity unknown", "Busy GPU-hours of GPUs that have no SM activity source "
+                "(no GPM, no dcgm-exporter profiling fields): how much of the busy time the funnel cannot judge.",
+                query(hours(f"({unknown})"), instant=True), unit="h",
+                thresholds=steps(("green", None), ("orange", 1))))
+            .with_panel(bar_gauge(
+                "GPU-hours lost busy to effective, by cause", "The busy -> effective hours by the efficiency "
+                "verdict of each GPU at or above the utilization target: memory_bound (MB), sm_batch_too_small "
+                "(M3), tensor_cores_idle (TC), ineffective (SM activity below sm_active_low, no single cause); "
+                f"{NONE}: below the target (its run causes explain it) or no cause holds. Runbooks: "
+                "docs/runbooks.md.",
+                query(named(hours(lost, "cause"), "cause"), f"{{{{{c}}}}} {{{{cause}}}}", instant=True), unit="h",
+                w=8, panel_links=panel_links)))
