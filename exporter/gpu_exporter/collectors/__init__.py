@@ -7,8 +7,10 @@ The registry is the one list of sources: the exporter builds them all from it, i
 collectors among them (``switch``). A line names the module and class only; nothing is imported until
 the exporter builds the source, so reading the names (config does) costs nothing.
 
-Modules here import only ``collectors.base``, ``nvml`` and ``exposition``, never the poller
+Modules here import only ``collectors.base``, ``catalog``, ``nvml`` and ``exposition``, never the poller
 or the app: the exporter's own health metrics live beside the poller (``selfmetrics``).
+
+Project imports: gpu_exporter.catalog, gpu_exporter.exposition, gpu_exporter.nvml.
 
 >>> NAMES[:2]
 ('utilization', 'device')

@@ -2,4 +2,8 @@
 
 Both read GPUs through :mod:`gpu_exporter.commands.metrics_client`, from NVML, a running exporter
 or Prometheus. Nothing here is imported by ``serve``.
+
+Project imports: gpu_exporter.catalog, gpu_exporter.collectors, gpu_exporter.config, gpu_exporter.nvml,
+gpu_exporter.simulate, gpu_exporter.thresholds, gpu_exporter.training.protocol, gpu_exporter.verdict,
+gpu_exporter.yamlfile (collectors, config, nvml and simulate only inside functions, loaded when a source is used).
 """

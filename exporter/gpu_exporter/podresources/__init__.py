@@ -6,4 +6,6 @@ and fails when the committed copy is stale. Example::
 
     from gpu_exporter.podresources import api_pb2
     api_pb2.ListPodResourcesResponse.FromString(data)
+
+Project imports: none.
 """

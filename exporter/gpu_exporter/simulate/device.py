@@ -25,13 +25,10 @@ device has a default kernel (``kernel=``, else ``$GPU_SIM_KERNEL``, else the def
 :meth:`AsyncDevice.launch` takes ``sm=``, ``tensor=``, ``dram=`` per kernel.
 
 **The channel** (:mod:`gpu_exporter.simulate.channel`). Each device appends what it did to
-``DIR/<uuid>.busy``, one line ``START END BUSY SM TENSOR DRAM`` per chunk of at most a millisecond (or one
-longer interval): seconds of ``CLOCK_MONOTONIC`` (``time.monotonic()``, one clock for every process of the
-machine), the busy seconds within, and the SM-, tensor- and DRAM-seconds within. ``DIR`` is
-``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir. A scenario GPU with
-``device: true`` reads that file (:class:`DeviceTrace`): its utilization is a chunk's busy share inside
-it and 0 outside, its GPM metrics the SM/tensor/DRAM seconds over the GPM window, and its NVML samples
-lag real time by :data:`SETTLE_SECONDS` so that chunks still being written are in when a sample is taken.
+``DIR/<uuid>.busy`` (``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir), where a
+scenario GPU with ``device: true`` reads it. The file is all the two sides share: this module and
+``torch_cuda`` (the job's side) import no module of the exporter's (node, fake NVML, scenario), and no module
+of the exporter's side imports them.
 
 **The truth.** A device also knows, exactly, how long it sat idle while the job's CPU did each
 thing: the job marks what its CPU does with :meth:`SimDevice.doing` (its own ground truth, apart
@@ -64,20 +61,18 @@ from gpu_exporter.simulate.channel import (
     CHANNEL_ENV,
     CHUNK_SECONDS,
     FLUSH_SECONDS,
-    SETTLE_SECONDS,
     Activity,
     ChannelWriter,
     Chunks,
-    DeviceTrace,
     Intervals,
     Kernel,
     channel_path,
 )
 
+# The job's side, and the channel's names a job writes with (its reader, DeviceTrace, is the exporter's).
 __all__ = [
-    "CHANNEL_ENV", "CHUNK_SECONDS", "COLLECTIVE_KERNEL", "FLUSH_SECONDS", "KERNEL_ENV", "SETTLE_SECONDS", "Activity",
-    "AsyncDevice", "Chunks", "DeviceEvent", "DeviceTrace", "Intervals", "Kernel", "OpsDevice", "SimDevice",
-    "channel_path", "run_script", "spin",
+    "CHANNEL_ENV", "CHUNK_SECONDS", "COLLECTIVE_KERNEL", "FLUSH_SECONDS", "KERNEL_ENV", "Activity", "AsyncDevice",
+    "Chunks", "DeviceEvent", "Intervals", "Kernel", "OpsDevice", "SimDevice", "channel_path", "run_script", "spin",
 ]
 
 KERNEL_ENV = "GPU_SIM_KERNEL"

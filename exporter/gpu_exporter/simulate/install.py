@@ -20,14 +20,15 @@ from gpu_exporter.simulate.scenario import Scenario, load_scenario
 
 def install(scenario: Scenario | str | Path | None = None, *,
             clock: Callable[[], float] | None = None) -> SimulatedNode:
-    """Install simulated GPUs as pynvml's NVML library; returns the node to steer them.
+    """Install simulated GPUs as pynvml's NVML library; returns the node to steer them (``with install() as node:``
+    uninstalls at the end).
 
     ``scenario`` is a loaded Scenario, a YAML path, or None for the packaged default.
     ``clock`` returns seconds (default ``time.monotonic``); simulated time 0 is now.
     Raises RuntimeError if the real NVML library is already loaded in this process.
     """
     loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    node = SimulatedNode(loaded, clock)
+    node = SimulatedNode(loaded, clock, on_exit=uninstall)
     with pynvml.libLoadLock:
         current = pynvml.nvmlLib
         if current is not None and not isinstance(current, FakeNvmlLibrary):

@@ -29,7 +29,6 @@ TIMESTAMP_BASE_US = 1_700_000_000_000_000
 TRAINING_REFRESH_SECONDS = 0.02
 
 
-
 class Profile(NamedTuple):
     """What GPM and DCGM profiling report for a window, as ratios 0-1: ``busy`` (NVML's utilization, DCGM's
     GR_ENGINE_ACTIVE), SM activity, SM occupancy, tensor pipe activity and DRAM bandwidth."""
@@ -48,12 +47,16 @@ TrainingSource = Callable[[str], "Mapping[str, float] | str | None"]
 class SimulatedNode:
     """A simulated GPU node; created by :func:`gpu_exporter.simulate.install`.
 
-    Tests and demos use it to move through failure modes, e.g. ``node.lose_gpu(1)``.
+    Tests and demos use it to move through failure modes, e.g. ``node.lose_gpu(1)``. It reads the job side's
+    devices only through their channel files (:class:`~gpu_exporter.simulate.channel.DeviceTrace`).
     """
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, *,
-                 channel_dir: str | Path | None = None) -> None:
+                 channel_dir: str | Path | None = None, on_exit: Callable[[], None] | None = None) -> None:
         self.scenario = scenario
+        self._on_exit = on_exit or self.close
+        """What leaving ``with node:`` does: :func:`~gpu_exporter.simulate.install` passes ``uninstall``, so
+        ``with install() as node:`` takes the simulation away at the end; a node nobody installed just closes."""
         self._clock = clock or time.monotonic
         self._start = self._clock()
         self.lock = threading.RLock()
@@ -76,9 +79,7 @@ class SimulatedNode:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        from gpu_exporter.simulate.install import uninstall
-
-        uninstall()
+        self._on_exit()
 
     # --- time -------------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ HTTP pusher load on first use of a name below (:func:`__getattr__`), so the expo
 ``protocol`` for its ingest, carries neither. ``start`` and ``watch_distributed`` are
 gpu_exporter.training.session's, ``watch`` is gpu_exporter.training.hooks', ``Run`` and ``Phase``
 gpu_exporter.training.run's.
+
+Project imports: none.
 """
 
 from __future__ import annotations

@@ -18,4 +18,6 @@ and the rule generators (monitoring/) all use the same definitions:
 
 Data flow: source (Snapshot pair, or Prometheus in commands/diagnose_sources.py) -> Readings ->
 build_views -> judge -> render (commands/diagnose_render.py, status page).
+
+Project imports: gpu_exporter.catalog, gpu_exporter.thresholds, gpu_exporter.training.protocol.
 """
