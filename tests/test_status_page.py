@@ -89,7 +89,7 @@ def test_status_json_judges_each_gpu_like_diagnose(node: tuple[str, dict[str, st
     doc = json.loads(http_get(url + STATUS_PATH, headers=auth))
     t = load_thresholds()
     assert doc["thresholds"] == {"utilization_low_threshold": t.utilization_low_threshold,
-                                 "utilization_target": t.utilization_target}
+                                 "utilization_target": t.utilization_target, "sm_active_low": t.sm_active_low}
     assert doc["measured_seconds"] >= 3  # a mean over seconds of readings, not the last poll
     gpus = {g["uuid"]: g for g in doc["gpus"]}
     verdicts = {uuid: (g["verdict"]["verdict"], g["verdict"]["code"]) for uuid, g in gpus.items()}
@@ -104,6 +104,12 @@ def test_status_json_judges_each_gpu_like_diagnose(node: tuple[str, dict[str, st
     assert run["run"] == "loader" and dict(run["phases"])["data"] == pytest.approx(0.70, abs=0.05)
     assert [p["pid"] for p in gpus["GPU-page-idle"]["processes"]] == ["52003"]
     assert gpus["GPU-page-idle"]["memory_used_ratio"] == pytest.approx(30 / 80)
+    # effective utilization beside busy: the Hopper GPUs' SM activity from GPM (never above busy), the A100s none
+    for uuid in ("GPU-page-input", "GPU-page-healthy"):
+        g = gpus[uuid]
+        assert g["sm_source"] == "gpm" and 0 < g["sm_active"] <= g["utilization"] + 0.05, g
+    for uuid in ("GPU-page-idle", "GPU-page-free"):
+        assert gpus[uuid]["sm_active"] is None and gpus[uuid]["sm_source"] is None
 
 
 @pytest.mark.slow
@@ -151,6 +157,13 @@ def test_headless_chromium_renders_and_updates_the_page(node: tuple[str, dict[st
     assert re.search(r'class="verdict input_bound bad".*?<span class="code">M1</span>', html, re.S)
     assert 'class="verdict healthy"' in html and 'class="verdict idle_but_allocated bad"' in html
     assert "run <b>loader</b>" in html and re.search(r"</i>data 7\d%", html)  # data 70% +- the window's edges
+    # the effective-utilization row of each card: SM activity from GPM on the H100s, unknown on the A100s
+    rows = dict(re.findall(r'<section class="gpu" data-uuid="([^"]+)".*?<div class="row sm">(.*?)</small></div>', html,
+                           re.S))
+    assert re.search(r'<b class="num">\d+%</b></div><div class="row sm-note"><small>SM activity \(GPM\)',
+                     rows["GPU-page-healthy"]), rows
+    assert "SM activity unknown" in rows["GPU-page-idle"] and "SM activity unknown" in rows["GPU-page-free"]
+    assert "SM activity unknown" not in rows["GPU-page-input"]
 
     out = Path(os.environ.get("GPU_EXPORTER_SCREENSHOTS", tmp_path))
     out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,23 @@
     return '<div class="run"><span class="label">run <b>' + esc(r.run) + "</b> rank " + esc(r.rank) + state +
       '</span><div class="bar phases">' + parts + '</div><span class="legend">' + legend.join(" ") + "</span></div>";
   }
-  function gpuCard(g, levels) {
+  var SOURCES = {gpm: "GPM", dcgm: "DCGM"};
+  function effective(g, smLow) {
+    // Effective utilization (SM activity) beside busy: red below sm_active_low, green from it; never guessed.
+    if (g.sm_active === null || g.sm_active === undefined) {
+      return '<div class="row sm"><span class="label">effective</span><span class="sm-unknown">SM activity ' +
+        "unknown</span> <small>(no GPM, no dcgm-exporter)</small></div>";
+    }
+    var pipes = [["tensor", g.tensor_active], ["DRAM", g.dram_active]].filter(function (p) {
+      return p[1] !== null && p[1] !== undefined;
+    }).map(function (p) { return p[0] + " " + pct(p[1]); }).join(", ");
+    return '<div class="row sm"><span class="label">effective</span><div class="bar util ' +
+      (g.sm_active < smLow ? "low" : "ok") + '"><span style="width:' + (g.sm_active * 100).toFixed(1) + '%"></span>' +
+      '<i class="line low" style="left:' + (smLow * 100).toFixed(1) + '%" title="sm_active_low: ' + pct(smLow) +
+      '"></i></div><b class="num">' + pct(g.sm_active) + '</b></div><div class="row sm-note"><small>SM activity (' +
+      esc(SOURCES[g.sm_source] || g.sm_source) + ")" + (pipes ? "; " + pipes : "") + "</small></div>";
+  }
+  function gpuCard(g, levels, smLow) {
     var u = g.utilization;
     var bar = '<div class="bar util ' + level(u, levels) + '"><span style="width:' + ((u || 0) * 100).toFixed(1) +
       '%"></span>' + levels.map(function (l) {
@@ -43,12 +59,15 @@
     var v = g.verdict;
     return '<section class="gpu" data-uuid="' + esc(g.uuid) + '"><h2>GPU ' + esc(g.index) + " <small>" +
       esc(g.name) + " &middot; " + esc(g.uuid) + "</small></h2>" +
-      '<div class="row"><span class="label">utilization</span>' + bar + '<b class="num">' + pct(u) + "</b></div>" +
+      '<div class="row"><span class="label">busy</span>' + bar + '<b class="num">' + pct(u) + "</b></div>" +
+      effective(g, smLow) +
       '<div class="row"><span class="label">memory</span>' + memory + "</div>" +
       '<ul class="procs">' + procs + "</ul>" + runs +
-      '<div class="verdict ' + esc(v.verdict) + (v.below_target ? " bad" : "") + '"><p class="title">' +
+      '<div class="verdict ' + esc(v.verdict) + (v.below_target ? " bad" : "") +
+      (v.worth !== null && v.worth !== undefined ? " ineffective-use" : "") + '"><p class="title">' +
       esc(v.title) + (v.code ? ' <span class="code">' + esc(v.code) + "</span>" : "") + '</p><p class="reason">' +
-      esc(v.reason) + "</p>" + (v.remedy ? '<p class="remedy">' + esc(v.remedy) + "</p>" : "") +
+      esc(v.reason) + "</p>" + (v.effective ? '<p class="effective">' + esc(v.effective) + "</p>" : "") +
+      (v.remedy ? '<p class="remedy">' + esc(v.remedy) + "</p>" : "") +
       (v.runbook ? '<a href="' + esc(v.runbook) + '">runbook</a>' : "") + "</div></section>";
   }
   function step(v) { return v === null || v === undefined ? "" : Number(v.toPrecision(3)) + " s"; }
@@ -75,10 +94,14 @@
     var m = doc.measured_seconds;
     var basis = m > 0 ? "mean over the last " + Math.round(m) + " s" : "the exporter's last poll interval";
     return "Utilization: " + basis + " (up to " + Math.round(doc.window_seconds) + " s). Levels: " +
-      doc.levels.map(function (l) { return l.level + " below " + pct(l.below); }).join(", ") + ".";
+      doc.levels.map(function (l) { return l.level + " below " + pct(l.below); }).join(", ") +
+      ". Busy: a kernel ran (NVML); effective: SM activity, likely ineffective below " +
+      pct(doc.thresholds.sm_active_low) + ".";
   }
   function draw(doc) {
-    main.innerHTML = doc.gpus.map(function (g) { return gpuCard(g, doc.levels); }).join("");
+    main.innerHTML = doc.gpus.map(function (g) {
+      return gpuCard(g, doc.levels, doc.thresholds.sm_active_low);
+    }).join("");
     document.getElementById("runs").innerHTML = (doc.distributed_runs || []).map(distributedRun).join("");
     document.getElementById("summary").textContent = summary(doc);
   }

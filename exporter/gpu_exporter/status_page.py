@@ -2,7 +2,8 @@
 
 A user running the exporter beside a training job otherwise has only the ``/metrics`` text. This
 page shows, per GPU, the utilization averaged over the last :data:`WINDOW_SECONDS` against the
-levels' lines (:mod:`gpu_exporter.verdict.levels`, sent in the JSON), the memory and the processes
+levels' lines (:mod:`gpu_exporter.verdict.levels`, sent in the JSON), its effective utilization beside it
+(SM activity from GPM, against ``sm_active_low``; "SM activity unknown" without a source), the memory and the processes
 holding it, the training runs on it with their phase shares, and the verdict with its remedy,
 judged exactly as ``gpu-exporter diagnose --url`` judges (one adapter, :func:`judge_node`, calls
 the verdict package's join and ladder).
@@ -91,6 +92,8 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
         gpus.append({
             "index": view.gpu, "uuid": view.uuid, "name": view.name,
             "utilization": view.utilization,
+            "sm_active": view.sm_active, "sm_source": view.sm_source, "tensor_active": view.tensor_active,
+            "dram_active": view.dram_active,
             "memory_used_bytes": used, "memory_total_bytes": total, "memory_used_ratio": view.memory_used_ratio,
             "processes": [{"pid": p.pid, "name": p.name, "memory_bytes": p.memory_bytes} for p in view.process_list],
             "pods": list(view.pods),
@@ -98,14 +101,15 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
                       "phases": [[p, r.shares[p]] for p in _phase_order(r.shares)]} for r in view.runs],
             "verdict": {"verdict": verdict.name, "title": verdict.title, "code": verdict.code,
                         "level": verdict.level, "reason": verdict.reason, "remedy": verdict.remedy,
-                        "runbook": verdict.runbook, "below_target": verdict.below_target},
+                        "runbook": verdict.runbook, "below_target": verdict.below_target,
+                        "effective": verdict.effective, "worth": verdict.worth},
         })
     return {
         "generated_at": cur.wall,
         "measured_seconds": round(measured, 3),
         "window_seconds": WINDOW_SECONDS,
         "thresholds": {"utilization_low_threshold": t.utilization_low_threshold,
-                       "utilization_target": t.utilization_target},
+                       "utilization_target": t.utilization_target, "sm_active_low": t.sm_active_low},
         "levels": describe(t),
         "gpus": gpus,
         "distributed_runs": ranks.to_doc(ranks.distributed_runs(judged)),
