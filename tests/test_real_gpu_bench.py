@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from servers import REPO, exporter_env
 
-from bench import real_gpu
+from bench import real_gpu, real_gpu_loops
 
 EXPECTED = {("input-bound", "0"): "input_bound", ("healthy", "0"): "healthy",
             ("batch-of-2", "0"): "batch_too_small", ("lightning", "0"): "metrics_bound",
@@ -69,9 +69,22 @@ def test_simulated_real_gpu_check_gets_every_verdict_from_the_devices_busy_time(
     lines = proc.stdout.splitlines()
     assert lines[0] == "ddp backend: gloo (simulated: gloo on the CPU)"
     assert lines[1].split()[:5] == ["variant", "rank", "expected", "default", "sync_every=1"]
-    table = md.read_text().splitlines()
+    causes, activity = md.read_text().split("\n\n")
+    table = causes.splitlines()
     assert table[0].startswith("| variant | rank | expected | default (GPU-truthful) | sync_every=1 |")
     assert len(table) == 2 + len(EXPECTED)
+    # bench/real_gpu_loops.py: NVML's utilization beside GPM, whose simulated shares come from the kernels the
+    # loops launched; each run gets its verdict from the exporter's judge (SM, tensor and DRAM activity)
+    probes = {run: r[run] for r in variants.values() for run in real_gpu_loops.EXPECTED if run in r}
+    assert set(probes) == set(real_gpu_loops.EXPECTED)
+    for run, expected in real_gpu_loops.EXPECTED.items():
+        assert probes[run]["verdict"] == expected and probes[run]["utilization"] > 0.85, (run, probes[run])
+    gpm = {run: measured["gpm"] for run, measured in probes.items()}
+    assert gpm["batch-size-small"]["sm_active"] < 0.3 < 0.8 < gpm["batch-size-large"]["sm_active"], gpm
+    assert gpm["precision-fp32"]["tensor_active"] == 0 < 0.5 < gpm["precision-bf16"]["tensor_active"], gpm
+    assert gpm["elementwise"]["dram"] > 0.8 > 0.5 > gpm["elementwise"]["sm_active"], gpm
+    assert len(activity.splitlines()) == 2 + 2 * len(real_gpu.CAUSE_VARIANTS) + len(real_gpu_loops.EXPECTED)
+    assert "| batch-size-small | sm_batch_too_small | sm_batch_too_small |" in activity
 
 
 def test_a_missing_lightning_is_a_skipped_row_not_a_failure() -> None:
@@ -98,9 +111,16 @@ def test_without_a_gpu_the_real_mode_says_so() -> None:
     assert proc.stderr == "error: nvidia-smi not found: run on a machine with an NVIDIA GPU, or use --simulate\n"
 
 
-def test_bad_arguments_say_what_to_change() -> None:
+def test_bad_arguments_say_what_to_change(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder"
     for args, message in ((["--variants", "input-bound,nope"], "unknown variant(s) nope"),
-                          (["--seconds", "10", "--window", "8"], "each window must be at least 2 s")):
+                          (["--seconds", "10", "--window", "8"], "each window must be at least 2 s"),
+                          (["--output", str(missing / "r.json")],
+                           f"cannot write {missing / 'r.json'}: the folder {missing} does not exist"),
+                          (["--markdown", str(missing / "r.md")], f"the folder {missing} does not exist"),
+                          (["--output", str(tmp_path)], f"{tmp_path} is a folder: give a file name")):
         proc = subprocess.run([sys.executable, "-m", "bench.real_gpu", "--simulate", *args], cwd=REPO,
                               env=exporter_env(), capture_output=True, text=True, timeout=60, check=False)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        # one line, before any variant or the exporter started (a check of minutes would fail at its end)
+        assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stdout == "", proc.stdout
