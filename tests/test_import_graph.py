@@ -105,12 +105,12 @@ def private_uses(known: dict[str, Path]) -> set[tuple[str, str]]:
                 aliases[asname or name] = f"{base}.{name}"
             elif base in known and base != module and is_private(name):
                 found.add((module, f"{base}.{name}"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and is_private(node.attr):
-                owner = ast.unparse(node.value)
+        for attribute in ast.walk(tree):
+            if isinstance(attribute, ast.Attribute) and is_private(attribute.attr):
+                owner = ast.unparse(attribute.value)
                 target = aliases.get(owner, owner)
                 if target in known and target != module:
-                    found.add((module, f"{target}.{node.attr}"))
+                    found.add((module, f"{target}.{attribute.attr}"))
     return found
 
 
