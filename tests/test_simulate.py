@@ -402,6 +402,19 @@ def test_install_uninstall_state() -> None:
     uninstall()  # no-op
 
 
+def test_leaving_with_uninstalls_the_installed_node_only() -> None:
+    with install() as node:
+        assert installed() is node
+    assert installed() is None and pynvml.nvmlLib is None
+    node = install()
+    try:
+        with SimulatedNode(load_scenario(None)):  # never installed: leaving closes it, the installed node stays
+            pass
+        assert installed() is node
+    finally:
+        uninstall()
+
+
 # --- training-driven utilization ------------------------------------------------------------
 
 
