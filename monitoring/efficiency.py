@@ -53,8 +53,8 @@ def _alert(cause: GpuCause) -> Alert:
     tensor = cause.keys[0] == "tensor_idle_ratio"
     now = (f"its SMs are {SM_NOW} active but its tensor pipe only {reading}" if tensor else
            f"its SMs are {reading} active ({{{{ $labels.source }}}})")
-    line = ("Tensor pipe activity below ${tensor_idle_ratio|percent} while the SMs are at least ${sm_active_low|percent} "
-            "active means fp32 math." if tensor else
+    line = ("Tensor pipe activity below ${tensor_idle_ratio|percent} while the SMs are at least "
+            "${sm_active_low|percent} active means fp32 math." if tensor else
             "Effective utilization (SM activity) below ${sm_active_low|percent} is likely ineffective use.")
     description = (f"{WHO} is busy ({BUSY} utilization, at or above the ${{utilization_target|percent}} target) but "
                    f"{now}: {cause.doing}. {line} Cause: {cause.label}. {cause.advice}")

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from gpu_exporter.thresholds import ThresholdsFile
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT
+from gpu_exporter.verdict.efficiency import EFFICIENCY, GpuCause
 from gpu_exporter.verdict.levels import LOW
 
 from monitoring import causes
@@ -63,8 +64,9 @@ class Mirror:
 
 
 def mirrors(model: Model) -> list[Mirror]:
-    """The utilization alerts, then one rule per cause (level low), one for all causes below target, and the
-    evidence warning of jobs nobody instrumented (level low: it replaces GpuUtilizationLow in Alertmanager)."""
+    """The utilization alerts, then one rule per cause (level low), one for all causes below target, the
+    evidence warning of jobs nobody instrumented (level low: it replaces GpuUtilizationLow in Alertmanager), and
+    the efficiency alerts of busy GPUs whose SMs are not used effectively (gpu_exporter.verdict.efficiency)."""
     cfg = model.config
     low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
     below = model.alert("GpuUtilizationBelowTarget")
@@ -98,7 +100,17 @@ def mirrors(model: Model) -> list[Mirror]:
                "phases.", level=LOW,
                summary="A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization; "
                        "its processes point at the input pipeline (M1)."),
+        *(Mirror(cause.alert, "gpu-node", "GPU utilization (busy-time counter)",
+                 f"{WHERE} is busy (at or above the {cfg.num('utilization_target') * 100:g}% target) but its SMs are "
+                 f"not used effectively: {cause.doing} ({_reading(cause)} activity "
+                 "{{ humanizePercentage $values.B.Value }}). Cause: " f"{cause.label}. {cause.advice}")
+          for cause in EFFICIENCY),
     ]
+
+
+def _reading(cause: GpuCause) -> str:
+    """What an efficiency alert's value is: the tensor pipe's activity or the SMs'."""
+    return "tensor pipe" if cause.keys[0] == "tensor_idle_ratio" else "SM"
 
 
 OPS = {"<": "lt", ">": "gt"}

@@ -462,3 +462,152 @@ def _promtool_ladder(tmp_path: Path, cases: list[GpuCase]) -> None:
     proc = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "SUCCESS" in proc.stdout
+
+
+# --- busy but not effective: the GPU-level causes of SM activity -----------------------------------
+# The rows of gpu_exporter.verdict.efficiency.EFFICIENCY (memory-bound, batch too small for the SMs, tensor cores
+# idle, busy but ineffective). Each case is one GPU held steady: its busy utilization, memory, and the SM, tensor
+# and DRAM activity its GPM gauges (the exporter's, whole GPU) and/or its dcgm-exporter series (by UUID) report.
+# PromQL side: the four shipped alerts' expressions, read verbatim from the rules files, in the table's order
+# (the first that holds names the verdict; they exclude each other, which the count below also checks). Python
+# side: the same readings through the node path's sources (verdict.readings.gpm, then .dcgm: GPM wins), the join
+# and the judge.
+
+from gpu_exporter.verdict import readings as node_readings  # noqa: E402
+from gpu_exporter.verdict.efficiency import EFFICIENCY, EFFICIENCY_BY_ID  # noqa: E402
+from gpu_exporter.verdict.join import build_views  # noqa: E402
+from gpu_exporter.verdict.samples import Snapshot  # noqa: E402
+from gpu_exporter.verdict.views import Readings, gpu_key  # noqa: E402
+
+Triple = tuple[float, float | None, float | None]
+"""SM, tensor pipe and DRAM activity (None: the source does not report that field)."""
+GPM_NAMES = ("gpu_sm_active_ratio", "gpu_tensor_active_ratio", "gpu_dram_bandwidth_utilization_ratio")
+DCGM_NAMES = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE")
+
+
+@dataclass(frozen=True)
+class SmCase:
+    """One GPU: busy utilization, memory used, and what GPM and/or dcgm-exporter say its SMs do."""
+
+    name: str
+    utilization: float
+    memory: float
+    gpm: Triple | None = None
+    dcgm: Triple | None = None
+    cluster: str = ""
+    uuid: str = ""
+
+    @property
+    def gpu_uuid(self) -> str:
+        return self.uuid or f"GPU-sm-{self.name}"
+
+    def labels(self, **extra: str) -> dict[str, str]:
+        labels = {"instance": "n1:9445", "job": "gpu-exporter", "node": "n1", "uuid": self.gpu_uuid, **extra}
+        if self.cluster:
+            labels["cluster"] = self.cluster
+        return labels
+
+    def dcgm_labels(self, index: int) -> dict[str, str]:
+        labels = {"instance": "n1:9400", "job": "dcgm-exporter", "gpu": str(index), "UUID": self.gpu_uuid,
+                  "Hostname": "n1", "modelName": "NVIDIA A100-SXM4-80GB", "device": f"nvidia{index}"}
+        if self.cluster:
+            labels["cluster"] = self.cluster
+        return labels
+
+
+SM_CASES = [
+    SmCase("memory_bound", 0.96, 0.3, gpm=(0.3, 0.2, 0.8)),
+    SmCase("memory_bound_at_the_line", 0.96, 0.3, gpm=(0.3, 0.2, 0.6)),
+    SmCase("memory_bound_dcgm", 0.96, 0.7, dcgm=(0.2, 0.1, 0.9)),
+    SmCase("batch_small", 0.96, 0.2, gpm=(0.25, 0.3, 0.1)),
+    SmCase("batch_small_gpm_wins", 0.96, 0.2, gpm=(0.25, 0.3, 0.1), dcgm=(0.9, 0.6, 0.3)),
+    SmCase("healthy_gpm_wins", 0.96, 0.2, gpm=(0.9, 0.6, 0.3), dcgm=(0.2, 0.0, 0.1)),
+    SmCase("tensor_idle_dcgm", 0.95, 0.6, dcgm=(0.7, 0.0, 0.3)),
+    SmCase("tensor_idle_gpm", 0.95, 0.6, gpm=(0.7, 0.01, 0.3)),
+    SmCase("tensor_unreported", 0.95, 0.6, dcgm=(0.7, None, 0.3)),
+    SmCase("sm_at_the_line", 0.95, 0.6, gpm=(0.5, 0.4, 0.3)),
+    SmCase("ineffective", 0.95, 0.7, gpm=(0.3, 0.2, 0.2)),
+    SmCase("ineffective_dcgm", 0.95, 0.7, dcgm=(0.3, 0.2, None)),
+    SmCase("healthy", 0.95, 0.6, gpm=(0.85, 0.5, 0.3)),
+    SmCase("below_target", 0.6, 0.2, gpm=(0.2, 0.1, 0.1)),
+    SmCase("no_source", 0.96, 0.2),
+    SmCase("no_work", 0.96, 0.01, gpm=(0.2, 0.1, 0.1)),
+    SmCase("cluster_a", 0.96, 0.2, gpm=(0.25, 0.3, 0.1), cluster="a", uuid="GPU-sm-shared"),
+    SmCase("cluster_b", 0.96, 0.2, gpm=(0.9, 0.6, 0.3), cluster="b", uuid="GPU-sm-shared"),
+]
+
+
+def sm_verdict(case: SmCase) -> str:
+    """The judge's verdict on ``case``: an efficiency verdict, or "none"."""
+    t = load_thresholds()
+    labels = case.labels(gpu="0", name="NVIDIA H100")
+    readings = Readings(info=[labels], cluster_label="cluster")
+    key = gpu_key(case.cluster, case.gpu_uuid)
+    readings.utilization[key] = case.utilization
+    readings.memory_ratio[key] = case.memory
+    gpm = {name: [(case.labels(gpu="0"), v)] for name, v in zip(GPM_NAMES, case.gpm or (), strict=False)
+           if v is not None}
+    dcgm = {name: [(case.dcgm_labels(0), v)] for name, v in zip(DCGM_NAMES, case.dcgm or (), strict=False)
+            if v is not None}
+    node_readings.gpm(readings, Snapshot(gpm, at=0.0, wall=0.0))
+    if not case.cluster:  # diagnose --dcgm-url reads one node (no cluster label)
+        node_readings.dcgm(readings, Snapshot(dcgm, at=0.0, wall=0.0))
+    (view,) = build_views(readings, t, 300.0)
+    verdict = judge(view, t)
+    return verdict.name if verdict.name in EFFICIENCY_BY_ID else "none"
+
+
+def sm_series(index: int, case: SmCase) -> list[dict[str, str]]:
+    gpu = {"gpu": str(index)}
+    out = [
+        {"series": _series("gpu_info", case.labels(name="NVIDIA H100", **gpu)), "values": f"1x{MINUTES}"},
+        {"series": _series("gpu_busy_seconds_total", case.labels(**gpu)), "values": _ramp(case.utilization * 60)},
+        {"series": _series("gpu_memory_used_bytes", case.labels(**gpu)), "values": f"{case.memory * 80e9:g}x{MINUTES}"},
+        {"series": _series("gpu_memory_total_bytes", case.labels(**gpu)), "values": f"80e9x{MINUTES}"},
+    ]
+    for names, triple, labels in ((GPM_NAMES, case.gpm, case.labels(**gpu)), (DCGM_NAMES, case.dcgm,
+                                                                              case.dcgm_labels(index))):
+        for name, value in zip(names, triple or (), strict=False):
+            if value is not None:
+                out.append({"series": _series(name, labels), "values": f"{value:g}x{MINUTES}"})
+    return out
+
+
+def efficiency_promql() -> str:
+    """The shipped efficiency alerts' expressions, each labelled with its verdict (the table's order), or none."""
+    steps = [(c.cause, _alert_expr(c.alert)) for c in EFFICIENCY] + [("none", "gpu_info")]
+    return "\nor on (cluster, uuid)\n".join(
+        f'label_replace(group by (cluster, uuid) (\n{expr}\n), "verdict", "{verdict}", "", "")'
+        for verdict, expr in steps)
+
+
+def test_sm_cases_reach_every_efficiency_row_and_none() -> None:
+    seen = {sm_verdict(c) for c in SM_CASES}
+    assert seen == {c.cause for c in EFFICIENCY} | {"none"}
+    by_name = {c.name: c for c in SM_CASES}
+    assert sm_verdict(by_name["batch_small_gpm_wins"]) == "sm_batch_too_small"  # DCGM's 90% is ignored
+    assert sm_verdict(by_name["healthy_gpm_wins"]) == "none"  # DCGM's 20% is ignored
+    assert [sm_verdict(by_name[n]) for n in ("below_target", "no_source", "no_work", "tensor_unreported")] == [
+        "none"] * 4
+
+
+@pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
+def test_promql_and_judge_agree_on_every_efficiency_case(tmp_path: Path) -> None:
+    series = [s for i, case in enumerate(SM_CASES) for s in sm_series(i, case)]
+    expected = [{"labels": _series("", {**({"cluster": c.cluster} if c.cluster else {}), "uuid": c.gpu_uuid,
+                                        "verdict": sm_verdict(c)}), "value": 1} for c in SM_CASES]
+    # count by verdict: a GPU two alerts held would show twice (the rows must exclude each other)
+    fired = "\nor on (cluster, uuid)\n".join(
+        f'label_replace(group by (cluster, uuid) (\n{_alert_expr(c.alert)}\n), "verdict", "{c.cause}", "", "")'
+        for c in EFFICIENCY)
+    test = {"rule_files": [str(p) for p in sorted(RULES.glob("*.rules.yml"))], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                {"expr": f"count by (cluster, uuid, verdict) (\n{efficiency_promql()}\n)", "eval_time": EVAL,
+                 "exp_samples": expected},
+                {"expr": f"count by (cluster, uuid) (\n{fired.replace('or on (cluster, uuid)', 'or')}\n) > 1",
+                 "eval_time": EVAL, "exp_samples": []}]}]}
+    path = tmp_path / "efficiency.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert "SUCCESS" in proc.stdout

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from gpu_exporter.thresholds import read_thresholds_file
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS
+from gpu_exporter.verdict.efficiency import EFFICIENCY
 
 REPO = Path(__file__).resolve().parents[1]
 GRAFANA = REPO / "grafana"
@@ -32,7 +33,9 @@ UTILIZATION_ALERTS = {
 # Cause alerts: a series of run:gpu_training_cause:share exists only while the cause holds.
 CAUSE_ALERTS = {*(cause.alert for cause in CAUSES), "GpuTrainingBelowTarget"}
 # The evidence of a job nobody instrumented: mirrored at level low only, where it replaces GpuUtilizationLow.
-MIRRORED_ALERTS = {*UTILIZATION_ALERTS, *CAUSE_ALERTS, EVIDENCE_ALERT}
+# Busy but not effective (gpu_exporter.verdict.efficiency): each compares SM (or tensor pipe) activity with its line.
+EFFICIENCY_ALERTS = {cause.alert: cause.keys[0] for cause in EFFICIENCY}
+MIRRORED_ALERTS = {*UTILIZATION_ALERTS, *CAUSE_ALERTS, EVIDENCE_ALERT, *EFFICIENCY_ALERTS}
 
 
 def load_yaml(path: Path) -> Any:
@@ -194,6 +197,22 @@ def test_grafana_alert_matches_the_prometheus_alert_and_thresholds_file(title: s
 
     # Labels and runbook: the same severity and the same runbook section.
     assert grafana["labels"]["severity"] == prom["labels"]["severity"]
+    assert grafana["annotations"]["runbook_url"] == prom["annotations"]["runbook_url"]
+
+
+@pytest.mark.parametrize("title", sorted(EFFICIENCY_ALERTS))
+def test_efficiency_alert_mirror_compares_like_the_prometheus_alert(title: str) -> None:
+    limits = thresholds()
+    grafana = grafana_rules()[title]
+    (prom,) = prometheus_alerts()[title]
+    assert grafana["for"] == prom["for"] == limits["cause_for"]
+    evaluator, query = condition_and_query(grafana)
+    key = EFFICIENCY_ALERTS[title]
+    assert evaluator == {"type": "lt", "params": [limits[key]]}
+    comparison = f") < {limits[key]}" if key == "tensor_idle_ratio" else f"gpu:gpu_sm_active:avg5m < {limits[key]}"
+    assert comparison in prom["expr"]
+    assert squash(query) == squash(prom["expr"].replace(comparison, comparison.split(" < ")[0], 1))
+    assert grafana["labels"]["severity"] == prom["labels"]["severity"] == "info"
     assert grafana["annotations"]["runbook_url"] == prom["annotations"]["runbook_url"]
 
 

@@ -70,6 +70,8 @@ class Gpu:
     """Its launch's run id (gpu_training_run_info, the start timestamp): ``report --list`` lists it."""
     busy_main: bool = False
     """Its process (``process``) has /proc counters: a main thread runnable 97% of the time, one core, no worker."""
+    gpm: tuple[float, float, float] | None = None
+    """Its GPM gauges (whole GPU): SM, tensor pipe and DRAM activity (the efficiency rows, verdict/efficiency.py)."""
 
     @property
     def key(self) -> str:
@@ -105,6 +107,11 @@ GPUS = [
     Gpu("not_instrumented", 0.1, 0.5, IDLE, live=False, process=True),
     Gpu("not_instrumented_evidence", 0.1, 0.5, IDLE, live=False, process=True, busy_main=True),
     Gpu("underutilized", 0.2, 0.6, {"data": 0.25, "compute": 0.6, "metrics": 0.15}),
+    # Busy (at or above the target) but not effective, by GPM's SM, tensor and DRAM activity.
+    Gpu("memory_bound", 0.96, 0.3, {"data": 0.02, "compute": 0.98}, gpm=(0.3, 0.2, 0.8)),
+    Gpu("sm_batch_too_small", 0.96, 0.2, {"data": 0.02, "compute": 0.98}, gpm=(0.25, 0.3, 0.1)),
+    Gpu("tensor_cores_idle", 0.95, 0.6, {"data": 0.02, "compute": 0.98}, gpm=(0.7, 0.0, 0.3)),
+    Gpu("ineffective", 0.95, 0.7, {"data": 0.02, "compute": 0.98}, gpm=(0.3, 0.2, 0.2)),
     # Two clusters, one UUID: an input-bound run at 8% in cluster a, a healthy one at 90% in cluster b.
     Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}, run="twin-a", cluster="a", uuid="GPU-twin",
         run_id="id-twin-a"),
@@ -137,6 +144,10 @@ def openmetrics(start: int) -> str:
             add("gpu_busy_seconds_total", gpu, index, gpu_labels, lambda ts, u=gpu.utilization: u * (ts - start + 300))
         add("gpu_memory_used_bytes", gpu, index, gpu_labels, gpu.memory * 80e9)
         add("gpu_memory_total_bytes", gpu, index, gpu_labels, 80e9)
+        if gpu.gpm is not None:
+            for name, share in zip(("gpu_sm_active_ratio", "gpu_tensor_active_ratio",
+                                    "gpu_dram_bandwidth_utilization_ratio"), gpu.gpm, strict=True):
+                add(name, gpu, index, gpu_labels, share)
         if gpu.process:
             add("gpu_process_memory_used_bytes", gpu, index, {**gpu_labels, "pid": "7", "process_name": "python"},
                 gpu.memory * 80e9)
@@ -264,6 +275,21 @@ def test_a_report_says_the_causes_and_verdicts_of_its_range(backfilled: tuple[st
     spans = {(v["verdict"], v["code"], v["title"]) for v in hinted["verdicts"]}
     assert ("not_instrumented", code, title) in spans, spans
     assert [(v["code"], v["title"]) for v in twin["verdicts"]] == [("M1", "input-bound (M1)")]
+    # Busy but not effective: the run's GPU at 96% busy with 25% SM activity and memory left (M3, SM form): the
+    # verdict span with its remedy, the effective utilization beside the busy one, and the GPU-hours between them.
+    _, small = _cli(capsys, "report", "--prometheus-url", prom, "--run", "r-sm_batch_too_small", *span)
+    (m3,) = [v for v in small["verdicts"] if v["verdict"] == "sm_batch_too_small"]
+    assert (m3["code"], m3["title"]) == ("M3", "batch too small for the SMs (M3)")
+    eff = small["effective_utilization"]
+    assert eff["sm_activity"] == pytest.approx(0.25, abs=1e-3)
+    assert eff["busy_utilization"] == pytest.approx(0.96, abs=1e-2)
+    assert eff["sources"] == ["gpm"] and eff["compute_phase_sm_activity"] == pytest.approx(0.25 / 0.98, abs=1e-2)
+    wall_hours = small["wall_seconds"] / 3600
+    assert eff["gpu_hours_busy_not_effective"] == pytest.approx(wall_hours * 0.71, rel=0.05)
+    assert 0 < eff["worth_gpu_hours"]["sm_batch_too_small"] <= eff["gpu_hours_busy_not_effective"] + 1e-9
+    assert small["effective"].startswith("25% SM activity (GPM) beside 96% busy")
+    # A GPU with no SM source: never said to be effective.
+    assert twin["effective_utilization"] is None and twin["effective"].startswith("SM activity unknown")
 
 
 def test_the_list_of_runs_keeps_two_clusters_with_one_gpu_uuid_apart(backfilled: tuple[str, int],

@@ -6,8 +6,11 @@ table: ``gpu:gpu_utilization:avg5m``, ``gpu:gpu_has_work:bool``, ``run:gpu_train
 ``run:gpu_training_cause:share`` and ``run:gpu_training_cause:projected_utilization``), joins the
 live training runs on each GPU by ``uuid``, and gives each GPU one verdict. The verdicts, in
 the order they are tried, are the rows of the ladder table
-(:data:`gpu_exporter.verdict.ladder.LADDER`: unknown, healthy, unused, a cause with its projection,
-not instrumented with /proc evidence, idle but allocated, not instrumented, underutilized).
+(:data:`gpu_exporter.verdict.ladder.LADDER`: unknown, busy but not effective (memory-bound, batch too small for
+the SMs, tensor cores idle, ineffective: SM activity from GPM, from a dcgm-exporter with ``--dcgm-url``, or from
+Prometheus' ``gpu:gpu_sm_active:avg5m``), healthy, unused, a cause with its projection, not instrumented with /proc
+evidence, idle but allocated, not instrumented, underutilized). Every verdict states the effective utilization
+(SM activity) beside the busy one.
 
 This module is only the command line: the sources (:mod:`gpu_exporter.verdict.readings` for
 an exporter, :mod:`gpu_exporter.commands.diagnose_sources` for Prometheus), the join, narrowing
@@ -31,6 +34,7 @@ Exit status: 0 when no GPU with work is below the target, 1 when one is, 2 on ba
 unreachable source. Example::
 
     $ gpu-exporter diagnose --url http://127.0.0.1:9445 --window 30s
+    $ gpu-exporter diagnose --url http://a100-node:9445 --dcgm-url http://a100-node:9400
     $ gpu-exporter diagnose --prometheus-url http://prometheus:9090 --namespace ml-team --output json
     $ gpu-exporter diagnose --prometheus-url http://prometheus:9090 --run resnet --window 2h --at=-8h
 """
@@ -46,6 +50,7 @@ from typing import Any, TextIO
 from gpu_exporter.commands.diagnose_render import render_json, render_text
 from gpu_exporter.commands.diagnose_sources import from_prometheus, from_prometheus_window
 from gpu_exporter.commands.metrics_client import (
+    DcgmSource,
     ExporterSource,
     MetricsError,
     Prometheus,
@@ -61,7 +66,7 @@ from gpu_exporter.commands.metrics_client import (
 from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict import launches
 from gpu_exporter.verdict.join import unjoined_runs
-from gpu_exporter.verdict.readings import from_snapshots
+from gpu_exporter.verdict.readings import dcgm, from_snapshots
 from gpu_exporter.verdict.timeline import judged
 
 DEFAULT_URL = "http://127.0.0.1:9445"
@@ -76,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "below the target, 2 an error (bad flag, unreachable exporter or Prometheus), 130 interrupted")
     parser.add_argument("--url", default=None, metavar="URL",
                         help=f"the node's exporter (default {DEFAULT_URL}); two scrapes --window apart")
+    parser.add_argument("--dcgm-url", metavar="URL",
+                        help="with --url: also read a dcgm-exporter's /metrics for the SM, tensor and DRAM activity "
+                             "of GPUs without GPM (A100 and older; GPM wins where the exporter has it)")
     parser.add_argument("--prometheus-url", metavar="URL",
                         help="diagnose from Prometheus instead, reading the recording rules of "
                              "prometheus/rules (a fleet; narrow it with --node/--namespace/--run)")
@@ -136,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsError("--node needs --prometheus-url (an exporter only knows its own node)")
         if args.at is not None and args.prometheus_url is None:
             raise MetricsError("--at needs --prometheus-url (an exporter only knows the present)")
+        if args.dcgm_url is not None and args.prometheus_url is not None:
+            raise MetricsError("--dcgm-url goes with --url: from Prometheus the recording rules already read "
+                               "dcgm-exporter's series")
         if args.prometheus_url is not None:
             at = None if args.at is None else parse_time(args.at, "--at")
             prom = Prometheus(args.prometheus_url, at=at,
@@ -157,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
             first = exporter.read()
             _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url
+            if args.dcgm_url is not None:  # no credentials: the exporter's token is not sent to another server
+                dcgm(readings, DcgmSource(args.dcgm_url).read())
         live = {key: launch for key, launch in readings.launches.items() if key in readings.live}
         chosen, note = launches.choose(live, args.run_name, args.run_id)
         if note is not None:

@@ -38,6 +38,7 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
         procs = f"{view.processes} process{'' if view.processes == 1 else 'es'}"
         out.write(f"  utilization  {util} over {window} (target {pct(t.utilization_target)}, alert below "
                   f"{pct(t.utilization_low_threshold)}), memory {memory} used, {procs}\n")
+        out.write(f"  effective    {verdict.effective}\n")
         for pod in view.pods:
             out.write(f"  pod          {pod}\n")
         for r in view.runs:
@@ -48,6 +49,9 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
             state += "" if r.live else "  [finished or not pushing: ignored]"
             out.write(f"  run          {r.run} (rank {r.rank}): {phases} ({basis}){batch}{state}\n")
         out.write(f"  verdict      {verdict.title}: {verdict.reason}\n")
+        if verdict.worth is not None:
+            out.write(f"  worth        {pct(verdict.worth)} of the GPU between busy and effective: "
+                      f"{verdict.worth:.2f} GPU-hours an hour\n")
         if verdict.remedy:
             first, *rest = verdict.remedy.split("\n")
             out.write(f"  remedy       {first}\n")

@@ -18,6 +18,7 @@ from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, any_o
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.causes import BY_ID, Finding
 from gpu_exporter.verdict.causes import LABEL as STRAGGLER_LABEL
+from gpu_exporter.verdict.efficiency import dram_query, for_cluster, sm_query, tensor_query
 from gpu_exporter.verdict.levels import BY_LEVEL
 from gpu_exporter.verdict.readings import INSTANT, Keys, Pairs, instant
 from gpu_exporter.verdict.remedies import CAUSES as CONTEXT_CAUSES
@@ -47,6 +48,7 @@ _READ: dict[str, tuple[str, ...]] = {
     **dict.fromkeys((m.name for m in (catalog.PROCESS_MAIN_THREAD_STATE_SHARE5M,
                                       catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL)), (*_PROCESS, "state")),
     catalog.PROCESS_HINT_VALUE.name: (*_PROCESS, "hint"),
+    catalog.GPU_SM_ACTIVE_AVG5M.name: ("uuid", "source"),
 }
 """The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies), besides
 the cluster label; a rate of a counter keeps the counter's (evidence.rates). Prometheus drops the others
@@ -126,6 +128,17 @@ class _Fleet:
         return readings
 
 
+def _activity(fleet: _Fleet, readings: Readings, sm: str, tensor: str, dram: str) -> None:
+    """The GPUs' SM activity (with its source), tensor and DRAM activity from the answers to ``sm``, ``tensor`` and
+    ``dram`` (the recorded series and the rules' inline fragments, or the same over another window)."""
+    keys = fleet.keys
+    for labels, value in fleet.raw(sm):
+        if math.isfinite(value):
+            readings.sm_active[keys.gpu(labels)] = (value, labels.get("source", ""))
+    readings.tensor_active = {g: v for g, v in keys.per_gpu(fleet.raw(tensor)).items() if math.isfinite(v)}
+    readings.dram_active = {g: v for g, v in keys.per_gpu(fleet.raw(dram)).items() if math.isfinite(v)}
+
+
 def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
     """Each series of ``names`` with the labels diagnose reads of it."""
     return {name: _READ.get(name) for name in names}
@@ -146,8 +159,10 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL),
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)))
     process_rates = {expr: _READ[name] for name, expr in zip(evidence.WINDOWED, evidence.rates(w), strict=True)}
+    sm, tensor, dram = (for_cluster(q(w), cluster_label) for q in (sm_query, tensor_query, dram_query))
     fleet = _Fleet(prom, cluster_label, {**_reads((*INSTANT, catalog.GPU_PROCESS_CHILD_PROCESSES.name)), busy: _GPU,
-                                         phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates},
+                                         phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates,
+                                         sm: None, tensor: None, dram: None},
                    _LIVE_NOW)
     keys = fleet.keys
     readings = fleet.readings(INSTANT)
@@ -156,6 +171,7 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
     readings.retries = keys.per_run(fleet.raw(retries))
     readings.ooms = keys.per_run(fleet.raw(ooms))
     readings.evidence = evidence.from_window(fleet.query, w)
+    _activity(fleet, readings, sm, tensor, dram)
     return readings
 
 
@@ -179,7 +195,10 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
     if not launches:
         skip.add(catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name)
     names = tuple(name for name in INSTANT if name not in skip)
-    fleet = _Fleet(prom, cluster_label, _reads((*names, *_RULES, *evidence.SERIES)), _LIVE_RULES)
+    tensor, dram = (for_cluster(q(), cluster_label) for q in (tensor_query, dram_query))
+    fleet = _Fleet(prom, cluster_label, {**_reads((*names, *_RULES, *evidence.SERIES,
+                                                   catalog.GPU_SM_ACTIVE_AVG5M.name)), tensor: None, dram: None},
+                   _LIVE_RULES)
     utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
     if not utilization:
         raise MetricsError(f"Prometheus at {prom.base} has no {_RULES[0]} series: load the rules "
@@ -203,4 +222,5 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
     fleet.remedy_inputs(causes, readings)
     readings.sampled = keys.sampled(shares)
+    _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram)
     return readings

@@ -333,6 +333,34 @@ class ExporterSource:
         return Snapshot(snapshot.samples, at=at - (age or 0.0), wall=wall)
 
 
+class DcgmSource:
+    """Scrapes NVIDIA's dcgm-exporter (``diagnose --dcgm-url``): the SM, tensor and DRAM activity of GPUs without
+    GPM (A100 and older), by UUID.
+
+    >>> DcgmSource("127.0.0.1:9400").url
+    'http://127.0.0.1:9400/metrics'
+    """
+
+    def __init__(self, url: str, timeout: float = 5.0, connection: Connection | None = None) -> None:
+        self.url = normalize_url(url, "/metrics", "dcgm-exporter")
+        self.timeout = timeout
+        self.connection = connection or Connection()
+
+    def read(self) -> Snapshot:
+        """Scrape once; raises MetricsError when the page is unreachable or has no DCGM profiling field."""
+        body = _fetch(self.url, "dcgm-exporter", self.timeout, self.connection)
+        try:
+            snapshot = snapshot_of(text_string_to_metric_families(body.decode("utf-8", "replace")), time.monotonic(),
+                                   time.time())
+        except (ValueError, TypeError, IndexError):
+            raise MetricsError(f"{self.url} does not serve Prometheus metrics: is it a dcgm-exporter?") from None
+        sm = catalog.DCGM_SM_ACTIVE.name
+        if sm not in snapshot.samples:
+            raise MetricsError(f"{self.url} serves no {sm}: point --dcgm-url at a dcgm-exporter with the profiling "
+                               "fields enabled (docs/dcgm-exporter.md)")
+        return snapshot
+
+
 @dataclass
 class NvmlSource:
     """Reads NVML in this process with the exporter's utilization, device and process collectors.

@@ -38,15 +38,17 @@ from gpu_exporter.commands.report_render import RENDERERS, CauseSpan, Report, wr
 from gpu_exporter.commands.report_sources import MIN_STEP, POINTS, WINDOW_STEPS, Launch, Totals
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict.causes import BY_ID, HINTS_BY_ID
-from gpu_exporter.verdict.timeline import Span, Timeline, projection_share
+from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
+from gpu_exporter.verdict.timeline import Span, Timeline, effective, projection_share
 
 
 def _verdict_span(verdict: str, hint: str, span: Span, step: float) -> CauseSpan:
     """A verdict's span: its code is its cause's, or for "not instrumented" with /proc evidence its hint's, whose
     label its title names."""
-    named = HINTS_BY_ID.get(hint) or BY_ID.get(verdict)
+    named = HINTS_BY_ID.get(hint) or BY_ID.get(verdict) or EFFICIENCY_BY_ID.get(verdict)
     title = fleet.VERDICT_TITLES.get(verdict, verdict) + (f": {HINTS_BY_ID[hint].label}" if hint else "")
-    return CauseSpan(verdict, named.code if named else "", title, span.seconds(step), span.intervals(step), "",
+    remedy = EFFICIENCY_BY_ID[verdict].remedy if verdict in EFFICIENCY_BY_ID else ""
+    return CauseSpan(verdict, named.code if named else "", title, span.seconds(step), span.intervals(step), remedy,
                      sorted(span.where))
 
 
@@ -109,7 +111,9 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
                   phase_series=timeline.phase_shares(times), target=t.utilization_target,
                   low=t.utilization_low_threshold, run_id="" if launch is None else launch.run_id,
                   tags=dict(launch.tags) if launch else {}, verdicts=verdicts,
-                  verdict_series={gpu: [m.verdict.name if m else None for m in ms] for gpu, ms in moments.items()})
+                  verdict_series={gpu: [m.verdict.name if m else None for m in ms] for gpu, ms in moments.items()},
+                  effective=effective(moments, wall),
+                  sm_activity={gpu: [m.view.sm_active if m else None for m in ms] for gpu, ms in moments.items()})
 
 
 # --- command line ------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from typing import Any
 
 from gpu_exporter.commands.metrics_client import fail, iso
 from gpu_exporter.verdict.causes import BY_ID, pct
+from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, SOURCES, UNKNOWN
+from gpu_exporter.verdict.timeline import Effective
 
 PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "checkpoint": "#8e44ad",
                 "communication": "#29bf12", "other": "#9e9e9e"}
@@ -68,6 +70,19 @@ class Report:
     """Each verdict of the ladder the run's GPUs had (``ranks``: the GPUs), longest first."""
     verdict_series: dict[str, list[str | None]] = field(default_factory=dict)
     """Each GPU's verdict at each of ``times`` (None: the run was not on it)."""
+    effective: Effective | None = None
+    """Effective utilization (SM activity) beside busy, and the GPU-hours between them (verdict.timeline)."""
+    sm_activity: dict[str, list[float | None]] = field(default_factory=dict)
+    """Each GPU's SM activity at each of ``times`` (None: unknown)."""
+
+    def effective_text(self) -> str:
+        """``"25% SM activity (GPM) beside 96% busy; compute phase 27%"``, or the unknown line."""
+        e = self.effective
+        if e is None or e.sm is None:
+            return UNKNOWN
+        source = "/".join(SOURCES.get(s, s) for s in e.sources)
+        compute = f"; compute phase {pct(e.compute)} SM activity" if e.compute is not None else ""
+        return f"{pct(e.sm)} SM activity ({source}) beside {pct(e.busy or 0.0)} busy{compute}"
 
     def projection_text(self) -> str:
         """``"8.1 h; down to ~3.4 h if loading overlapped compute (input-bound (M1))"``."""
@@ -98,7 +113,14 @@ class Report:
             "verdicts": [{"verdict": v.cause, "code": v.code, "title": v.title, "seconds": round(v.seconds, 3),
                           "applied": [[iso(a), iso(b)] for a, b in v.intervals], "gpus": v.ranks}
                          for v in self.verdicts],
+            "effective_utilization": None if self.effective is None or self.effective.sm is None else {
+                "sm_activity": _round(self.effective.sm), "busy_utilization": _round(self.effective.busy),
+                "sources": list(self.effective.sources), "compute_phase_sm_activity": _round(self.effective.compute),
+                "gpu_hours_busy_not_effective": round(self.effective.lost, 6),
+                "worth_gpu_hours": {k: round(v, 6) for k, v in self.effective.worth.items()}},
+            "effective": self.effective_text(),
             "series": {"times": [iso(t) for t in self.times], "verdicts": self.verdict_series,
+                       "sm_activity": {u: [_round(v) for v in vs] for u, vs in self.sm_activity.items()},
                        "utilization": {u: [_round(v) for v in vs] for u, vs in self.utilization.items()},
                        "phase_shares": {p: [_round(v) for v in vs] for p, vs in self.phase_series.items()}},
         }
@@ -132,6 +154,11 @@ def _rows(r: Report) -> list[tuple[str, str]]:
         ("GPU-hours below target", f"{r.gpu_hours_below_target:.3f} (below {pct(r.target)})"),
         *([("verdicts", ", ".join(f"{v.title} {duration(v.seconds)}" for v in r.verdicts))] if r.verdicts else []),
         ("projection", r.projection_text()),
+        ("effective utilization", r.effective_text()),
+        *([("GPU-hours busy, not effective", f"{r.effective.lost:.3f} (busy - SM activity)")]
+          if r.effective is not None and r.effective.sm is not None else []),
+        *((v.title, f"worth {r.effective.worth.get(v.cause, 0.0):.3f} GPU-hours; remedy: {v.remedy}")
+          for v in r.verdicts if v.cause in EFFICIENCY_BY_ID and r.effective is not None),
     ]
 
 

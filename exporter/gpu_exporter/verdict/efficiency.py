@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
 __all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "INEFFECTIVE", "MEMORY", "SM", "SOURCES", "TENSOR",
-           "UNKNOWN", "Activity", "GpuCause", "GpuFinding", "compute_sm", "effective_line", "find_efficiency"]
+           "UNKNOWN", "Activity", "GpuCause", "GpuFinding", "compute_sm", "dram_query", "effective_line",
+           "find_efficiency", "for_cluster", "sm_query", "tensor_query"]
 
 C = "${cluster_label}"
 COMPUTE = "compute"
@@ -55,25 +56,47 @@ UNKNOWN = "SM activity unknown: enable GPM (Hopper and newer) or DCGM profiling 
 """The effective-use line of a GPU without an SM source: never called effective."""
 
 
-def _gpm_or_dcgm(gpm: m.MetricFamily, dcgm: m.ExternalSeries) -> str:
-    """The whole GPU's 5m mean of a GPM gauge where the exporter reports one, else dcgm-exporter's field joined by
-    UUID (labels: the cluster label and uuid)."""
-    return (f'max by ({C}, uuid) (avg_over_time({gpm.name}{{mig_uuid=""}}[5m]))\n'
-            f"or on ({C}, uuid)\n"
-            f'max by ({C}, uuid) (label_replace(avg_over_time({dcgm.name}[5m]), "uuid", "$1", '
+def _gpm(gpm: m.MetricFamily, window: str) -> str:
+    """The whole GPU's mean of a GPM gauge over ``window`` (labels: the cluster label and uuid)."""
+    return f'max by ({C}, uuid) (avg_over_time({gpm.name}{{mig_uuid=""}}[{window}]))'
+
+
+def _dcgm(dcgm: m.ExternalSeries, window: str) -> str:
+    """dcgm-exporter's field averaged over ``window``, its UUID label as uuid (labels: the cluster label and uuid)."""
+    return (f'max by ({C}, uuid) (label_replace(avg_over_time({dcgm.name}[{window}]), "uuid", "$1", '
             f'"{m.DCGM_UUID_LABEL}", "(.+)"))')
 
 
-SM_RECORD = (f'label_replace(\n  max by ({C}, uuid) (avg_over_time({m.GPU_SM_ACTIVE_RATIO.name}{{mig_uuid=""}}[5m])),'
-             f'\n  "source", "gpm", "", ""\n)\nor on ({C}, uuid)\nlabel_replace(\n'
-             f'  max by ({C}, uuid) (label_replace(avg_over_time({m.DCGM_SM_ACTIVE.name}[5m]), "uuid", "$1", '
-             f'"{m.DCGM_UUID_LABEL}", "(.+)")),\n  "source", "dcgm", "", ""\n)\n')
+def sm_query(window: str = "5m") -> str:
+    """SM activity over ``window`` {cluster, uuid, source}: GPM wins, else DCGM, else nothing (with ``5m``: the
+    recording rule of ``gpu:gpu_sm_active:avg5m``; diagnose --window computes it for any other window)."""
+    return (f'label_replace(\n  {_gpm(m.GPU_SM_ACTIVE_RATIO, window)},\n  "source", "gpm", "", ""\n)\n'
+            f'or on ({C}, uuid)\nlabel_replace(\n  {_dcgm(m.DCGM_SM_ACTIVE, window)},\n  "source", "dcgm", "", ""\n)\n')
+
+
+def tensor_query(window: str = "5m") -> str:
+    """Tensor pipe activity over ``window`` {cluster, uuid}, GPM's else DCGM's."""
+    return f"{_gpm(m.GPU_TENSOR_ACTIVE_RATIO, window)}\nor on ({C}, uuid)\n{_dcgm(m.DCGM_TENSOR_ACTIVE, window)}"
+
+
+def dram_query(window: str = "5m") -> str:
+    """DRAM activity over ``window`` {cluster, uuid}, GPM's else DCGM's."""
+    return (f"{_gpm(m.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO, window)}\nor on ({C}, uuid)\n"
+            f"{_dcgm(m.DCGM_DRAM_ACTIVE, window)}")
+
+
+def for_cluster(expr: str, cluster_label: str) -> str:
+    """A fragment as sent to Prometheus by diagnose: the thresholds' ``cluster_label`` in place of its placeholder."""
+    return expr.replace(C, cluster_label)
+
+
+SM_RECORD = sm_query()
 """The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, uuid, source}: GPM wins, else DCGM, else nothing."""
 SM = m.GPU_SM_ACTIVE_AVG5M.name
 """The GPU's effective utilization (5m mean SM activity), recorded."""
-TENSOR = _gpm_or_dcgm(m.GPU_TENSOR_ACTIVE_RATIO, m.DCGM_TENSOR_ACTIVE)
+TENSOR = tensor_query()
 """The GPU's tensor pipe activity (5m mean), read inline (no recorded series: the fleet's series budget)."""
-DRAM = _gpm_or_dcgm(m.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO, m.DCGM_DRAM_ACTIVE)
+DRAM = dram_query()
 """The GPU's DRAM activity (5m mean), read inline."""
 MEMORY = f"max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
 """The GPU's share of memory used."""
@@ -111,9 +134,9 @@ class GpuFinding:
         return max(0.0, self.busy - self.sm)
 
     def projection(self) -> str:
-        """``"SM activity 25% now, at most ~96% (the busy utilization) if the kernels filled the GPU"``."""
-        return (f"SM activity {pct(self.sm)} now, at most ~{pct(self.busy)} (the busy utilization) if the kernels "
-                "filled the GPU")
+        """``"SM activity could reach at most ~96% (the busy utilization) if the kernels filled the GPU"``."""
+        return f"SM activity could reach at most ~{pct(self.busy)} (the busy utilization) if the kernels filled the GPU"
+
 
 
 @dataclass(frozen=True)

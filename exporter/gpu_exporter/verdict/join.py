@@ -16,8 +16,12 @@ from typing import Any
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict import evidence, ranks, remedies
 from gpu_exporter.verdict.causes import Finding, RunSignals, allocator_limit, cause_order, find_causes
+from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
 from gpu_exporter.verdict.readings import Keys
 from gpu_exporter.verdict.views import GpuView, Readings, RunKey, RunView
+
+SM_BATCH = EFFICIENCY_BY_ID["sm_batch_too_small"].cause
+"""The SM form of M3, whose remedy is the batch suggestion too."""
 
 
 def build_views(readings: Readings, t: Thresholds | None = None, window_seconds: float = 0.0) -> list[GpuView]:
@@ -63,9 +67,16 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
             runs=tuple(sorted(runs.get(gpu, []), key=lambda r: (not r.live, r.run, r.rank))), process_list=procs,
             evidence=seen, evidence_hint=hint[0].name if hint else "",
             evidence_finding=hint[1] if hint else "", evidence_text=text,
-            cluster=cluster.get(gpu, "")))
+            cluster=cluster.get(gpu, ""), **_activity(readings, gpu)))
     return ranks.name_straggler_causes(
         sorted(views, key=lambda v: (v.cluster, v.node, int(v.gpu) if v.gpu.isdigit() else 1 << 30, v.uuid)))
+
+
+def _activity(readings: Readings, gpu: str) -> dict[str, Any]:
+    """The GpuView fields of the GPU's SM, tensor and DRAM activity (None: unknown)."""
+    sm = readings.sm_active.get(gpu)
+    return {"sm_active": sm[0] if sm else None, "sm_source": sm[1] if sm else None,
+            "tensor_active": readings.tensor_active.get(gpu), "dram_active": readings.dram_active.get(gpu)}
 
 
 def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | None, t: Thresholds,
@@ -98,6 +109,13 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
         changes["suggestions"] = remedies.suggestions(ctx, causes, run.shares, batch, readings.utilization.get(gpu),
                                                       readings.memory_used.get(gpu), readings.memory_total.get(gpu),
                                                       t.remedy_memory_target_ratio)
+    sm = readings.sm_active.get(gpu)
+    if ctx is not None and run.live and sm is not None and sm[0] < t.sm_active_low and run.shares.get("compute"):
+        # the SM form of M3 (verdict/efficiency.py): the batch that fills the SMs, from the SM activity in compute
+        text = remedies.batch_suggestion(ctx, batch, sm[0], run.shares["compute"], readings.memory_used.get(gpu),
+                                         readings.memory_total.get(gpu), t.remedy_memory_target_ratio)
+        if text:
+            changes["suggestions"] = {**changes.get("suggestions", {}), SM_BATCH: text}
     return replace(run, **changes) if changes else run
 
 

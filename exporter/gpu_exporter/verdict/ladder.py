@@ -12,6 +12,10 @@ causes (M1, M2, CK, M3, M4, ST, CM) are rows too, one per row of
 verdict                            when
 =================================  ==============================================================
 unknown                            NVML reports no utilization (GPUs in MIG mode)
+memory_bound, sm_batch_too_small,  at or above the target with work, but SM activity (GPM or dcgm-exporter)
+tensor_cores_idle, ineffective     says the SMs are not used effectively: a row of
+                                   :data:`~gpu_exporter.verdict.efficiency.EFFICIENCY` holds (MB, M3, TC,
+                                   then "busy but ineffective"), with the GPU-hours it is worth
 healthy                            useful utilization at or above ``utilization_target``
 unused                             no memory, process or live run on the GPU
 <cause> (M1-M4, CK, ST, CM)        a cause of the table applies to a live run on the GPU: below
@@ -33,8 +37,11 @@ capped by ``1 - communication share`` of its live run, so a rank that waits in s
 kernels is not called healthy; a GPU with no live run keeps ``u``. "Idle but allocated" reads
 ``u`` itself (a GPU in a spinning collective is not idle; its run's ST or CM names the wait).
 
->>> [row.name for row in LADDER][:4]
-['unknown', 'healthy', 'unused', 'input_bound']
+Every verdict carries the effective-use line (``Verdict.effective``): SM activity beside busy utilization, or,
+without an SM source, "SM activity unknown: ..." (a busy GPU is never called effective without one).
+
+>>> [row.name for row in LADDER][:7]
+['unknown', 'memory_bound', 'sm_batch_too_small', 'tensor_cores_idle', 'ineffective', 'healthy', 'unused']
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from dataclasses import dataclass, replace
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
+from gpu_exporter.verdict.efficiency import EFFICIENCY, Activity, GpuCause, GpuFinding, effective_line, find_efficiency
 from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
@@ -73,6 +81,8 @@ class Facts:
     live: tuple[RunView, ...]
     found: tuple[tuple[Finding, RunView], ...]
     """Every finding of the live runs, in :func:`cause_order`."""
+    efficiency: GpuFinding | None = None
+    """The GPU-level cause of a GPU at or above the target with work (verdict/efficiency.py), or None."""
 
     @property
     def u(self) -> float:
@@ -122,7 +132,22 @@ def _unknown(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 
 def _healthy(row: Row, f: Facts, t: Thresholds) -> Verdict:
-    return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target.")
+    if f.view.sm_active is None:  # busy, never called effective: the effective-use line says SM activity unknown
+        return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target.")
+    return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target, and its "
+                   f"SMs are {pct(f.view.sm_active)} active.")
+
+
+def _ineffective(row: Row, f: Facts, t: Thresholds) -> Verdict:
+    found = f.efficiency
+    assert found is not None and f.view.sm_active is not None
+    activity = _activity(f.view)
+    said = found.cause.reason(activity)
+    reason = f"{said[0].upper()}{said[1:]} {found.projection()}."
+    verdict = Verdict(row.verdict, row.title, reason, row.remedy, row.runbook(t), False, found.cause.code,
+                      projected=found.busy, worth=found.worth)
+    run = f.live[0] if f.live else None
+    return _suggested(run, verdict) if run is not None else verdict
 
 
 def _unused(row: Row, f: Facts, t: Thresholds) -> Verdict:
@@ -228,6 +253,21 @@ def _cause_row(cause: Cause) -> Row:
                holds, _cause)
 
 
+def _efficiency_row(cause: GpuCause) -> Row:
+    def holds(f: Facts, t: Thresholds) -> bool:
+        return f.efficiency is not None and f.efficiency.cause is cause and _has_work(f, t)
+
+    return Row(cause.cause, cause.cause, cause.label,
+               f"at or above the target with work, and SM activity says {cause.doing}", cause.keys, cause.advice,
+               cause.anchor, f"{cause.alert} ({catalog.GPU_SM_ACTIVE_AVG5M.name})", holds, _ineffective)
+
+
+def _activity(view: GpuView) -> Activity:
+    """The GPU's SM, tensor and DRAM activity beside its busy utilization (verdict/efficiency.py)."""
+    return Activity(view.utilization or 0.0, view.sm_active, view.tensor_active, view.dram_active,
+                    view.memory_used_ratio, view.sm_source)
+
+
 def _has_work(f: Facts, t: Thresholds) -> bool:
     memory = f.view.memory_used_ratio
     return bool(f.view.processes or f.live or (memory is not None and memory > t.work_memory_used_ratio))
@@ -236,6 +276,7 @@ def _has_work(f: Facts, t: Thresholds) -> bool:
 LADDER: tuple[Row, ...] = (
     Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), "", "",
         f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None, _unknown),
+    *(_efficiency_row(c) for c in EFFICIENCY),
     Row("healthy", "healthy", "healthy", "useful utilization at or above the target", ("utilization_target",), "", "",
         "no GpuUtilizationLow, GpuTrainingBelowTarget or cause alert", lambda f, t: f.level is None, _healthy),
     Row("unused", "unused", "unused", "no process, no live run, memory at most work_memory_used_ratio",
@@ -284,8 +325,11 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
     live = tuple(r for r in view.runs if r.live)
     found = tuple(sorted(((f, r) for r in live for f in r.findings), key=lambda fr: cause_order(fr[0])))
     lvl = None if util is None else level(useful_utilization(util, *(r.shares for r in live)), t)
-    facts = Facts(view, util, lvl, live, found)
+    efficiency = find_efficiency(_activity(view), t) if util is not None and lvl is None else None
+    facts = Facts(view, util, lvl, live, found, efficiency)
     for row in LADDER:
         if row.holds(facts, t):
-            return row.say(row, facts, t)
+            return replace(row.say(row, facts, t), effective=effective_line(
+                util, view.sm_active, view.sm_source, view.tensor_active, view.dram_active,
+                live[0].shares if live else None))
     raise AssertionError("the last row of the ladder always holds")  # pragma: no cover

@@ -137,5 +137,43 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     readings.evidence = evidence.from_snapshots(prev, cur)
     readings.contexts = remedies.read_contexts(cur.series)
     readings.sampled = keys.sampled(cur.series(catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name))
+    gpm(readings, cur)
+    return readings
+
+
+GPM_GAUGES = (catalog.GPU_SM_ACTIVE_RATIO, catalog.GPU_TENSOR_ACTIVE_RATIO,
+              catalog.GPU_DRAM_BANDWIDTH_UTILIZATION_RATIO)
+"""The exporter's GPM gauges of SM, tensor pipe and DRAM activity (collectors/gpm.py)."""
+DCGM_FIELDS = (catalog.DCGM_SM_ACTIVE, catalog.DCGM_TENSOR_ACTIVE, catalog.DCGM_DRAM_ACTIVE)
+"""dcgm-exporter's fields of the same (``diagnose --dcgm-url``)."""
+
+
+def _activity(readings: Readings, source: str, per_gpu: Iterable[dict[str, float]]) -> None:
+    """Fill a GPU's SM, tensor and DRAM activity from ``source`` unless one already did (GPM first)."""
+    sm, tensor, dram = per_gpu
+    for gpu, value in sm.items():
+        if gpu in readings.sm_active:
+            continue
+        readings.sm_active[gpu] = (value, source)
+        for target, values in ((readings.tensor_active, tensor), (readings.dram_active, dram)):
+            if gpu in values:
+                target[gpu] = values[gpu]
+
+
+def gpm(readings: Readings, snapshot: Snapshot) -> Readings:
+    """The whole GPU's GPM gauges (``mig_uuid=""``) of an exporter's reading: each the mean over the exporter's last
+    GPM sample."""
+    keys = Keys(readings.cluster_label)
+    _activity(readings, "gpm", (keys.per_gpu((labels, value) for labels, value in snapshot.series(family.name)
+                                             if not labels.get("mig_uuid")) for family in GPM_GAUGES))
+    return readings
+
+
+def dcgm(readings: Readings, snapshot: Snapshot) -> Readings:
+    """dcgm-exporter's profiling fields (its ``UUID`` label is the GPU's uuid) for the GPUs GPM did not fill: each
+    the mean over dcgm-exporter's last collection interval."""
+    _activity(readings, "dcgm", ({gpu_key("", labels.get(catalog.DCGM_UUID_LABEL, "")): value
+                                  for labels, value in snapshot.series(field.name)
+                                  if labels.get(catalog.DCGM_UUID_LABEL)} for field in DCGM_FIELDS))
     return readings
 

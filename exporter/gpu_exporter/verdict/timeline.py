@@ -16,6 +16,7 @@ from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.training.protocol import COMMUNICATION
 from gpu_exporter.verdict import launches
 from gpu_exporter.verdict.causes import BY_ID
+from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, compute_sm
 from gpu_exporter.verdict.join import build_views, select
 from gpu_exporter.verdict.ladder import judge
 from gpu_exporter.verdict.views import GpuView, Readings, RunKey, Verdict
@@ -121,7 +122,50 @@ class Timeline:
 def hint_of(m: Moment) -> str:
     """The /proc evidence hint the moment's verdict names: the GPU's, where its verdict has a code but no cause
     (the ladder's "not instrumented" with evidence); "" for every other verdict."""
-    return m.view.evidence_hint if m.verdict.code and m.verdict.name not in BY_ID else ""
+    return (m.view.evidence_hint if m.verdict.code and m.verdict.name not in BY_ID
+            and m.verdict.name not in EFFICIENCY_BY_ID else "")
+
+
+@dataclass(frozen=True)
+class Effective:
+    """Effective utilization (SM activity) over a range, beside busy utilization, where a source reported it.
+
+    ``sm`` and ``busy``: means over the points with an SM source (None: none had one); ``compute``: the compute
+    phase's SM activity (SM activity / compute share) where the run reported phases; ``lost``: GPU-hours between
+    busy and effective (per GPU, the wall time times its mean ``busy - sm``); ``worth``: the same for the points
+    judged with each efficiency verdict (verdict -> GPU-hours)."""
+
+    sm: float | None
+    busy: float | None
+    sources: tuple[str, ...]
+    compute: float | None
+    lost: float
+    worth: dict[str, float]
+
+
+def effective(series: Mapping[str, Sequence[Moment | None]], wall: float) -> Effective:
+    """The :class:`Effective` figures of each GPU's moments (``series``) over a run's ``wall`` seconds."""
+    sms: list[float] = []
+    busys: list[float] = []
+    computes: list[float] = []
+    sources: set[str] = set()
+    lost = 0.0
+    worth: dict[str, float] = {}
+    for moments in series.values():
+        judged = [m for m in moments if m is not None and m.view.utilization is not None]
+        known = [m for m in judged if m.view.sm_active is not None]
+        for m in known:
+            sm, busy = m.view.sm_active or 0.0, m.view.utilization or 0.0
+            sms.append(sm)
+            busys.append(busy)
+            sources.add(m.view.sm_source or "")
+            lost += wall * max(0.0, busy - sm) / len(judged)
+            if m.verdict.name in EFFICIENCY_BY_ID:
+                worth[m.verdict.name] = worth.get(m.verdict.name, 0.0) + wall * (m.verdict.worth or 0.0) / len(judged)
+            computes.extend(c for r in m.view.runs if r.live and (c := compute_sm(sm, r.shares)) is not None)
+    return Effective(sum(sms) / len(sms) if sms else None, sum(busys) / len(busys) if busys else None,
+                     tuple(sorted(sources - {""})), sum(computes) / len(computes) if computes else None,
+                     lost / 3600, {k: v / 3600 for k, v in worth.items()})
 
 
 def _spans(found: Iterable[tuple[K, float, str]]) -> dict[K, Span]:
