@@ -77,3 +77,32 @@ def test_the_sample_loads_to_the_defaults_and_its_commented_keys_load_too(tmp_pa
     uncommented.write_text(re.sub(r"^(\s*)# ([a-z_]+: )", r"\1\2", sample, flags=re.M))
     cfg = load_config(str(uncommented), env={}, flags={})
     assert {key: getattr(cfg, key.replace(".", "_")) for key in config_doc.EXAMPLES} == config_doc.EXAMPLES
+
+
+def test_the_readme_settings_table_agrees_with_the_settings() -> None:
+    """The README's short table (a row per key, or per section: ``ingest.*``) names each key's flag, variable and
+    default as SETTINGS does, and every setting has a row."""
+    readme = (config_doc.ROOT / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if line.startswith("| `") and len(cells) == 4:
+            rows.update({key: cells[1:] for key in re.findall(r"`([a-z_.*]+)`", cells[0])})
+    covered = set()
+    for s in SETTINGS:
+        row = rows.get(s.key)
+        if row is None:
+            assert f"{config_doc.section_of(s)}.*" in rows, f"{s.key} is in no row of the README's settings table"
+            continue
+        covered.add(s.key)
+        flag, env, default = row
+        assert f"`{config_doc.flags_of(s)[0].split()[0]}" in flag, (s.key, flag)
+        assert f"`{s.env}`" in env or f"`_{s.key.rpartition('.')[2].upper()}`" in env, (s.key, env)
+        if isinstance(s.default, bool):
+            assert default.startswith(f"`{s.default_text}`" if "`" in default else ("on" if s.default else "off"))
+        elif s.default_text:
+            names = s.default_text.split(", ") if isinstance(s.default, tuple) else [s.default_text]
+            assert all(f"`{name}`" in default for name in names), (s.key, default)
+        else:
+            assert default.startswith(("none", "off")), (s.key, default)
+    assert len(covered) >= 15

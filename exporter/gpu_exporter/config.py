@@ -233,7 +233,9 @@ class Setting:
             return str(self.default).lower()
         if isinstance(self.default, tuple):
             return ", ".join(self.default)  # a list may have spaces after its commas; help wraps there
-        return format_duration(self.default) if self.is_duration else str(self.default)
+        if self.is_duration:
+            return format_duration(self.default)
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)  # 0, not 0.0
 
     @property
     def env(self) -> str:
