@@ -137,6 +137,11 @@ def test_build_stage_installs_in_a_fresh_venv(tmp_path: Path) -> None:
             assert result.returncode == 0, f"RUN {args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     exe = venv / "bin" / "gpu-exporter"
     assert exe.exists()
+    # the zero-code startup hook (GPU_EXPORTER_AUTO=1) is in the image's site-packages too (setup.py writes it)
+    from gpu_exporter.training import auto
+
+    (hook,) = venv.glob(f"lib/python3*/site-packages/{auto.PTH_NAME}")
+    assert hook.read_text() == auto.PTH_LINE
     help_text = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
     assert "usage: gpu-exporter" in help_text
     assert (venv / "bin" / "py-spy").exists(), "the sampling extra (py-spy) is missing from the image's venv"
