@@ -1,0 +1,161 @@
+"""End to end, busy but not effective: training loops whose GPUs read ~99% busy (NVML) while their kernels use
+the SMs badly -> two real exporters (--simulate) and the stand-in dcgm-exporter -> one real Prometheus with the
+shipped rules -> the efficiency verdict from the alerts, ``diagnose --url`` (with ``--dcgm-url`` for the node
+without GPM), ``diagnose --prometheus-url`` and the run report.
+
+Four loops (tests/async_loops.py, plan ``healthy_item``: kernels queued back to back on an asynchronous simulated
+GPU) run side by side, each with its kernels' shares in ``$GPU_SIM_KERNEL`` (gpu_exporter.simulate.device.Kernel:
+SM activity, tensor pipe, DRAM while a kernel runs). The GPUs' SM, tensor and DRAM activity come from the
+work the loops queued, read by the simulated GPM (node ``n-gpm``, tests/scenarios/efficiency-e2e-gpm.yaml) or,
+for the GPU whose scenario says ``gpm: false`` (node ``n-dcgm``), by the stand-in dcgm-exporter only.
+
+==============  ======  ===============================  ==================================================
+GPU             node    kernel (SM, tensor, DRAM)        expected
+==============  ======  ===============================  ==================================================
+GPU-eff-small   n-gpm   0.25, 0.3, 0.1; 10% memory used  batch too small for the SMs (M3), GpuSmBatchTooSmall
+GPU-eff-dram    n-gpm   0.3, 0.2, 0.8                    memory-bound kernels (MB), GpuMemoryBoundKernels
+GPU-eff-healthy n-gpm   0.9, 0.6, 0.3                    healthy, no alert
+GPU-eff-fp32    n-dcgm  0.8, 0.0, 0.3 (dcgm-exporter)    tensor cores idle (TC), GpuTensorCoresIdle; without
+                                                         --dcgm-url diagnose says "SM activity unknown"
+==============  ======  ===============================  ==================================================
+
+The rules are the shipped files shrunk 60-fold (tests/e2e.py: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from e2e import firing_causes, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
+from gpu_exporter.simulate import dcgm_exporter
+from gpu_exporter.thresholds import load_thresholds
+from servers import promql, run_exporter, run_prometheus
+
+pytestmark = pytest.mark.slow
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+LOOPS = Path(__file__).with_name("async_loops.py")
+T = load_thresholds()
+LOOP = {  # uuid -> (node, run, $GPU_SIM_KERNEL)
+    "GPU-eff-small": ("n-gpm", "eff-small", "sm=0.25,tensor=0.3,dram=0.1"),
+    "GPU-eff-dram": ("n-gpm", "eff-dram", "sm=0.3,tensor=0.2,dram=0.8"),
+    "GPU-eff-healthy": ("n-gpm", "eff-healthy", "sm=0.9,tensor=0.6,dram=0.3"),
+    "GPU-eff-fp32": ("n-dcgm", "eff-fp32", "sm=0.8,tensor=0,dram=0.3"),
+}
+EXPECTED = {  # uuid -> (verdict, title, the source of its SM activity, the alerts that fire for it)
+    "GPU-eff-small": ("sm_batch_too_small", "batch too small for the SMs (M3)", "gpm",
+                      {("GpuSmBatchTooSmall", "sm_batch_too_small")}),
+    "GPU-eff-dram": ("memory_bound", "memory-bound kernels (MB)", "gpm", {("GpuMemoryBoundKernels", "memory_bound")}),
+    "GPU-eff-healthy": ("healthy", "healthy", "gpm", set()),
+    "GPU-eff-fp32": ("tensor_cores_idle", "tensor cores idle (TC)", "dcgm",
+                     {("GpuTensorCoresIdle", "tensor_cores_idle")}),
+}
+SM = {"GPU-eff-small": 0.25, "GPU-eff-dram": 0.3, "GPU-eff-healthy": 0.9, "GPU-eff-fp32": 0.8}
+"""Each loop's kernel SM share: the GPU's SM activity, times its busy share (~0.97-1)."""
+
+
+def _target(url: str) -> str:
+    return f'"{urlsplit(url).netloc}"'
+
+
+Stack = tuple[dict[str, str], str, str]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    """Two exporters, the stand-in dcgm-exporter, Prometheus with the shipped rules, and the loops running; yields
+    ({node: exporter URL}, dcgm-exporter URL, Prometheus URL)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        channel = {"GPU_SIM_DEVICE_DIR": f"{tmp}/channel"}
+        Path(channel["GPU_SIM_DEVICE_DIR"]).mkdir()
+        args = ["--poll-interval", "0.2"]
+        with run_exporter(["--simulate", str(SCENARIOS / "efficiency-e2e-gpm.yaml"), *args], env=channel) as gpm, \
+                run_exporter(["--simulate", str(SCENARIOS / "efficiency-e2e-dcgm.yaml"), *args], env=channel) as bare, \
+                dcgm_exporter.serve(SCENARIOS / "efficiency-e2e-dcgm.yaml", hostname="n-dcgm", interval=1.0,
+                                    directory=channel["GPU_SIM_DEVICE_DIR"]) as dcgm:
+            config = ("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                      "rule_files: [rules/gpu-recording.rules.yml, rules/gpu-alerts.rules.yml]\n"
+                      "scrape_configs:\n"
+                      "  - job_name: gpu-exporter\n    static_configs:\n"
+                      f"      - targets: [{_target(gpm)}]\n        labels: {{node: n-gpm}}\n"
+                      f"      - targets: [{_target(bare)}]\n        labels: {{node: n-dcgm}}\n"
+                      "  - job_name: dcgm-exporter\n    static_configs:\n"
+                      f"      - targets: [{_target(dcgm.url)}]\n")
+            with run_prometheus(config, shipped_fast_rules()) as prom:
+                commands = [["env", f"ASYNC_LOOP_UUID={uuid}", f"ASYNC_LOOP_RUN={run}", f"GPU_SIM_KERNEL={kernel}",
+                             sys.executable, str(LOOPS), "healthy_item", gpm if node == "n-gpm" else bare, "300"]
+                            for uuid, (node, run, kernel) in LOOP.items()]
+                with running_jobs(commands, env=channel):
+                    yield {"n-gpm": gpm, "n-dcgm": bare}, dcgm.url, prom
+
+
+def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_report(stack: Stack) -> None:
+    exporters, dcgm, prom = stack
+    started = time.time()
+    wanted = {uuid: alerts for uuid, (*_, alerts) in EXPECTED.items() if alerts}
+    wait_for_causes(prom, wanted, 120, "every busy GPU's efficiency alert to fire")
+
+    # Alerts: each GPU fires exactly its expected efficiency alert, with the workload's labels; the healthy one none.
+    time.sleep(2)
+    firing = firing_causes(prom)
+    for uuid, (*_, alerts) in EXPECTED.items():
+        assert firing.get(uuid, set()) == alerts, (uuid, firing)
+    for alert in promql(prom, 'ALERTS{alertstate="firing", alertname=~"GpuSm.*|GpuTensor.*|GpuMemoryBound.*"}'):
+        labels = alert["metric"]
+        node, run, _ = LOOP[labels["uuid"]]
+        assert (labels["severity"], labels["node"], labels["run"]) == ("info", node, run), labels
+    # The recorded effective utilization: GPM on n-gpm, dcgm-exporter (joined by UUID) on n-dcgm, beside busy.
+    sm = {r["metric"]["uuid"]: (r["metric"]["source"], float(r["value"][1]))
+          for r in promql(prom, "gpu:gpu_sm_active:avg5m")}
+    busy = {r["metric"]["uuid"]: float(r["value"][1]) for r in promql(prom, "gpu:gpu_utilization:avg5m")}
+    for uuid, (_, _, source, _) in EXPECTED.items():
+        assert busy[uuid] >= T.utilization_target, (uuid, busy)
+        assert sm[uuid][0] == source and sm[uuid][1] == pytest.approx(SM[uuid] * busy[uuid], abs=0.08), (uuid, sm)
+
+    # diagnose --url per node (n-dcgm with --dcgm-url, and once without it), and --prometheus-url: same verdicts.
+    calls = [["diagnose", "--url", exporters["n-gpm"], "--window", "5s", "--output", "json"],
+             ["diagnose", "--url", exporters["n-dcgm"], "--dcgm-url", dcgm, "--window", "5s", "--output", "json"],
+             ["diagnose", "--url", exporters["n-dcgm"], "--window", "5s", "--output", "json"],
+             ["diagnose", "--prometheus-url", prom, "--output", "json"],
+             ["diagnose", "--prometheus-url", prom, "--run", "eff-small"],
+             ["report", "--prometheus-url", prom, "--run", "eff-small", "--step", "1s", "--output", "json"]]
+    on_gpm, on_dcgm, without, fleet, text, report = run_clis(calls)
+    for result in (on_gpm, on_dcgm, without, fleet):
+        assert result.returncode == 0, result.stderr  # busy GPUs are not below the target
+    by_url = {g["uuid"]: g for r in (on_gpm, on_dcgm) for g in json.loads(r.stdout)["gpus"]}
+    by_prom = {g["uuid"]: g for g in json.loads(fleet.stdout)["gpus"]}
+    for uuid, (verdict, title, source, _) in EXPECTED.items():
+        for path, gpus in (("url", by_url), ("prometheus", by_prom)):
+            got = gpus[uuid]
+            assert (got["verdict"]["verdict"], got["verdict"]["title"], got["sm_source"]) == (verdict, title, source), (
+                path, uuid, got["verdict"], got["sm_active"], got["tensor_active"], got["dram_active"])
+            assert got["sm_active"] == pytest.approx(SM[uuid] * got["utilization"], abs=0.1), (path, uuid, got)
+            assert got["verdict"]["effective"].startswith(f"effective utilization (SM activity, {source.upper()})")
+            if verdict != "healthy":  # the cause, its remedy and what it is worth
+                assert got["verdict"]["code"] and got["verdict"]["remedy"] and got["verdict"]["runbook"], got
+                assert got["verdict"]["worth"] == pytest.approx(got["utilization"] - got["sm_active"], abs=1e-6)
+    # Without --dcgm-url the GPM-less GPU's SM activity is unknown: healthy by NVML, never called effective.
+    (alone,) = json.loads(without.stdout)["gpus"]
+    assert (alone["verdict"]["verdict"], alone["sm_active"]) == ("healthy", None)
+    assert alone["verdict"]["effective"].startswith("SM activity unknown: enable GPM")
+    assert "effective    effective utilization (SM activity, GPM) " in text.stdout, text.stdout
+    assert "verdict      batch too small for the SMs (M3): " in text.stdout and "worth        " in text.stdout
+
+    # The run report: the verdict over the range with its remedy, effective beside busy, the GPU-hours between.
+    assert report.returncode == 0, report.stderr
+    doc: dict[str, Any] = json.loads(report.stdout)
+    verdicts = {v["verdict"]: v for v in doc["verdicts"]}
+    assert "sm_batch_too_small" in verdicts and verdicts["sm_batch_too_small"]["code"] == "M3", doc["verdicts"]
+    eff = doc["effective_utilization"]
+    assert eff["sources"] == ["gpm"] and eff["sm_activity"] == pytest.approx(0.25, abs=0.08), eff
+    assert eff["busy_utilization"] > eff["sm_activity"] + 0.5 and eff["gpu_hours_busy_not_effective"] > 0, eff
+    assert eff["worth_gpu_hours"]["sm_batch_too_small"] > 0, eff
+    print(f"efficiency e2e: alerts to report in {time.time() - started:.0f} s")
