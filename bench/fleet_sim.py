@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +231,29 @@ class Template:
         pattern = re.compile("|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True)))
         statics = [pattern.sub(lambda m: mapping[m.group(0)], s) for s in self.statics]
         return Template(self.kind, self.rendered_at, statics, self.slots, list(mapping.values()))
+
+    def _line(self, k: int) -> str:
+        """The series text of slot ``k`` (its line up to the value)."""
+        return self.statics[k].rpartition("\n")[2]
+
+    def rate(self, metric: str, uuid: str) -> float:
+        """The rate at which the counter ``metric`` of GPU ``uuid`` moves (0 when it does not)."""
+        return next((other for k, (how, _, other) in enumerate(self.slots) if how == 0
+                     and self._line(k).startswith(metric + "{") and f'uuid="{uuid}"' in self._line(k)), 0.0)
+
+    def pinned(self, metric: str, value_of: Callable[[str], float]) -> Template:
+        """This template with the whole-GPU (``mig_uuid=""``) gauge ``metric`` of each GPU held at
+        ``value_of(uuid)``: a known SM activity per GPU (tests/test_fleet_funnel.py)."""
+        line = re.compile(rf'^({re.escape(metric)}\{{[^}}\n]*mig_uuid=""[^}}\n]*\}}) (\S+)$', re.MULTILINE)
+
+        def value(head: str) -> float:
+            found = re.search(r'uuid="([^"]+)"', head.replace('mig_uuid=""', ""))
+            return value_of(found.group(1) if found else "")
+
+        statics = [line.sub(lambda m: f"{m.group(1)} {value(m.group(1))!r}", s) for s in self.statics]
+        slots = [(2, value(self._line(k)), value(self._line(k))) if line.match(self._line(k).rstrip() + " 0") else slot
+                 for k, slot in enumerate(self.slots)]
+        return Template(self.kind, self.rendered_at, statics, slots, self.uuids)
 
     def render(self, now: float, tick: int) -> bytes:
         out = [self.statics[0]]

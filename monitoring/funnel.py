@@ -217,7 +217,11 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
     unknown = f"{busy} unless {cfg.on('uuid')} {cfg.sel(SM)}"
     lost = cfg.sel(LOST, "node")
     allocated = hours(work)
-    funnel = " or ".join(f'label_replace({hours(series)}, "step", "{step}", "", "")' for step, series in (
+
+    def per_cluster(total: str) -> str:
+        """A total (``sum(...)``) kept apart by cluster: a labelled series always carries its cluster."""
+        return total.replace("sum(", f"sum {cfg.by()} (", 1)
+    funnel = " or ".join(f'label_replace({per_cluster(hours(series))}, "step", "{step}", "", "")' for step, series in (
         ("1 allocated", work), ("2 busy", f"({busy})"), ("3 effective", f"({sm})")))
     return (board.with_row(dash.Row("Funnel: allocated, busy, effective"))
             .with_panel(bar_gauge(
@@ -225,7 +229,7 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
                 "GPU-hours over the time range: allocated (the GPU had work: memory, processes or a training run), "
                 "busy (allocated hours x NVML's utilization, the time a kernel ran) and effective (allocated hours x "
                 "SM activity, on the GPUs that report it). The gaps are the hours lost at each step. "
-                f"{SOURCE_TEXT}", query(funnel, "{{step}}", instant=True), unit="h", w=8,
+                f"{SOURCE_TEXT}", query(funnel, f"{{{{{c}}}}} {{{{step}}}}", instant=True), unit="h", w=8,
                 thresholds=steps(("blue", None))))
             .with_panel(stat_panel(
                 "GPU-hours lost, allocated to busy", "Allocated GPU-hours in which no kernel ran: allocated hours x "
@@ -237,8 +241,9 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
                 query(hours(lost), instant=True), unit="h", thresholds=steps(("green", None), ("orange", 1))))
             .with_panel(stat_panel(
                 "Busy GPU-hours with SM activity unknown", "Busy GPU-hours of GPUs that have no SM activity source "
-                "(no GPM, no dcgm-exporter profiling fields): how much of the busy time the funnel cannot judge.",
-                query(hours(f"({unknown})"), instant=True), unit="h",
+                "(no GPM, no dcgm-exporter profiling fields): how much of the busy time the funnel cannot judge "
+                "(0 when every GPU has a source).",
+                query(f"{hours(f'({unknown})')} or vector(0)", instant=True), unit="h",
                 thresholds=steps(("green", None), ("orange", 1))))
             .with_panel(bar_gauge(
                 "GPU-hours lost busy to effective, by cause", "The busy -> effective hours by the efficiency "

@@ -1,15 +1,23 @@
 """``report --fleet``'s funnel (gpu_exporter.verdict.funnel): allocated GPU-hours -> busy -> effective, with the hours
-lost at each step by cause, on a judged range whose SM activity is known, without servers."""
+lost at each step by cause, on a judged range whose SM activity is known: without servers, and end to end (a
+simulated node of bench/fleet_sim.py serving a known SM activity per GPU, a real Prometheus, ``gpu-exporter report
+--fleet``)."""
 
 from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
+from gpu_exporter import catalog
 from gpu_exporter.commands.fleet import LaunchRow, Point, Range, fleet, render_json, render_text
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.funnel import NO_CAUSE, Funnel, Slice, funnel
+from servers import run_prometheus, wait_until
+from test_query import run_cli
+
+from bench import fleet_sim
 
 T = load_thresholds(None)
 STEP, POINTS = 60.0, 120  # two hours at one point a minute
@@ -84,3 +92,58 @@ def test_the_report_shows_the_funnel() -> None:
 def test_sm_activity_above_busy_counts_as_effective_and_loses_nothing() -> None:
     f = funnel([Slice(3600.0, 0.5, 0.6, "healthy"), Slice(3600.0, None, 0.5, "unknown")])
     assert (f.allocated, f.busy, f.effective, f.ineffective) == (1.0, 0.5, 0.5, 0.0)
+
+
+SM_FACTORS = (0.9, 0.6, 0.3, 0.9, 0.6, 0.3, 0.9, 0.3)
+"""Each GPU's SM activity as a share of its busy utilization, by index on the node (the busiest, GPU 7 at ~90%
+busy, is at or above the target with SM activity well below sm_active_low: busy but not effective)."""
+SECONDS = 10.0
+"""The range the report judges (points every 2 s, each judged over the 8 s before it)."""
+SCRAPES = """
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - job_name: gpu-exporter
+    static_configs: {targets}
+"""
+
+
+@pytest.mark.slow
+def test_report_fleet_funnel_matches_the_sm_activity_a_simulated_node_serves() -> None:
+    """One simulated 8-GPU node (the shared kind: 8 uninstrumented processes a GPU, 20-90% busy) serves a known SM
+    activity per GPU (its busy utilization x SM_FACTORS); a real Prometheus scrapes it every second, and ``report
+    --fleet --output json`` over the last 10 s judges it. Allocated, busy and effective GPU-hours, and the hours lost
+    busy -> effective by cause, are within 5% of what the served counters and gauges make."""
+    sim = fleet_sim.Fleet(1)
+    template = sim.templates[0]
+    busy = {uuid: template.rate(catalog.GPU_BUSY_SECONDS_TOTAL.name, uuid) for uuid in template.uuids}
+    served = {uuid: round(busy[uuid] * SM_FACTORS[j], 4) for j, uuid in enumerate(template.uuids)}
+    sim.templates = [template.pinned(catalog.GPU_SM_ACTIVE_RATIO.name, served.__getitem__)]
+    server = fleet_sim.serve(sim)
+    try:
+        hostport = f"127.0.0.1:{server.server_address[1]}"
+        targets = json.dumps(list(fleet_sim.targets(1, hostport)))
+        with run_prometheus(SCRAPES.format(targets=targets)) as prom:
+            first = time.time()
+            wait_until(lambda: time.time() - first > 25, 40, 1.0, what="25 s of scrapes")
+            end = time.time() - 2  # the last scrape is in
+            result = run_cli("report", "--prometheus-url", prom, "--fleet", "--output", "json", "--from",
+                             str(end - SECONDS), "--to", str(end), "--step", "2s", timeout=120)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = json.loads(result.stdout)["funnel"]
+    seconds = SECONDS
+    t = load_thresholds(None)
+    at_target_low = [u for u in busy if busy[u] >= t.utilization_target and served[u] < t.sm_active_low]
+    assert at_target_low, "the node needs a GPU that is busy but not effective"
+    hours = {"allocated": len(busy) * seconds / 3600, "busy": sum(busy.values()) * seconds / 3600,
+             "effective": sum(served.values()) * seconds / 3600,
+             "effective_cause": sum(busy[u] - served[u] for u in at_target_low) * seconds / 3600}
+    assert got["allocated_gpu_hours"] == pytest.approx(hours["allocated"], rel=0.05)
+    assert got["busy_gpu_hours"] == pytest.approx(hours["busy"], rel=0.05)
+    assert got["effective_gpu_hours"] == pytest.approx(hours["effective"], rel=0.05)
+    assert got["sm_unknown_busy_gpu_hours"] == 0  # every GPU has GPM
+    lost = got["lost_busy_to_effective"]
+    by_cause = sum(v for k, v in lost.items() if k != NO_CAUSE)
+    assert by_cause == pytest.approx(hours["effective_cause"], rel=0.05), lost
+    assert sum(lost.values()) == pytest.approx(hours["busy"] - hours["effective"], rel=0.05), lost
