@@ -20,6 +20,8 @@ GPU-eff-fp32    n-dcgm  0.8, 0.0, 0.3 (dcgm-exporter)    tensor cores idle (TC),
 ==============  ======  ===============================  ==================================================
 
 The rules are the shipped files shrunk 60-fold (tests/e2e.py: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``).
+Set EFFICIENCY_E2E_OUTPUT=DIR to keep the diagnose texts and the alerts (docs/cli.md and docs/runbooks.md quote
+them).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from e2e import firing_causes, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
+from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from gpu_exporter.simulate import dcgm_exporter
 from gpu_exporter.thresholds import load_thresholds
 from servers import promql, run_exporter, run_prometheus
@@ -126,8 +128,14 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
              ["diagnose", "--url", exporters["n-dcgm"], "--window", "5s", "--output", "json"],
              ["diagnose", "--prometheus-url", prom, "--output", "json"],
              ["diagnose", "--prometheus-url", prom, "--run", "eff-small"],
+             ["diagnose", "--url", exporters["n-dcgm"], "--dcgm-url", dcgm, "--window", "5s"],
              ["report", "--prometheus-url", prom, "--run", "eff-small", "--step", "1s", "--output", "json"]]
-    on_gpm, on_dcgm, without, fleet, text, report = run_clis(calls)
+    on_gpm, on_dcgm, without, fleet, text, dcgm_text, report = run_clis(calls)
+    keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-prometheus-eff-small.txt", text.stdout)
+    keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-url-dcgm.txt", dcgm_text.stdout)
+    keep_output("EFFICIENCY_E2E_OUTPUT", "alerts.json", json.dumps(promql(prom, "ALERTS"), indent=1))
+    keep_output("EFFICIENCY_E2E_OUTPUT", "report-eff-small.json", report.stdout)
+    keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-url-gpm.json", on_gpm.stdout)
     for result in (on_gpm, on_dcgm, without, fleet):
         assert result.returncode == 0, result.stderr  # busy GPUs are not below the target
     by_url = {g["uuid"]: g for r in (on_gpm, on_dcgm) for g in json.loads(r.stdout)["gpus"]}
@@ -139,6 +147,8 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
                 path, uuid, got["verdict"], got["sm_active"], got["tensor_active"], got["dram_active"])
             assert got["sm_active"] == pytest.approx(SM[uuid] * got["utilization"], abs=0.1), (path, uuid, got)
             assert got["verdict"]["effective"].startswith(f"effective utilization (SM activity, {source.upper()})")
+            if uuid == "GPU-eff-small":  # the run reports its batch size and memory: the batch to try
+                assert "try batch 64" in got["verdict"]["suggestion"], (path, got["verdict"])
             if verdict != "healthy":  # the cause, its remedy and what it is worth
                 assert got["verdict"]["code"] and got["verdict"]["remedy"] and got["verdict"]["runbook"], got
                 assert got["verdict"]["worth"] == pytest.approx(got["utilization"] - got["sm_active"], abs=1e-6)
@@ -148,6 +158,7 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
     assert alone["verdict"]["effective"].startswith("SM activity unknown: enable GPM")
     assert "effective    effective utilization (SM activity, GPM) " in text.stdout, text.stdout
     assert "verdict      batch too small for the SMs (M3): " in text.stdout and "worth        " in text.stdout
+    assert "effective    effective utilization (SM activity, DCGM) " in dcgm_text.stdout, dcgm_text.stdout
 
     # The run report: the verdict over the range with its remedy, effective beside busy, the GPU-hours between.
     assert report.returncode == 0, report.stderr

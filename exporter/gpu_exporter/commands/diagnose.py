@@ -156,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
             if seconds == parse_duration(PROMETHEUS_WINDOW):
                 window = f"{PROMETHEUS_WINDOW}{ending} (recording rules)"
                 readings = from_prometheus(prom, thresholds.cluster_label,
-                                           launches=args.run_name is not None or args.run_id is not None)
+                                           launches=args.run_name is not None or args.run_id is not None,
+                                           sm_active_low=thresholds.sm_active_low)
             else:
                 window = f"{window}{ending} (the rules' signals over that window)"
                 readings = from_prometheus_window(prom, seconds, thresholds.cluster_label)

@@ -66,6 +66,10 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
     target = pct(t.utilization_target)
     out.write(f"{below} of {len(results)} GPU(s) below the {target} utilization target.\n" if below else
               f"No GPU with work is below the {target} utilization target ({len(results)} GPU(s) checked).\n")
+    ineffective = sum(v.worth is not None for _, v in results)
+    if ineffective:
+        out.write(f"{ineffective} busy GPU(s) not used effectively: SM activity below "
+                  f"{pct(t.sm_active_low)}, or the tensor cores idle (the verdicts above).\n")
 
 
 def _finding_doc(f: Finding) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from gpu_exporter.verdict.causes import LABEL as STRAGGLER_LABEL
 from gpu_exporter.verdict.efficiency import dram_query, for_cluster, sm_query, tensor_query
 from gpu_exporter.verdict.levels import BY_LEVEL
 from gpu_exporter.verdict.readings import INSTANT, Keys, Pairs, instant
+from gpu_exporter.verdict.remedies import BATCH_CAUSE, GAUGES, read_contexts
 from gpu_exporter.verdict.remedies import CAUSES as CONTEXT_CAUSES
-from gpu_exporter.verdict.remedies import GAUGES, read_contexts
 from gpu_exporter.verdict.views import Readings
 
 _GPU, _RUN, _PROCESS = ("uuid",), ("run", "rank", "uuid"), ("uuid", "pid")
@@ -182,13 +182,16 @@ _RULES = tuple(m.name for m in (
 """The recording rules :func:`from_prometheus` reads."""
 
 
-def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = True) -> Readings:
+def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = True,
+                    sm_active_low: float | None = None) -> Readings:
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 
     Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
     ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series. Every
     query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
     they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
+    With ``sm_active_low`` the live runs on GPUs whose SM activity is below it get their context read too, for the
+    batch suggestion of the SM form of M3 (verdict/efficiency.py).
     """
     skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name,  # the rules' shares instead
             catalog.GPU_MEMORY_USED_BYTES.name, catalog.GPU_MEMORY_TOTAL_BYTES.name}  # remedy_inputs reads them
@@ -220,7 +223,10 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
             cause, labels["level"], value, projections.get((*key, cause.cause)), readings.batch_size.get(key),
             straggler=labels.get(STRAGGLER_LABEL, ""), step_seconds=readings.step_seconds.get(key)))
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
-    fleet.remedy_inputs(causes, readings)
-    readings.sampled = keys.sampled(shares)
     _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram)
+    low = [] if sm_active_low is None else [  # the SM form of M3's batch suggestion reads the run's context too
+        ({**labels, "cause": BATCH_CAUSE}, 0.0) for labels, _ in fleet.raw(fleet.live)
+        if (sm := readings.sm_active.get(keys.gpu(labels))) is not None and sm[0] < sm_active_low]
+    fleet.remedy_inputs([*causes, *low], readings)
+    readings.sampled = keys.sampled(shares)
     return readings
