@@ -65,9 +65,10 @@ def _holds(cause: GpuCause) -> str:
 def records() -> list[Record]:
     """``gpu:gpu_busy_not_effective:ratio`` in the ``gpu-cost.recording`` group."""
     causes = f"\nor on ({C}, uuid)\n".join(_holds(cause) for cause in EFFICIENCY)
-    expr = (f"clamp_min(\n  max by ({C}, node, gpu, uuid) ({BUSY})\n  - on ({C}, uuid) group_left ()\n"
-            f"  max by ({C}, uuid) ({SM}),\n  0\n)\n"
-            f"and on ({C}, uuid)\n  (max by ({C}, uuid) ({m.GPU_HAS_WORK_BOOL.name}) == 1)\n"
+    # the parentheses: "*" binds tighter than "and", and the cause label is the whole product's
+    expr = (f"(\n  clamp_min(\n    max by ({C}, node, gpu, uuid) ({BUSY})\n    - on ({C}, uuid) group_left ()\n"
+            f"    max by ({C}, uuid) ({SM}),\n    0\n  )\n"
+            f"  and on ({C}, uuid)\n    (max by ({C}, uuid) ({m.GPU_HAS_WORK_BOOL.name}) == 1)\n)\n"
             f"* on ({C}, uuid) group_left (cause)\n(\n{indent(causes, 2)}\n"
             f"  or on ({C}, uuid)\n  group by ({C}, uuid) ({SM})\n)\n")
     return [Record(RECORDING, LOST, expr, comment=(
