@@ -17,6 +17,7 @@ loop: healthy, or underutilized at level target).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -270,9 +271,11 @@ def test_lightning_callback_reports_the_training_loader_settings() -> None:
 
 # --- What the framework integrations call which phase (in the test process, on an ops-mode device) ---------
 
-STEP_METRIC, OWN_CALLBACK, CALLBACK_METRIC, CALLBACK_SAVE, COMPUTE = 0.012, 0.005, 0.004, 0.006, 0.006
-"""Seconds per step: Python metric in the step, the job's own callback (plain Python), a torchmetrics metric it
-updates, a torch.save it calls (slow storage), and each of forward and backward in matmuls."""
+STEP_METRIC, OWN_CALLBACK, CALLBACK_METRIC, CALLBACK_SAVE, AFTER_SAVE, PROBE, COMPUTE = (
+    0.012, 0.005, 0.004, 0.006, 0.020, 0.006, 0.006)
+"""Seconds per step: Python metric in the step; the job's own saving callback: plain Python, a torchmetrics metric it
+updates, a torch.save it calls (slow storage), then work on the written file (hash, compress: plain Python); a second
+callback of the job's own that writes nothing (PROBE, plain Python); each of forward and backward in matmuls."""
 TRUTH = 0.05
 """How far (share of wall time) a phase may be from the device's account of it."""
 
@@ -337,13 +340,20 @@ def _attribution_parts(device: Any) -> dict[str, Any]:
         metric.update()
         with device.marked("checkpoint"):
             torch.save({"state": SlowState()}, path)
+        with device.marked("after_save"):  # the hook works on the file it wrote: checkpoint too
+            hashlib.sha256(path.read_bytes()).hexdigest()
+            spin(AFTER_SAVE)
+
+    def probe() -> None:
+        with device.marked("probe"):
+            spin(PROBE)
 
     def step_metric() -> None:
         with device.marked("metrics"):
             spin(STEP_METRIC)
 
     return {"torch": torch, "Net": Net, "PythonMetric": PythonMetric, "own_callback_work": own_callback_work,
-            "step_metric": step_metric}
+            "step_metric": step_metric, "probe": probe}
 
 
 def _shares_against_truth(run: Any, device: Any) -> dict[str, tuple[float, float]]:
@@ -352,24 +362,52 @@ def _shares_against_truth(run: Any, device: Any) -> dict[str, tuple[float, float
     counted = run.phase_seconds()
     total, wall = sum(counted.values()), truth["wall"]
     out = {"compute": (counted["compute"] / total, gpu_work(truth))}
-    for phase in ("metrics", "checkpoint", "other", "data", "callback"):
+    for phase in ("metrics", "checkpoint", "other", "data", "callback", "after_save", "probe", "callbacks"):
         out[phase] = (counted.get(phase, 0.0) / total, truth["cpu"].get(phase, 0.0) / wall)
     return out
 
 
-def _check_attribution(shares: dict[str, tuple[float, float]]) -> None:
+def _check_attribution(shares: dict[str, tuple[float, float]], run: Any, hook: str) -> None:
+    """What the run counted against the device, and how its snapshot and the verdict name the saving callback."""
+    from gpu_exporter.ingest import IngestSettings, TrainingStore
+    from gpu_exporter.thresholds import load_thresholds
+    from gpu_exporter.verdict.causes import RunSignals, find_causes
+
     print("\nphase -> (counted, device): " + ", ".join(f"{p} {c:.3f}/{t:.3f}" for p, (c, t) in shares.items()))
-    for phase in ("compute", "checkpoint"):
-        counted, truth = shares[phase]
-        assert counted == pytest.approx(truth, abs=TRUTH), (phase, shares)
-    # the Python of the step and of the job's own callback is CPU work in the step: metrics (M2), not compute
-    assert shares["metrics"][0] == pytest.approx(shares["metrics"][1] + shares["callback"][1], abs=TRUTH), shares
-    assert shares["metrics"][0] > 0.3 and shares["compute"][0] < 0.5, shares  # not "compute" as before
+    assert shares["compute"][0] == pytest.approx(shares["compute"][1], abs=TRUTH), shares
+    # the saving hook is checkpoint as a whole: its Python before the save, the save, the work on the file after it
+    whole_hook = shares["checkpoint"][1] + shares["callback"][1] + shares["after_save"][1]
+    assert shares["checkpoint"][0] == pytest.approx(whole_hook, abs=TRUTH), shares
+    # the Python of the step and the torchmetrics metric the callback updates: metrics (M2), never the hooks' time
+    assert shares["metrics"][0] == pytest.approx(shares["metrics"][1], abs=TRUTH), shares
+    # the callback that writes nothing: its own phase, callbacks
+    assert shares["callbacks"][0] == pytest.approx(shares["probe"][1], abs=TRUTH), shares
+    assert shares["checkpoint"][0] > max(shares["metrics"][0], shares["callbacks"][0], shares["compute"][0]), shares
+
+    snapshot = run.snapshot()
+    top = snapshot["callbacks"][0]
+    assert (top["name"], top["phase"]) == (hook, "checkpoint"), snapshot["callbacks"]
+    assert snapshot["callbacks"][1]["phase"] == "callbacks", snapshot["callbacks"]
+    # the exporter exports the biggest hook by name (one series), whatever else the snapshot lists
+    store = TrainingStore(IngestSettings())
+    assert store.handle_push(json.dumps(snapshot).encode(), "application/json", None) == (202, "accepted")
+    series = [s for family in store.collect() for s in family.samples
+              if s.name == "gpu_training_callback_seconds_total"]
+    assert [(s.labels["callback"], s.labels["phase"]) for s in series] == [(hook, "checkpoint")], series
+    # the verdict: checkpoint-bound, naming the hook (not metrics-bound)
+    total = sum(snapshot["phases"].values())
+    phase_shares = {p: v / total for p, v in snapshot["phases"].items()}
+    callback = (hook, "checkpoint", series[0].value / total)
+    findings = find_causes(0.2, MEMORY, RunSignals(phase_shares, callback=callback), load_thresholds())
+    assert findings[0].cause.cause == "checkpoint", findings
+    reason = findings[0].cause.reason(findings[0], "job", "0")
+    print(reason)
+    assert f"`{hook}` takes" in reason, reason
 
 
 @pytest.mark.slow  # imports Lightning and fits a model (about 15 s)
 @pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
-def test_lightning_counts_python_in_the_step_and_own_callbacks_as_metrics(tmp_path: Path) -> None:
+def test_lightning_counts_python_in_the_step_as_metrics_and_own_callbacks_by_name(tmp_path: Path) -> None:
     from gpu_exporter.simulate.device import OpsDevice
     from gpu_exporter.training import lightning as gl
     from gpu_exporter.training.hooks import SaveTimer
@@ -398,23 +436,28 @@ def test_lightning_counts_python_in_the_step_and_own_callbacks_as_metrics(tmp_pa
             def configure_optimizers(self) -> Any:
                 return torch.optim.SGD(self.parameters(), lr=0.01)
 
-        class Own(Callback):  # the job's own callback: metrics; its torch.save: checkpoint
+        class SaveEvery(Callback):  # the job's own callback: saves, then works on the file: checkpoint as a whole
             def __init__(self) -> None:
                 self.metric = p["PythonMetric"]()
 
             def on_train_batch_end(self, *args: Any) -> None:
                 p["own_callback_work"](self.metric, tmp_path / "own.pt")
 
+        class Probe(Callback):  # the job's own callback that writes nothing: callbacks
+            def on_train_batch_start(self, *args: Any) -> None:
+                p["probe"]()
+
         data: Any = [(torch.randn(16, 8), torch.arange(16) % 4) for _ in range(40)]
         callback = gl.LightningCallback(run=run)
         trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Own(), callback])
+                          enable_progress_bar=False, enable_model_summary=False,
+                          callbacks=[SaveEvery(), Probe(), callback])
         trainer.fit(Module(), DataLoader(data, batch_size=None))
         shares = _shares_against_truth(run, device)
     finally:
         device.close()
     assert run.steps == 40
-    _check_attribution(shares)
+    _check_attribution(shares, run, "SaveEvery.on_train_batch_end")
     # on_train_end took every hook and wrapper away
     module = trainer.lightning_module
     assert not {"training_step", "backward"} & set(vars(module)) and not module._forward_pre_hooks
@@ -422,7 +465,7 @@ def test_lightning_counts_python_in_the_step_and_own_callbacks_as_metrics(tmp_pa
 
 
 @pytest.mark.slow  # imports Transformers and trains a model (about 15 s)
-def test_transformers_counts_python_in_the_step_and_own_callbacks_as_metrics(tmp_path: Path) -> None:
+def test_transformers_counts_python_in_the_step_as_metrics_and_own_callbacks_by_name(tmp_path: Path) -> None:
     from gpu_exporter.simulate.device import OpsDevice
     from gpu_exporter.training.hooks import SaveTimer
     from gpu_exporter.training.run import Run
@@ -436,12 +479,16 @@ def test_transformers_counts_python_in_the_step_and_own_callbacks_as_metrics(tmp
         device.start()
         torch = p["torch"]
 
-        class Own(TrainerCallback):  # the job's own callback: metrics; its torch.save: checkpoint
+        class SaveEvery(TrainerCallback):  # the job's own callback: saves, then works on the file: checkpoint
             def __init__(self) -> None:
                 self.metric = p["PythonMetric"]()
 
             def on_step_end(self, *args: Any, **kwargs: Any) -> None:
                 p["own_callback_work"](self.metric, tmp_path / "own.pt")
+
+        class Probe(TrainerCallback):  # the job's own callback that writes nothing: callbacks
+            def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+                p["probe"]()
 
         class WithMetric(Trainer):
             def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
@@ -455,13 +502,13 @@ def test_transformers_counts_python_in_the_step_and_own_callbacks_as_metrics(tmp
                                  report_to="none", use_cpu=True, disable_tqdm=True, logging_strategy="no",
                                  save_strategy="no", learning_rate=0.01)
         trainer = WithMetric(model=p["Net"](), args=args, train_dataset=data,
-                             callbacks=[GpuExporterCallback(run=run), Own()])
+                             callbacks=[GpuExporterCallback(run=run), SaveEvery(), Probe()])
         trainer.train()
         shares = _shares_against_truth(run, device)
     finally:
         device.close()
     assert run.steps == 40
-    _check_attribution(shares)
+    _check_attribution(shares, run, "SaveEvery.on_step_end")
     assert not {"training_step", "_prepare_inputs"} & set(vars(trainer)) and "backward" not in vars(trainer.accelerator)
     model: Any = trainer.model
     assert not model._forward_pre_hooks and not SaveTimer._active

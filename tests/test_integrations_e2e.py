@@ -16,7 +16,8 @@ lightning      checkpoint_heavy    ModelCheckpoint every step, 0.3 s to slow sto
 transformers   metrics_heavy       evaluates every step, compute_metrics takes 0.3 s       metrics-bound M2
 lightning      step_metric         a macro F1 in Python inside training_step, 0.15 s       metrics-bound M2
 transformers   callback_metric     its own callback updates a Python F1 metric, 0.15 s     metrics-bound M2
-lightning      callback_save       its own callback torch.saves to slow storage, 0.15 s    checkpoint CK
+lightning      callback_save       its own callback torch.saves (0.05 s), then hashes the  checkpoint CK
+                                   file it wrote for 0.1 s in the same hook
 =============  ==================  ======================================================  ================
 
 Besides the verdicts, what each integration counted is checked against the device's own account

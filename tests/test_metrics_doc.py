@@ -46,6 +46,7 @@ def push_training_snapshot(url: str) -> None:
         "context": {"num_workers": 4, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": False,
                     "loader_batch_size": 32, "cpu_cores": 16, "gpu_memory_used_bytes": 3e9,
                     "gpu_memory_total_bytes": 8e10, "allocator_peak_bytes": 2.5e9},
+        "callbacks": [{"name": "SaveEvery.on_train_batch_end", "seconds": 3.0, "phase": "checkpoint"}],
     }
     status, body = http_status(url + "/api/v1/training", data=json.dumps(snapshot).encode(),
                                headers={"Content-Type": "application/json"})

@@ -249,6 +249,10 @@ GPU_TRAINING_WORLD_SIZE = _define(
 GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS = _define(
     "gpu_training_last_push_timestamp_seconds", GAUGE, "seconds",
     "Unix time the exporter received the run's latest snapshot.", RUN, "training")
+GPU_TRAINING_CALLBACK_SECONDS_TOTAL = _define(
+    "gpu_training_callback_seconds_total", COUNTER, "seconds",
+    "Seconds in the run's biggest callback hook of its own (callback: Class.hook) and the phase they count as.",
+    (*RUN, "callback", "phase"), "training")
 GPU_TRAINING_RUN_INFO = _define(
     "gpu_training_run_info", GAUGE, "1",
     "The run's launch (run_id, shared by the job's ranks) and the user's tags as tag_<key> labels; always 1.",
@@ -410,6 +414,10 @@ RUN_TRAINING_CAUSE_SHARE = _record(
 RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION = _record(
     "run:gpu_training_cause:projected_utilization",
     "The utilization (0-1, an upper bound) the run's GPU could reach without the cause.", generated=True)
+RUN_TRAINING_CALLBACK_SHARE5M = _record(
+    "run:gpu_training_callback:share5m",
+    "The share (0-1) of a run's (per rank) time over 5m its biggest callback hook of its own takes (labels callback, "
+    "phase).", generated=True)
 RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS = _record(
     "run:gpu_training_straggler:projected_step_seconds",
     "The run's step time if the straggler rank kept up: the waiting rank's step time without its wait.",

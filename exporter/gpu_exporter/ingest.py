@@ -45,7 +45,15 @@ from prometheus_client.core import Metric
 from . import catalog
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
-from .training.protocol import CONTEXT_FIELDS, MAX_WORLD_SIZE, SCHEMA_VERSION, TAG_LABEL_PREFIX, check_label, check_tags
+from .training.protocol import (
+    CONTEXT_FIELDS,
+    MAX_WORLD_SIZE,
+    SCHEMA_VERSION,
+    TAG_LABEL_PREFIX,
+    check_callbacks,
+    check_label,
+    check_tags,
+)
 from .verdict import remedies
 
 if TYPE_CHECKING:
@@ -114,6 +122,8 @@ class _Entry:
     """The launch's id (snapshot field ``run_id``; "" from a library that sends none)."""
     tags: tuple[tuple[str, str], ...] = ()
     """The run's validated tags (snapshot field ``tags``), sorted by key."""
+    callback: tuple[str, str, float] | None = None
+    """The run's biggest callback hook, (name, phase, seconds), of the snapshot's ``callbacks``."""
 
 
 _Key = tuple[str, str, str]
@@ -293,6 +303,11 @@ class TrainingStore:
         yield from (phase_seconds, current, *(family for family, _ in per_run), *(family for family, _ in allocator))
         yield from _identity_families(entries)
         yield from context_families((key, entry.context or {}) for key, entry in entries)
+        callbacks = catalog.GPU_TRAINING_CALLBACK_SECONDS_TOTAL.new()
+        for (run, rank, uuid), entry in entries:
+            if entry.callback is not None:
+                callbacks.add_metric([run, rank, uuid, entry.callback[0], entry.callback[1]], entry.callback[2])
+        yield callbacks
         requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
@@ -364,7 +379,9 @@ class TrainingStore:
                        received_at=received_at, world_size=_world_size(doc),
                        context=_context(doc))
         run_id, tags, refused = _identity(doc, s.max_label_length)
-        return (run, rank, uuid), replace(entry, run_id=run_id, tags=tags), refused
+        callback, problem = _callback(doc, s.max_label_length)
+        refused = "; ".join(r for r in (refused, problem) if r)
+        return (run, rank, uuid), replace(entry, run_id=run_id, tags=tags, callback=callback), refused
 
     def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
         value = doc.get(field)
@@ -553,6 +570,27 @@ def _identity(doc: dict[str, Any], max_length: int) -> tuple[str, tuple[tuple[st
     else:
         tags = tuple(sorted(tags_doc.items()))
     return run_id, tags, "; ".join(refused)
+
+
+def _callback(doc: dict[str, Any], max_length: int) -> tuple[tuple[str, str, float] | None, str]:
+    """(the biggest callback hook, what was refused) of the optional ``callbacks`` field; like tags, a bad field
+    costs only itself (the snapshot is stored without it).
+
+    >>> _callback({"callbacks": [{"name": "Save.on_step_end", "seconds": 3, "phase": "checkpoint"}]}, 128)
+    (('Save.on_step_end', 'checkpoint', 3.0), '')
+    >>> _callback({"callbacks": "x"}, 128)
+    (None, 'callbacks (callbacks must be a list of at most 3 objects)')
+    """
+    items = doc.get("callbacks")
+    if items is None:
+        return None, ""
+    problem = check_callbacks(items, max_length)
+    if problem is not None:
+        return None, f"callbacks ({problem})"
+    if not items:
+        return None, ""
+    top = max(items, key=lambda item: item["seconds"])
+    return (top["name"], top["phase"], float(top["seconds"])), ""
 
 
 def _world_size(doc: dict[str, Any]) -> int:

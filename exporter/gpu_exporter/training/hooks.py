@@ -143,18 +143,21 @@ class PhaseStack:
     def pop(self) -> None:
         self.switch(self._stack.pop() if self._stack else self.run._other)
 
-    def timed(self, phase: Phase) -> _Pushed:
-        """A reusable context manager: ``phase`` while inside it, then back to what was open before."""
-        return _Pushed(self, phase)
+    def timed(self, phase: Phase, before: Callable[[], None] | None = None) -> _Pushed:
+        """A reusable context manager: ``phase`` while inside it, then back to what was open before
+        (``before()`` first: a save tells :class:`CallbackTimer` that the hook it runs in writes a checkpoint)."""
+        return _Pushed(self, phase, before)
 
 
 class _Pushed:
-    __slots__ = ("_phase", "_stack")
+    __slots__ = ("_before", "_phase", "_stack")
 
-    def __init__(self, stack: PhaseStack, phase: Phase) -> None:
-        self._stack, self._phase = stack, phase
+    def __init__(self, stack: PhaseStack, phase: Phase, before: Callable[[], None] | None = None) -> None:
+        self._stack, self._phase, self._before = stack, phase, before
 
     def __enter__(self) -> None:
+        if self._before is not None:
+            self._before()
         self._stack.push(self._phase)
 
     def __exit__(self, *exc: object) -> None:
@@ -351,10 +354,12 @@ class SaveTimer:
     _active: ClassVar[list[SaveTimer]] = []
     _original: ClassVar[Callable[..., Any] | None] = None
 
-    def __init__(self, phase: AbstractContextManager[Any]) -> None:
+    def __init__(self, phase: AbstractContextManager[Any], before: Callable[[], None] | None = None) -> None:
         import torch
 
         self.phase = phase
+        self.before = before
+        """Called at each save before the phase is entered (:meth:`CallbackTimer.saving`)."""
         self.thread = threading.get_ident()
         if SaveTimer._original is None:
             original = SaveTimer._original = torch.save
@@ -363,6 +368,8 @@ class SaveTimer:
                 me = threading.get_ident()
                 for timer in SaveTimer._active:
                     if timer.thread == me:
+                        if timer.before is not None:
+                            timer.before()
                         with timer.phase:
                             return original(*args, **kwargs)
                 return original(*args, **kwargs)

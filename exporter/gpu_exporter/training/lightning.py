@@ -14,15 +14,17 @@ work in the step that is not GPU work, phase ``metrics`` (remedy M2), never ``co
   ``self.net(x)``, ``self(x)``, also in validation), ``LightningModule.backward`` (``loss.backward()``,
   ``manual_backward``), and ``on_before_optimizer_step`` to the end of the torch optimizer's ``step``
   (gradient clipping and the update; the closure before it runs ``training_step`` and backward);
-* ``metrics``: the rest of ``training_step``; the per-step hooks of the other callbacks (yours, the progress
-  bar: :data:`TRAINING_HOOKS`, also CPU work in the step), less what they do that is counted elsewhere;
-  the validation loop (``on_validation_start`` to
+* ``metrics``: the rest of ``training_step``; ``self.log`` / ``self.log_dict``; the validation loop
+  (``on_validation_start`` to
   ``on_validation_end``, less its forwards); calls of torchmetrics metrics that are submodules of the
   LightningModule or attributes of a callback (update/compute/forward); ``log_metrics`` of the
   trainer's loggers;
 * ``checkpoint``: ``trainer.save_checkpoint`` (ModelCheckpoint and your own calls), the checkpoint
   callbacks' batch, epoch and validation-end hooks (choosing, saving, pruning files), and
-  ``torch.save`` called from the training thread (a callback of your own that saves);
+  ``torch.save`` called from the training thread;
+* ``checkpoint`` or ``callbacks``: the per-step hooks of the other callbacks (yours, the progress bar:
+  :data:`TRAINING_HOOKS`), each timed by name, ``checkpoint`` as a whole when it writes one
+  (training/callbacks.py), less what they do that is counted elsewhere;
 * ``other``: the rest: Lightning's loop between the hooks and ``zero_grad``.
 
 The training DataLoader's settings (``num_workers``, ``pin_memory``, ...; the first loader when
@@ -46,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import context as _context
+from .callbacks import CallbackTimer
 from .hooks import (
     MethodTimer,
     PhaseStack,
@@ -60,14 +63,18 @@ from .hooks import (
     time_overridden,
     torchmetrics_in,
 )
+from .protocol import CALLBACK_PHASE
 from .run import Phase, Run
 
 CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
 """Hooks of ``trainer.checkpoint_callbacks`` (ModelCheckpoint) timed as ``checkpoint``."""
 TRAINING_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_train_epoch_start", "on_train_epoch_end",
                   "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
-"""Hooks of the other callbacks timed as ``metrics``: CPU work in the step (M2), unless what they call is counted
-as another phase (a forward, a ``torch.save``); their validation hooks are in the validation's ``metrics`` too."""
+"""Hooks of the other callbacks timed one by one by name (training/callbacks.py): ``checkpoint`` when the hook
+writes one, else ``callbacks``, less what they call that is counted as another phase (a forward, a torchmetrics
+metric, ``log``); their validation hooks are in the validation's ``metrics``."""
+LOG_METHODS = ("log", "log_dict")
+"""Methods of the LightningModule timed as ``metrics`` (the job's logging, also from a callback)."""
 
 
 class _Hooks:
@@ -102,18 +109,24 @@ class _Hooks:
         self._stack = stack = PhaseStack(run)
         self._compute, self._metrics, self._data = run.phase("compute"), run.phase("metrics"), run.phase("data")
         compute, metrics = stack.timed(self._compute), stack.timed(self._metrics)
-        checkpoint = stack.timed(run.phase("checkpoint"))
+        checkpoint_phase = run.phase("checkpoint")
         other = stack.timed(run._other)
         undo = self._undo
+        own = [c for c in getattr(trainer, "callbacks", ()) if c is not self
+               and not any(c is k for k in getattr(trainer, "checkpoint_callbacks", ()))]
+        hooks = CallbackTimer(stack, checkpoint_phase, run.phase(CALLBACK_PHASE)) if own else None
+        checkpoint = stack.timed(checkpoint_phase, None if hooks is None else hooks.saving)
         undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
         undo.append(SaveTimer(checkpoint).undo)
-        checkpointers = list(getattr(trainer, "checkpoint_callbacks", ()))
-        for callback in checkpointers:  # their deciding and pruning too
+        for callback in getattr(trainer, "checkpoint_callbacks", ()):  # their deciding and pruning too
             undo.append(MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
-        for callback in getattr(trainer, "callbacks", ()):
-            if callback is self or any(callback is c for c in checkpointers):
-                continue
-            undo.append(time_overridden(callback, TRAINING_HOOKS, self._base, metrics))
+        if hooks is not None:
+            for callback in own:
+                hooks.wrap(callback, TRAINING_HOOKS, self._base)
+            hooks.time_saves(model_parts(pl_module), checkpoint)
+            undo.append(hooks.undo)
+            run._callbacks = hooks.snapshot  # type: ignore[attr-defined]  # the snapshot's "callbacks" (run.py)
+        undo.append(MethodTimer(pl_module, metrics, LOG_METHODS).undo)
         for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
             undo.append(MethodTimer(metric, metrics).undo)
         for logger in getattr(trainer, "loggers", ()):

@@ -133,3 +133,38 @@ def check_tags(tags: object) -> str | None:
         if problem is not None:
             return problem
     return None
+
+
+CALLBACK_PHASE = "callbacks"
+"""The phase of the job's own callback hooks that write no checkpoint (training/callbacks.py; cause CB)."""
+
+CALLBACK_PHASES = ("checkpoint", CALLBACK_PHASE)
+"""The phases a callback hook is counted as: ``checkpoint`` when it writes one, else :data:`CALLBACK_PHASE`."""
+
+MAX_CALLBACKS = 3
+"""Most hooks a snapshot's ``callbacks`` field lists (the biggest by seconds); the exporter exports the first."""
+
+
+def check_callbacks(doc: object, max_length: int = MAX_LABEL_LENGTH) -> str | None:
+    """Return why ``doc`` is not a valid ``callbacks`` field, or None when it is: a list of at most
+    :data:`MAX_CALLBACKS` objects ``{"name": label, "seconds": number >= 0, "phase": one of CALLBACK_PHASES}``.
+
+    >>> check_callbacks([{"name": "SaveEvery.on_step_end", "seconds": 1.5, "phase": "checkpoint"}]) is None
+    True
+    >>> check_callbacks([{"name": "a b", "seconds": 1, "phase": "callbacks"}])
+    "callback 'a b' may only contain A-Za-z0-9_.:/@+-"
+    """
+    if not isinstance(doc, list) or len(doc) > MAX_CALLBACKS:
+        return f"callbacks must be a list of at most {MAX_CALLBACKS} objects"
+    for item in doc:
+        if not isinstance(item, dict):
+            return "callbacks must be a list of objects"
+        name, seconds, phase = item.get("name"), item.get("seconds"), item.get("phase")
+        problem = check_label("callback", name, max_length) if isinstance(name, str) else "callback name must be text"
+        if problem is not None:
+            return problem
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
+            return f"callback {name} seconds must be a finite number >= 0"
+        if phase not in CALLBACK_PHASES:
+            return f"callback {name} phase must be one of {', '.join(CALLBACK_PHASES)}"
+    return None

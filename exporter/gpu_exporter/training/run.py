@@ -510,6 +510,9 @@ class Run:
         if allocator is not None:
             body["allocator"] = allocator
         body["context"] = _context.snapshot_context(self, index)
+        callbacks = getattr(self, "_callbacks", None)  # the framework integrations' CallbackTimer.snapshot
+        if callbacks is not None:
+            body["callbacks"] = callbacks()
         return body
 
 

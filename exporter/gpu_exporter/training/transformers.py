@@ -15,13 +15,13 @@ optimizer and train DataLoader it is handed, and the Trainer itself (found once,
   ``on_step_end`` with ``control.should_evaluate``, from there to ``on_evaluate`` (the logging
   before it, the evaluation loop, ``compute_metrics``), less the model's forwards; calls of
   torchmetrics metrics held by the model or by a callback; the callbacks' ``on_log``,
-  ``on_evaluate``, ``on_predict`` and ``on_prediction_step`` hooks (logging and metrics), and their training
-  hooks (``on_step_begin``, ``on_step_end``, ...: CPU work in the step, M2), less what they do that is counted
-  elsewhere;
+  ``on_evaluate``, ``on_predict`` and ``on_prediction_step`` hooks (logging and metrics);
+* ``checkpoint`` or ``callbacks``: the other callbacks' training hooks (``on_step_begin``, ``on_step_end``, ...:
+  :data:`TRAINING_HOOKS`), each timed by name, ``checkpoint`` as a whole when it writes one
+  (training/callbacks.py), less what they do that is counted elsewhere;
 * ``checkpoint``: with ``control.should_save``, from ``on_step_end`` (or ``on_evaluate``) to
   ``on_save`` (``_save_checkpoint``: model, optimizer, scheduler, RNG and trainer state), the
-  callbacks' ``on_save`` hooks, and ``torch.save`` called from the training thread (a callback of
-  your own that saves);
+  callbacks' ``on_save`` hooks, and ``torch.save`` called from the training thread;
 * ``other``: the rest: the Trainer's bookkeeping, ``_prepare_inputs`` (the device copy), gradient
   clipping, the scheduler, ``zero_grad``, logging without evaluation.
 
@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .callbacks import CallbackTimer
 from .hooks import (
     LoaderTimer,
     MethodTimer,
@@ -52,12 +53,13 @@ from .hooks import (
     time_overridden,
     torchmetrics_in,
 )
+from .protocol import CALLBACK_PHASE
 from .run import Phase, Run
 
 TRAINING_HOOKS: tuple[str, ...] = ("on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
                                    "on_pre_optimizer_step", "on_optimizer_step", "on_step_end")
-"""Hooks of the other callbacks timed as ``metrics``: CPU work in the step (M2), unless what they call is counted
-as another phase (a ``torch.save``)."""
+"""Hooks of the other callbacks timed one by one by name (training/callbacks.py): ``checkpoint`` when the hook
+writes one, else ``callbacks``, less what they call that is counted as another phase (a forward, a metric)."""
 METRIC_HOOKS: tuple[str, ...] = ("on_log", "on_evaluate", "on_predict", "on_prediction_step")
 """Hooks of the other callbacks timed as ``metrics`` (logging, evaluation results)."""
 SAVE_HOOKS: tuple[str, ...] = ("on_save",)
@@ -97,8 +99,12 @@ class _Hooks:
         self._stack = stack = PhaseStack(run)
         self._phases = {p: run.phase(p) for p in ("compute", "metrics", "checkpoint")}
         compute, metrics = stack.timed(self._phases["compute"]), stack.timed(self._phases["metrics"])
-        checkpoint, other = stack.timed(self._phases["checkpoint"]), stack.timed(run._other)
         undo = self._undo
+        trainer = _find_trainer()
+        callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
+        hooks = CallbackTimer(stack, self._phases["checkpoint"], run.phase(CALLBACK_PHASE)) if callbacks else None
+        checkpoint = stack.timed(self._phases["checkpoint"], None if hooks is None else hooks.saving)
+        other = stack.timed(run._other)
         loader = kwargs.get("train_dataloader")
         if loader is not None:
             undo.append(LoaderTimer(loader, run.phase("data"), self._count).undo)
@@ -106,19 +112,22 @@ class _Hooks:
         model = kwargs.get("model")
         undo.append(time_forward(model_parts(model), stack, self._phases["compute"]))
         undo.append(time_optimizer_step(kwargs.get("optimizer"), stack, self._phases["compute"])[1])
-        trainer = _find_trainer()
-        callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
         if trainer is not None:
             undo.append(MethodTimer(trainer, metrics, ("training_step",)).undo)
             for obj, method, timer in ((trainer, "_prepare_inputs", other),
                                        (getattr(trainer, "accelerator", None), "backward", compute)):
                 if callable(getattr(obj, method, None)):
                     undo.append(MethodTimer(obj, timer, (method,)).undo)
-        hooks: tuple[tuple[tuple[str, ...], Any], ...] = (
-            (TRAINING_HOOKS, metrics), (METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
+        timed: tuple[tuple[tuple[str, ...], Any], ...] = ((METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
         for callback in callbacks:
-            for names, timer in hooks:
+            for names, timer in timed:
                 undo.append(time_overridden(callback, names, self._base, timer))
+        if hooks is not None:
+            for callback in callbacks:
+                hooks.wrap(callback, TRAINING_HOOKS, self._base)
+            hooks.time_saves([m for m in (model, getattr(model, "module", None)) if m is not None], checkpoint)
+            undo.append(hooks.undo)
+            run._callbacks = hooks.snapshot  # type: ignore[attr-defined]  # the snapshot's "callbacks" (run.py)
         for metric in torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
             undo.append(MethodTimer(metric, metrics).undo)
         _enable_distributed(run, model)

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from gpu_exporter import catalog
+from gpu_exporter.training.protocol import CALLBACK_PHASE
+from gpu_exporter.verdict.callbacks import CB_WORDS, NamedCallback
 from gpu_exporter.verdict.levels import LOW, TARGET, level, threshold, useful_text, useful_utilization
 from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
 
@@ -165,6 +167,10 @@ class Cause:
 
 class Phase(Cause):
     """A phase of the step above its share (M1, M2, CK): the base class's behaviour."""
+
+
+class CallbackPhase(NamedCallback, Phase):
+    """A phase cause (CK, CB) whose verdict names the job's own callback hook that fills it (verdict/callbacks.py)."""
 
 
 class Launch(Cause):
@@ -363,13 +369,15 @@ CAUSES: tuple[Cause, ...] = (
                  "step, host-side preprocessing inside training_step): compute metrics every N steps or at epoch "
                  "end and keep them on the GPU (torchmetrics), drop the ones nobody reads, avoid .item()/.cpu() per "
                  "step, log asynchronously, and move preprocessing into the DataLoader's workers or onto the GPU."),
-    Phase("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", "checkpoint",
+    CallbackPhase("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", "checkpoint",
           ("checkpoint_share",),
           doing="saving checkpoints", hidden="if checkpoints were written asynchronously",
           remedy="save checkpoints asynchronously or less often",
           advice="CK: save checkpoints less often (every N minutes, not every N steps), write them from a "
                  "background thread or process (torch.distributed.checkpoint.async_save), copy the state "
                  "to CPU memory first and write it off the training path, save to fast local disk."),
+    CallbackPhase("callback_bound", "CB", "callback-bound", "GpuTrainingCallbackBound", CALLBACK_PHASE,
+                  ("metrics_bound_share",), **CB_WORDS),
     Launch("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", "compute",
           ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
           doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",
@@ -430,6 +438,8 @@ class RunSignals:
     """ST, CM: the ``communication`` share of every live rank of the same run (rank -> share, this one included)."""
     step_seconds: float | None = None
     """ST: this rank's mean step time over the window, for the run's projected step time."""
+    callback: tuple[str, str, float] | None = None
+    """CK, CB: the run's biggest callback hook of its own: (Class.hook, its phase, its share of the step)."""
 
 
 @dataclass(frozen=True)
@@ -451,6 +461,8 @@ class Finding:
     """ST: this rank's step time now; times ``1 - value`` it is the run's step time if the straggler kept up."""
     straggler_cause: str = field(default="", compare=False)
     """ST: what holds the straggler back, in words (diagnose fills it from the straggler's own verdict)."""
+    callback: str = field(default="", compare=False)
+    """CK, CB: the callback hook of the job's own behind it, in words (verdict/callbacks.py)."""
 
     def summary(self, utilization: float, shares: Mapping[str, float] | None = None) -> str:
         """``"input-bound (M1): 8% now, at most ~90% if loading overlapped compute"``."""

@@ -1,0 +1,173 @@
+"""The job's own callbacks, timed one by one and named: ``SaveEvery.on_train_batch_end``.
+
+The problem: a Lightning or Hugging Face job does much of its per-step work in callbacks of its own
+(a checkpoint it writes and then compresses, hashes or uploads; a progress report; a probe). Counted
+as one lump, that time gets the wrong name: a hook that calls ``torch.save`` and then spends 50 ms
+on the file was ``checkpoint`` for the save and ``metrics`` for the rest. :class:`CallbackTimer`
+wraps each hook a callback overrides (on the instance; ``undo()`` restores it) and:
+
+* times every call of ``<Class>.<hook>`` by its wall time (what it runs inside, a model forward
+  or a torchmetrics metric, keeps its own phase);
+* counts the hook as phase ``checkpoint`` as a whole when it writes a checkpoint: a save seen during
+  the call (``torch.save``, ``trainer.save_checkpoint``, ``save_pretrained``, ``safetensors.torch.save_file``
+  or ``save_model`` through the module) switches the rest of the call to ``checkpoint``, and the
+  call starts in ``checkpoint`` when the hook's saves so far predict one (it saved on the previous
+  call, or its calls between saves so far were always the same number N and this is the N-th);
+* counts any other hook as phase :data:`~gpu_exporter.training.protocol.CALLBACK_PHASE` (``callbacks``,
+  cause CB), never ``metrics``;
+* keeps, per hook, its seconds and whether it saved; the run's snapshot carries the
+  :data:`~gpu_exporter.training.protocol.MAX_CALLBACKS` biggest (field ``callbacks``), and the
+  exporter exports the biggest one by name.
+
+The cost per hook call is two clock readings, two phase changes and a dictionary lookup (a few µs).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from collections.abc import Callable, Iterable
+from time import perf_counter
+from typing import Any
+
+from .hooks import MethodTimer, PhaseStack
+from .protocol import CALLBACK_PHASE, MAX_CALLBACKS, MAX_LABEL_LENGTH
+from .run import Phase
+
+SAVE_METHODS = ("save_pretrained",)
+"""Methods of a model whose calls write a checkpoint (Hugging Face ``PreTrainedModel.save_pretrained``)."""
+SAFETENSORS_FUNCTIONS = ("save_file", "save_model")
+"""Functions of ``safetensors.torch`` whose calls through the module write a checkpoint."""
+
+
+def hook_name(obj: Any, hook: str) -> str:
+    """``"SaveEvery.on_train_batch_end"``: the callback's class and the hook, in the label charset.
+
+    >>> class SaveEvery: pass
+    >>> hook_name(SaveEvery(), "on_step_end")
+    'SaveEvery.on_step_end'
+    """
+    return re.sub(r"[^A-Za-z0-9_.:/@+-]", "_", f"{type(obj).__name__}.{hook}")[:MAX_LABEL_LENGTH]
+
+
+class _Hook:
+    """One hook's account: seconds, calls, calls that saved, and the saves' spacing (for the prediction)."""
+
+    __slots__ = ("calls", "gap", "last_save", "saves", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = self.saves = 0
+        self.last_save = -1
+        self.gap = 0
+        """Calls from one save to the next, while always the same (0: not known, -1: irregular)."""
+
+    def predicts_save(self) -> bool:
+        if self.last_save < 0:
+            return False
+        return self.calls - self.last_save == (self.gap or 1)  # irregular (-1): never
+
+    def saved(self, call: int) -> None:
+        if self.last_save >= 0:
+            gap = call - self.last_save
+            self.gap = gap if self.gap in (0, gap) else -1
+        self.last_save = call
+        self.saves += 1
+
+
+class CallbackTimer:
+    """Time the job's own callback hooks by name (module docstring); ``undo()`` removes every wrapper."""
+
+    def __init__(self, stack: PhaseStack, checkpoint: Phase, callbacks: Phase) -> None:
+        self._stack, self._checkpoint, self._callbacks = stack, checkpoint, callbacks
+        self.hooks: dict[str, _Hook] = {}
+        self._active: list[list[Any]] = []  # [name, saved] of the hook calls running now (nested: innermost last)
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, obj: Any, names: Iterable[str], base: type | None) -> None:
+        """Time each hook of ``names`` that ``obj``'s class overrides (differs from ``base``'s)."""
+        for hook in names:
+            method = getattr(obj, hook, None)
+            inherited = base is not None and getattr(type(obj), hook, None) is getattr(base, hook, None)
+            if not callable(method) or inherited:
+                continue
+            saved = vars(obj).get(hook, _MISSING)
+            object.__setattr__(obj, hook, self._timed(method, hook_name(obj, hook)))
+            self._undo.append(functools.partial(_put_back, obj, hook, saved))
+
+    def _timed(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        account = self.hooks.setdefault(name, _Hook())
+        stack, active = self._stack, self._active
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            call = [name, False]
+            predicted = account.predicts_save()
+            start = perf_counter()
+            active.append(call)
+            stack.push(self._checkpoint if predicted else self._callbacks)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                stack.pop()
+                active.pop()
+                account.seconds += perf_counter() - start
+                if call[1]:
+                    account.saved(account.calls)
+                account.calls += 1
+
+        timed.__wrapped__ = method  # type: ignore[attr-defined]
+        return timed
+
+    def saving(self) -> None:
+        """A checkpoint is being written (called by the save timers): the hook running now, if any, is a
+        checkpoint hook; the rest of its call is ``checkpoint``."""
+        active = self._active
+        if active and not active[-1][1]:
+            active[-1][1] = True
+            if self._stack.run._current is self._callbacks:
+                self._stack.switch(self._checkpoint)
+
+    def time_saves(self, objects: Iterable[Any], timer: Any) -> None:
+        """Count ``save_pretrained`` of ``objects`` (models) and ``safetensors.torch``'s save functions as a save
+        (``timer``: the checkpoint context made with ``before=self.saving``)."""
+        for obj in objects:
+            if any(callable(getattr(obj, m, None)) for m in SAVE_METHODS):
+                self._undo.append(MethodTimer(obj, timer, SAVE_METHODS).undo)
+        module = sys.modules.get("safetensors.torch")
+        if module is not None:
+            for function in SAFETENSORS_FUNCTIONS:
+                original = getattr(module, function, None)
+                if callable(original):
+                    setattr(module, function, _within(original, timer))
+                    self._undo.append(functools.partial(setattr, module, function, original))
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The snapshot's ``callbacks`` field: the biggest hooks by seconds (pusher thread; a copy)."""
+        hooks = sorted(((h.seconds, name, h.saves) for name, h in list(self.hooks.items()) if h.calls), reverse=True)
+        return [{"name": name, "seconds": seconds, "phase": "checkpoint" if saves else CALLBACK_PHASE}
+                for seconds, name, saves in hooks[:MAX_CALLBACKS]]
+
+    def undo(self) -> None:
+        undo, self._undo = self._undo, []
+        for fn in reversed(undo):
+            fn()
+        self._active.clear()
+
+
+_MISSING = object()
+
+
+def _put_back(obj: Any, name: str, saved: Any) -> None:
+    if saved is _MISSING:
+        vars(obj).pop(name, None)
+    else:
+        object.__setattr__(obj, name, saved)
+
+
+def _within(function: Callable[..., Any], timer: Any) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with timer:
+            return function(*args, **kwargs)
+    timed.__wrapped__ = function  # type: ignore[attr-defined]
+    return timed

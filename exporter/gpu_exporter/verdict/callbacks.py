@@ -1,0 +1,84 @@
+"""The job's own callback hooks in the cause table: a phase cause that names the hook behind it.
+
+The Lightning and Hugging Face integrations time each callback hook of the job's own by name
+(gpu_exporter.training.callbacks): a hook that writes a checkpoint is ``checkpoint`` as a whole, any
+other is phase ``callbacks``. The snapshot carries the biggest hooks; the exporter exports the
+biggest as ``gpu_training_callback_seconds_total{callback, phase}`` and the rules record its share of
+the step (:data:`RECORD`). Two rows of the cause table use :class:`NamedCallback`:
+
+* CB (``callback_bound``), phase ``callbacks``: the job's own callbacks hold the GPU idle; the
+  remedy: move the work off the training thread, or do it every N steps;
+* CK (``checkpoint``): unchanged, and its verdict names the hook when a hook's checkpoint is what
+  fills the phase.
+
+Both say ``"`SaveEvery.on_train_batch_end` takes 63% of the step"`` (:func:`hook_text`) in diagnose
+(from :attr:`RunSignals.callback <gpu_exporter.verdict.causes.RunSignals>`) and in the alert's text (a
+lookup of the recorded share). A mixin, not a subclass of ``causes.Cause``: the cause table imports
+this module, never the other way round.
+
+>>> hook_text("SaveEvery.on_train_batch_end", 0.634)
+'`SaveEvery.on_train_batch_end` takes 63% of the step'
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gpu_exporter import catalog
+from gpu_exporter.training.protocol import CALLBACK_PHASE
+from gpu_exporter.verdict.promql import RUN_SEL, C
+
+SHARE = catalog.RUN_TRAINING_CALLBACK_SHARE5M.name
+RECORD = (SHARE,
+          f"rate({catalog.GPU_TRAINING_CALLBACK_SECONDS_TOTAL.name}[5m])\n"
+          f"/ on ({C}, run, rank, uuid) group_left ()\n"
+          f"sum by ({C}, run, rank, uuid) (rate({catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name}[5m]))\n",
+          "The share of the step (0-1) the run's biggest callback hook of its own takes (labels callback, phase).")
+"""The recording rule of the hook's share (name, expression, comment; :meth:`NamedCallback.records`)."""
+
+CB_WORDS: dict[str, str] = {
+    "doing": "in callback hooks of its own (work on the training thread between steps that is not GPU work)",
+    "hidden": "if the callbacks' work ran off the training thread",
+    "remedy": "move the callback's work off the training thread (a background thread or process), or do it "
+              "every N steps",
+    "advice": "CB: a callback of the job's own (the verdict names it: Class.hook) runs on the training thread "
+              "every step while the GPU waits: move its work to a background thread or process (a queue the "
+              "hook only puts into), do it every N steps or at epoch end (trainer.global_step % N), and drop "
+              "what nobody reads. Logging and metrics the framework calls (log, log_dict, compute_metrics) "
+              "stay metrics (M2).",
+}
+"""The CB row's words (the cause table's ``doing``, ``hidden``, ``remedy``, ``advice``)."""
+
+
+def hook_text(name: str, share: float) -> str:
+    """The hook in the verdict's words."""
+    return f"`{name}` takes {share * 100:.0f}% of the step"
+
+
+class NamedCallback:
+    """Mixin for a phase cause (``causes.Phase``) whose verdict names the callback hook that fills its phase."""
+
+    phase: str
+
+    def find(self, u: float, memory: float | None, run: Any, t: Any, lvl: str, limit: float) -> Any:
+        found = super().find(u, memory, run, t, lvl, limit)  # type: ignore[misc]
+        hook = getattr(run, "callback", None)
+        if found is not None and hook is not None and hook[1] == self.phase:
+            found = replace(found, callback=hook_text(hook[0], hook[2]))
+        return found
+
+    def reason(self, f: Any, run: str, rank: str) -> str:
+        text: str = super().reason(f, run, rank)  # type: ignore[misc]
+        return f"{text[:-1]}: {f.callback}." if f.callback else text
+
+    def alert_reason(self) -> str:
+        base: str = super().alert_reason()  # type: ignore[misc]
+        sel, args = RUN_SEL
+        query = f'printf "topk(1, {SHARE}{{phase=%q,{sel[1:]})" "{self.phase}" {args}'
+        return (f"{base}{{{{ with {query} | query }}}} `{{{{ . | first | label \"callback\" }}}}` takes "
+                "{{ . | first | value | humanizePercentage }} of the step.{{ end }}")
+
+    def records(self) -> tuple[tuple[str, str, str], ...]:
+        own: tuple[tuple[str, str, str], ...] = super().records()  # type: ignore[misc]
+        return (*own, RECORD) if self.phase == CALLBACK_PHASE else own
