@@ -35,6 +35,8 @@ import yaml
 from fake_kubelet import FakeKubelet
 from gpu_exporter import catalog, training
 from gpu_exporter.kubernetes import api_pb2
+from gpu_exporter.simulate import dcgm_exporter
+from gpu_exporter.simulate.scenario import parse_scenario
 from gpu_exporter.thresholds import ThresholdsError, read_thresholds_file
 from gpu_exporter.training import device as training_device
 from grafana_foundation_sdk.cog import plugins
@@ -380,6 +382,10 @@ scrape_configs:
     static_configs:
       - targets: ["{kubelet}"]
         labels: {{node: "{node}", {label}: "{cluster}"}}
+  - job_name: dcgm-exporter
+    static_configs:
+      - targets: ["{dcgm}"]
+        labels: {{{label}: "{cluster}"}}
 """
 
 # Series that appear last (they need rates over several scrapes, a pod refresh or a pushed run);
@@ -397,6 +403,7 @@ READY = [
     "increase(gpu_xid_errors_total[1m])",
     "gpu_sm_active_ratio",
     "gpu:gpu_sm_active:avg5m",  # effective utilization (the Hopper GPU's GPM) beside busy
+    'gpu:gpu_sm_active:avg5m{source="dcgm"}',  # the Ada GPU's, from the stand-in dcgm-exporter
     "gpu:gpu_busy_not_effective:ratio",  # the cost dashboard's funnel, busy -> effective
     "gpu_mig_memory_used_bytes",
     'up{job="kubelet"}',
@@ -421,7 +428,11 @@ def stack() -> Iterator[str]:
            "GPU_EXPORTER_KUBERNETES_REFRESH_SECONDS": "1"}
     rules = {f"rules/{p.name}": p.read_text() for p in (REPO / "prometheus" / "rules").glob("*.yml")}
     try:
+        # dcgm-exporter's profiling fields for the Ada GPU only (no GPM): its SM activity comes from DCGM, the
+        # Hopper GPU's from GPM, and the MIG A100 has none (source unknown)
+        ada = parse_scenario({"gpus": [scenario["gpus"][2]]}, "the Ada GPU")
         with pytest.MonkeyPatch.context() as mp, \
+                dcgm_exporter.serve(ada, hostname=NODE, interval=1.0) as dcgm, \
                 run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"], env=env) as exporter, \
                 run_exporter(["--simulate", str(UNLABELLED), "--poll-interval", "0.5"]) as plain:
             mp.setattr(training_device, "allocator_stats", AllocatorFigures())
@@ -432,7 +443,7 @@ def stack() -> Iterator[str]:
             config = PROMETHEUS_YML.format(
                 east=urllib.parse.urlparse(exporter).netloc, plain=urllib.parse.urlparse(plain).netloc,
                 kubelet=f"127.0.0.1:{stand_in.server_address[1]}", node=NODE, other=OTHER_NODE,
-                label=Config.load().cluster, cluster=CLUSTER)
+                label=Config.load().cluster, cluster=CLUSTER, dcgm=urllib.parse.urlparse(dcgm.url).netloc)
             with run_prometheus(config, rules) as prom:
                 for expr in READY:
                     wait_until(functools.partial(promql, prom, expr), 90, 0.5, what=f"{expr} in Prometheus")
@@ -582,3 +593,19 @@ def test_underused_gpu_table_names_owner_cause_and_projection(stack: str) -> Non
     now = {s["metric"]["uuid"]: float(s["value"][1]) for s in rows["A"]}
     projected = [(s["metric"]["uuid"], float(s["value"][1])) for s in rows["F"]]
     assert projected and all(now[uuid] < value <= 1 for uuid, value in projected), (now, projected)
+
+
+@pytest.mark.slow
+def test_sm_activity_sources_gpm_dcgm_and_unknown(stack: str) -> None:
+    """The node detail's source table names each GPU's SM activity source: GPM for the Hopper GPU, the stand-in
+    dcgm-exporter for the Ada GPU (its UUID label joined to uuid), unknown for the MIG A100; the tensor and DRAM
+    panel draws the Ada GPU from dcgm-exporter's fields."""
+    board = {p["title"]: p for p in panels(load_dashboards()["gpu-node-detail"])}
+    values = variables(stack, "gpu-node-detail", CLUSTER)
+    (source,) = board["SM activity source"]["targets"]
+    rows = {s["metric"]["gpu"]: s["metric"]["source"] for s in promql(stack, substitute(source["expr"], values))}
+    assert rows == {"0": "gpm", "1": "unknown", "2": "dcgm"}, rows
+    tensor, dram = board["Tensor and DRAM activity"]["targets"]
+    for target in (tensor, dram):
+        gpus = {s["metric"]["gpu"] for s in promql(stack, substitute(target["expr"], values))}
+        assert gpus == {"0", "2"}, (target["legendFormat"], gpus)
