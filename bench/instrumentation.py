@@ -7,6 +7,11 @@ port with an hour-long push interval, so no I/O happens while measuring. Example
 
     rows = measure_phase_overhead(number=100_000, repeat=7)
     ab = measure_training(pairs=3, seconds=1.0)
+
+The CUDA path (the library records a CUDA event at every phase change when torch.cuda is available:
+training/run.py ``GpuClock``) is measured on the simulated torch.cuda (:func:`simulated_cuda`), whose
+events are Python objects on the simulated device's clock, not a real driver's: see
+:func:`measure_cuda_phase` and ``measure_training(..., cuda=True)``; bench/cuda_path.py writes the section.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import math
 import socket
 import statistics
+import tempfile
 import timeit
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -110,8 +116,106 @@ def _time_candidates(number: int, repeat: int, record_function: Any) -> list[Mic
     return rows
 
 
-def measure_training(pairs: int, seconds: float, threads: int = 1) -> TrainingAB:
-    """A/B/A/B... repetitions of a small MLP's training loop on the CPU, ``seconds`` each."""
+class _NoopEvent:
+    """A CUDA event that is complete at once and took no time: what is left is the library's own cost."""
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return 0.0
+
+
+@contextlib.contextmanager
+def simulated_cuda(events: bool = True) -> Iterator[Any]:
+    """``torch.cuda`` on a simulated async device (gpu_exporter.simulate.torch_cuda) while inside; yields the device.
+
+    A run started inside takes the library's CUDA path (an event at every phase change). ``events=False``
+    makes ``torch.cuda.Event`` one that does nothing (:class:`_NoopEvent`), leaving the library's own cost.
+    Everything is undone on leaving; start torch's own CUDA-aware calls (``torch.manual_seed``) outside."""
+    from gpu_exporter.simulate import torch_cuda
+    from gpu_exporter.simulate.device import AsyncDevice
+
+    with tempfile.TemporaryDirectory(prefix="gpu-exporter-bench-cuda-") as tmp:
+        device = AsyncDevice("GPU-bench-cuda-path", directory=tmp)
+        undo = torch_cuda.install(device)
+        if not events:
+            _swap_event(_noop_event)  # undo() puts torch's own back
+        try:
+            yield device
+        finally:
+            undo()
+            device.close()
+
+
+def _noop_event(**kwargs: Any) -> _NoopEvent:
+    return _NoopEvent()
+
+
+def _swap_event(new: Any) -> Any:
+    """Make ``torch.cuda.Event`` ``new``; returns the one it replaces."""
+    import torch
+
+    cuda: Any = torch.cuda
+    old = cuda.Event
+    cuda.Event = new
+    return old
+
+
+CUDA_CANDIDATES = (
+    ("CPU path (no CUDA): phase, kept object", "with cpu: pass"),
+    ("CUDA path, simulated events: phase, kept object", "with sim: pass"),
+    ("CUDA path, simulated events: run.phase(\"compute\")", "with sim_run.phase('compute'): pass"),
+    ("CUDA path, events that do nothing: phase, kept object", "with noop: pass"),
+    ("a simulated event's record() alone", "event.record()"),
+)
+"""(name, statement) of :func:`measure_cuda_phase`: ``cpu`` is the CPU path's phase (``gpu_timing=False``, as
+without CUDA), ``sim`` the CUDA path's on simulated events, ``noop`` the CUDA path's on events that do nothing."""
+
+
+def measure_cuda_phase(number: int, repeat: int) -> list[MicroRow]:
+    """Nanoseconds per phase enter+exit on the CPU path and on the CUDA path, in one process, the candidates
+    interleaved in each of ``repeat`` rounds of ``number`` iterations (a busy machine slows them alike).
+
+    All three runs live under :func:`simulated_cuda`; the CPU path's run has ``gpu_timing=False``, so it records
+    no event (the path of a job without CUDA). An enter+exit is two phase changes: two events recorded, and every
+    64th change the training thread folds in the reached ones (``query()``, ``elapsed_time()``)."""
+    with _quiet_pusher(), simulated_cuda() as device:
+        url = _closed_port_url()
+        runs = {"cpu": training.start("bench-cpu", url=url, uuid="", push_interval=3600.0, timeout=0.2,
+                                      gpu_timing=False),
+                "sim": training.start("bench-cuda", url=url, uuid="", push_interval=3600.0, timeout=0.2)}
+        simulated_event = _swap_event(_noop_event)  # for the third run only
+        try:
+            runs["noop"] = training.start("bench-noop", url=url, uuid="", push_interval=3600.0, timeout=0.2)
+        finally:
+            _swap_event(simulated_event)
+        try:
+            namespace: dict[str, Any] = {name: run.phase("compute") for name, run in runs.items()}
+            namespace.update(sim_run=runs["sim"], event=simulated_event(enable_timing=True))
+            for name, run in runs.items():  # a CUDA-path snapshot carries the CPU's clock beside the GPU's
+                if ("cpu_phases" in run.snapshot()) != (name != "cpu"):
+                    raise RuntimeError(f"bench: the {name} run is not on the path it should measure")
+            times: dict[str, list[float]] = {code: [] for _, code in CUDA_CANDIDATES}
+            for _ in range(repeat):
+                for _, code in CUDA_CANDIDATES:
+                    times[code].append(timeit.Timer(code, globals=namespace).timeit(number) / number * 1e9)
+            device.synchronize()
+        finally:
+            for run in runs.values():
+                run.close()
+    return [MicroRow(name, code, statistics.median(times[code]), min(times[code]), max(times[code]))
+            for name, code in CUDA_CANDIDATES]
+
+
+def measure_training(pairs: int, seconds: float, threads: int = 1, cuda: bool = False) -> TrainingAB:
+    """A/B/A/B... repetitions of a small MLP's training loop on the CPU, ``seconds`` each.
+
+    ``cuda``: the run (B) takes the library's CUDA path, an event at every phase change, on the simulated
+    torch.cuda (:func:`simulated_cuda`; the model stays on the CPU); A runs under it too."""
     import torch
     from torch import nn
 
@@ -148,8 +252,11 @@ def measure_training(pairs: int, seconds: float, threads: int = 1) -> TrainingAB
 
     a: list[float] = []
     b: list[float] = []
-    with _quiet_pusher():
+    with _quiet_pusher(), simulated_cuda() if cuda else contextlib.nullcontext():
         run = training.start("bench-loop", url=_closed_port_url(), uuid="", push_interval=3600.0, timeout=0.2)
+        if cuda and "cpu_phases" not in run.snapshot():
+            run.close()
+            raise RuntimeError("bench: the training loop's run is not on the CUDA path")
         try:
             steps = _calibrate(plain, seconds)
             instrumented(20)  # warm-up of the instrumented path too

@@ -2,7 +2,8 @@
 
 Quick mode (about a minute; CI runs it) measures three node sizes with short stages; full mode
 measures 1, 8 and 16 GPUs with 0, 64 and 256 processes, and 64 GPUs with 512. Both run the accuracy, instrumentation,
-training-loop and load benchmarks and write the document to a new temporary file (its path is printed),
+training-loop, CUDA-path (bench/cuda_path.py) and load benchmarks and write the document to a new temporary file
+(its path is printed),
 to docs/benchmarks.md with ``--update-docs``, or to ``--output``. The load bench
 (16 scrapers at 10/s and 32 pushers every 0.5 s) runs 5 s in quick mode and 300 s in full mode;
 ``--load-seconds`` changes that. Example::
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import accuracy, hotspots, instrumentation, load, readme, report, scrape
+from bench import accuracy, cuda_path, hotspots, instrumentation, load, readme, report, scrape
 from bench.node import Sleepers, write_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def _say(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
-def run(mode: Mode, command: str) -> report.Results:
+def run(mode: Mode, command: str) -> tuple[report.Results, cuda_path.CudaPath]:
     """Run every benchmark of ``mode``; ``command`` is recorded in the document."""
     started = time.perf_counter()
     started_utc = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -101,12 +102,14 @@ def run(mode: Mode, command: str) -> report.Results:
     micro = instrumentation.measure_phase_overhead(mode.micro_number, mode.micro_repeat)
     _say("training loop A/B")
     training = instrumentation.measure_training(mode.training_pairs, mode.training_seconds)
+    _say("phase cost and training loop on the CUDA path (simulated torch.cuda)")
+    cuda = cuda_path.measure(mode.micro_number, mode.micro_repeat, mode.training_pairs, mode.training_seconds)
     return report.Results(
         mode=mode.name, command=command, started_utc=started_utc, elapsed_s=time.perf_counter() - started,
         load_before=load_before, load_after=os.getloadavg(), durations=mode.durations, scrape=results,
         simulation_rss_mb=sim_rss, profile=profile, profile_node=largest, accuracy=acc,
         accuracy_seconds=mode.accuracy_seconds, micro=micro, micro_number=mode.micro_number,
-        micro_repeat=mode.micro_repeat, training=training, load=under_load, load_node=mode.load_node)
+        micro_repeat=mode.micro_repeat, training=training, load=under_load, load_node=mode.load_node), cuda
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0])
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--quick", action="store_true", help="three node sizes, short stages (CI)")
-    which.add_argument("--full", action="store_true", help="ten node sizes (about 20 minutes on 2 cores)")
+    which.add_argument("--full", action="store_true", help="ten node sizes (about 30 minutes on 2 quiet cores)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--update-docs", action="store_true", help=f"write {DEFAULT_OUTPUT.relative_to(REPO)} "
                                                                   "(default: a new temporary file)")
@@ -138,10 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += " --update-docs"
     elif args.output is not None:
         command += f" --output {args.output}"
-    results = run(mode, command)
+    results, cuda = run(mode, command)
     output = DEFAULT_OUTPUT if args.update_docs else args.output or _temporary_document()
     old = output.read_text() if output.is_file() else ""
-    output.write_text(keep_sections(report.render(results), old))
+    new = cuda_path.update_docs(report.render(results), cuda_path.section(cuda, command))
+    output.write_text(keep_sections(new, old))
     _say(f"wrote {output} in {results.elapsed_s:.0f} s")
     if args.update_docs:  # the README's Measured table is generated from the document just written
         readme.main([])
