@@ -71,6 +71,8 @@ CASES = [
     Case("mixed_low", 0.25, 0.5, {"data": 0.38, "compute": 0.28, "metrics": 0.34}),
     Case("checkpoint_low", 0.2, 0.5, {"data": 0.03, "compute": 0.25, "checkpoint": 0.72}),
     Case("checkpoint_target", 0.5, 0.5, {"compute": 0.7, "checkpoint": 0.3}),
+    Case("callbacks_low", 0.2, 0.5, {"compute": 0.3, "callbacks": 0.6, "other": 0.1}),
+    Case("callbacks_target", 0.5, 0.5, {"compute": 0.7, "callbacks": 0.3}),
     Case("batch_low", 0.22, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
     Case("batch_target", 0.35, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
     Case("batch_memory_full", 0.22, 0.8, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
