@@ -19,7 +19,8 @@ wraps each hook a callback overrides (on the instance; ``undo()`` restores it) a
   :data:`~gpu_exporter.training.protocol.MAX_CALLBACKS` biggest (field ``callbacks``), and the
   exporter exports the biggest one by name.
 
-The cost per hook call is two clock readings, two phase changes and a dictionary lookup (a few µs).
+The cost per hook call is two clock readings and two phase changes (38 µs measured on a loaded 2-core
+machine where an empty method call took 2.5 µs), once per hook and step.
 """
 
 from __future__ import annotations
