@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpu_exporter.training.run import FOLD_EVERY
+
 from bench import instrumentation
 from bench.instrumentation import MicroRow, TrainingAB
 
@@ -111,11 +113,11 @@ def section(result: CudaPath, command: str) -> str:
         "\"training library, CUDA path\" row.", "",
         "When torch.cuda is available (and `gpu_timing` is on, the default), the training library records a CUDA "
         "event at every phase change ([GPU-truthful phases](training.md#honest-timing-under-cuda-asynchrony)), "
-        "and every 64th change the training thread folds in the events the stream has reached (`query()`, then "
-        "`elapsed_time()`), so the events pending stay bounded without a pusher. This machine has no GPU, so the "
-        "path runs on the simulated torch.cuda (`gpu_exporter.simulate.torch_cuda` on the async simulated "
-        "device): the library's code is the real one, but the events are Python objects on the simulated "
-        "device's clock, and **their cost is not a real CUDA event's**. Three runs in one process, the "
+        f"and every {FOLD_EVERY}th change the training thread folds in the events the stream has reached "
+        "(`query()`, then `elapsed_time()`), so the events pending stay bounded without a pusher. This machine "
+        "has no GPU, so the path runs on the simulated torch.cuda (`gpu_exporter.simulate.torch_cuda` on the "
+        "async simulated device): the library's code is the real one, but the events are Python objects on the "
+        "simulated device's clock, and **their cost is not a real CUDA event's**. Three runs in one process, the "
         f"statements interleaved in each of {result.repeat} rounds of {result.number} iterations (median and "
         "range over the rounds): the CPU path (`gpu_timing=False`, what a job without CUDA runs), the CUDA path "
         "on the simulated events, and the CUDA path on events that do nothing, which leaves **the library's own "

@@ -182,7 +182,8 @@ def measure_cuda_phase(number: int, repeat: int) -> list[MicroRow]:
 
     All three runs live under :func:`simulated_cuda`; the CPU path's run has ``gpu_timing=False``, so it records
     no event (the path of a job without CUDA). An enter+exit is two phase changes: two events recorded, and every
-    64th change the training thread folds in the reached ones (``query()``, ``elapsed_time()``)."""
+    ``FOLD_EVERY``-th change (training/run.py) the training thread folds in the reached ones (``query()``,
+    ``elapsed_time()``)."""
     with _quiet_pusher(), simulated_cuda() as device:
         url = _closed_port_url()
         runs = {"cpu": training.start("bench-cpu", url=url, uuid="", push_interval=3600.0, timeout=0.2,
