@@ -214,7 +214,11 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
     work = f"(max {cfg.by('uuid')} ({cfg.sel(m.GPU_HAS_WORK_BOOL.name, 'node')}) == 1)"
     on_work = f"* {cfg.on('uuid')} group_left () {work}"
     busy = f"clamp_max({cfg.sel(BUSY, 'node')}, 1) {on_work}"
-    sm = f"{cfg.sel(SM)} {on_work}"
+    # effective: SM activity, at most the busy utilization (as report --fleet counts it, gpu_exporter.verdict.funnel):
+    # in a GPU's first 5 minutes rate() undercounts busy while avg_over_time does not
+    gpu_busy = f"max {cfg.by('uuid')} (clamp_max({cfg.sel(BUSY)}, 1))"
+    sm = (f"(({cfg.sel(SM)} <= {cfg.on('uuid')} group_left () {gpu_busy}) or {cfg.on('uuid')} "
+          f"({gpu_busy} and {cfg.on('uuid')} {cfg.sel(SM)})) {on_work}")
     unknown = f"{busy} unless {cfg.on('uuid')} {cfg.sel(SM)}"
     lost = cfg.sel(LOST, "node")
     allocated = hours(work)
@@ -229,7 +233,8 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
                 "Funnel: allocated, busy, effective GPU-hours",
                 "GPU-hours over the time range: allocated (the GPU had work: memory, processes or a training run), "
                 "busy (allocated hours x NVML's utilization, the time a kernel ran) and effective (allocated hours x "
-                "SM activity, on the GPUs that report it). The gaps are the hours lost at each step. "
+                "SM activity, at most the busy utilization, on the GPUs that report it). The gaps are the hours lost "
+                "at each step. "
                 f"{SOURCE_TEXT}", query(funnel, f"{{{{{c}}}}} {{{{step}}}}", instant=True), unit="h", w=8,
                 thresholds=steps(("blue", None))))
             .with_panel(stat_panel(
