@@ -134,3 +134,40 @@ def test_the_verdict_names_the_hook_for_checkpoint_and_callbacks() -> None:
     (plain,) = find_causes(0.2, 0.3, RunSignals({"checkpoint": 0.5, "compute": 0.3, "other": 0.2},
                                                 callback=("Probe.on_step_end", "callbacks", 0.1)), t)
     assert "Probe" not in plain.cause.reason(plain, "job", "0")
+
+
+def test_diagnose_from_an_exporter_names_the_hook() -> None:
+    """``diagnose --url``'s path: two readings of an exporter whose run's biggest hook writes checkpoints."""
+    from gpu_exporter import catalog
+    from gpu_exporter.verdict.join import build_views
+    from gpu_exporter.verdict.ladder import judge
+    from gpu_exporter.verdict.readings import from_snapshots
+    from gpu_exporter.verdict.samples import Snapshot, snapshot_of
+
+    store = TrainingStore(IngestSettings())
+    started = time.time() - 100
+
+    def reading(at: float, phases: dict[str, float], hook_seconds: float) -> Snapshot:
+        body = {"version": 1, "run": "job", "rank": "0", "uuid": "GPU-cb", "started_at": started,
+                "phases": phases, "current_phase": "checkpoint", "steps": int(at), "samples": int(at), "batch_size": 1,
+                "callbacks": [{"name": "SaveEvery.on_train_batch_end", "seconds": hook_seconds, "phase": "checkpoint"}]}
+        assert store.handle_push(json.dumps(body).encode(), "application/json", None)[0] == 202
+        gpu = {"gpu": "0", "uuid": "GPU-cb"}
+        node = {catalog.GPU_INFO.name: [({**gpu, "name": "H100"}, 1.0)],
+                catalog.GPU_BUSY_SECONDS_TOTAL.name: [(gpu, 0.2 * at)],
+                catalog.GPU_MEMORY_USED_BYTES.name: [(gpu, 30e9)], catalog.GPU_MEMORY_TOTAL_BYTES.name: [(gpu, 80e9)]}
+        training = snapshot_of(store.collect(), at, started + at).samples
+        return Snapshot({**training, **node}, at=at, wall=time.time())
+
+    prev = reading(10.0, {"compute": 2.0, "checkpoint": 7.0, "other": 1.0}, 6.0)
+    cur = reading(20.0, {"compute": 4.0, "checkpoint": 14.0, "other": 2.0}, 12.5)
+    t = load_thresholds()
+    (view,) = build_views(from_snapshots(prev, cur), t, 10.0)
+    verdict = judge(view, t)  # what diagnose prints
+    assert (verdict.name, verdict.code) == ("checkpoint", "CK"), verdict
+    assert "`SaveEvery.on_train_batch_end` takes 65% of the step" in verdict.reason, verdict.reason
+    (run,) = view.runs
+    finding = run.findings[0]
+    assert finding.cause.code == "CK", run.findings
+    assert finding.cause.reason(finding, "job", "0").endswith(
+        "saving checkpoints: `SaveEvery.on_train_batch_end` takes 65% of the step."), finding

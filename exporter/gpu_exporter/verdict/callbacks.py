@@ -22,6 +22,7 @@ this module, never the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -82,3 +83,32 @@ class NamedCallback:
     def records(self) -> tuple[tuple[str, str, str], ...]:
         own: tuple[tuple[str, str, str], ...] = super().records()  # type: ignore[misc]
         return (*own, RECORD) if self.phase == CALLBACK_PHASE else own
+
+
+Labels = dict[str, str]
+
+
+def window_callbacks(run_key: Callable[[Labels], Any], prev: Iterable[tuple[Labels, float]],
+                     cur: Iterable[tuple[Labels, float]], phase_window: Mapping[Any, Mapping[str, float]],
+                     ) -> dict[Any, tuple[str, str, float]]:
+    """Each run's biggest hook over a window between two readings of an exporter (``diagnose --url``): (name, phase,
+    share of the window's phase seconds), from gpu_training_callback_seconds_total. A hook that was not the biggest
+    at the first reading of a run seen then has no window and is left out.
+
+    >>> key = lambda labels: labels["run"]
+    >>> hook = {"run": "r", "callback": "Save.on_step_end", "phase": "checkpoint"}
+    >>> window_callbacks(key, [(hook, 10.0)], [(hook, 16.0)], {"r": {"checkpoint": 7.0, "compute": 3.0}})
+    {'r': ('Save.on_step_end', 'checkpoint', 0.6)}
+    """
+    before = {(run_key(labels), labels.get("callback", "")): value for labels, value in prev}
+    seen = {key for key, _ in before}
+    out: dict[Any, tuple[str, str, float]] = {}
+    for labels, value in cur:
+        key, name = run_key(labels), labels.get("callback", "")
+        wall = sum(v for v in phase_window.get(key, {}).values() if v > 0)
+        if (key, name) not in before and key in seen:
+            continue
+        delta = value - before.get((key, name), 0.0)
+        if wall > 0 and delta >= 0:
+            out[key] = (name, labels.get("phase", ""), min(delta / wall, 1.0))
+    return out

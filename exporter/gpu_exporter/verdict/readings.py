@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict import evidence, remedies
+from gpu_exporter.verdict.callbacks import window_callbacks
 from gpu_exporter.verdict.samples import Labels, Snapshot
 from gpu_exporter.verdict.views import Process, Readings, RunKey, gpu_key
 
@@ -137,6 +138,8 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     readings.evidence = evidence.from_snapshots(prev, cur)
     readings.contexts = remedies.read_contexts(cur.series)
     readings.sampled = keys.sampled(cur.series(catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name))
+    hooks = catalog.GPU_TRAINING_CALLBACK_SECONDS_TOTAL.name
+    readings.callbacks = window_callbacks(keys.run, prev.series(hooks), cur.series(hooks), readings.phase_window)
     gpm(readings, cur)
     return readings
 

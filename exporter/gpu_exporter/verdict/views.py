@@ -154,6 +154,8 @@ class Readings:
     contexts: dict[RunKey, remedies.Context] = field(default_factory=dict)
     sampled: set[RunKey] = field(default_factory=set)
     """The runs whose phases the exporter sampled (label ``source="sampled"``)."""
+    callbacks: dict[RunKey, tuple[str, str, float]] = field(default_factory=dict)
+    """The biggest callback hook of each run over the window: (Class.hook, phase, share; verdict/callbacks.py)."""
     launches: dict[RunKey, tuple[str, float]] = field(default_factory=dict)
     """(run id, start time) of each run key (gpu_training_run_start_timestamp_seconds; verdict/launches.py)."""
     cluster_label: str = ""
