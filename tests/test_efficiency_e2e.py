@@ -39,7 +39,7 @@ import pytest
 from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from gpu_exporter.simulate import dcgm_exporter
 from gpu_exporter.thresholds import load_thresholds
-from servers import promql, run_exporter, run_prometheus
+from servers import http_get, promql, run_exporter, run_prometheus
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
     on_gpm, on_dcgm, without, fleet, text, dcgm_text, report = run_clis(calls)
     keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-prometheus-eff-small.txt", text.stdout)
     keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-url-dcgm.txt", dcgm_text.stdout)
-    keep_output("EFFICIENCY_E2E_OUTPUT", "alerts.json", json.dumps(promql(prom, "ALERTS"), indent=1))
+    keep_output("EFFICIENCY_E2E_OUTPUT", "alerts.json", http_get(prom + "/api/v1/alerts"))
     keep_output("EFFICIENCY_E2E_OUTPUT", "report-eff-small.json", report.stdout)
     keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-url-gpm.json", on_gpm.stdout)
     for result in (on_gpm, on_dcgm, without, fleet):
