@@ -316,3 +316,36 @@ def test_a_window_read_from_raw_counters_says_the_evidence_of_an_uninstrumented_
         from_prometheus(prom, T.cluster_label)) == window
     # Each query is trimmed to the labels read (max by), the states' to (uuid, pid, state) and the cluster.
     assert "max by (uuid, pid, state, cluster) (rate(gpu_process_main_thread_state_seconds_total[300s]))" in prom.asked
+
+
+def test_a_busy_gpu_is_judged_by_its_sm_activity_and_never_called_effective_without_a_source() -> None:
+    """The efficiency rows (verdict/efficiency.py) come before "healthy": a GPU 96% busy whose SMs are 25% active
+    with memory left is M3 of the SMs, worth busy - SM activity; every verdict states the effective-use line, with
+    the compute phase's SM activity where a run reports phases; with no SM source the line says so."""
+    from gpu_exporter.verdict.efficiency import EFFICIENCY, UNKNOWN
+    from gpu_exporter.verdict.views import GpuView, RunView
+
+    rows = [row.name for row in LADDER]
+    assert rows[1:6] == [*(c.cause for c in EFFICIENCY), "healthy"]
+    run = RunView("r", "0", {"data": 0.2, "compute": 0.8}, 60.0, False, None, 0.0, 0.0)
+
+    def view(sm: float | None, memory: float = 0.2, source: str | None = "gpm", busy: float = 0.96,
+             tensor: float | None = 0.3, dram: float | None = 0.1) -> GpuView:
+        return GpuView("GPU-1", "0", "NVIDIA H100", "n1", busy, memory, 1, (), (run,), sm_active=sm,
+                       tensor_active=tensor, dram_active=dram, sm_source=source)
+
+    small = judge(view(0.25), T)
+    assert (small.name, small.code, small.below_target) == ("sm_batch_too_small", "M3", False)
+    assert small.worth is not None and abs(small.worth - 0.71) < 1e-9 and small.projected == 0.96
+    assert small.effective == ("effective utilization (SM activity, GPM) 25% while 96% busy; tensor pipe 30%, DRAM 10%;"
+                               " compute phase (80% of the step) 31% SM activity")
+    assert small.runbook.endswith("#gpusmbatchtoosmall") and "batch size" in small.remedy
+    assert judge(view(0.25, dram=0.7), T).name == "memory_bound"  # memory-bound first, even with memory left
+    assert judge(view(0.25, memory=0.7), T).name == "ineffective"  # memory used, DRAM not saturated
+    assert judge(view(0.7, tensor=0.0), T).name == "tensor_cores_idle"
+    assert judge(view(0.7, tensor=None), T).name == "healthy"  # no tensor pipe reported: no TC
+    assert judge(view(0.25, busy=0.6), T).name != "sm_batch_too_small"  # below the target: the run causes speak
+    healthy = judge(view(0.9, tensor=0.6, dram=0.3), T)
+    assert (healthy.name, healthy.worth) == ("healthy", None) and "SMs are 90% active" in healthy.reason
+    unknown = judge(view(None, source=None, tensor=None, dram=None), T)
+    assert unknown.name == "healthy" and unknown.effective == UNKNOWN and "effective" not in unknown.reason
