@@ -8,17 +8,23 @@ from __future__ import annotations
 import json
 import random
 import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
 
 import pytest
 from gpu_exporter import catalog
 from gpu_exporter.commands.fleet import LaunchRow, Point, Range, fleet, render_json, render_text
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.funnel import NO_CAUSE, Funnel, Slice, funnel
-from servers import run_prometheus, wait_until
+from servers import http_get, run_prometheus, wait_until
+from test_alerting_e2e import fast_rules
 from test_query import run_cli
 
+from bench import fleet as fleet_bench
 from bench import fleet_sim
 
+REPO = Path(__file__).resolve().parents[1]
 T = load_thresholds(None)
 STEP, POINTS = 60.0, 120  # two hours at one point a minute
 # uuid: (verdict, busy, SM activity or None: no source). The truth each GPU's readings scatter around.
@@ -97,14 +103,25 @@ def test_sm_activity_above_busy_counts_as_effective_and_loses_nothing() -> None:
 SM_FACTORS = (0.9, 0.6, 0.3, 0.9, 0.6, 0.3, 0.9, 0.3)
 """Each GPU's SM activity as a share of its busy utilization, by index on the node (the busiest, GPU 7 at ~90%
 busy, is at or above the target with SM activity well below sm_active_low: busy but not effective)."""
+RULES = {f"rules/{path.name}": fast_rules(path) for path in sorted((REPO / "prometheus" / "rules").glob("*.yml"))}
+"""The shipped rules, their windows shrunk 60-fold (test_alerting_e2e.fast_rules)."""
 SECONDS = 10.0
 """The range the report judges (points every 2 s, each judged over the 8 s before it)."""
 SCRAPES = """
-global: {{scrape_interval: 1s}}
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [rules/*.yml]
 scrape_configs:
   - job_name: gpu-exporter
     static_configs: {targets}
 """
+
+
+def _instant(prom: str, expr: str, at: float) -> list[dict[str, Any]]:
+    """An instant query at ``at``: the dashboard panel as Grafana asks for it at the end of its range."""
+    body = json.loads(http_get(f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr, 'time': at})}"))
+    assert body["status"] == "success", body
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
 
 
 @pytest.mark.slow
@@ -122,12 +139,17 @@ def test_report_fleet_funnel_matches_the_sm_activity_a_simulated_node_serves() -
     try:
         hostport = f"127.0.0.1:{server.server_address[1]}"
         targets = json.dumps(list(fleet_sim.targets(1, hostport)))
-        with run_prometheus(SCRAPES.format(targets=targets)) as prom:
+        with run_prometheus(SCRAPES.format(targets=targets), RULES) as prom:
             first = time.time()
             wait_until(lambda: time.time() - first > 25, 40, 1.0, what="25 s of scrapes")
             end = time.time() - 2  # the last scrape is in
             result = run_cli("report", "--prometheus-url", prom, "--fleet", "--output", "json", "--from",
                              str(end - SECONDS), "--to", str(end), "--step", "2s", timeout=120)
+            board = {title: expr for dashboard, title, expr in fleet_bench.dashboard_queries(
+                {**fleet_bench.grafana_variables(), "__range": f"{SECONDS:.0f}s", "__interval": "1s",
+                 "__interval_ms": "1000"}) if dashboard == "gpu-fleet-cost"}
+            panel = {title: _instant(prom, board[title], end) for title in (
+                "Funnel: allocated, busy, effective GPU-hours", "GPU-hours lost busy to effective, by cause")}
     finally:
         server.shutdown()
     assert result.returncode == 0, result.stderr[-2000:]
@@ -147,3 +169,12 @@ def test_report_fleet_funnel_matches_the_sm_activity_a_simulated_node_serves() -
     by_cause = sum(v for k, v in lost.items() if k != NO_CAUSE)
     assert by_cause == pytest.approx(hours["effective_cause"], rel=0.05), lost
     assert sum(lost.values()) == pytest.approx(hours["busy"] - hours["effective"], rel=0.05), lost
+    # the cost dashboard's funnel over the same 10 s, from the shipped recording rules (windows shrunk 60-fold, so
+    # their 5m rates cover 5 s), says the same
+    bars = {s["metric"]["step"]: float(s["value"][1]) for s in panel["Funnel: allocated, busy, effective GPU-hours"]}
+    assert bars["1 allocated"] == pytest.approx(hours["allocated"], rel=0.05), bars
+    assert bars["2 busy"] == pytest.approx(hours["busy"], rel=0.05), bars
+    assert bars["3 effective"] == pytest.approx(hours["effective"], rel=0.05), bars
+    causes = {s["metric"]["cause"]: float(s["value"][1]) for s in panel["GPU-hours lost busy to effective, by cause"]}
+    found = sum(v for k, v in causes.items() if k != NO_CAUSE)
+    assert found == pytest.approx(hours["effective_cause"], rel=0.05), causes
