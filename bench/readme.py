@@ -224,11 +224,13 @@ def _cuda_row(doc: str, t: dict[str, list[list[str]]], run: Run) -> tuple[str, s
     cuda = {r[1].strip("`"): r[2] for r in t[CUDA]}
     loop = _search(r"B relative to A: ([-+])([\d.]+)%; the noise .*? is ±([\d.]+)%", section(doc, CUDA_LOOP),
                    "the CUDA-path training loop's result")
+    load = _search(r"load average ([\d.]+) ", section(doc, CUDA), "the CUDA-path run's load average").group(1)
     sign, change, noise = loop.group(1), float(loop.group(2)), float(loop.group(3))
     how = f"{loop.group(2)}% {'slower' if sign == '-' else 'faster'}, {'within' if change <= noise else 'beyond'}"
     return ("training library, CUDA path",
             f"a phase enter+exit took {cuda['with noop: pass']} ns with the library's CUDA clock on and events that "
-            f"do nothing (its own cost on that path; {cuda['with cpu: pass']} ns on the CPU path in the same run), "
+            f"do nothing (its own cost on that path; {cuda['with cpu: pass']} ns on the CPU path in the same run, at "
+            f"load average {load}), "
             f"{cuda['with sim: pass']} ns with the simulated torch.cuda's events; a real `cudaEventRecord` (two per "
             f"enter+exit) is not measured here (no GPU); a small CPU training loop on that path ran {how} its "
             f"noise of ±{loop.group(3)}%", run.cell(), "[CUDA path](docs/benchmarks.md#phase-cost-on-the-cuda-path)")
