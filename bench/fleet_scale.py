@@ -12,6 +12,8 @@ training runs with causes), and checks the budgets of docs/fleet.md::
     python -m bench.fleet_scale --update-docs            # and write its section of docs/benchmarks.md
     python -m bench.fleet_scale --annotations-ab --nodes 124 --seconds 180   # what the alert templates cost
     python -m bench.fleet_scale --ab-revision HEAD~1 --nodes 124 --seconds 180  # these rules against older ones
+    python -m bench.fleet_scale --victoriametrics --nodes 124 --seconds 180      # in VictoriaMetrics + vmalert
+    python -m bench.fleet_scale --victoriametrics --ab-revision HEAD~1 --nodes 124   # the same, side by side
     python -m bench.fleet_scale --diagnose-ab HEAD~1                 # fleet-wide diagnose against an older one
 
 Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
@@ -400,52 +402,100 @@ def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrap
     return "\n".join(lines)
 
 
-def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float = 5.0) -> str:
-    """The same fleet scraped by VictoriaMetrics' single-node server (Debian 1.79, ``-promscrape.config``)
-    with vmalert evaluating each shipped group at its own interval (results written back): vmalert's median
-    duration per group over ``seconds`` from the first results (the warm-up: windows filling), the
-    store's memory and series, every panel query's wall time, and fleet-wide diagnose. A table."""
+@contextlib.contextmanager
+def victoriametrics(nodes: int, hostport: str, scrape_interval: float,
+                    rules: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """VictoriaMetrics' single-node server (Debian 1.79) scraping the fleet at ``hostport`` itself
+    (``-promscrape.config``), and vmalert evaluating ``rules`` with each group at its own ``interval`` (the shipped
+    ``rule_interval``: every minute), writing the results back; yields (store URL, vmalert URL)."""
     from servers import _run_server, free_port, run_vmalert
 
-    with simulator(nodes) as (hostport, _):
-        scrape = prometheus_config(nodes, hostport, scrape_interval)
-        cfg = yaml.safe_load(scrape)
-        promscrape = str(yaml.safe_dump({"global": {"scrape_interval": cfg["global"]["scrape_interval"]},
-                                         "scrape_configs": cfg["scrape_configs"]}, sort_keys=False))
-        with _run_server(["victoria-metrics"], "victoria-metrics", "scrape.yml", promscrape,
-                         lambda d, port: [f"-storageDataPath={d / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-                                          "-search.latencyOffset=1s", f"-promscrape.config={d / 'scrape.yml'}"],
-                         None, 60) as store, \
-                run_vmalert(fleet.shipped_rules(), store, store, f"http://127.0.0.1:{free_port()}",
-                            evaluation_interval=f"{EVALUATION_INTERVAL:g}s", ready_timeout=60) as vmalert:
-            wait_until(lambda: len(promql(store, catalog.NODE_UTILIZATION_AVG5M.name)) >= nodes, 120 + nodes * 0.2,
-                       interval=1, what=f"vmalert's {catalog.NODE_UTILIZATION_AVG5M.name} for every node")
-            time.sleep(seconds)
-            text = _metrics(vmalert)
-            groups: dict[str, float] = {}
-            for head, value in _metric_values(text, "vmalert_iteration_duration_seconds"):
-                match = re.search(r'group="([^"]+)"', head)
-                if match and 'quantile="0.5"' in head and value == value:
-                    groups[match.group(1)] = value
-            vm = _metrics(store)
-            rss = _metric_values(vm, catalog.PROCESS_RESIDENT_MEMORY_BYTES.name)[0][1]
-            series = scalar(store, 'count({__name__=~".+"})')
-            timings = []
-            for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m"),
-                                                                  picked(store)):
-                try:
-                    timings.append((timed_query(store, expr)[0], dashboard, title))
-                except Exception as err:  # MetricsQL may refuse a query: say which
-                    timings.append((float("nan"), dashboard, f"{title} (failed: {str(err)[:80]})"))
-            diagnose, status = timed_command(store)
+    cfg = yaml.safe_load(prometheus_config(nodes, hostport, scrape_interval))
+    promscrape = str(yaml.safe_dump({"global": {"scrape_interval": cfg["global"]["scrape_interval"]},
+                                     "scrape_configs": cfg["scrape_configs"]}, sort_keys=False))
+    with _run_server(["victoria-metrics"], "victoria-metrics", "scrape.yml", promscrape,
+                     lambda d, port: [f"-storageDataPath={d / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+                                      "-search.latencyOffset=1s", f"-promscrape.config={d / 'scrape.yml'}"],
+                     None, 60) as store, \
+            run_vmalert(rules, store, store, f"http://127.0.0.1:{free_port()}",
+                        evaluation_interval=f"{EVALUATION_INTERVAL:g}s", ready_timeout=60,
+                        rule_intervals=True) as vmalert:
+        yield store, vmalert
+
+
+def vmalert_iterations(url: str) -> dict[str, tuple[float, float]]:
+    """{group: (evaluations so far, their seconds in all)} from vmalert's ``vmalert_iteration_duration_seconds``."""
+    text = _metrics(url)
+    out: dict[str, tuple[float, float]] = {}
+    for suffix, at in (("_count", 0), ("_sum", 1)):
+        for head, value in _metric_values(text, "vmalert_iteration_duration_seconds" + suffix):
+            match = re.search(r'group="([^"]+)"', head)
+            if match:
+                pair = list(out.get(match.group(1), (0.0, 0.0)))
+                pair[at] += value
+                out[match.group(1)] = (pair[0], pair[1])
+    return out
+
+
+def sample_vmalert(urls: Sequence[str], seconds: float, every: float = 5.0) -> list[dict[str, list[float]]]:
+    """Each evaluation's duration of every group of each vmalert in ``urls``, for ``seconds``, polling them in turn
+    every ``every`` seconds: the growth of its duration sum over the growth of its count (one evaluation, mostly)."""
+    seen = [vmalert_iterations(url) for url in urls]
+    out: list[dict[str, list[float]]] = [{} for _ in urls]
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        time.sleep(every)
+        for i, url in enumerate(urls):
+            now = vmalert_iterations(url)
+            for group, (count, total) in now.items():
+                count0, total0 = seen[i].get(group, (0.0, 0.0))
+                if count > count0:
+                    out[i].setdefault(group, []).extend([(total - total0) / (count - count0)] * int(count - count0))
+            seen[i] = now
+    return out
+
+
+def store_cpu(store: str) -> float:
+    """CPU seconds a VictoriaMetrics (or any Go server) has used: its ``process_cpu_seconds_total``."""
+    return _metric_values(_metrics(store), catalog.PROCESS_CPU_SECONDS_TOTAL.name)[0][1]
+
+
+def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float = 5.0) -> str:
+    """The same fleet scraped by VictoriaMetrics' single-node server (Debian 1.79, ``-promscrape.config``)
+    with vmalert evaluating each shipped group at its own interval (results written back): the median duration
+    of each group's evaluations over ``seconds`` from the first results (the warm-up: windows filling), the
+    store's memory and series, every panel query's wall time, and fleet-wide diagnose. A table."""
+    load = os.getloadavg()[0]
+    with simulator(nodes) as (hostport, _), \
+            victoriametrics(nodes, hostport, scrape_interval, fleet.shipped_rules()) as (store, vmalert):
+        wait_until(lambda: len(promql(store, catalog.NODE_UTILIZATION_AVG5M.name)) >= nodes, 120 + nodes * 0.2,
+                   interval=1, what=f"vmalert's {catalog.NODE_UTILIZATION_AVG5M.name} for every node")
+        cpu0 = store_cpu(store)
+        sampled = sample_vmalert([vmalert], seconds)[0]
+        cpu = (store_cpu(store) - cpu0) / seconds * 60
+        groups = {g: statistics.median(v) for g, v in sampled.items()}
+        vm = _metrics(store)
+        rss = _metric_values(vm, catalog.PROCESS_RESIDENT_MEMORY_BYTES.name)[0][1]
+        series = scalar(store, 'count({__name__=~".+"})')
+        timings = []
+        for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m"),
+                                                              picked(store)):
+            try:
+                timings.append((timed_query(store, expr)[0], dashboard, title))
+            except Exception as err:  # MetricsQL may refuse a query: say which
+                timings.append((float("nan"), dashboard, f"{title} (failed: {str(err)[:80]})"))
+        diagnose, status = timed_command(store)
     gpus = nodes * fleet_sim.GPUS_PER_NODE
     ok = [t for t in timings if t[0] == t[0]]
     lines = [f"VictoriaMetrics 1.79 + vmalert, {gpus:,} GPUs, scrape every {scrape_interval:g} s, each group "
-             f"every {RULE_INTERVAL:g} s (its interval), {seconds:g} s after the first results (warm-up)", "",
+             f"every {RULE_INTERVAL:g} s (its interval), {seconds:g} s after the first results (warm-up); load "
+             f"average {load:.1f} -> {os.getloadavg()[0]:.1f}", "",
              "| figure | value |", "|---|---|",
              f"| series stored per GPU | {series / gpus:.1f} |",
-             f"| VictoriaMetrics RSS, MiB (KiB per GPU) | {rss / 2**20:,.0f} ({rss / 1024 / gpus:.0f}) |"]
-    lines += [f"| vmalert `{g}`, ms per evaluation (median) | {v * 1000:,.1f} |" for g, v in sorted(groups.items())]
+             f"| VictoriaMetrics RSS, MiB (KiB per GPU) | {rss / 2**20:,.0f} ({rss / 1024 / gpus:.0f}) |",
+             f"| VictoriaMetrics CPU, s a minute (scrapes, ingestion, the rules' queries) | {cpu:.1f} |"]
+    lines += [f"| vmalert `{g}`, ms per evaluation (median of {len(sampled[g])}) | {v * 1000:,.1f} |"
+              for g, v in sorted(groups.items())]
     lines.append(f"| vmalert, all groups, ms per round (sum of medians) | {sum(groups.values()) * 1000:,.1f} |")
     lines += [f"| dashboard query, instant, slowest / median, ms | {max(t[0] for t in ok) * 1000:,.0f} / "
               f"{statistics.median(t[0] for t in ok) * 1000:,.1f} |",
@@ -453,6 +503,44 @@ def measure_victoriametrics(nodes: int, seconds: float, scrape_interval: float =
               f"| `diagnose --prometheus-url`, whole fleet, ms (exit status {status}) | {diagnose * 1000:,.0f} |"]
     failed = [t[2] for t in timings if t[0] != t[0]]
     return "\n".join(lines + ([""] + [f"- failed: {f}" for f in failed] if failed else []))
+
+
+def victoriametrics_ab(nodes: int, seconds: float, other: dict[str, str], other_name: str,
+                       scrape_interval: float = 5.0) -> str:
+    """Two VictoriaMetrics + vmalert pairs scrape the same fleet at once, one with the shipped rules and one with
+    ``other``: the median evaluation of each group in both vmalerts, sampled in turn over the same ``seconds`` from
+    the first results (the load of the machine is the same for both), and each store's CPU a minute."""
+    load = os.getloadavg()[0]
+    with simulator(nodes) as (hostport, _), \
+            victoriametrics(nodes, hostport, scrape_interval, fleet.shipped_rules()) as (store_a, vmalert_a), \
+            victoriametrics(nodes, hostport, scrape_interval, other) as (store_b, vmalert_b):
+        for store in (store_a, store_b):
+            wait_until(lambda s=store: len(promql(s, catalog.NODE_UTILIZATION_AVG5M.name)) >= nodes,
+                       120 + nodes * 0.2, interval=1, what=f"vmalert's {catalog.NODE_UTILIZATION_AVG5M.name}")
+        cpu0 = (store_cpu(store_a), store_cpu(store_b))
+        a, b = sample_vmalert([vmalert_a, vmalert_b], seconds)
+        cpu = ((store_cpu(store_a) - cpu0[0]) / seconds * 60, (store_cpu(store_b) - cpu0[1]) / seconds * 60)
+        series = (scalar(store_a, 'count({__name__=~".+"})'), scalar(store_b, 'count({__name__=~".+"})'))
+    gpus = nodes * fleet_sim.GPUS_PER_NODE
+
+    def cell(values: list[float] | None) -> str:
+        return f"{statistics.median(values) * 1000:,.1f}" if values else "-"
+
+    def ratio(group: str) -> str:
+        return (f"{statistics.median(a[group]) / statistics.median(b[group]):.2f}"
+                if a.get(group) and b.get(group) and statistics.median(b[group]) else "-")
+
+    lines = [f"VictoriaMetrics 1.79 + vmalert, {gpus:,} GPUs, scrape every {scrape_interval:g} s, each group every "
+             f"{RULE_INTERVAL:g} s, {seconds:g} s from the first results; load average {load:.1f} -> "
+             f"{os.getloadavg()[0]:.1f}", "",
+             f"| rule group | shipped, ms | {other_name}, ms | shipped / {other_name} |", "|---|---|---|---|"]
+    lines += [f"| `{group}` | {cell(a.get(group))} | {cell(b.get(group))} | {ratio(group)} |"
+              for group in sorted(set(a) | set(b))]
+    lines += [f"| all groups (sum of medians) | {sum(statistics.median(v) for v in a.values()) * 1000:,.1f} | "
+              f"{sum(statistics.median(v) for v in b.values()) * 1000:,.1f} | |",
+              f"| VictoriaMetrics CPU, s a minute | {cpu[0]:.1f} | {cpu[1]:.1f} | |",
+              f"| series stored per GPU | {series[0] / gpus:.2f} | {series[1] / gpus:.2f} | |"]
+    return "\n".join(lines)
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -639,7 +727,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: compare the shipped rules with the rules committed at git REV, side by side "
                              "on one fleet (the first --nodes), for --seconds")
     parser.add_argument("--victoriametrics", action="store_true",
-                        help="instead: the same fleet (the first --nodes) in VictoriaMetrics + vmalert, for --seconds")
+                        help="instead: the same fleet (the first --nodes) in VictoriaMetrics + vmalert, for --seconds; "
+                             "with --ab-revision or --annotations-ab, two VictoriaMetrics + vmalert pairs side by side")
     parser.add_argument("--diagnose-ab", metavar="REV",
                         help="instead: fleet-wide diagnose of this tree and of git REV, side by side at each --nodes")
     parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
@@ -649,7 +738,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.annotations_ab or args.ab_revision:
         other, name = ((rules_at(args.ab_revision), f"rules at {args.ab_revision}") if args.ab_revision else
                        (rules_without_annotations(), "without annotations"))
-        print(rules_ab(args.nodes[0], args.seconds, other, name, args.scrape_interval))
+        if args.victoriametrics:
+            print(victoriametrics_ab(args.nodes[0], args.seconds, other, name, args.scrape_interval))
+        else:
+            print(rules_ab(args.nodes[0], args.seconds, other, name, args.scrape_interval))
         return 0
     if args.diagnose_ab:
         print(diagnose_ab(args.nodes, args.diagnose_ab, args.rounds, args.scrape_interval))
