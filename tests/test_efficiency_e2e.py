@@ -129,8 +129,9 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
              ["diagnose", "--prometheus-url", prom, "--output", "json"],
              ["diagnose", "--prometheus-url", prom, "--run", "eff-small"],
              ["diagnose", "--url", exporters["n-dcgm"], "--dcgm-url", dcgm, "--window", "5s"],
-             ["report", "--prometheus-url", prom, "--run", "eff-small", "--step", "1s", "--output", "json"]]
-    on_gpm, on_dcgm, without, fleet, text, dcgm_text, report = run_clis(calls)
+             ["report", "--prometheus-url", prom, "--run", "eff-small", "--step", "1s", "--output", "json"],
+             ["report", "--prometheus-url", prom, "--run", "eff-small", "--step", "1s"]]
+    on_gpm, on_dcgm, without, fleet, text, dcgm_text, report, report_text = run_clis(calls)
     keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-prometheus-eff-small.txt", text.stdout)
     keep_output("EFFICIENCY_E2E_OUTPUT", "diagnose-url-dcgm.txt", dcgm_text.stdout)
     keep_output("EFFICIENCY_E2E_OUTPUT", "alerts.json", http_get(prom + "/api/v1/alerts"))
@@ -169,4 +170,10 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
     assert eff["sources"] == ["gpm"] and eff["sm_activity"] == pytest.approx(0.25, abs=0.08), eff
     assert eff["busy_utilization"] > eff["sm_activity"] + 0.5 and eff["gpu_hours_busy_not_effective"] > 0, eff
     assert eff["worth_gpu_hours"]["sm_batch_too_small"] > 0, eff
+    lines = report_text.stdout.splitlines()
+    assert any(line.startswith("effective utilization") and "SM activity (GPM) beside" in line for line in lines)
+    assert any(line.startswith("GPU-hours busy, not effective") for line in lines), report_text.stdout
+    assert any(line.startswith("batch too small for the SMs (M3)") and "remedy: raise the batch size" in line
+               for line in lines), report_text.stdout
+    keep_output("EFFICIENCY_E2E_OUTPUT", "report-eff-small.txt", report_text.stdout)
     print(f"efficiency e2e: alerts to report in {time.time() - started:.0f} s")
