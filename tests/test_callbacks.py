@@ -171,3 +171,30 @@ def test_diagnose_from_an_exporter_names_the_hook() -> None:
     assert finding.cause.code == "CK", run.findings
     assert finding.cause.reason(finding, "job", "0").endswith(
         "saving checkpoints: `SaveEvery.on_train_batch_end` takes 65% of the step."), finding
+
+
+def test_diagnose_from_prometheus_names_the_hook() -> None:
+    """``diagnose --prometheus-url``'s path: the recorded cause series and run:gpu_training_callback:share5m."""
+    from gpu_exporter.commands.diagnose_sources import from_prometheus
+    from gpu_exporter.verdict.join import build_views
+    from gpu_exporter.verdict.ladder import judge
+    from test_verdict import FakePrometheus
+
+    gpu = {"uuid": "GPU-cb", "gpu": "0", "node": "n1"}
+    run = {**gpu, "run": "job", "rank": "0"}
+    prom: Any = FakePrometheus({
+        "gpu_info": [({**gpu, "name": "H100"}, 1.0)],
+        "gpu:gpu_utilization:avg5m": [(gpu, 0.2)], "gpu:gpu_memory_used:ratio": [(gpu, 0.4)],
+        "run:gpu_training_phase:share5m": [({**run, "phase": "checkpoint"}, 0.7), ({**run, "phase": "compute"}, 0.3)],
+        "gpu_training_current_phase == 1": [({**run, "phase": "compute"}, 1.0)],
+        "run:gpu_useful_utilization:avg5m": [(run, 0.2)],
+        "run:gpu_training_cause:share": [({**run, "cause": "checkpoint", "level": "low"}, 0.7)],
+        "run:gpu_training_cause:projected_utilization": [({**run, "cause": "checkpoint"}, 0.67)],
+        "run:gpu_training_callback:share5m": [({**run, "callback": "SaveEvery.on_step_end", "phase": "checkpoint"},
+                                               0.63)],
+    })
+    t = load_thresholds()
+    (view,) = build_views(from_prometheus(prom, ""), t, 300.0)
+    verdict = judge(view, t)
+    assert (verdict.name, verdict.code) == ("checkpoint", "CK"), verdict
+    assert "`SaveEvery.on_step_end` takes 63% of the step" in verdict.reason, verdict.reason

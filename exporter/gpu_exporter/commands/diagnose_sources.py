@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from gpu_exporter import catalog
 from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, any_of, promql_duration
 from gpu_exporter.verdict import evidence
+from gpu_exporter.verdict.callbacks import hook_for
 from gpu_exporter.verdict.causes import BY_ID, Finding
 from gpu_exporter.verdict.causes import LABEL as STRAGGLER_LABEL
 from gpu_exporter.verdict.efficiency import dram_query, for_cluster, sm_query, tensor_query
@@ -37,6 +38,7 @@ _READ: dict[str, tuple[str, ...]] = {
     catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name: (*_RUN, "run_id"),
     catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name: (*_RUN, "cause"),
     catalog.RUN_TRAINING_CAUSE_SHARE.name: (*_RUN, "cause", "level", STRAGGLER_LABEL),
+    catalog.RUN_TRAINING_CALLBACK_SHARE5M.name: (*_RUN, "callback", "phase"),
     catalog.GPU_POD_INFO.name: ("uuid", "namespace", "pod"),
     catalog.GPU_PROCESS_MEMORY_USED_BYTES.name: (*_PROCESS, "process_name"),
     **dict.fromkeys((m.name for m in (catalog.PROCESS_CPU_RATE5M, catalog.PROCESS_CHILDREN_CPU_RATE5M,
@@ -199,8 +201,9 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
         skip.add(catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name)
     names = tuple(name for name in INSTANT if name not in skip)
     tensor, dram = (for_cluster(q(), cluster_label) for q in (tensor_query, dram_query))
-    fleet = _Fleet(prom, cluster_label, {**_reads((*names, *_RULES, *evidence.SERIES,
-                                                   catalog.GPU_SM_ACTIVE_AVG5M.name)), tensor: None, dram: None},
+    fleet = _Fleet(prom, cluster_label, {**_reads((*names, *_RULES, *evidence.SERIES, catalog.GPU_SM_ACTIVE_AVG5M.name,
+                                                   catalog.RUN_TRAINING_CALLBACK_SHARE5M.name)),
+                                         tensor: None, dram: None},
                    _LIVE_RULES)
     utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
     if not utilization:
@@ -213,6 +216,8 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
     readings.phase_window = readings.phase_total = keys.phases(shares)
     readings.step_seconds = keys.per_run(step)
     projections = {(*keys.run(labels), labels.get("cause", "")): value for labels, value in projected}
+    readings.callbacks = {keys.run(labels): (labels.get("callback", ""), labels.get("phase", ""), value)
+                          for labels, value in fleet.raw(catalog.RUN_TRAINING_CALLBACK_SHARE5M.name)}
     readings.findings = {}
     for labels, value in causes:
         cause = BY_ID.get(labels.get("cause", ""))
@@ -221,7 +226,8 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
         key = keys.run(labels)
         readings.findings.setdefault(key, []).append(Finding(
             cause, labels["level"], value, projections.get((*key, cause.cause)), readings.batch_size.get(key),
-            straggler=labels.get(STRAGGLER_LABEL, ""), step_seconds=readings.step_seconds.get(key)))
+            straggler=labels.get(STRAGGLER_LABEL, ""), step_seconds=readings.step_seconds.get(key),
+            callback=hook_for(cause.phase, readings.callbacks.get(key))))
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
     _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram)
     low = [] if sm_active_low is None else [  # the SM form of M3's batch suggestion reads the run's context too

@@ -57,6 +57,15 @@ def hook_text(name: str, share: float) -> str:
     return f"`{name}` takes {share * 100:.0f}% of the step"
 
 
+def hook_for(phase: str, hook: tuple[str, str, float] | None) -> str:
+    """:func:`hook_text` of the run's biggest ``hook`` (name, phase, share) when it fills ``phase``, else "".
+
+    >>> hook_for("checkpoint", ("Save.on_step_end", "checkpoint", 0.5)), hook_for("metrics", None)
+    ('`Save.on_step_end` takes 50% of the step', '')
+    """
+    return hook_text(hook[0], hook[2]) if hook is not None and hook[1] == phase else ""
+
+
 class NamedCallback:
     """Mixin for a phase cause (``causes.Phase``) whose verdict names the callback hook that fills its phase."""
 
@@ -64,10 +73,8 @@ class NamedCallback:
 
     def find(self, u: float, memory: float | None, run: Any, t: Any, lvl: str, limit: float) -> Any:
         found = super().find(u, memory, run, t, lvl, limit)  # type: ignore[misc]
-        hook = getattr(run, "callback", None)
-        if found is not None and hook is not None and hook[1] == self.phase:
-            found = replace(found, callback=hook_text(hook[0], hook[2]))
-        return found
+        text = hook_for(self.phase, getattr(run, "callback", None))
+        return replace(found, callback=text) if found is not None and text else found
 
     def reason(self, f: Any, run: str, rank: str) -> str:
         text: str = super().reason(f, run, rank)  # type: ignore[misc]
