@@ -77,6 +77,21 @@ class _Hook:
         self.saves += 1
 
 
+def callbacks_phase(run: Any) -> Phase:
+    """The run's ``callbacks`` phase, or ``other`` when the run has no room for another custom phase
+    (``max_custom_phases``): the hooks are still timed and named, and training never fails for it.
+
+    >>> from gpu_exporter.training.run import Run
+    >>> callbacks_phase(Run("doc", uuid="")).name, callbacks_phase(Run("doc", uuid="", max_custom_phases=0)).name
+    ('callbacks', 'other')
+    """
+    try:
+        phase: Phase = run.phase(CALLBACK_PHASE)
+    except ValueError:
+        phase = run._other
+    return phase
+
+
 class CallbackTimer:
     """Time the job's own callback hooks by name (module docstring); ``undo()`` removes every wrapper."""
 
@@ -146,7 +161,7 @@ class CallbackTimer:
     def snapshot(self) -> list[dict[str, Any]]:
         """The snapshot's ``callbacks`` field: the biggest hooks by seconds (pusher thread; a copy)."""
         hooks = sorted(((h.seconds, name, h.saves) for name, h in list(self.hooks.items()) if h.calls), reverse=True)
-        return [{"name": name, "seconds": seconds, "phase": "checkpoint" if saves else CALLBACK_PHASE}
+        return [{"name": name, "seconds": seconds, "phase": "checkpoint" if saves else self._callbacks.name}
                 for seconds, name, saves in hooks[:MAX_CALLBACKS]]
 
     def undo(self) -> None:

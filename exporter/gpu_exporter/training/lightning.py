@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import context as _context
-from .callbacks import CallbackTimer
+from .callbacks import CallbackTimer, callbacks_phase
 from .hooks import (
     MethodTimer,
     PhaseStack,
@@ -63,7 +63,6 @@ from .hooks import (
     time_overridden,
     torchmetrics_in,
 )
-from .protocol import CALLBACK_PHASE
 from .run import Phase, Run
 
 CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
@@ -114,7 +113,7 @@ class _Hooks:
         undo = self._undo
         own = [c for c in getattr(trainer, "callbacks", ()) if c is not self
                and not any(c is k for k in getattr(trainer, "checkpoint_callbacks", ()))]
-        hooks = CallbackTimer(stack, checkpoint_phase, run.phase(CALLBACK_PHASE)) if own else None
+        hooks = CallbackTimer(stack, checkpoint_phase, callbacks_phase(run)) if own else None
         checkpoint = stack.timed(checkpoint_phase, None if hooks is None else hooks.saving)
         undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
         undo.append(SaveTimer(checkpoint).undo)

@@ -138,8 +138,9 @@ def check_tags(tags: object) -> str | None:
 CALLBACK_PHASE = "callbacks"
 """The phase of the job's own callback hooks that write no checkpoint (training/callbacks.py; cause CB)."""
 
-CALLBACK_PHASES = ("checkpoint", CALLBACK_PHASE)
-"""The phases a callback hook is counted as: ``checkpoint`` when it writes one, else :data:`CALLBACK_PHASE`."""
+CALLBACK_PHASES = ("checkpoint", CALLBACK_PHASE, OTHER)
+"""The phases a callback hook is counted as: ``checkpoint`` when it writes one, else :data:`CALLBACK_PHASE`
+(``other`` when the run has no room for that custom phase)."""
 
 MAX_CALLBACKS = 3
 """Most hooks a snapshot's ``callbacks`` field lists (the biggest by seconds); the exporter exports the first."""

@@ -38,7 +38,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .callbacks import CallbackTimer
+from .callbacks import CallbackTimer, callbacks_phase
 from .hooks import (
     LoaderTimer,
     MethodTimer,
@@ -53,7 +53,6 @@ from .hooks import (
     time_overridden,
     torchmetrics_in,
 )
-from .protocol import CALLBACK_PHASE
 from .run import Phase, Run
 
 TRAINING_HOOKS: tuple[str, ...] = ("on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
@@ -102,7 +101,7 @@ class _Hooks:
         undo = self._undo
         trainer = _find_trainer()
         callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
-        hooks = CallbackTimer(stack, self._phases["checkpoint"], run.phase(CALLBACK_PHASE)) if callbacks else None
+        hooks = CallbackTimer(stack, self._phases["checkpoint"], callbacks_phase(run)) if callbacks else None
         checkpoint = stack.timed(self._phases["checkpoint"], None if hooks is None else hooks.saving)
         other = stack.timed(run._other)
         loader = kwargs.get("train_dataloader")
