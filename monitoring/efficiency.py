@@ -28,7 +28,8 @@ AT_TARGET = f"{m.GPU_USEFUL_UTILIZATION_AVG5M.name} >= ${{utilization_target}}"
 the below-target alerts speak)."""
 WHO = ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }}, pod "
        "{{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}")
-BUSY = (f'{{{{ with printf "max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]})" {GPU_SEL[1]} | query }}}}'
+BUSY = (f'{{{{ with printf "clamp_max(max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}), 1)" '
+        f'{GPU_SEL[1]} | query }}}}'
         "{{ . | first | value | humanizePercentage }}{{ end }}")
 """The GPU's busy utilization (NVML) now, in the alert's text."""
 SM_NOW = (f'{{{{ with printf "max by ({C}, uuid, source) ({SM}{GPU_SEL[0]})" {GPU_SEL[1]} | query }}}}'

@@ -289,8 +289,8 @@ EFFICIENCY: tuple[GpuCause, ...] = (
                remedy="bf16 autocast (torch.autocast(\"cuda\", dtype=torch.bfloat16)) or TF32 "
                       "(torch.backends.cuda.matmul.allow_tf32 = True)",
                advice="TC: the SMs compute, but in fp32, so the tensor cores (most of the GPU's math throughput) "
-                      "idle. Train in bf16 with torch.autocast(\"cuda\", dtype=torch.bfloat16): around the "
-                      "forward pass, or allow TF32 for fp32 matmuls and convolutions: "
+                      "idle. Train in bf16 (wrap the forward pass in torch.autocast(\"cuda\", "
+                      "dtype=torch.bfloat16)), or allow TF32 for fp32 matmuls and convolutions: "
                       "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision(\"high\")) "
                       "and torch.backends.cudnn.allow_tf32 = True."),
     Ineffective("ineffective", "", "busy but ineffective", "GpuSmActivityLow",
