@@ -531,7 +531,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  "Money lost", "GPU-hours lost times the price per GPU-hour (the price variable; default "
                  f"{cfg.text('dashboard_gpu_hour_price')} from thresholds.yml), in the price's currency.",
                  query(f"{lost} * $price", instant=True), w=6, thresholds=steps(("green", None), ("orange", 1)))))
-    board = (funnel.cost_row(cfg, board, hours, named, cause_runbooks(cfg, "GpuSmActivityLow"))
+    board = (funnel.cost_row(cfg, board, hours, cause_runbooks(cfg, "GpuSmActivityLow"))
              .with_row(dash.Row("Where the hours went"))
              .with_panel(bar_gauge(
                  "GPU-hours lost by cause", "GPU-hours lost by the code of each GPU's main cause: a live run's "

@@ -12,14 +12,19 @@ either). The funnel says where a fleet's GPU-hours go:
 - effective: allocated hours x SM activity, where a source reports it; the step busy -> effective loses
   hours x (busy - SM activity), recorded here per GPU with the code of its SM cause.
 
-One recording rule, in the ``gpu-cost.recording`` group (one series per GPU that has work and an SM source:
-the fleet's series budget, docs/fleet.md):
+One recording rule, in the ``gpu-cost.recording`` group (one series per GPU with work, an SM source and an
+efficiency cause: the fleet's series budget, docs/fleet.md):
 
-- ``gpu:gpu_busy_not_effective:ratio`` {cluster, node, gpu, uuid, cause}: busy utilization - SM activity (at
-  least 0) of each GPU with work and an SM source, with the ``cause`` of its efficiency verdict where one holds
-  (memory_bound, sm_batch_too_small, tensor_cores_idle, ineffective: the conditions of the efficiency alerts,
+- ``gpu:gpu_busy_not_effective:ratio`` {cluster, node, gpu, uuid, cause}: busy utilization (at most 1) - SM
+  activity (at least 0) of each GPU with work and an SM source where an efficiency cause holds (memory_bound,
+  sm_batch_too_small, tensor_cores_idle, ineffective: the conditions of the efficiency alerts,
   monitoring.efficiency, from the table of gpu_exporter.verdict.efficiency; only at or above the target, as the
   verdict). Summed over time: the GPU-hours between busy and effective, by cause.
+
+The total busy -> effective loss is computed where it is shown (:func:`cost_row`), from the series that exist
+anyway (``gpu:gpu_utilization:avg5m``, ``gpu:gpu_sm_active:avg5m``, ``gpu:gpu_has_work:bool``) with the same per-GPU
+formula; the hours of no cause (below the target, or SM activity at or above ``sm_active_low``) are that total
+less the causes'.
 """
 
 from __future__ import annotations
@@ -65,17 +70,19 @@ def _holds(cause: GpuCause) -> str:
 def records() -> list[Record]:
     """``gpu:gpu_busy_not_effective:ratio`` in the ``gpu-cost.recording`` group."""
     causes = f"\nor on ({C}, uuid)\n".join(_holds(cause) for cause in EFFICIENCY)
-    # the parentheses: "*" binds tighter than "and", and the cause label is the whole product's
-    expr = (f"(\n  clamp_min(\n    max by ({C}, node, gpu, uuid) ({BUSY})\n    - on ({C}, uuid) group_left ()\n"
+    # the parentheses: "*" binds tighter than "and", and the cause label is the whole product's. No series where no
+    # cause holds (the series budget): the dashboard's total, lost_expr, is busy - SM activity at query time
+    expr = (f"(\n  clamp_min(\n    max by ({C}, node, gpu, uuid) (clamp_max({BUSY}, 1))\n"
+            f"    - on ({C}, uuid) group_left ()\n"
             f"    max by ({C}, uuid) ({SM}),\n    0\n  )\n"
             f"  and on ({C}, uuid)\n    (max by ({C}, uuid) ({m.GPU_HAS_WORK_BOOL.name}) == 1)\n)\n"
-            f"* on ({C}, uuid) group_left (cause)\n(\n{indent(causes, 2)}\n"
-            f"  or on ({C}, uuid)\n  group by ({C}, uuid) ({SM})\n)\n")
+            f"* on ({C}, uuid) group_left (cause)\n(\n{indent(causes, 2)}\n)\n")
     return [Record(RECORDING, LOST, expr, comment=(
-        "The step busy -> effective of the utilization funnel (monitoring/funnel.py): busy utilization - SM\n"
-        "activity of each GPU with work and an SM source, with the cause of the efficiency verdict where one\n"
+        "The step busy -> effective of the utilization funnel (monitoring/funnel.py), by cause: busy utilization\n"
+        "(at most 1) - SM activity of each GPU with work and an SM source where a cause of the efficiency verdict\n"
         "holds (memory_bound, sm_batch_too_small, tensor_cores_idle, ineffective: at or above the target, as the\n"
-        "efficiency alerts); summed over time, the GPU-hours between busy and effective, by cause."))]
+        "efficiency alerts); no series where none holds (the series budget: the cost dashboard computes the\n"
+        f"total from {BUSY} and {SM}). Summed over time: GPU-hours by cause."))]
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -205,11 +212,18 @@ def run_table(cfg: Config, run_gpus: str) -> table.Panel:
         rename={"rank": "Rank", "source": "Source", "Value #A": "Busy", "Value #B": "Effective", "uuid": "GPU uuid"})
 
 
-def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], named: Callable[[str, str], str],
+def lost_expr(cfg: Config, busy: str) -> str:
+    """The step busy -> effective per GPU at query time: ``busy`` (per GPU with work, at most 1: the funnel's busy
+    step) - SM activity, at least 0, on the GPUs with an SM source. The same formula as the recorded
+    ``gpu:gpu_busy_not_effective:ratio``, which keeps only the GPUs where an efficiency cause holds."""
+    return f"clamp_min(({busy}) - {cfg.on('uuid')} group_left () max {cfg.by('uuid')} ({cfg.sel(SM)}), 0)"
+
+
+def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str],
              panel_links: Sequence[dash.DashboardLink]) -> dash.Dashboard:
     """The cost dashboard's funnel: allocated GPU-hours -> busy -> effective, with the hours lost at each step.
-    ``hours(series, *by)`` sums a series over the dashboard's range in GPU-hours, ``named`` names an absent label
-    as report --fleet does (monitoring.dashboards.cost)."""
+    ``hours(series, *by)`` sums a series over the dashboard's range in GPU-hours (monitoring.dashboards.cost); the
+    hours of no cause are named as report --fleet names them (``(none)``)."""
     c = cfg.cluster
     work = f"(max {cfg.by('uuid')} ({cfg.sel(m.GPU_HAS_WORK_BOOL.name, 'node')}) == 1)"
     on_work = f"* {cfg.on('uuid')} group_left () {work}"
@@ -220,12 +234,16 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
     sm = (f"(({cfg.sel(SM)} <= {cfg.on('uuid')} group_left () {gpu_busy}) or {cfg.on('uuid')} "
           f"({gpu_busy} and {cfg.on('uuid')} {cfg.sel(SM)})) {on_work}")
     unknown = f"{busy} unless {cfg.on('uuid')} {cfg.sel(SM)}"
-    lost = cfg.sel(LOST, "node")
+    lost = lost_expr(cfg, busy)
+    by_cause = cfg.sel(LOST, "node")
     allocated = hours(work)
 
     def per_cluster(total: str) -> str:
         """A total (``sum(...)``) kept apart by cluster: a labelled series always carries its cluster."""
         return total.replace("sum(", f"sum {cfg.by()} (", 1)
+    # the hours of no cause: the total less the causes' (recorded only where a cause holds), per cluster
+    total, caused = per_cluster(hours(f"({lost})")), per_cluster(hours(by_cause))
+    no_cause = f'label_replace(clamp_min(({total}) - ({caused}) or ({total}), 0), "cause", "{NONE}", "", "")'
     funnel = " or ".join(f'label_replace({per_cluster(hours(series))}, "step", "{step}", "", "")' for step, series in (
         ("1 allocated", work), ("2 busy", f"({busy})"), ("3 effective", f"({sm})")))
     return (board.with_row(dash.Row("Funnel: allocated, busy, effective"))
@@ -242,9 +260,10 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
                 "(1 - busy utilization). Below target, their causes are the 'GPU-hours lost by cause' panel's.",
                 query(f"{allocated} - {hours(f'({busy})')}", instant=True), unit="h"))
             .with_panel(stat_panel(
-                "GPU-hours lost, busy to effective", f"Busy GPU-hours in which most SMs idled: the sum of {LOST} "
-                "(busy - SM activity of each GPU with work) over the range, on the GPUs that report SM activity.",
-                query(hours(lost), instant=True), unit="h", thresholds=steps(("green", None), ("orange", 1))))
+                "GPU-hours lost, busy to effective", "Busy GPU-hours in which most SMs idled: busy utilization - SM "
+                "activity (at least 0) of each GPU with work, summed over the range, on the GPUs that report SM "
+                "activity: the gap between the funnel's busy and effective bars there.",
+                query(hours(f"({lost})"), instant=True), unit="h", thresholds=steps(("green", None), ("orange", 1))))
             .with_panel(stat_panel(
                 "Busy GPU-hours with SM activity unknown", "Busy GPU-hours of GPUs that have no SM activity source "
                 "(no GPM, no dcgm-exporter profiling fields): how much of the busy time the funnel cannot judge "
@@ -255,7 +274,9 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str], name
                 "GPU-hours lost busy to effective, by cause", "The busy -> effective hours by the efficiency "
                 "verdict of each GPU at or above the utilization target: memory_bound (MB), sm_batch_too_small "
                 "(M3), tensor_cores_idle (TC), ineffective (SM activity below sm_active_low, no single cause); "
-                f"{NONE}: below the target (its run causes explain it) or no cause holds. Runbooks: "
+                f"{NONE}: below the target (its run causes explain it) or no cause holds, the total busy -> "
+                f"effective hours less the causes' ({LOST} is recorded only where a cause holds). Runbooks: "
                 "docs/runbooks.md.",
-                query(named(hours(lost, "cause"), "cause"), f"{{{{{c}}}}} {{{{cause}}}}", instant=True), unit="h",
+                query(f"{hours(by_cause, 'cause')} or {no_cause}", f"{{{{{c}}}}} {{{{cause}}}}", instant=True),
+                unit="h",
                 w=8, panel_links=panel_links)))

@@ -149,7 +149,8 @@ def test_report_fleet_funnel_matches_the_sm_activity_a_simulated_node_serves() -
                 {**fleet_bench.grafana_variables(), "__range": f"{SECONDS:.0f}s", "__interval": "1s",
                  "__interval_ms": "1000"}) if dashboard == "gpu-fleet-cost"}
             panel = {title: _instant(prom, board[title], end) for title in (
-                "Funnel: allocated, busy, effective GPU-hours", "GPU-hours lost busy to effective, by cause")}
+                "Funnel: allocated, busy, effective GPU-hours", "GPU-hours lost busy to effective, by cause",
+                "GPU-hours lost, busy to effective")}
     finally:
         server.shutdown()
     assert result.returncode == 0, result.stderr[-2000:]
@@ -178,3 +179,10 @@ def test_report_fleet_funnel_matches_the_sm_activity_a_simulated_node_serves() -
     causes = {s["metric"]["cause"]: float(s["value"][1]) for s in panel["GPU-hours lost busy to effective, by cause"]}
     found = sum(v for k, v in causes.items() if k != NO_CAUSE)
     assert found == pytest.approx(hours["effective_cause"], rel=0.05), causes
+    # the total busy -> effective, computed at query time (the recorded series holds only the GPUs with a cause),
+    # and the hours of no cause (the total less the causes'): the GPUs below the target or effective enough
+    (total,) = [float(s["value"][1]) for s in panel["GPU-hours lost, busy to effective"]]
+    assert total == pytest.approx(hours["busy"] - hours["effective"], rel=0.05), total
+    assert causes[NO_CAUSE] == pytest.approx(hours["busy"] - hours["effective"] - hours["effective_cause"],
+                                             rel=0.05), causes
+    assert sum(causes.values()) == pytest.approx(total), causes

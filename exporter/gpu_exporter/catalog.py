@@ -462,9 +462,10 @@ GPU_SM_ACTIVE_AVG5M = _record(
     "label source = gpm or dcgm. No series without either.", generated=True)
 GPU_BUSY_NOT_EFFECTIVE_RATIO = _record(
     "gpu:gpu_busy_not_effective:ratio",
-    "The utilization funnel's step busy -> effective: busy utilization - SM activity of a GPU with work and an SM "
-    "source, with the cause of its efficiency verdict where one holds (cause label); summed over time: the "
-    "GPU-hours between busy and effective (monitoring/funnel.py).", generated=True)
+    "The utilization funnel's step busy -> effective by cause: busy utilization (at most 1) - SM activity of a GPU "
+    "with work and an SM source where a cause of its efficiency verdict holds (cause label; no series where none "
+    "holds: the total is computed at query time); summed over time: the GPU-hours between busy and effective by "
+    "cause (monitoring/funnel.py).", generated=True)
 
 RECORDED: tuple[RecordedSeries, ...] = tuple(_RECORDED)
 """Every series the shipped recording rules produce, the template's and the generated ones."""
