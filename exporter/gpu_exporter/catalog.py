@@ -380,6 +380,10 @@ GPU_HAS_WORK_BOOL = _record(
     "gpu:gpu_has_work:bool", "1 when the GPU has work (memory used, a process, or a live training run), else 0.")
 RUN_TRAINING_PHASE_SHARE5M = _record(
     "run:gpu_training_phase:share5m", "Each phase's share (0-1) of a run's (per rank) time over 5m.")
+RUN_TRAINING_LIVE_INFO = _record(
+    "run:gpu_training_live:info",
+    "One series per live run (rank): one that reports a current phase; value 1, the labels of its phase series but "
+    "phase. Read once, joined by the useful utilization and the straggler and communication causes.")
 RUN_USEFUL_UTILIZATION_AVG5M = _record(
     "run:gpu_useful_utilization:avg5m",
     "The utilization a live run's GPU is judged at: min(GPU utilization, 1 - the run's communication share).")

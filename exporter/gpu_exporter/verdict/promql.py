@@ -16,8 +16,10 @@ RUN = f"({C}, uuid, run, rank)"
 USEFUL = m.RUN_USEFUL_UTILIZATION_AVG5M.name
 """The run's useful utilization, min(u, 1 - communication share) (prometheus/templates/gpu-recording.rules.yml.in,
 gpu_exporter.verdict.levels.useful_utilization): what the levels and the projections start from."""
-LIVE = f"(max without (phase) ({m.GPU_TRAINING_CURRENT_PHASE.name}) == 1)"
-"""The run (rank) reports a current phase: it is live."""
+LIVE = m.RUN_TRAINING_LIVE_INFO.name
+"""The run (rank) reports a current phase: it is live. Recorded once in gpu-utilization.recording as
+``max without (phase) (gpu_training_current_phase) == 1`` (the phase series' labels but phase), so a join on it
+matches as the raw phase series did: a raw read costs VictoriaMetrics every sample of its window (docs/fleet.md)."""
 CAUSE_SHARE = m.RUN_TRAINING_CAUSE_SHARE.name
 """The recording series of the causes: what the cause alerts, the projections and the dashboards read."""
 
