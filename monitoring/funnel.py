@@ -241,9 +241,10 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str],
     def per_cluster(total: str) -> str:
         """A total (``sum(...)``) kept apart by cluster: a labelled series always carries its cluster."""
         return total.replace("sum(", f"sum {cfg.by()} (", 1)
-    # the hours of no cause: the total less the causes' (recorded only where a cause holds), per cluster
-    total, caused = per_cluster(hours(f"({lost})")), per_cluster(hours(by_cause))
-    no_cause = f'label_replace(clamp_min(({total}) - ({caused}) or ({total}), 0), "cause", "{NONE}", "", "")'
+    # the hours of no cause, per cluster: the total less the causes' (recorded only where a cause holds), GPU by GPU
+    # (one subquery: the GPUs with an SM source and no recorded cause)
+    uncaused = per_cluster(hours(f"({lost} unless {cfg.on('uuid')} {by_cause})"))
+    no_cause = f'label_replace({uncaused}, "cause", "{NONE}", "", "")'
     funnel = " or ".join(f'label_replace({per_cluster(hours(series))}, "step", "{step}", "", "")' for step, series in (
         ("1 allocated", work), ("2 busy", f"({busy})"), ("3 effective", f"({sm})")))
     return (board.with_row(dash.Row("Funnel: allocated, busy, effective"))

@@ -1,6 +1,7 @@
 """The utilization funnel of a fleet: allocated GPU-hours -> busy -> effective, with the hours lost at each step
 by cause. Pure: ``gpu-exporter report --fleet`` (gpu_exporter.commands.fleet) feeds it the judged points of a range;
-the GPU fleet cost dashboard shows the same funnel from the recording rules (monitoring/funnel.py).
+the GPU fleet cost dashboard shows the same funnel from the recorded series (monitoring/funnel.py: the busy ->
+effective total at query time, its causes recorded where one holds).
 
 - *allocated*: the time a GPU had work (its verdict is not ``unused``) and a busy utilization;
 - *busy*: allocated time x NVML's utilization (the share of time a kernel ran). The step allocated -> busy loses
