@@ -67,12 +67,11 @@ def _async(plan: str, url: str, seconds: float) -> None:
 
             undo = base_install(gpu, **kwargs)
             stats = torch.cuda.memory_stats
-            torch.cuda.memory_stats = lambda device_index=None: {**stats(device_index),
-                                                                 "num_alloc_retries": gpu.retries}
+            torch.cuda.memory_stats = lambda device=None: {**stats(device), "num_alloc_retries": gpu.retries}
             return undo
 
         device.AsyncDevice = ThrashingDevice  # type: ignore[misc]
-        torch_cuda.install = install
+        torch_cuda.install = install  # type: ignore[assignment]
     async_loops.train(plan, url, seconds)
 
 
