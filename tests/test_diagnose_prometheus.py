@@ -68,10 +68,11 @@ def test_node_and_run_filters(prometheus: str) -> None:
 
 
 def test_a_matcher_naming_many_runs_is_escaped_and_posted(prometheus: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """any_of() escapes RE2's metacharacters, and a query longer than GET_LIMIT goes to Prometheus as a POST form:
+    """any_of() escapes RE2's metacharacters, a query longer than GET_LIMIT goes to Prometheus as a POST form, and
+    any_of_chunks() splits a long matcher into parts that read the same series:
     a fleet-wide diagnose names every run whose remedy it words (diagnose_sources._Fleet.remedy_inputs)."""
     from gpu_exporter.commands import metrics_client
-    from gpu_exporter.commands.metrics_client import GET_LIMIT, Prometheus, any_of
+    from gpu_exporter.commands.metrics_client import GET_LIMIT, Prometheus, any_of, any_of_chunks
 
     sent: list[str | None] = []
     fetch = metrics_client._fetch
@@ -88,6 +89,12 @@ def test_a_matcher_naming_many_runs_is_escaped_and_posted(prometheus: str, monke
         (answer,) = Prometheus(prometheus).query(expr)
         assert answer[1] == loader >= 1, (expr[:200], answer)
     assert sent[0] is None and sent[1] is not None and len(sent[1]) > GET_LIMIT  # short: GET; long: POST
+    # split into matchers of at most 600 characters (VictoriaMetrics refuses a query over 16 KiB), the answers
+    # added up read the same runs as the one matcher
+    chunks = any_of_chunks("run", many, limit=600)
+    assert len(chunks) > 5 and all(len(chunk) <= 600 for chunk in chunks)
+    counts = Prometheus(prometheus).query_many([f"count(gpu_training_steps_total{{{c}}})" for c in chunks])
+    assert sum(value for answer in counts.values() for _, value in answer) == loader
 
 
 def test_prometheus_without_gpu_metrics_is_one_sentence_and_exit_2() -> None:

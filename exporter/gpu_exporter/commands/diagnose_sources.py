@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from gpu_exporter import catalog
-from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, any_of, promql_duration
+from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, any_of_chunks, promql_duration
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.callbacks import hook_for
 from gpu_exporter.verdict.causes import BY_ID, Finding
@@ -110,17 +110,20 @@ class _Fleet:
             return
         cluster = self.keys.cluster_label
         names = "|".join(family.name for family in GAUGES.values())
-        contexts = _sent(f'{{__name__=~"{names}", {any_of("run", [labels["run"] for labels in found])}}}',
-                         ("__name__", *_RUN), cluster)
-        gpus = any_of("uuid", [labels["uuid"] for labels in found if labels.get("uuid")])
-        memory = {name: _sent(f"{name}{{{gpus}}}", _GPU, cluster)
+        # the runs and GPUs named in matchers of at most MATCHER_LIMIT characters each (VictoriaMetrics refuses a
+        # longer query), their answers added up
+        contexts = [_sent(f'{{__name__=~"{names}", {runs}}}', ("__name__", *_RUN), cluster)
+                    for runs in any_of_chunks("run", [labels["run"] for labels in found])]
+        gpus = any_of_chunks("uuid", [labels["uuid"] for labels in found if labels.get("uuid")])
+        memory = {name: [_sent(f"{name}{{{matcher}}}", _GPU, cluster) for matcher in gpus]
                   for name in (catalog.GPU_MEMORY_USED_BYTES.name, catalog.GPU_MEMORY_TOTAL_BYTES.name)}
-        answers = self.prom.query_many([contexts, *memory.values()])
+        answers = self.prom.query_many([*contexts, *(expr for exprs in memory.values() for expr in exprs)])
         by_name: dict[str, Pairs] = {}
-        for labels, value in self.keys.relabel(answers[contexts]):
+        for labels, value in self.keys.relabel([pair for expr in contexts for pair in answers[expr]]):
             by_name.setdefault(labels.get("__name__", ""), []).append((labels, value))
         readings.contexts = read_contexts(lambda name: by_name.get(name, []))
-        readings.memory_used, readings.memory_total = (self.keys.per_gpu(answers[expr]) for expr in memory.values())
+        readings.memory_used, readings.memory_total = (
+            self.keys.per_gpu([pair for expr in exprs for pair in answers[expr]]) for exprs in memory.values())
 
     def readings(self, names: Iterable[str]) -> Readings:
         """Readings with the instant series ``names`` filled in, and the live runs (a series of :attr:`live`)."""
