@@ -50,6 +50,7 @@ for _path in (REPO / "tests", REPO / "exporter"):
 
 import test_alerting_e2e  # noqa: E402
 from e2e import firing_causes, run_clis, shipped_fast_rules  # noqa: E402
+from gpu_exporter import catalog  # noqa: E402
 from servers import exporter_env, promql, run_exporter, run_prometheus, scrape_config  # noqa: E402
 
 from bench import causes_doc  # noqa: E402
@@ -90,7 +91,8 @@ def _started(jobs: Sequence[Job], exporter: str, tmp: Path) -> Iterator[list[sub
 
 def _pushing(prom: str) -> set[str]:
     """The GPUs whose runs Prometheus has phase timers of."""
-    return {r["metric"].get("uuid", "") for r in promql(prom, "count by (uuid) (gpu_training_phase_seconds_total)")}
+    phases = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name
+    return {r["metric"].get("uuid", "") for r in promql(prom, f"count by (uuid) ({phases})")}
 
 
 def _named_by_alerts(uuid: str, firing: dict[str, set[tuple[str, str]]]) -> list[str]:
