@@ -94,6 +94,7 @@ GPUS = [
     Gpu("input_bound", 0.08, 0.5, {"data": 0.9, "compute": 0.1}),
     Gpu("metrics_bound", 0.2, 0.5, {"data": 0.05, "compute": 0.4, "metrics": 0.55}),
     Gpu("checkpoint", 0.2, 0.5, {"data": 0.03, "compute": 0.25, "checkpoint": 0.72}),
+    Gpu("callback_bound", 0.2, 0.5, {"data": 0.03, "compute": 0.35, "callbacks": 0.62}),
     Gpu("batch_too_small", 0.22, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
     Gpu("allocator", 0.2, 0.8, {"compute": 0.9, "other": 0.1}, retries=10),
     # Ranks 0 and 1 wait for rank 2 (input-bound) in all-reduce.
