@@ -110,8 +110,11 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
                                                       readings.memory_used.get(gpu), readings.memory_total.get(gpu),
                                                       t.remedy_memory_target_ratio)
     sm = readings.sm_active.get(gpu)
-    if ctx is not None and run.live and sm is not None and sm[0] < t.sm_active_low and run.shares.get("compute"):
-        # the SM form of M3 (verdict/efficiency.py): the batch that fills the SMs, from the SM activity in compute
+    busy = readings.utilization.get(gpu)
+    if (ctx is not None and run.live and not causes and busy is not None and busy >= t.utilization_target
+            and sm is not None and sm[0] < t.sm_active_low and run.shares.get("compute")):
+        # the SM form of M3 (verdict/efficiency.py), which a busy GPU only gets (a run with a cause of its own is
+        # below the target): the batch that fills the SMs, from the SM activity in compute
         text = remedies.batch_suggestion(ctx, batch, sm[0], run.shares["compute"], readings.memory_used.get(gpu),
                                          readings.memory_total.get(gpu), t.remedy_memory_target_ratio)
         if text:
