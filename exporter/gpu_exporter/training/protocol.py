@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Iterable
 
 SCHEMA_VERSION = 1
 """Value of the ``version`` field of every snapshot."""
@@ -46,18 +47,43 @@ def normalize_url(text: str, default_path: str = "", what: str = "exporter") -> 
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-STANDARD_PHASES = ("data", "compute", "metrics", "checkpoint", "communication")
-"""Phases every run reports, even at zero seconds. ``communication`` is the time spent in
-torch.distributed collectives (gpu_exporter.training.distributed measures it)."""
+DATA = "data"
+"""The phase of time blocked waiting for the next batch (``run.data(loader)``; cause M1)."""
+
+COMPUTE = "compute"
+"""The phase of GPU work: forward, backward, the optimizer's update."""
+
+METRICS = "metrics"
+"""The phase of CPU work in the step that is not GPU work: metrics, logging, evaluation (cause M2)."""
+
+CHECKPOINT = "checkpoint"
+"""The phase of writing checkpoints (cause CK)."""
 
 COMMUNICATION = "communication"
 """The phase of time spent in collectives (all-reduce, all-gather, ..., barrier); the straggler cause reads it."""
+
+STANDARD_PHASES = (DATA, COMPUTE, METRICS, CHECKPOINT, COMMUNICATION)
+"""Phases every run reports, even at zero seconds. ``communication`` is the time spent in
+torch.distributed collectives (gpu_exporter.training.distributed measures it)."""
 
 MAX_WORLD_SIZE = 1 << 20
 """Largest ``world_size`` a snapshot may carry (ranks of one distributed run)."""
 
 OTHER = "other"
 """The phase that collects time spent outside every named phase, so phases add up to wall time."""
+
+PHASE_ORDER = (*STANDARD_PHASES, OTHER)
+"""The order phases are listed in wherever they are shown (status page, diagnose): the standard ones, then ``other``."""
+
+
+def phase_order(names: Iterable[str]) -> list[str]:
+    """``names`` in :data:`PHASE_ORDER`, custom phases after it in alphabetical order.
+
+    >>> phase_order(["other", "warmup", "compute", "data", "callbacks"])
+    ['data', 'compute', 'other', 'callbacks', 'warmup']
+    """
+    given = set(names)
+    return [p for p in PHASE_ORDER if p in given] + sorted(given.difference(PHASE_ORDER))
 
 LABEL_CHARS = "A-Za-z0-9_.:/@+-"
 LABEL_RE = re.compile(f"[{LABEL_CHARS}]+")
@@ -138,7 +164,7 @@ def check_tags(tags: object) -> str | None:
 CALLBACK_PHASE = "callbacks"
 """The phase of the job's own callback hooks that write no checkpoint (training/callbacks.py; cause CB)."""
 
-CALLBACK_PHASES = ("checkpoint", CALLBACK_PHASE, OTHER)
+CALLBACK_PHASES = (CHECKPOINT, CALLBACK_PHASE, OTHER)
 """The phases a callback hook is counted as: ``checkpoint`` when it writes one, else :data:`CALLBACK_PHASE`
 (``other`` when the run has no room for that custom phase)."""
 

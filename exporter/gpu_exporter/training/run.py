@@ -44,10 +44,10 @@ from . import context as _context
 from . import device as _device
 from . import distributed as _distributed
 from . import identity as _identity
+from .protocol import DATA, MAX_LABEL_LENGTH, OTHER, SCHEMA_VERSION, STANDARD_PHASES, check_label
 from .protocol import (
     DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
 )
-from .protocol import MAX_LABEL_LENGTH, OTHER, SCHEMA_VERSION, STANDARD_PHASES, check_label
 
 if TYPE_CHECKING:
     from .pusher import Pusher
@@ -122,6 +122,42 @@ class Phase:
         self.seconds += now - since  # type: ignore[operator]  # the writer never sees its own mark
         run._current = self._prev  # type: ignore[assignment]  # set on enter, never None here
         run._since = now
+
+    # The integration API: what a framework callback or hook needs to drive the phases from events
+    # it does not pair itself (a pre-hook here, a post-hook there). Every change still goes through
+    # __enter__/__exit__ above, so the seqlock of the module docstring holds by construction.
+
+    @property
+    def is_open(self) -> bool:
+        """True while this is the run's open phase (:attr:`Run.current_phase`)."""
+        return self._run._current is self
+
+    def open(self) -> bool:
+        """Enter this phase unless it is the open one already; True if this call entered it.
+
+        Unlike ``with phase:`` it never counts a nested entry, so one :meth:`close` ends it.
+
+        >>> run = Run("demo", uuid=""); compute = run.phase("compute")
+        >>> compute.open(), compute.open(), run.current_phase.name
+        (True, False, 'compute')
+        """
+        if self._run._current is self:
+            return False
+        self.__enter__()
+        return True
+
+    def close(self) -> None:
+        """Leave this phase if it is the open one, however often it was entered again (back to the phase
+        that was open before it); else do nothing.
+
+        >>> run = Run("demo", uuid=""); compute = run.phase("compute")
+        >>> with compute, compute:
+        ...     compute.close(); run.current_phase.name
+        'other'
+        """
+        if self._run._current is self:
+            self._depth = 0
+            self.__exit__(None, None, None)
 
 
 class _SyncPhase(Phase):
@@ -310,6 +346,9 @@ class Run:
         """GPU-truthful phases (CUDA, ``sync_every`` off): see :class:`GpuClock`."""
         self._allocator: Callable[[int], dict[str, int] | None] = _device.allocator_stats
         self._pusher: Pusher | None = None
+        self.callback_report: Callable[[], list[dict[str, Any]]] | None = None
+        """Set by a framework integration that times the job's callback hooks (training/callbacks.py,
+        ``CallbackTimer.snapshot``): the snapshot's ``callbacks`` field, called on the pusher thread."""
 
     def attach(self, pusher: Pusher) -> None:
         """Report through ``pusher`` from now on: start it, and stop it at ``close()`` or interpreter exit
@@ -360,6 +399,35 @@ class Run:
         self._closed = True
         self._pusher = None
 
+    @property
+    def current_phase(self) -> Phase:
+        """The open phase (:attr:`other_phase` when no named phase is open). Integrations read it on the
+        training thread to decide a change; change it only through a :class:`Phase` (``with``, ``open``, ``close``).
+
+        >>> run = Run("demo", uuid="")
+        >>> with run.phase("data"):
+        ...     run.current_phase.name
+        'data'
+        """
+        return self._current
+
+    @property
+    def other_phase(self) -> Phase:
+        """The ``other`` phase: time outside every named phase (``run.phase("other")`` is the same object)."""
+        return self._other
+
+    def close_phases(self) -> None:
+        """Close every open phase (one a failed backward or an unfinished save left), back to ``other``.
+
+        >>> run = Run("demo", uuid=""); run.phase("compute").open(); run.phase("metrics").open()
+        True
+        True
+        >>> run.close_phases(); run.current_phase.name
+        'other'
+        """
+        while self._current is not self._other:
+            self._current.close()
+
     def _add_phase(self, name: str) -> Phase:
         phase = _SyncPhase(self, name) if self._sync_now else self._phase_class(self, name)
         self._phases[name] = phase
@@ -395,7 +463,7 @@ class Run:
         """
         _context.note_loader(self, iterable)  # num_workers, pin_memory, ... for concrete remedies
         iterator = iter(iterable)
-        phase = self._phases["data"]
+        phase = self._phases[DATA]
         while True:
             with phase:
                 try:
@@ -510,7 +578,7 @@ class Run:
         if allocator is not None:
             body["allocator"] = allocator
         body["context"] = _context.snapshot_context(self, index)
-        callbacks = getattr(self, "_callbacks", None)  # the framework integrations' CallbackTimer.snapshot
+        callbacks = self.callback_report
         if callbacks is not None:
             body["callbacks"] = callbacks()
         return body
