@@ -1,4 +1,5 @@
-"""Start real processes for tests: the exporter, Prometheus, Alertmanager.
+"""Start real processes for the tests and the benches: the exporter, Prometheus, Alertmanager,
+VictoriaMetrics and vmalert.
 
 Every server binds 127.0.0.1 on a free port, lives in a temporary directory and is
 stopped when its context manager exits. Example::
@@ -18,71 +19,33 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
+from testbed.net import free_port, http_get, http_status, wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "exporter"
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> str:
-    """GET ``url`` and return the body as text (raises on HTTP errors)."""
-    req = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return str(resp.read().decode())
-
-
-def http_status(url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
-                timeout: float = 5.0) -> tuple[int, str]:
-    """Request ``url`` (POST when ``data`` is given) and return (status, body) even for 4xx/5xx."""
-    req = urllib.request.Request(url, data=data, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read().decode()
-
-
-def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
-    """Poll ``predicate()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:
-            last_exc = exc
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})")
-
-
 def exporter_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a child exporter process: our sources first on PYTHONPATH."""
+    """Environment for a child process (an exporter, a training job): our sources first on PYTHONPATH, then the
+    repository root, where a job script of tests/ finds the test bed (tests/ddp_loops.py's free port)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
-    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(REPO), env.get("PYTHONPATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
 
 
-class _Proc:
+class Process:
+    """A child process in its own session, its output to ``log``; :meth:`stop` ends its whole group."""
+
     def __init__(self, argv: Sequence[str], env: dict[str, str] | None, log: Path) -> None:
         self.log = log
         self._fh = log.open("wb")
@@ -112,7 +75,7 @@ def run_exporter(args: Sequence[str], env: dict[str, str] | None = None,
     port = port or free_port()
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, "-m", "gpu_exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"]
-        p = _Proc(argv, exporter_env(env), Path(tmp) / "exporter.log")
+        p = Process(argv, exporter_env(env), Path(tmp) / "exporter.log")
         url = f"{scheme}://127.0.0.1:{port}"
         try:
             def up() -> bool:
@@ -154,12 +117,13 @@ def at_server_interval(text: str) -> str:
 
 
 @contextlib.contextmanager
-def _run_server(binary_names: Sequence[str], package: str, config_name: str, config_yaml: str,
-                argv: Any, files: dict[str, str] | None, ready_timeout: float,
-                rule_intervals: bool = False) -> Iterator[str]:
-    """Write ``config_yaml`` (and ``files``) to a temporary directory, start ``argv(dir, port)`` and
-    yield the base URL once ``/-/ready`` answers 200. Rule files lose their groups' intervals
-    (:func:`at_server_interval`) unless ``rule_intervals``."""
+def run_server(binary_names: Sequence[str], package: str, config_name: str, config_yaml: str,
+               argv: Callable[[Path, int], Sequence[str]], files: dict[str, str] | None = None,
+               ready_timeout: float = 30.0, rule_intervals: bool = False) -> Iterator[str]:
+    """Any server of the Prometheus family: the first of ``binary_names`` on PATH (``package`` is the Debian
+    package that installs it). Write ``config_yaml`` as ``config_name`` (and ``files``) to a temporary
+    directory, start ``binary *argv(dir, port)`` and yield the base URL once ``/-/ready`` answers 200. Rule
+    files lose their groups' intervals (:func:`at_server_interval`) unless ``rule_intervals``."""
     binary = next((b for name in binary_names if (b := shutil.which(name))), None)
     if binary is None:
         raise RuntimeError(f"{binary_names[0]} is not installed: run the README's test command "
@@ -171,7 +135,7 @@ def _run_server(binary_names: Sequence[str], package: str, config_name: str, con
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_text(text if rule_intervals else at_server_interval(text))
         (d / config_name).write_text(config_yaml)
-        p = _Proc([binary, *argv(d, port)], None, d / f"{binary_names[0]}.log")
+        p = Process([binary, *argv(d, port)], None, d / f"{binary_names[0]}.log")
         url = f"http://127.0.0.1:{port}"
         try:
             def ready() -> bool:
@@ -210,7 +174,7 @@ def run_prometheus(config_yaml: str, files: dict[str, str] | None = None,
     """
     storage = (["--enable-feature=agent", "--storage.agent.path={d}/wal"] if agent
                else [f"--storage.tsdb.path={tsdb_path}" if tsdb_path else "--storage.tsdb.path={d}/data"])
-    return _run_server(["prometheus"], "prometheus", "prometheus.yml", config_yaml, lambda d, port: [
+    return run_server(["prometheus"], "prometheus", "prometheus.yml", config_yaml, lambda d, port: [
         f"--config.file={d / 'prometheus.yml'}", *(s.format(d=d) for s in storage),
         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args], files, ready_timeout,
         rule_intervals)
@@ -222,7 +186,7 @@ def run_victoriametrics(ready_timeout: float = 30.0) -> contextlib.AbstractConte
     It accepts Prometheus remote write at ``/api/v1/write`` and answers the Prometheus query API.
     Queries see samples up to 1 s old (its default hides the last 30 s).
     """
-    return _run_server(["victoria-metrics"], "victoria-metrics", "README", "VictoriaMetrics test data\n",
+    return run_server(["victoria-metrics"], "victoria-metrics", "README", "VictoriaMetrics test data\n",
                        lambda d, port: [f"-storageDataPath={d / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
                                         "-search.latencyOffset=1s", "-search.disableCache"], None, ready_timeout)
 
@@ -233,7 +197,7 @@ def run_vmalert(rule_files: dict[str, str], datasource_url: str, remote_write_ur
     """Run vmalert (Debian ``victoria-metrics``) on ``rule_files`` ({name: Prometheus rule file text}):
     it queries ``datasource_url``, writes recording results and alert states to
     ``remote_write_url`` and sends alerts to ``notifier_url`` (an Alertmanager); yield its URL."""
-    return _run_server(["vmalert"], "victoria-metrics", "README", "vmalert test rules\n", lambda d, port: [
+    return run_server(["vmalert"], "victoria-metrics", "README", "vmalert test rules\n", lambda d, port: [
         *(f"-rule={d / name}" for name in sorted(rule_files)), f"-datasource.url={datasource_url}",
         f"-remoteWrite.url={remote_write_url}", f"-notifier.url={notifier_url}",
         f"-evaluationInterval={evaluation_interval}", f"-httpListenAddr=127.0.0.1:{port}"],
@@ -243,7 +207,7 @@ def run_vmalert(rule_files: dict[str, str], datasource_url: str, remote_write_ur
 def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:
     """Run a real Alertmanager (Debian ``prometheus-alertmanager``) with ``config_yaml``; yield its URL."""
     cluster_port = free_port()
-    return _run_server(["prometheus-alertmanager", "alertmanager"], "prometheus-alertmanager", "alertmanager.yml",
+    return run_server(["prometheus-alertmanager", "alertmanager"], "prometheus-alertmanager", "alertmanager.yml",
                        config_yaml, lambda d, port: [
                            f"--config.file={d / 'alertmanager.yml'}", f"--storage.path={d / 'data'}",
                            f"--web.listen-address=127.0.0.1:{port}",

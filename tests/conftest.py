@@ -1,5 +1,5 @@
-"""Shared pytest setup: import paths for the package, the test helpers (tests/servers.py), monitoring/ and
-scripts/ (release.py)."""
+"""Shared pytest setup: import paths for the package, the test helpers (tests/), the repository root (the test bed
+testbed/, monitoring/) and scripts/ (release.py)."""
 
 from __future__ import annotations
 
