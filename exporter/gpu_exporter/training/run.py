@@ -44,6 +44,7 @@ from . import context as _context
 from . import device as _device
 from . import distributed as _distributed
 from . import identity as _identity
+from . import sampler as _sampler
 from .protocol import DATA, MAX_LABEL_LENGTH, OTHER, SCHEMA_VERSION, STANDARD_PHASES, check_label
 from .protocol import (
     DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
@@ -126,6 +127,11 @@ class Phase:
     # The integration API: what a framework callback or hook needs to drive the phases from events
     # it does not pair itself (a pre-hook here, a post-hook there). Every change still goes through
     # __enter__/__exit__ above, so the seqlock of the module docstring holds by construction.
+
+    @property
+    def run(self) -> Run:
+        """The run this phase adds its time to."""
+        return self._run
 
     @property
     def is_open(self) -> bool:
@@ -326,6 +332,9 @@ class Run:
         self._identity: tuple[str, int] | None = None
         self._identity_lock = threading.Lock()
         self._pid = os.getpid()
+        self._thread = threading.get_ident()
+        """The training thread: the one that creates the run (the stack sampler reads its stack)."""
+        self._sampler: _sampler.StackSampler | None = None
         self._closed = False
         self._max_custom = max_custom_phases
         self._sync_now = False
@@ -355,10 +364,14 @@ class Run:
         (``training.start`` does this). A forked child's copy of the run never reports. One pusher per run."""
         if self._pusher is not None or self._closed:
             raise ValueError(f"training: run {self.name!r} is closed or has a pusher already")
+        rate = _sampler.rate_from_env()  # a bad $GPU_EXPORTER_STACK_SAMPLING_HZ fails before anything starts
         self._pusher = pusher
         _reporting.add(self)
         atexit.register(self.close)
         pusher.start()
+        if rate:  # whose code runs in compute/other (causes FO, HW): training/sampler.py
+            self._sampler = _sampler.StackSampler(self._thread, lambda: self._current.name, rate)
+            self._sampler.start()
 
     @property
     def pusher(self) -> Pusher | None:
@@ -391,6 +404,8 @@ class Run:
         atexit.unregister(self.close)
         _distributed.unwatch(self)
         pusher, self._pusher = self._pusher, None
+        if self._sampler is not None:
+            self._sampler.stop()
         if pusher is not None and os.getpid() == self._pid:
             pusher.stop()
 
@@ -581,6 +596,8 @@ class Run:
         callbacks = self.callback_report
         if callbacks is not None:
             body["callbacks"] = callbacks()
+        if self._sampler is not None:
+            body["code"] = self._sampler.snapshot()
         return body
 
 
