@@ -33,13 +33,13 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-for _path in (REPO / "tests", REPO / "exporter"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if str(REPO / "exporter") not in sys.path:  # a plain checkout: the package's sources
+    sys.path.insert(0, str(REPO / "exporter"))
 
 from gpu_exporter import catalog  # noqa: E402
 from gpu_exporter.thresholds import load_thresholds  # noqa: E402
-from servers import http_get, promql, run_exporter, run_prometheus, wait_until  # noqa: E402
+
+from testbed import http_get, promql, run_exporter, run_prometheus, wait_until  # noqa: E402
 
 AGENT_CONFIG = REPO / "prometheus" / "prometheus-agent.yml"
 RULES = REPO / "prometheus" / "rules"

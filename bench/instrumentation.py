@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import logging
 import math
-import socket
 import statistics
 import tempfile
 import timeit
@@ -30,6 +29,8 @@ from typing import Any
 
 from gpu_exporter import training
 from prometheus_client import CollectorRegistry, Histogram
+
+from testbed import closed_url
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,6 @@ def _quiet_pusher() -> Iterator[None]:
         log.setLevel(level)
 
 
-def _closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
 def measure_phase_overhead(number: int, repeat: int) -> list[MicroRow]:
     """Time each candidate ``repeat`` times over ``number`` iterations (the loop itself is a row too)."""
     from torch.profiler import record_function
@@ -91,7 +86,7 @@ def measure_phase_overhead(number: int, repeat: int) -> list[MicroRow]:
 
 
 def _time_candidates(number: int, repeat: int, record_function: Any) -> list[MicroRow]:
-    run = training.start("bench", url=_closed_port_url(), uuid="", push_interval=3600.0, timeout=0.2)
+    run = training.start("bench", url=closed_url(), uuid="", push_interval=3600.0, timeout=0.2)
     histogram = Histogram("bench_phase_seconds", "bench", registry=CollectorRegistry())
     namespace: dict[str, Any] = {
         "run": run, "compute": run.phase("compute"), "histogram": histogram,
@@ -185,7 +180,7 @@ def measure_cuda_phase(number: int, repeat: int) -> list[MicroRow]:
     ``FOLD_EVERY``-th change (training/run.py) the training thread folds in the reached ones (``query()``,
     ``elapsed_time()``)."""
     with _quiet_pusher(), simulated_cuda() as device:
-        url = _closed_port_url()
+        url = closed_url()
         runs = {"cpu": training.start("bench-cpu", url=url, uuid="", push_interval=3600.0, timeout=0.2,
                                       gpu_timing=False),
                 "sim": training.start("bench-cuda", url=url, uuid="", push_interval=3600.0, timeout=0.2)}
@@ -254,7 +249,7 @@ def measure_training(pairs: int, seconds: float, threads: int = 1, cuda: bool = 
     a: list[float] = []
     b: list[float] = []
     with _quiet_pusher(), simulated_cuda() if cuda else contextlib.nullcontext():
-        run = training.start("bench-loop", url=_closed_port_url(), uuid="", push_interval=3600.0, timeout=0.2)
+        run = training.start("bench-loop", url=closed_url(), uuid="", push_interval=3600.0, timeout=0.2)
         if cuda and "cpu_phases" not in run.snapshot():
             run.close()
             raise RuntimeError("bench: the training loop's run is not on the CUDA path")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from testbed import closed_url
 
 CLASSES = 10
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -94,14 +95,8 @@ class Cost:
         return q[0] / self.step_us * 100, q[2] / self.step_us * 100
 
 
-def _closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
 def _options() -> dict[str, Any]:
-    return {"url": _closed_port_url(), "uuid": "", "push_interval": 3600.0, "timeout": 0.2}
+    return {"url": closed_url(), "uuid": "", "push_interval": 3600.0, "timeout": 0.2}
 
 
 def _parts() -> tuple[Any, Any, list[Any]]:

@@ -68,12 +68,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench import real_gpu_loops as loops
 from bench.real_gpu_causes import PLANS, PUSH, Gpu, ddp_loop, lightning_loop, plain_loop, probe_nccl
+from testbed import free_port, http_get
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = Path(__file__).with_name("real_gpu.yaml")
@@ -129,24 +129,13 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
-
-
 def exporter_busy(url: str) -> dict[str, float]:
     """uuid -> ``gpu_busy_seconds_total``, from one scrape of the exporter."""
     from gpu_exporter import catalog
     from prometheus_client.parser import text_string_to_metric_families
 
     busy: dict[str, float] = {}
-    for family in text_string_to_metric_families(_get(url + "/metrics")):
+    for family in text_string_to_metric_families(http_get(url + "/metrics")):
         for s in family.samples:
             if s.name == catalog.GPU_BUSY_SECONDS_TOTAL.name and "uuid" in s.labels:
                 busy[s.labels["uuid"]] = s.value
@@ -222,7 +211,7 @@ def measure(url: str, run: str, window: float, simulate: bool) -> dict[str, Any]
 def _wait_for_run(url: str, run: str, procs: list[subprocess.Popen[str]], timeout: float) -> None:
     """Until run ``run`` has pushed its first snapshot (torch and CUDA take a while to start)."""
     deadline = time.monotonic() + timeout
-    while f'run="{run}"' not in _get(url + "/metrics"):
+    while f'run="{run}"' not in http_get(url + "/metrics"):
         if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
             raise RuntimeError(f"run {run} never reported to the exporter")
         time.sleep(0.25)
@@ -247,7 +236,7 @@ def choose_backend(requested: str, simulate: bool, workdir: Path) -> tuple[str, 
         return "gloo", "simulated: gloo on the CPU"
     if requested != "auto":
         return requested, f"--ddp-backend {requested}"
-    port = _free_port()
+    port = free_port()
     logs = [workdir / f"nccl-probe-{rank}.log" for rank in (0, 1)]
     procs = []
     for rank, log in enumerate(logs):
@@ -282,7 +271,7 @@ def run_variant(variant: str, url: str, args: argparse.Namespace, workdir: Path,
     ranks = (0, 1) if plan is not None and plan.kind == "ddp" else (0,)
     measured = ([("default", variant, args.window), ("sync_every_1", f"{variant}-sync", args.sync_window)]
                 if plan is not None else [(name, name, args.window) for name in loops.runs(variant)])
-    port = _free_port()
+    port = free_port()
     outs = {rank: workdir / f"{variant}-{rank}.json" for rank in ranks}
     logs = {rank: workdir / f"{variant}-{rank}.log" for rank in ranks}
     procs: list[subprocess.Popen[str]] = []
@@ -521,7 +510,7 @@ def check(args: argparse.Namespace, variants: list[str]) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     env = _env({"GPU_SIM_DEVICE_DIR": str(workdir / "channel")} if args.simulate else None)
     backend, why = choose_backend(args.ddp_backend, args.simulate, workdir) if "ddp" in variants else ("", "")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve = [sys.executable, "-m", "gpu_exporter", "--web.listen-address", f"127.0.0.1:{port}", "--poll-interval",
              "0.2", *(["--simulate", str(SCENARIO)] if args.simulate else [])]

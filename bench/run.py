@@ -3,8 +3,8 @@
 Quick mode (about a minute; CI runs it) measures three node sizes with short stages; full mode
 measures 1, 8 and 16 GPUs with 0, 64 and 256 processes, and 64 GPUs with 512. Both run the accuracy, instrumentation,
 training-loop, CUDA-path (bench/cuda_path.py) and load benchmarks and write the document to a new temporary file
-(its path is printed),
-to docs/benchmarks.md with ``--update-docs``, or to ``--output``. The load bench
+(its path is printed), to docs/benchmarks.md with ``--update-docs``, or to ``--output``. Writing to an existing
+file replaces only the regions this run writes (bench.doc_regions) and keeps every other line of it. The load bench
 (16 scrapers at 10/s and 32 pushers every 0.5 s) runs 5 s in quick mode and 300 s in full mode;
 ``--load-seconds`` changes that. Example::
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import accuracy, cuda_path, hotspots, instrumentation, load, readme, report, scrape
+from bench import accuracy, cuda_path, doc_regions, hotspots, instrumentation, load, readme, report, scrape
 from bench.node import Sleepers, write_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,30 +143,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     results, cuda = run(mode, command)
     output = DEFAULT_OUTPUT if args.update_docs else args.output or _temporary_document()
     old = output.read_text() if output.is_file() else ""
-    new = cuda_path.update_docs(report.render(results), cuda_path.section(cuda, command))
-    output.write_text(keep_sections(new, old))
+    output.write_text(write(old, results, cuda, command))
     _say(f"wrote {output} in {results.elapsed_s:.0f} s")
     if args.update_docs:  # the README's Measured table is generated from the document just written
         readme.main([])
     return 0
 
 
-SECTION = re.compile(r"^<!-- (?P<name>[\w.-]+): begin -->\n.*?^<!-- (?P=name): end -->\n", re.M | re.S)
-"""A section another bench writes (bench.integrations, bench.sampling): kept when this one rewrites the file."""
-
-
-def keep_sections(new: str, old: str) -> str:
-    """``new`` plus every marked section of ``old`` that ``new`` lacks, in their order, at its end.
-
-    >>> old = "# old\\n<!-- bench.x: begin -->\\n## X\\n<!-- bench.x: end -->\\ntail\\n"
-    >>> keep_sections("# new\\n", old)
-    '# new\\n\\n<!-- bench.x: begin -->\\n## X\\n<!-- bench.x: end -->\\n'
-    >>> keep_sections("# new\\n", "# nothing marked\\n")
-    '# new\\n'
-    """
-    present = {m["name"] for m in SECTION.finditer(new)}
-    kept = [m.group(0) for m in SECTION.finditer(old) if m["name"] not in present]
-    return new + "".join(f"\n{section}" for section in kept)
+def write(old: str, results: report.Results, cuda: cuda_path.CudaPath, command: str) -> str:
+    """The page ``old`` after this run: each region the run writes (``bench.run.*``, ``bench.spaced``,
+    ``bench.cuda_path``) replaced by the new one, every other line of ``old`` as it was (the regions of other
+    benches, the sections kept by hand); the whole new page when ``old`` is empty."""
+    new = report.render(results, after={"training": cuda_path.section(cuda, command)})
+    return doc_regions.update(old, new)
 
 
 def _temporary_document() -> Path:

@@ -25,7 +25,6 @@ import http.client
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from typing import IO
 
 import gpu_exporter
 import psutil
+
+from testbed import free_port
 
 # What Prometheus 2.x sends by default: it prefers OpenMetrics and accepts gzip.
 PROMETHEUS_HEADERS = {
@@ -160,13 +161,6 @@ class ScrapeResult:
     floor_p50_ms: float = math.nan
     """Median of spaced scrapes when no poll happened since the last one: the cached body, at the spaced
     scrapes' pace (an idle server's floor: see :func:`idle_floor`)."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _python_env(*paths: str) -> dict[str, str]:
