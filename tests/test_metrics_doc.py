@@ -47,6 +47,8 @@ def push_training_snapshot(url: str) -> None:
                     "loader_batch_size": 32, "cpu_cores": 16, "gpu_memory_used_bytes": 3e9,
                     "gpu_memory_total_bytes": 8e10, "allocator_peak_bytes": 2.5e9},
         "callbacks": [{"name": "SaveEvery.on_train_batch_end", "seconds": 3.0, "phase": "checkpoint"}],
+        "code": {"torch": 30.0, "framework": 4.0, "host": 6.0, "functions": [{"name": "train.py:88:augment",
+                                                                               "seconds": 5.0}]},
     }
     status, body = http_status(url + "/api/v1/training", data=json.dumps(snapshot).encode(),
                                headers={"Content-Type": "application/json"})

@@ -253,6 +253,15 @@ GPU_TRAINING_CALLBACK_SECONDS_TOTAL = _define(
     "gpu_training_callback_seconds_total", COUNTER, "seconds",
     "Seconds in the run's biggest callback hook of its own (callback: Class.hook) and the phase they count as.",
     (*RUN, "callback", "phase"), "training")
+GPU_TRAINING_CODE_SECONDS_TOTAL = _define(
+    "gpu_training_code_seconds_total", COUNTER, "seconds",
+    "Seconds the training thread ran the framework's own code (code=framework: in compute or between the phases) "
+    "or the job's own code inside compute (code=host), by the library's stack sampler.",
+    (*RUN, "code"), "training")
+GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL = _define(
+    "gpu_training_host_function_seconds_total", COUNTER, "seconds",
+    "Seconds inside compute in the run's biggest function of its own code (function: file.py:line:name), by the "
+    "library's stack sampler.", (*RUN, "function"), "training")
 GPU_TRAINING_RUN_INFO = _define(
     "gpu_training_run_info", GAUGE, "1",
     "The run's launch (run_id, shared by the job's ranks) and the user's tags as tag_<key> labels; always 1.",

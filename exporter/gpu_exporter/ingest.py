@@ -51,6 +51,7 @@ from .training.protocol import (
     SCHEMA_VERSION,
     TAG_LABEL_PREFIX,
     check_callbacks,
+    check_code,
     check_label,
     check_tags,
 )
@@ -124,6 +125,10 @@ class _Entry:
     """The run's validated tags (snapshot field ``tags``), sorted by key."""
     callback: tuple[str, str, float] | None = None
     """The run's biggest callback hook, (name, phase, seconds), of the snapshot's ``callbacks``."""
+    code: tuple[tuple[str, float], ...] = ()
+    """The stack sampler's seconds of the framework's and the job's own code (snapshot field ``code``)."""
+    host_function: tuple[str, float] | None = None
+    """The biggest function of the job's own code inside compute, (name, seconds), of the snapshot's ``code``."""
 
 
 _Key = tuple[str, str, str]
@@ -308,6 +313,7 @@ class TrainingStore:
             if entry.callback is not None:
                 callbacks.add_metric([run, rank, uuid, entry.callback[0], entry.callback[1]], entry.callback[2])
         yield callbacks
+        yield from _code_families(entries)
         requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
@@ -380,8 +386,10 @@ class TrainingStore:
                        context=_context(doc))
         run_id, tags, refused = _identity(doc, s.max_label_length)
         callback, problem = _callback(doc, s.max_label_length)
-        refused = "; ".join(r for r in (refused, problem) if r)
-        return (run, rank, uuid), replace(entry, run_id=run_id, tags=tags, callback=callback), refused
+        code, function, code_problem = _code(doc, s.max_label_length)
+        refused = "; ".join(r for r in (refused, problem, code_problem) if r)
+        return (run, rank, uuid), replace(entry, run_id=run_id, tags=tags, callback=callback, code=code,
+                                          host_function=function), refused
 
     def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
         value = doc.get(field)
@@ -591,6 +599,44 @@ def _callback(doc: dict[str, Any], max_length: int) -> tuple[tuple[str, str, flo
         return None, ""
     top = max(items, key=lambda item: item["seconds"])
     return (top["name"], top["phase"], float(top["seconds"])), ""
+
+
+EXPORTED_CODE = ("framework", "host")
+"""The parts of a snapshot's ``code`` the exporter exports (causes FO, HW); ``torch`` is M3's, read from compute."""
+
+
+def _code(doc: dict[str, Any], max_length: int) -> tuple[tuple[tuple[str, float], ...], tuple[str, float] | None, str]:
+    """(seconds of :data:`EXPORTED_CODE`, the biggest function of the job's own code, what was refused) of the
+    optional ``code`` field (training/sampler.py); a bad field costs only itself.
+
+    >>> _code({"code": {"torch": 1, "framework": 0.5, "host": 2, "functions": [{"name": "a.py:3:f", "seconds": 2}]}},
+    ...       128)
+    ((('framework', 0.5), ('host', 2.0)), ('a.py:3:f', 2.0), '')
+    >>> _code({"code": []}, 128)
+    ((), None, 'code (code must be an object)')
+    """
+    body = doc.get("code")
+    if body is None:
+        return (), None, ""
+    problem = check_code(body, max_length)
+    if problem is not None:
+        return (), None, f"code ({problem})"
+    top = max(body["functions"], key=lambda item: item["seconds"], default=None)
+    function = None if top is None else (top["name"], float(top["seconds"]))
+    return tuple((part, float(body[part])) for part in EXPORTED_CODE), function, ""
+
+
+def _code_families(entries: list[tuple[_Key, _Entry]]) -> Iterator[Metric]:
+    """gpu_training_code_seconds_total and gpu_training_host_function_seconds_total of the runs that send ``code``."""
+    code = catalog.GPU_TRAINING_CODE_SECONDS_TOTAL.new()
+    functions = catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL.new()
+    for (run, rank, uuid), entry in entries:
+        for part, seconds in entry.code:
+            code.add_metric([run, rank, uuid, part], seconds)
+        if entry.host_function is not None:
+            functions.add_metric([run, rank, uuid, entry.host_function[0]], entry.host_function[1])
+    yield code
+    yield functions
 
 
 def _world_size(doc: dict[str, Any]) -> int:

@@ -195,3 +195,42 @@ def check_callbacks(doc: object, max_length: int = MAX_LABEL_LENGTH) -> str | No
         if phase not in CALLBACK_PHASES:
             return f"callback {name} phase must be one of {', '.join(CALLBACK_PHASES)}"
     return None
+
+
+CODE_PARTS = ("torch", "framework", "host")
+"""The classes of the stack sampler's samples (training/sampler.py), the number fields of a snapshot's ``code``:
+seconds the training thread ran torch's code, the framework's own (Lightning, Transformers, accelerate; cause FO)
+and the job's own (host work in the step; cause HW)."""
+
+MAX_CODE_FUNCTIONS = 3
+"""Most functions of the job's own code a snapshot's ``code`` lists (the biggest); the exporter exports the first."""
+
+
+def check_code(doc: object, max_length: int = MAX_LABEL_LENGTH) -> str | None:
+    """Return why ``doc`` is not a valid ``code`` field, or None when it is: an object with a number >= 0 for
+    each of :data:`CODE_PARTS` and ``functions``, a list of at most :data:`MAX_CODE_FUNCTIONS` objects
+    ``{"name": label, "seconds": number >= 0}``.
+
+    >>> check_code({"torch": 2.0, "framework": 0.0, "host": 0.5, "functions": [{"name": "a.py:3:f", "seconds": 0.5}]})
+    >>> check_code({"torch": -1, "framework": 0, "host": 0, "functions": []})
+    'code torch seconds must be a finite number >= 0'
+    """
+    if not isinstance(doc, dict):
+        return "code must be an object"
+    for part in CODE_PARTS:
+        value = doc.get(part)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+            return f"code {part} seconds must be a finite number >= 0"
+    functions = doc.get("functions")
+    if not isinstance(functions, list) or len(functions) > MAX_CODE_FUNCTIONS:
+        return f"code functions must be a list of at most {MAX_CODE_FUNCTIONS} objects"
+    for item in functions:
+        if not isinstance(item, dict):
+            return "code functions must be a list of objects"
+        name, seconds = item.get("name"), item.get("seconds")
+        problem = check_label("function", name, max_length) if isinstance(name, str) else "function name must be text"
+        if problem is not None:
+            return problem
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
+            return f"function {name} seconds must be a finite number >= 0"
+    return None

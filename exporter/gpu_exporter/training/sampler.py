@@ -45,6 +45,8 @@ from time import perf_counter
 from types import FrameType
 from typing import Any
 
+from .protocol import CODE_PARTS, MAX_CODE_FUNCTIONS
+
 ENV = "GPU_EXPORTER_STACK_SAMPLING_HZ"
 """Environment variable: samples per second (0 turns the sampler off)."""
 
@@ -60,11 +62,6 @@ MAX_GAP = 0.25
 MAX_FUNCTIONS = 2000
 """Distinct functions of the job's own code kept; beyond that new ones are counted as ``host`` only."""
 
-TOP_FUNCTIONS = 3
-"""Functions of the job's own code a snapshot lists (the biggest by seconds)."""
-
-PARTS = ("torch", "framework", "host")
-"""The classes of a sample, the keys of the snapshot's ``code`` field."""
 
 TORCH = re.compile(r"[/\\](torch|functorch)[/\\]")
 FRAMEWORK = re.compile(r"[/\\](lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)[/\\]")
@@ -141,7 +138,7 @@ class StackSampler:
         self._target = thread_id
         self._phase = phase
         self._interval = 1.0 / rate
-        self._seconds = dict.fromkeys(PARTS, 0.0)
+        self._seconds = dict.fromkeys(CODE_PARTS, 0.0)
         self._functions: dict[str, float] = {}
         self._classes: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -196,12 +193,13 @@ class StackSampler:
                     self._functions[label] = self._functions.get(label, 0.0) + seconds
 
     def snapshot(self) -> dict[str, Any]:
-        """The snapshot's ``code`` field: seconds per class and the :data:`TOP_FUNCTIONS` biggest functions.
+        """The snapshot's ``code`` field: seconds per class and the biggest functions of the job's own code
+        (:data:`~gpu_exporter.training.protocol.MAX_CODE_FUNCTIONS` at most).
 
         >>> StackSampler(0, lambda: "other").snapshot()
         {'torch': 0.0, 'framework': 0.0, 'host': 0.0, 'functions': []}
         """
         with self._lock:
             seconds = dict(self._seconds)
-            top = sorted(self._functions.items(), key=lambda kv: -kv[1])[:TOP_FUNCTIONS]
+            top = sorted(self._functions.items(), key=lambda kv: -kv[1])[:MAX_CODE_FUNCTIONS]
         return {**seconds, "functions": [{"name": name, "seconds": s} for name, s in top]}

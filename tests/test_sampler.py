@@ -1,0 +1,117 @@
+"""The library's stack sampler (gpu_exporter.training.sampler) on a real CPU PyTorch loop: whose code the training
+thread runs inside compute (torch, the framework, the job's own function by name), the snapshot field ``code`` and
+the exporter's series. The causes it feeds (FO, HW) on a simulated GPU are in tests/test_code_causes_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from gpu_exporter.ingest import IngestSettings, TrainingStore
+from gpu_exporter.training import sampler
+from gpu_exporter.training.protocol import check_code
+from gpu_exporter.training.run import Run
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+
+def augment(x: Any) -> Any:
+    """Host work inside compute: a numpy flip and a Python loop over the rows."""
+    a = x.numpy()[:, ::-1].copy()
+    total = 0.0
+    for row in range(a.shape[0]):
+        for _ in range(1000):
+            total += row * 0.5
+    return torch.from_numpy(a) + total * 0
+
+
+def slow_python(n: int) -> float:
+    return sum(i * 0.5 for i in range(n))
+
+
+def test_classify_frames_by_file() -> None:
+    assert sampler.classify(torch.nn.functional.__file__) == "torch"
+    assert sampler.classify("/opt/venv/lib/python3.12/site-packages/lightning/pytorch/loops/fit_loop.py") == "framework"
+    assert sampler.classify("/opt/venv/lib/python3.12/site-packages/accelerate/accelerator.py") == "framework"
+    assert sampler.classify(np.__file__) == ""  # a library belongs to its caller
+    assert sampler.classify(json.__file__) == ""  # the standard library too
+    assert sampler.classify(sampler.__file__) == ""  # this package's hooks too
+    assert sampler.classify(__file__) == "host"  # the job's own code
+    assert sampler.function_label("/x/my train.py", 12, "<module>") == "my_train.py:12:_module_"
+
+
+def test_a_bad_rate_fails_with_one_line() -> None:
+    for bad in ("fast", "-1", "5000"):
+        with pytest.raises(ValueError, match=sampler.ENV) as info:
+            sampler.rate_from_env({sampler.ENV: bad})
+        assert "\n" not in str(info.value)
+    assert sampler.rate_from_env({sampler.ENV: "100"}) == 100.0
+
+
+def test_host_work_inside_compute_is_named_by_function_and_the_model_is_torch() -> None:
+    """A real CPU loop: a numpy/Python augmentation and a model step inside compute, Python work in data. The
+    augmentation is host work by name, the model's forward/backward/step torch, the data phase's work nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 16))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run = Run("sampled", uuid="", gpu_timing=False)
+    s = sampler.StackSampler(threading.get_ident(), lambda: run.current_phase.name, rate=200)
+    compute, data = run.phase("compute"), run.phase("data")
+    s.start()
+    try:
+        deadline = time.perf_counter() + 2.0
+        while time.perf_counter() < deadline:
+            with data:
+                x = torch.randn(128, 256) + slow_python(20_000) * 0  # Python in data: never counted
+            with compute:
+                x = augment(x)
+                for _ in range(2):
+                    loss = model(x).square().mean()
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+    finally:
+        s.stop()
+    snap = s.snapshot()
+    assert check_code(snap) is None, snap
+    assert s.samples >= 20, s.samples  # the sampler ran (at least 20 of ~400 wake-ups on a loaded machine)
+    assert snap["torch"] > 0 and snap["host"] > 0 and snap["framework"] == 0.0, snap
+    names = [f["name"] for f in snap["functions"]]
+    line = augment.__code__.co_firstlineno
+    assert names[0] == f"test_sampler.py:{line}:augment", snap  # the biggest function of the job's own code
+    assert not any("slow_python" in n for n in names), snap  # data's Python is not host work inside compute
+    compute_seconds = run.cpu_phase_seconds()["compute"]
+    assert snap["torch"] + snap["host"] <= compute_seconds + 2 * sampler.MAX_GAP, (snap, compute_seconds)
+
+
+def _snapshot(code: object) -> bytes:
+    return json.dumps({
+        "version": 1, "run": "code", "rank": "0", "uuid": "", "started_at": time.time() - 10,
+        "current_phase": "compute",
+        "phases": {"compute": 6.0, "data": 2.0, "other": 2.0}, "steps": 10, "samples": 10, "batch_size": 1,
+        "code": code}).encode()
+
+
+def _series(store: TrainingStore) -> dict[tuple[str, str], float]:
+    return {(s.name, s.labels.get("code") or s.labels.get("function", "")): s.value for f in store.collect()
+            for s in f.samples if s.name.startswith(("gpu_training_code_", "gpu_training_host_function_"))}
+
+
+def test_the_exporter_exports_framework_host_and_the_biggest_function_and_drops_a_bad_field() -> None:
+    store = TrainingStore(IngestSettings())
+    good = {"torch": 3.0, "framework": 0.5, "host": 2.5,
+            "functions": [{"name": "train.py:88:augment", "seconds": 2.0}, {"name": "train.py:9:f", "seconds": 0.5}]}
+    assert store.handle_push(_snapshot(good), "application/json", None) == (202, "accepted")
+    assert _series(store) == {("gpu_training_code_seconds_total", "framework"): 0.5,
+                              ("gpu_training_code_seconds_total", "host"): 2.5,
+                              ("gpu_training_host_function_seconds_total", "train.py:88:augment"): 2.0}
+    for bad, why in (({**good, "host": -1}, "finite number >= 0"), ("x", "must be an object"),
+                     ({**good, "functions": [{"name": "a b", "seconds": 1}]}, "may only contain")):
+        store = TrainingStore(IngestSettings())
+        status, reason = store.handle_push(_snapshot(bad), "application/json", None)
+        assert status == 202 and reason.startswith("accepted without code (") and why in reason, reason
+        assert _series(store) == {}
