@@ -14,7 +14,8 @@ from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.training.callbacks import CallbackTimer
 from gpu_exporter.training.hooks import PhaseStack
 from gpu_exporter.training.run import Run
-from gpu_exporter.verdict.causes import BY_ID, RunSignals, find_causes
+from gpu_exporter.verdict.causes import BY_ID, find_causes
+from gpu_exporter.verdict.signals import RunSignals
 
 SLEEP = 0.02
 
@@ -39,14 +40,14 @@ def test_a_hook_that_saves_is_checkpoint_as_a_whole_from_its_second_call_and_the
 
     class SaveEvery(Base):
         def on_step_end(self) -> None:
-            before = run._current.name  # the Python before the write
+            before = run.current_phase.name  # the Python before the write
             hooks.saving()  # what the save timers call as a write begins
             time.sleep(SLEEP)  # the work on the file after the write
-            seen.append((before, run._current.name))
+            seen.append((before, run.current_phase.name))
 
     class Probe(Base):
         def on_step_begin(self) -> None:
-            seen.append((run._current.name, "probe"))
+            seen.append((run.current_phase.name, "probe"))
 
     saver, probe = SaveEvery(), Probe()
     hooks.wrap(saver, ("on_step_end", "on_step_begin"), Base)  # on_step_begin is inherited: not wrapped
@@ -60,7 +61,7 @@ def test_a_hook_that_saves_is_checkpoint_as_a_whole_from_its_second_call_and_the
     assert seen == [("callbacks", "probe"), ("callbacks", "checkpoint"),
                     *[("callbacks", "probe"), ("checkpoint", "checkpoint")] * 3], seen
     seconds = run.cpu_phase_seconds()
-    assert seconds["checkpoint"] >= 4 * SLEEP and seconds["metrics"] == 0.0 and run._current is run._other
+    assert seconds["checkpoint"] >= 4 * SLEEP and seconds["metrics"] == 0.0 and run.current_phase is run.other_phase
     listed = hooks.snapshot()
     assert [(c["name"], c["phase"]) for c in listed] == [("SaveEvery.on_step_end", "checkpoint"),
                                                           ("Probe.on_step_begin", "callbacks")]
@@ -75,7 +76,7 @@ def test_a_hook_that_saves_every_third_call_is_predicted_on_the_third() -> None:
 
     class Every3(Base):
         def on_step_end(self) -> None:
-            starts.append(run._current.name)
+            starts.append(run.current_phase.name)
             if len(starts) % 3 == 0:
                 hooks.saving()
 

@@ -58,8 +58,9 @@ def verdict(utilization: float, shares: dict[str, float], seconds: float) -> Ver
     """The verdict diagnose and the status page give a GPU this busy with one live run of these shares: the run's
     causes (verdict.causes.find_causes, as the join finds them) judged by the ladder (verdict.ladder.judge)."""
     from gpu_exporter.thresholds import load_thresholds
-    from gpu_exporter.verdict.causes import RunSignals, find_causes
+    from gpu_exporter.verdict.causes import find_causes
     from gpu_exporter.verdict.ladder import judge
+    from gpu_exporter.verdict.signals import RunSignals
     from gpu_exporter.verdict.views import GpuView, RunView
 
     t = load_thresholds()
@@ -101,7 +102,7 @@ def test_watch_times_a_loop_and_close_restores_everything(tmp_path: Path) -> Non
     assert (run.steps, run.samples, run.batch_size) == (6, 24, 4)
     seconds = run.phase_seconds()
     assert all(seconds[p] > 0 for p in ("data", "compute", "checkpoint")), seconds
-    assert run._current is run._other
+    assert run.current_phase is run.other_phase
     # Everything is back: the loader's class, no hooks, torch.save calls straight through.
     assert type(loader) is DataLoader and "_gpu_exporter_data" not in vars(loader)
     assert "forward" not in vars(model)
@@ -371,7 +372,8 @@ def _check_attribution(shares: dict[str, tuple[float, float]], run: Any, hook: s
     """What the run counted against the device, and how its snapshot and the verdict name the saving callback."""
     from gpu_exporter.ingest import IngestSettings, TrainingStore
     from gpu_exporter.thresholds import load_thresholds
-    from gpu_exporter.verdict.causes import RunSignals, find_causes
+    from gpu_exporter.verdict.causes import find_causes
+    from gpu_exporter.verdict.signals import RunSignals
 
     print("\nphase -> (counted, device): " + ", ".join(f"{p} {c:.3f}/{t:.3f}" for p, (c, t) in shares.items()))
     assert shares["compute"][0] == pytest.approx(shares["compute"][1], abs=TRUTH), shares
@@ -532,8 +534,8 @@ def test_phase_stack_returns_to_each_phase_whatever_the_order_of_entering() -> N
 
         def forward(self, x: Any) -> Any:
             with stack.timed(metrics):  # e.g. a torchmetrics metric updated inside the model
-                seen.append(run._current.name)
-            seen.append(run._current.name)
+                seen.append(run.current_phase.name)
+            seen.append(run.current_phase.name)
             return self.a(x)
 
     model = Net()
@@ -542,10 +544,10 @@ def test_phase_stack_returns_to_each_phase_whatever_the_order_of_entering() -> N
     _, undo_step = time_optimizer_step([optimizer], stack, compute)
     with stack.timed(metrics):
         model(torch.randn(1, 2)).sum().backward()
-        seen.append(run._current.name)
+        seen.append(run.current_phase.name)
         optimizer.step()
-        seen.append(run._current.name)
-    seen.append(run._current.name)
+        seen.append(run.current_phase.name)
+    seen.append(run.current_phase.name)
     assert seen == ["metrics", "compute", "metrics", "metrics", "other"]
     class Broken(torch.nn.Module):
         def forward(self, x: Any) -> Any:
@@ -555,7 +557,7 @@ def test_phase_stack_returns_to_each_phase_whatever_the_order_of_entering() -> N
     undo_broken = time_forward([broken], stack, compute)
     with pytest.raises(ZeroDivisionError), stack.timed(metrics):  # a forward that raises still ends compute
         broken(torch.randn(1, 2))
-    assert run._current is run._other
+    assert run.current_phase is run.other_phase
     undo_forward()
     undo_step()
     undo_broken()

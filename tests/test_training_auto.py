@@ -137,7 +137,7 @@ def test_a_patch_that_fails_is_one_log_line_and_the_job_runs_on(monkeypatch: pyt
 
     from gpu_exporter.training import transformers as integration
 
-    monkeypatch.setattr(integration, "_class", [type("GpuExporterCallback", (integration._Hooks,), {})])
+    monkeypatch.setattr(integration, "_class", [type("GpuExporterCallback", (integration.CallbackMixin,), {})])
     monkeypatch.setattr(auto, "_state", auto._State())
 
     class Trainer:  # a Transformers version this module does not know

@@ -62,18 +62,18 @@ def test_nested_phase_pauses_the_outer_one() -> None:
             time.sleep(0.03)
             with run.phase("metrics"):  # re-entering the current phase changes nothing
                 time.sleep(0.01)
-        assert run._current.name == "compute"
+        assert run.current_phase.name == "compute"
     s = run.phase_seconds()
     assert s["metrics"] == pytest.approx(0.04, abs=0.01)
     assert s["compute"] == pytest.approx(0.02, abs=0.01)
-    assert run._current.name == OTHER
+    assert run.current_phase.name == OTHER
 
 
 def test_exception_inside_a_phase_still_closes_it() -> None:
     run = Run("exc", uuid="")
     with pytest.raises(RuntimeError), run.phase("compute"):
         raise RuntimeError("boom")
-    assert run._current.name == OTHER
+    assert run.current_phase.name == OTHER
 
 
 def test_custom_phases_up_to_the_cap() -> None:
@@ -105,7 +105,7 @@ def test_bad_arguments_give_one_line_errors(kwargs: dict[str, object], message: 
 def test_sync_every_synchronises_only_on_every_nth_step() -> None:
     run = Run("sync", uuid="", sync_every=2)
     calls: list[str] = []
-    run._sync_fn = lambda: calls.append(run._current.name)
+    run._sync_fn = lambda: calls.append(run.current_phase.name)
     compute = run.phase("compute")
     for step in range(1, 6):
         with compute:

@@ -46,7 +46,12 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .protocol import CHECKPOINT, DATA
+
+if TYPE_CHECKING:
+    from .run import Run
 
 ENV = "GPU_EXPORTER_AUTO"
 """The switch: set (to anything but ``0``/``false``/``no``/``off``/empty) to activate the startup hook."""
@@ -89,26 +94,98 @@ def _failed(what: str, err: BaseException) -> None:
 
 
 class _State:
-    """What :func:`install` did in this process, and the global run of a plain PyTorch job."""
+    """What :func:`install` did in this process."""
 
     def __init__(self) -> None:
         self.installed = False
+        self.done: set[str] = set()
+        """The watched modules patched."""
         self.framework = False
         """A framework callback was attached: the global torch timers stand aside."""
-        self.done: set[str] = set()
-        self.run: Any = None
         self.failed = False
-        self.thread = 0
-        self.first_optimizer: Any = None
-        self.pending_samples = 0
-        self.compute: Any = None
+        """The global torch timers failed once: they stay off."""
+        self.job: _Job | None = None
+        """The global run of a plain PyTorch job, once started."""
+        self.lock = threading.Lock()
+
+
+class _Job:
+    """The global run of a plain PyTorch job and its forward hooks (the rule of the module docstring).
+
+    Steps, samples and the end of ``compute`` are ``training.watch``'s (:class:`~.hooks.StepCounter`); what is
+    left here is the global forward hooks' part: which module call opens ``compute``, and their narrowing.
+    """
+
+    def __init__(self, run: Run) -> None:
+        from .hooks import StepCounter
+
+        self.run = run
+        self.thread = threading.get_ident()
+        """The thread that started the run: the global timers apply to its calls only."""
+        self.steps = StepCounter(run)
+        self.compute, self.other = self.steps.compute, run.other_phase
         self.opener: Any = None
         """The module whose evaluation forward opened ``compute`` (closed at its end)."""
-        self.module_hooks: list[Any] = []
         self.openers: list[Any] = []
         """The modules whose calls opened ``compute`` (the job's models), until the hooks are narrowed to them."""
+        self.module_hooks: list[Any] = []
         self.narrowed = False
-        self.lock = threading.Lock()
+        self.loader_noted = False
+
+    def forward_pre(self, module: Any) -> None:
+        if not self.other.is_open or self.run.closed or threading.get_ident() != self.thread:
+            return  # inside compute already, or in data / checkpoint / communication (a transform, a save)
+        self.compute.open()
+        openers = self.openers
+        if not self.narrowed and len(openers) < MAX_OPENERS and not any(m is module for m in openers):
+            openers.append(module)
+        torch = sys.modules["torch"]
+        if not (torch.is_grad_enabled() and module.training):
+            self.opener = module  # an evaluation forward: compute for its own duration
+        elif type(module).__name__ == "DistributedDataParallel" and getattr(module, "_gpu_exporter_run", None) is None:
+            from .hooks import enable_distributed
+
+            try:
+                enable_distributed(self.run, module)
+            except Exception as err:
+                _failed("timing the gradient all-reduce", err)
+
+    def forward_post(self, module: Any) -> None:
+        if module is self.opener:
+            self.opener = None
+            self.compute.close()
+
+    def optimizer_step_ends(self, optimizer: Any) -> None:
+        self.opener = None
+        self.steps.optimizer_step_ends(optimizer)
+        if not self.narrowed and self.run.steps >= NARROW_AFTER and self.openers:
+            self.narrow()
+
+    def narrow(self) -> None:
+        """Replace the global forward hooks with hooks on the modules that opened ``compute`` so far (the job's
+        models).
+
+        A global hook makes every module call of the job take torch's slow path (about 5 µs a call measured on a
+        loaded 2-core machine: 5 ms per forward of a thousand modules); on the top modules alone it costs that once
+        per forward. A module that first runs after this (a model used only for evaluation later) is not timed.
+        """
+        self.narrowed = True
+        hooks, self.module_hooks = self.module_hooks, []
+        for handle in hooks:
+            handle.remove()
+        for module in self.openers:
+            self.module_hooks.append(module.register_forward_pre_hook(_forward_pre))
+            self.module_hooks.append(module.register_forward_hook(_forward_post, always_call=True))
+        self.openers = []
+
+    def stop(self) -> None:
+        """Remove the forward hooks and close the run, ignoring their failures."""
+        hooks, self.module_hooks = self.module_hooks, []
+        for handle in hooks:
+            with contextlib.suppress(Exception):
+                handle.remove()
+        with contextlib.suppress(Exception):
+            self.run.close()
 
 
 _state = _State()
@@ -209,15 +286,15 @@ def _patch_torch(torch: Any) -> None:
     def __iter__(self: Any) -> Any:
         it = original(self)
         try:
-            run = _active_run(start=True)
-            if run is not None:
+            job = _active_job(start=True)
+            if job is not None:
                 from . import context
-                from .hooks import _TimedIterator
+                from .hooks import TimedIterator
 
-                if not getattr(run, "_auto_loader_noted", False):
-                    run._auto_loader_noted = True
-                    context.note_loader(run, self)
-                return _TimedIterator(it, run.phase("data"), _on_batch)
+                if not job.loader_noted:
+                    job.loader_noted = True
+                    context.note_loader(job.run, self)
+                return TimedIterator(it, job.run.phase(DATA), job.steps.fetched)
         except Exception as err:
             _disable(err)
         return it
@@ -231,11 +308,12 @@ def _patch_torch(torch: Any) -> None:
 
             def init_process_group(*args: Any, **kwargs: Any) -> Any:
                 result = init(*args, **kwargs)
-                if _state.run is not None and not _state.run.closed:
+                job = _state.job
+                if job is not None and not job.run.closed:
                     try:
                         from .session import watch_distributed
 
-                        watch_distributed(_state.run)
+                        watch_distributed(job.run)
                     except Exception as err:
                         _failed("timing collectives", err)
                 return result
@@ -258,41 +336,39 @@ def _in_worker() -> bool:
         return False
 
 
-def _active_run(start: bool) -> Any:
+def _active_job(start: bool) -> _Job | None:
     """The global run when the global timers apply to this call (main thread, no framework callback); with
     ``start``, started on first use."""
     state = _state
-    run = state.run
-    if run is not None:
-        if run.closed or state.framework or threading.get_ident() != state.thread:
+    job = state.job
+    if job is not None:
+        if job.run.closed or state.framework or threading.get_ident() != job.thread:
             return None
-        return run
+        return job
     if not start or state.framework or state.failed or threading.current_thread() is not threading.main_thread():
         return None
     with state.lock:
-        if state.run is None and not state.failed:
+        if state.job is None and not state.failed:
             _start_run()
-    return state.run if state.run is not None and not state.run.closed else None
+    job = state.job
+    return job if job is not None and not job.run.closed else None
 
 
 def _start_run() -> None:
     """Start the global run: ``training.start`` (pusher, collectives), ``torch.save``, the forward hooks."""
     if _in_worker():
         return
-    state = _state
     try:
         from .hooks import SaveTimer, start_run
 
         run, _ = start_run(_name(), None, {})
-        state.thread = threading.get_ident()
-        state.compute = run.phase("compute")
-        state.run = run
-        SaveTimer(run.phase("checkpoint"))
+        job = _state.job = _Job(run)
+        SaveTimer(run.phase(CHECKPOINT))
         import torch
 
         module = torch.nn.modules.module
-        state.module_hooks = [module.register_module_forward_pre_hook(_forward_pre),
-                              module.register_module_forward_hook(_forward_post, always_call=True)]
+        job.module_hooks = [module.register_module_forward_pre_hook(_forward_pre),
+                            module.register_module_forward_hook(_forward_post, always_call=True)]
         log.info("gpu_exporter.training: zero-code activation: timing run %r", run.name)
     except Exception as err:
         _disable(err)
@@ -309,104 +385,39 @@ def _disable(err: BaseException) -> None:
 
 def _stop() -> None:
     """Remove the global forward hooks and close the global run, ignoring their failures."""
-    state = _state
-    hooks, state.module_hooks = state.module_hooks, []
-    for handle in hooks:
-        with contextlib.suppress(Exception):
-            handle.remove()
-    run, state.run = state.run, None
-    if run is not None:
-        with contextlib.suppress(Exception):
-            run.close()
-
-
-def _on_batch(batch: Any) -> None:
-    from .hooks import batch_len
-
-    _state.pending_samples += batch_len(batch)
+    job, _state.job = _state.job, None
+    if job is not None:
+        job.stop()
 
 
 def _forward_pre(module: Any, args: Any) -> None:
-    run = _state.run
-    if run is None or _state.framework or run.closed:
-        return
-    current, compute = run._current, _state.compute
-    if current is compute or current is not run._other or threading.get_ident() != _state.thread:
-        return  # inside compute already, or in data / checkpoint / communication (a transform, a save)
-    compute.__enter__()
-    openers = _state.openers
-    if not _state.narrowed and len(openers) < MAX_OPENERS and not any(m is module for m in openers):
-        openers.append(module)
-    torch = sys.modules["torch"]
-    if not (torch.is_grad_enabled() and module.training):
-        _state.opener = module  # an evaluation forward: compute for its own duration
-    elif type(module).__name__ == "DistributedDataParallel" and getattr(module, "_gpu_exporter_run", None) is None:
-        from .hooks import _enable_distributed
-
-        try:
-            _enable_distributed(run, module)
-        except Exception as err:
-            _failed("timing the gradient all-reduce", err)
+    job = _state.job
+    if job is not None and not _state.framework:
+        job.forward_pre(module)
 
 
 def _forward_post(module: Any, args: Any, output: Any) -> None:
-    if module is _state.opener:
-        _state.opener = None
-        _end_compute()
-
-
-def _end_compute() -> None:
-    if _state.run is not None:
-        from .hooks import leave
-
-        leave(_state.compute)
+    job = _state.job
+    if job is not None:
+        job.forward_post(module)
 
 
 def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
-        run = _active_run(start=True)
-        if run is not None:
-            compute = _state.compute
-            if run._current is not compute:
-                compute.__enter__()
+        job = _active_job(start=True)
+        if job is not None:
+            job.steps.optimizer_step_begins()
     except Exception as err:
         _disable(err)
 
 
 def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
-        run = _active_run(start=False)
-        if run is None:
-            return
-        _state.opener = None
-        _end_compute()
-        if _state.first_optimizer is None:
-            _state.first_optimizer = optimizer
-        if optimizer is _state.first_optimizer:
-            run.step(samples=_state.pending_samples)
-            _state.pending_samples = 0
-            if not _state.narrowed and run.steps >= NARROW_AFTER and _state.openers:
-                _narrow()
+        job = _active_job(start=False)
+        if job is not None:
+            job.optimizer_step_ends(optimizer)
     except Exception as err:
         _disable(err)
-
-
-def _narrow() -> None:
-    """Replace the global forward hooks with hooks on the modules that opened ``compute`` so far (the job's models).
-
-    A global hook makes every module call of the job take torch's slow path (about 5 µs a call measured on a
-    loaded 2-core machine: 5 ms per forward of a thousand modules); on the top modules alone it costs that once per
-    forward. A module that first runs after this (a model used only for evaluation later) is not timed.
-    """
-    state = _state
-    state.narrowed = True
-    hooks, state.module_hooks = state.module_hooks, []
-    for handle in hooks:
-        handle.remove()
-    for module in state.openers:
-        state.module_hooks.append(module.register_forward_pre_hook(_forward_pre))
-        state.module_hooks.append(module.register_forward_hook(_forward_post, always_call=True))
-    state.openers = []
 
 
 # ---------------------------------------------------------------------------------------------- frameworks
@@ -451,11 +462,11 @@ def _patch_lightning(module: types.ModuleType, package: str) -> None:
     def before(kwargs: dict[str, Any]) -> None:
         from . import lightning
 
-        callback_type = lightning._callback_class(package)
+        callback_type = lightning.callback_class(package)
         _stand_aside()
         given = kwargs.get("callbacks")
         callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
-        if not any(isinstance(c, lightning._Hooks) for c in callbacks):
+        if not any(isinstance(c, lightning.CallbackMixin) for c in callbacks):
             kwargs["callbacks"] = [*callbacks, callback_type(_name())]
 
     _patch_init(module.Trainer, before, None, "Lightning")
@@ -469,7 +480,7 @@ def _patch_transformers(module: types.ModuleType) -> None:
 
         callback_type = integration.GpuExporterCallback
         _stand_aside()
-        if not any(isinstance(c, integration._Hooks) for c in trainer.callback_handler.callbacks):
+        if not any(isinstance(c, integration.CallbackMixin) for c in trainer.callback_handler.callbacks):
             trainer.add_callback(callback_type(_name()))
 
     _patch_init(module.Trainer, None, after, "Transformers")

@@ -33,7 +33,7 @@ from time import perf_counter
 from typing import Any
 
 from .hooks import MethodTimer, PhaseStack
-from .protocol import CALLBACK_PHASE, MAX_CALLBACKS, MAX_LABEL_LENGTH
+from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, MAX_LABEL_LENGTH
 from .run import Phase
 
 SAVE_METHODS = ("save_pretrained",)
@@ -88,7 +88,7 @@ def callbacks_phase(run: Any) -> Phase:
     try:
         phase: Phase = run.phase(CALLBACK_PHASE)
     except ValueError:
-        phase = run._other
+        phase = run.other_phase
     return phase
 
 
@@ -141,7 +141,7 @@ class CallbackTimer:
         active = self._active
         if active and not active[-1][1]:
             active[-1][1] = True
-            if self._stack.run._current is self._callbacks:
+            if self._callbacks.is_open:
                 self._stack.switch(self._checkpoint)
 
     def time_saves(self, objects: Iterable[Any], timer: Any) -> None:
@@ -161,7 +161,7 @@ class CallbackTimer:
     def snapshot(self) -> list[dict[str, Any]]:
         """The snapshot's ``callbacks`` field: the biggest hooks by seconds (pusher thread; a copy)."""
         hooks = sorted(((h.seconds, name, h.saves) for name, h in list(self.hooks.items()) if h.calls), reverse=True)
-        return [{"name": name, "seconds": seconds, "phase": "checkpoint" if saves else self._callbacks.name}
+        return [{"name": name, "seconds": seconds, "phase": CHECKPOINT if saves else self._callbacks.name}
                 for seconds, name, saves in hooks[:MAX_CALLBACKS]]
 
     def undo(self) -> None:

@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 from . import context as _context
 from .identity import default_run_name, resolve_run_id
+from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
 from .run import Phase, Run
 from .session import start, watch_distributed
 
@@ -85,19 +86,6 @@ def batch_len(batch: Any) -> int:
     return 0
 
 
-def to_other(run: Run) -> None:
-    """Leave every phase still open (one a failed backward or an unfinished save left), back to ``other``."""
-    while run._current is not run._other:
-        leave(run._current)
-
-
-def leave(phase: Phase) -> None:
-    """Close ``phase`` if it is the open one, however often it was entered again."""
-    if phase._run._current is phase:
-        phase._depth = 0
-        phase.__exit__(None, None, None)
-
-
 class PhaseStack:
     """Phase changes for the framework callbacks: one phase open at a time, and a stack of where to return.
 
@@ -111,9 +99,9 @@ class PhaseStack:
     >>> run = Run("doc", uuid=""); stack = PhaseStack(run)
     >>> compute, metrics = run.phase("compute"), run.phase("metrics")
     >>> with stack.timed(metrics), stack.timed(compute), stack.timed(metrics):
-    ...     run._current.name
+    ...     run.current_phase.name
     'metrics'
-    >>> run._current.name
+    >>> run.current_phase.name
     'other'
     """
 
@@ -124,12 +112,10 @@ class PhaseStack:
         self._stack: list[Phase] = []
 
     def switch(self, phase: Phase) -> None:
-        """Make ``phase`` the open phase (``run._other``: none)."""
-        run = self.run
-        if run._current is not phase:
-            to_other(run)
-            if phase is not run._other:
-                phase.__enter__()
+        """Make ``phase`` the open phase (``run.other_phase``: none)."""
+        if not phase.is_open:
+            self.run.close_phases()
+            phase.open()
 
     def base(self, phase: Phase) -> None:
         """Switch to ``phase`` and forget where to return (at the loop's fixed points: a batch starts or ends)."""
@@ -137,11 +123,11 @@ class PhaseStack:
         self.switch(phase)
 
     def push(self, phase: Phase) -> None:
-        self._stack.append(self.run._current)
+        self._stack.append(self.run.current_phase)
         self.switch(phase)
 
     def pop(self) -> None:
-        self.switch(self._stack.pop() if self._stack else self.run._other)
+        self.switch(self._stack.pop() if self._stack else self.run.other_phase)
 
     def timed(self, phase: Phase, before: Callable[[], None] | None = None) -> _Pushed:
         """A reusable context manager: ``phase`` while inside it, then back to what was open before
@@ -269,24 +255,27 @@ def time_overridden(obj: Any, names: Iterable[str], base: type | None, timer: Ab
     """Time calls of the hooks ``names`` that ``obj``'s class overrides (differs from ``base``'s); returns undo."""
     own = [n for n in names if callable(getattr(obj, n, None))
            and (base is None or getattr(type(obj), n, None) is not getattr(base, n, None))]
-    return MethodTimer(obj, timer, own).undo if own else _nothing
+    return MethodTimer(obj, timer, own).undo if own else do_nothing
 
 
-class _TimedIterator:
-    """An iterator over a loader's iterator whose ``next()`` is phase ``data``; other attributes pass through."""
+class TimedIterator:
+    """An iterator over a loader's iterator whose ``next()`` is ``phase`` (``data``): every phase still open is
+    closed first (a training forward's ``compute`` ends when the next batch is fetched); ``on_batch(batch)`` runs
+    after each batch; other attributes pass through to the iterator. Shared with zero-code activation (auto.py).
+    """
 
-    __slots__ = ("_it", "_on_batch", "_phase", "_run")
+    __slots__ = ("_it", "_on_batch", "_other", "_phase", "_run")
 
     def __init__(self, it: Iterator[Any], phase: Phase, on_batch: Callable[[Any], None]) -> None:
-        self._it, self._phase, self._on_batch, self._run = it, phase, on_batch, phase._run
+        self._it, self._phase, self._on_batch, self._run = it, phase, on_batch, phase.run
+        self._other = phase.run.other_phase
 
-    def __iter__(self) -> _TimedIterator:
+    def __iter__(self) -> TimedIterator:
         return self
 
     def __next__(self) -> Any:
-        run = self._run
-        if run._current is not run._other:
-            to_other(run)
+        if not self._other.is_open:
+            self._run.close_phases()
         with self._phase:
             item = next(self._it)
         self._on_batch(item)
@@ -308,7 +297,7 @@ def _timed_class(cls: type) -> type:
     if timed is None:
         def __iter__(self: Any) -> Iterator[Any]:
             hooks = self.__dict__["_gpu_exporter_data"]
-            return _TimedIterator(cls.__iter__(self), *hooks)  # type: ignore[attr-defined]
+            return TimedIterator(cls.__iter__(self), *hooks)  # type: ignore[attr-defined]
 
         timed = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
                                             "__qualname__": cls.__qualname__})
@@ -333,7 +322,7 @@ class LoaderTimer:
             raise ValueError("training.watch: this loader is already watched")
         self._target = target
         self._cls = type(target)
-        _context.note_loader(phase._run, target)  # num_workers, pin_memory, ... for concrete remedies
+        _context.note_loader(phase.run, target)  # num_workers, pin_memory, ... for concrete remedies
         object.__setattr__(target, "_gpu_exporter_data", (phase, on_batch))
         object.__setattr__(target, "__class__", _timed_class(self._cls))
 
@@ -411,8 +400,8 @@ class MethodTimer:
         self._saved = []
 
 
-def _nothing() -> None:
-    pass
+def do_nothing() -> None:
+    """An undo that has nothing to undo."""
 
 
 def _restore(obj: Any, name: str, saved: Any) -> None:
@@ -443,6 +432,53 @@ def is_torchmetric(module: Any) -> bool:
     return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics") for c in type(module).__mro__)
 
 
+class StepCounter:
+    """The steps and the end of ``compute`` of the ``training.watch`` rule, shared with zero-code activation.
+
+    ``compute`` (open from a training forward through the loss and backward) also opens at an optimizer step
+    (:meth:`optimizer_step_begins`) and closes at its end (:meth:`optimizer_step_ends`); each step of the
+    first optimizer (given, else the first that steps) is a step of the run, with the samples of the batches
+    fetched since the previous one (:meth:`fetched`).
+
+    >>> from gpu_exporter.training.run import Run
+    >>> class Batch:
+    ...     shape = (8, 3)
+    >>> run = Run("doc", uuid=""); steps = StepCounter(run); steps.fetched(Batch())
+    >>> steps.optimizer_step_begins(); run.current_phase.name
+    'compute'
+    >>> steps.optimizer_step_ends("sgd"); run.current_phase.name, run.steps, run.samples
+    ('other', 1, 8)
+    """
+
+    __slots__ = ("compute", "first_optimizer", "run", "samples")
+
+    def __init__(self, run: Run, first_optimizer: Any = None) -> None:
+        self.run = run
+        self.compute = run.phase(COMPUTE)
+        self.first_optimizer = first_optimizer
+        self.samples = 0
+        """Samples fetched since the last step."""
+
+    def fetched(self, batch: Any) -> None:
+        """A batch was fetched: its samples go to the next step."""
+        self.samples += batch_len(batch)
+
+    def step(self) -> None:
+        """One step of the run, with the samples fetched since the last one."""
+        self.run.step(samples=self.samples)
+        self.samples = 0
+
+    def optimizer_step_begins(self) -> None:
+        self.compute.open()
+
+    def optimizer_step_ends(self, optimizer: Any) -> None:
+        self.compute.close()
+        if self.first_optimizer is None:
+            self.first_optimizer = optimizer
+        if optimizer is self.first_optimizer:
+            self.step()
+
+
 class Watch:
     """The hooks :func:`watch` put on a model, optimizer and loader; ``close()`` removes them all.
 
@@ -454,7 +490,6 @@ class Watch:
         self.run = run
         self._owns_run = owns_run
         self._undo: list[Callable[[], None]] = []
-        self._pending_samples = 0
         try:
             self._hook(model, optimizer, loader, metrics, checkpoints)
         except BaseException:
@@ -465,20 +500,22 @@ class Watch:
         import torch
 
         run = self.run
-        compute = run.phase("compute")
+        optimizers = _as_list(optimizer)
+        steps = StepCounter(run, optimizers[0] if optimizers else None)
+        compute = steps.compute
         step_each_batch = optimizer is None
 
         def on_batch(batch: Any) -> None:
-            self._pending_samples += batch_len(batch)
+            steps.fetched(batch)
             if step_each_batch:
-                self._step()
+                steps.step()
 
         if loader is not None:
-            self._undo.append(LoaderTimer(loader, run.phase("data"), on_batch).undo)
+            self._undo.append(LoaderTimer(loader, run.phase(DATA), on_batch).undo)
         if checkpoints:
-            self._undo.append(SaveTimer(run.phase("checkpoint")).undo)
+            self._undo.append(SaveTimer(run.phase(CHECKPOINT)).undo)
         for obj in metrics:
-            self._undo.append(MethodTimer(obj, run.phase("metrics")).undo)
+            self._undo.append(MethodTimer(obj, run.phase(METRICS)).undo)
 
         is_grad_enabled = torch.is_grad_enabled
 
@@ -486,38 +523,27 @@ class Watch:
             forward = model.forward
 
             def timed_forward(*args: Any, **kwargs: Any) -> Any:
-                opened = run._current is not compute
-                if opened:
-                    compute.__enter__()
+                opened = compute.open()
                 try:
                     return forward(*args, **kwargs)
                 finally:  # a training forward stays open through loss and backward, until optimizer.step
                     if opened and not (is_grad_enabled() and model.training):
-                        compute.__exit__(None, None, None)
+                        compute.close()
 
             saved = vars(model).get("forward", _MISSING)
             object.__setattr__(model, "forward", timed_forward)
             self._undo.append(lambda: _restore(model, "forward", saved))
-            _enable_distributed(run, model)
+            enable_distributed(run, model)
 
         def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
-            if run._current is not compute:
-                compute.__enter__()
-
-        optimizers = _as_list(optimizer)
+            steps.optimizer_step_begins()
 
         def step_post(opt: Any, args: Any, kwargs: Any) -> None:
-            leave(compute)
-            if opt is optimizers[0]:
-                self._step()
+            steps.optimizer_step_ends(opt)
 
         for opt in optimizers:
             self._undo.append(opt.register_step_pre_hook(step_pre).remove)
             self._undo.append(opt.register_step_post_hook(step_post).remove)
-
-    def _step(self) -> None:
-        self.run.step(samples=self._pending_samples)
-        self._pending_samples = 0
 
     def close(self) -> None:
         """Remove every hook, restore the loader and ``torch.save``, and close the run if watch started it."""
@@ -548,7 +574,7 @@ def _unwrap(optimizer: Any) -> Any:
     return optimizer
 
 
-def _enable_distributed(run: Run, model: Any) -> None:
+def enable_distributed(run: Run, model: Any) -> None:
     """Time collectives as ``communication`` when the job is distributed (training.watch_distributed).
 
     Hook point for the communication phase: with a DistributedDataParallel ``model``, its gradient

@@ -53,9 +53,9 @@ from .hooks import (
     MethodTimer,
     PhaseStack,
     SaveTimer,
-    _enable_distributed,
-    _nothing,
     batch_len,
+    do_nothing,
+    enable_distributed,
     model_parts,
     start_run,
     time_forward,
@@ -63,6 +63,7 @@ from .hooks import (
     time_overridden,
     torchmetrics_in,
 )
+from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
 from .run import Phase, Run
 
 CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
@@ -76,7 +77,7 @@ LOG_METHODS = ("log", "log_dict")
 """Methods of the LightningModule timed as ``metrics`` (the job's logging, also from a callback)."""
 
 
-class _Hooks:
+class CallbackMixin:
     """The callback's behaviour, independent of the Lightning package it is mixed into."""
 
     # Per-batch hooks this callback does not use: Lightning skips a hook that is not callable, so
@@ -85,7 +86,7 @@ class _Hooks:
     on_validation_batch_start = on_validation_batch_end = on_test_batch_start = on_test_batch_end = None
     on_predict_batch_start = on_predict_batch_end = None
     _base: type | None = None
-    """The package's ``Callback`` class (set by ``_callback_class``): a hook a callback leaves as is is not timed."""
+    """The package's ``Callback`` class (set by :func:`callback_class`): a hook a callback leaves as is is not timed."""
 
     def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
         super().__init__()
@@ -97,7 +98,7 @@ class _Hooks:
         self._data: Phase
         self._owns_run = False
         self._undo: list[Callable[[], None]] = []
-        self._open_update: Callable[[], None] = _nothing
+        self._open_update: Callable[[], None] = do_nothing
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         options = dict(self._options)
@@ -106,10 +107,10 @@ class _Hooks:
         run, self._owns_run = start_run(self.name, self._given_run, options)
         self.run = run
         self._stack = stack = PhaseStack(run)
-        self._compute, self._metrics, self._data = run.phase("compute"), run.phase("metrics"), run.phase("data")
+        self._compute, self._metrics, self._data = run.phase(COMPUTE), run.phase(METRICS), run.phase(DATA)
         compute, metrics = stack.timed(self._compute), stack.timed(self._metrics)
-        checkpoint_phase = run.phase("checkpoint")
-        other = stack.timed(run._other)
+        checkpoint_phase = run.phase(CHECKPOINT)
+        other = stack.timed(run.other_phase)
         undo = self._undo
         own = [c for c in getattr(trainer, "callbacks", ()) if c is not self
                and not any(c is k for k in getattr(trainer, "checkpoint_callbacks", ()))]
@@ -124,7 +125,7 @@ class _Hooks:
                 hooks.wrap(callback, TRAINING_HOOKS, self._base)
             hooks.time_saves(model_parts(pl_module), checkpoint)
             undo.append(hooks.undo)
-            run._callbacks = hooks.snapshot  # type: ignore[attr-defined]  # the snapshot's "callbacks" (run.py)
+            run.callback_report = hooks.snapshot
         undo.append(MethodTimer(pl_module, metrics, LOG_METHODS).undo)
         for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
             undo.append(MethodTimer(metric, metrics).undo)
@@ -138,7 +139,7 @@ class _Hooks:
         self._open_update, undone = time_optimizer_step(getattr(trainer, "optimizers", ()), stack, self._compute,
                                                         pre=False)
         undo.append(undone)
-        _enable_distributed(run, getattr(trainer.strategy, "model", None))
+        enable_distributed(run, getattr(trainer.strategy, "model", None))
         loader = first_loader(getattr(trainer, "train_dataloader", None))
         if loader is not None:
             _context.note_loader(run, loader)
@@ -149,7 +150,7 @@ class _Hooks:
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.run is not None:
-            self._stack.base(self.run._other)
+            self._stack.base(self.run.other_phase)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._open_update()
@@ -161,7 +162,7 @@ class _Hooks:
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
-            self._stack.base(self.run._other)
+            self._stack.base(self.run.other_phase)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:
@@ -182,9 +183,9 @@ class _Hooks:
         undo, self._undo = self._undo, []
         for fn in reversed(undo):
             fn()
-        self._open_update = _nothing
+        self._open_update = do_nothing
         if self.run is not None:
-            self._stack.base(self.run._other)
+            self._stack.base(self.run.other_phase)
             if self._owns_run:
                 self.run.close()
 
@@ -214,10 +215,10 @@ def first_loader(loaders: Any) -> Any:
 
 
 @functools.cache
-def _callback_class(package: str) -> type:
-    """``_Hooks`` mixed into ``<package>.Callback`` (``lightning.pytorch`` or ``pytorch_lightning``), built once."""
+def callback_class(package: str) -> type:
+    """:class:`CallbackMixin` mixed into ``<package>.Callback`` (``lightning.pytorch``, ``pytorch_lightning``); once."""
     base = importlib.import_module(package).Callback
-    return type("GpuExporterCallback", (_Hooks, base), {
+    return type("GpuExporterCallback", (CallbackMixin, base), {
         "__module__": __name__, "_base": base,
         "__doc__": f"Times a Lightning job's phases ({package}.Callback); see module doc."})
 
@@ -237,5 +238,5 @@ def __getattr__(name: str) -> Any:
     """The callback classes, built on first use for the Lightning package in use."""
     packages = {"LightningCallback": "lightning.pytorch", "PytorchLightningCallback": "pytorch_lightning"}
     if name in packages or name == "GpuExporterCallback":
-        return _callback_class(packages.get(name) or _default_package())
+        return callback_class(packages.get(name) or _default_package())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,8 +44,8 @@ from .hooks import (
     MethodTimer,
     PhaseStack,
     SaveTimer,
-    _enable_distributed,
     batch_len,
+    enable_distributed,
     model_parts,
     start_run,
     time_forward,
@@ -53,6 +53,7 @@ from .hooks import (
     time_overridden,
     torchmetrics_in,
 )
+from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
 from .run import Phase, Run
 
 TRAINING_HOOKS: tuple[str, ...] = ("on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
@@ -65,7 +66,7 @@ SAVE_HOOKS: tuple[str, ...] = ("on_save",)
 """Hooks of the other callbacks timed as ``checkpoint``."""
 
 
-class _Hooks:
+class CallbackMixin:
     """The callback's behaviour; mixed into ``transformers.TrainerCallback`` on first use."""
 
     _base: type | None = None
@@ -84,7 +85,7 @@ class _Hooks:
         run = self.run
         if run is None:
             return
-        self._stack.base(run._other if phase is None else self._phases[phase])
+        self._stack.base(run.other_phase if phase is None else self._phases[phase])
 
     def _count(self, batch: Any) -> None:
         self._samples += batch_len(batch)
@@ -96,21 +97,21 @@ class _Hooks:
         run, self._owns_run = start_run(self.name, self._given_run, options)
         self.run = run
         self._stack = stack = PhaseStack(run)
-        self._phases = {p: run.phase(p) for p in ("compute", "metrics", "checkpoint")}
-        compute, metrics = stack.timed(self._phases["compute"]), stack.timed(self._phases["metrics"])
+        self._phases = {p: run.phase(p) for p in (COMPUTE, METRICS, CHECKPOINT)}
+        compute, metrics = stack.timed(self._phases[COMPUTE]), stack.timed(self._phases[METRICS])
         undo = self._undo
         trainer = _find_trainer()
         callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
-        hooks = CallbackTimer(stack, self._phases["checkpoint"], callbacks_phase(run)) if callbacks else None
-        checkpoint = stack.timed(self._phases["checkpoint"], None if hooks is None else hooks.saving)
-        other = stack.timed(run._other)
+        hooks = CallbackTimer(stack, self._phases[CHECKPOINT], callbacks_phase(run)) if callbacks else None
+        checkpoint = stack.timed(self._phases[CHECKPOINT], None if hooks is None else hooks.saving)
+        other = stack.timed(run.other_phase)
         loader = kwargs.get("train_dataloader")
         if loader is not None:
-            undo.append(LoaderTimer(loader, run.phase("data"), self._count).undo)
+            undo.append(LoaderTimer(loader, run.phase(DATA), self._count).undo)
         undo.append(SaveTimer(checkpoint).undo)
         model = kwargs.get("model")
-        undo.append(time_forward(model_parts(model), stack, self._phases["compute"]))
-        undo.append(time_optimizer_step(kwargs.get("optimizer"), stack, self._phases["compute"])[1])
+        undo.append(time_forward(model_parts(model), stack, self._phases[COMPUTE]))
+        undo.append(time_optimizer_step(kwargs.get("optimizer"), stack, self._phases[COMPUTE])[1])
         if trainer is not None:
             undo.append(MethodTimer(trainer, metrics, ("training_step",)).undo)
             for obj, method, timer in ((trainer, "_prepare_inputs", other),
@@ -126,10 +127,10 @@ class _Hooks:
                 hooks.wrap(callback, TRAINING_HOOKS, self._base)
             hooks.time_saves([m for m in (model, getattr(model, "module", None)) if m is not None], checkpoint)
             undo.append(hooks.undo)
-            run._callbacks = hooks.snapshot  # type: ignore[attr-defined]  # the snapshot's "callbacks" (run.py)
+            run.callback_report = hooks.snapshot
         for metric in torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
             undo.append(MethodTimer(metric, metrics).undo)
-        _enable_distributed(run, model)
+        enable_distributed(run, model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._switch(None)
@@ -139,14 +140,14 @@ class _Hooks:
             return
         self.run.step(samples=self._samples)
         self._samples = 0
-        self._switch("metrics" if control.should_evaluate else "checkpoint" if control.should_save else None)
+        self._switch(METRICS if control.should_evaluate else CHECKPOINT if control.should_save else None)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._switch("metrics" if control.should_evaluate else "checkpoint" if control.should_save else None)
+        self._switch(METRICS if control.should_evaluate else CHECKPOINT if control.should_save else None)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.run is not None and self.run._current is self._phases["metrics"]:
-            self._switch("checkpoint" if control.should_save else None)
+        if self.run is not None and self._phases[METRICS].is_open:
+            self._switch(CHECKPOINT if control.should_save else None)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._switch(None)
@@ -183,12 +184,12 @@ _class: list[type] = []
 
 
 def __getattr__(name: str) -> Any:
-    """``GpuExporterCallback``: ``_Hooks`` mixed into ``transformers.TrainerCallback``, built on first use."""
+    """``GpuExporterCallback``: :class:`CallbackMixin` mixed into ``transformers.TrainerCallback`` on first use."""
     if name == "GpuExporterCallback":
         if not _class:
             from transformers import TrainerCallback
 
-            _class.append(type("GpuExporterCallback", (_Hooks, TrainerCallback), {
+            _class.append(type("GpuExporterCallback", (CallbackMixin, TrainerCallback), {
                 "__module__": __name__, "_base": TrainerCallback,
                 "__doc__": "Times a Hugging Face Trainer's phases; see the module doc."}))
         return _class[0]
