@@ -44,17 +44,17 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-for _path in (REPO / "tests", REPO / "exporter"):
+for _path in (REPO / "tests", REPO / "exporter"):  # the tests' loops and rules (test modules), the package
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
 import test_alerting_e2e  # noqa: E402
 from e2e import firing_causes, run_clis, shipped_fast_rules  # noqa: E402
 from gpu_exporter import catalog  # noqa: E402
-from servers import exporter_env, promql, run_exporter, run_prometheus, scrape_config  # noqa: E402
 
 from bench import causes_doc  # noqa: E402
 from bench.causes_cases import CAUSES, Case, Job, scenario, waves  # noqa: E402
+from testbed import exporter_env, promql, run_exporter, run_prometheus, scrape_config  # noqa: E402
 
 PATHS = ("alerts", "diagnose --url", "diagnose --prometheus-url", "report")
 CHANNEL_ENV = "GPU_SIM_DEVICE_DIR"
