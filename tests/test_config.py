@@ -247,7 +247,7 @@ def test_serve_help_gives_each_default_once_as_the_settings_take_it(capsys: pyte
     import re
 
     from gpu_exporter.cli import build_parser
-    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+    from gpu_exporter.commands.client_cli import EXIT_NO_DRIVER
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])

@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 from e2e import run_clis
 from gpu_exporter.cli import SUBCOMMANDS, build_parser
+from gpu_exporter.commands.client_cli import without_gc
 from gpu_exporter.commands.diagnose_render import render_text
-from gpu_exporter.commands.metrics_client import Snapshot, without_gc
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.causes import RunSignals, find_causes
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import INSTRUMENT_SNIPPET, judge
 from gpu_exporter.verdict.readings import from_snapshots
+from gpu_exporter.verdict.samples import Snapshot
 from gpu_exporter.verdict.views import GpuView, Process, RunView
 from servers import REPO, free_port, http_get, run_exporter, wait_until
 from test_query import run_cli

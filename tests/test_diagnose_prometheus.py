@@ -71,17 +71,18 @@ def test_a_matcher_naming_many_runs_is_escaped_and_posted(prometheus: str, monke
     """any_of() escapes RE2's metacharacters, a query longer than GET_LIMIT goes to Prometheus as a POST form, and
     any_of_chunks() splits a long matcher into parts that read the same series:
     a fleet-wide diagnose names every run whose remedy it words (diagnose_sources._Fleet.remedy_inputs)."""
-    from gpu_exporter.commands import metrics_client
-    from gpu_exporter.commands.metrics_client import GET_LIMIT, Prometheus, any_of, any_of_chunks
+    from gpu_exporter.commands import client_http, client_prometheus
+    from gpu_exporter.commands.client_prometheus import GET_LIMIT, Prometheus
+    from gpu_exporter.commands.promql_text import any_of, any_of_chunks
 
     sent: list[str | None] = []
-    fetch = metrics_client._fetch
+    fetch = client_http.fetch
 
     def recorded(*args: Any) -> bytes:
         sent.append(args[4] if len(args) > 4 else None)  # the form POSTed, None for a GET
         return fetch(*args)
 
-    monkeypatch.setattr(metrics_client, "_fetch", recorded)
+    monkeypatch.setattr(client_prometheus, "fetch", recorded)
     loader = len(promql(prometheus, 'gpu_training_steps_total{run="loader"}'))
     many = ["loader", *(f"l.ader{i}+(x)|[y]" for i in range(300))]  # "l.ader" must not match "loader"
     for names in (["loader", "l.ader"], many):

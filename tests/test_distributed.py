@@ -196,10 +196,10 @@ def test_live_page_and_diagnose_judge_show_the_ranks_side_by_side() -> None:
 
 def test_ranks_that_report_elsewhere_are_counted_and_named() -> None:
     """Two of four ranks on this node: the table says so and points to Prometheus for the whole run."""
-    from gpu_exporter.commands.metrics_client import snapshot_of
     from gpu_exporter.status_page import judge_node
     from gpu_exporter.thresholds import load_thresholds
     from gpu_exporter.verdict import ranks
+    from gpu_exporter.verdict.samples import snapshot_of
     from prometheus_client.parser import text_string_to_metric_families
 
     prev, cur = (snapshot_of(text_string_to_metric_families(_exposition(t, world_size=4)), t, 0.0) for t in (100, 110))

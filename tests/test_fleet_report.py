@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from gpu_exporter.commands.client_http import MetricsError
 from gpu_exporter.commands.fleet import (
     NONE,
     UNJUDGED,
@@ -28,7 +29,6 @@ from gpu_exporter.commands.fleet import (
     render_text,
     shares,
 )
-from gpu_exporter.commands.metrics_client import MetricsError
 from gpu_exporter.thresholds import load_thresholds
 from test_query import run_cli
 

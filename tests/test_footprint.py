@@ -9,7 +9,8 @@ from servers import exporter_env
 
 # What only a sub-command, a TLS/basic-auth web config, Kubernetes attribution or a training job needs.
 NOT_ON_THE_SERVE_PATH = (
-    "gpu_exporter.commands.query", "gpu_exporter.commands.diagnose", "gpu_exporter.commands.metrics_client",
+    "gpu_exporter.commands.query", "gpu_exporter.commands.diagnose", "gpu_exporter.commands.client_",
+    "gpu_exporter.commands.promql_text",
     "gpu_exporter.web_config", "gpu_exporter.kubernetes", "gpu_exporter.podresources", "grpc", "bcrypt",
     "gpu_exporter.training.run", "gpu_exporter.training.pusher", "gpu_exporter.simulate",
 )

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from gpu_exporter import cli
-from gpu_exporter.commands.metrics_client import Snapshot
 from gpu_exporter.commands.query import (
     APP_FIELDS,
     DEFAULT_LOOP_SECONDS,
@@ -34,6 +33,7 @@ from gpu_exporter.commands.query import (
     run_query,
     select_gpus,
 )
+from gpu_exporter.verdict.samples import Snapshot
 from servers import exporter_env, free_port, run_exporter
 
 # cli.py registers query and diagnose through their register() functions; until it does, the
@@ -441,7 +441,7 @@ def test_url_faster_than_the_exporter_polls_never_prints_a_repeated_poll() -> No
 
 def test_no_driver_is_one_sentence_and_the_same_exit_status_in_serve_and_query(tmp_path: Path) -> None:
     """A simulated node whose driver is missing: serve and query both exit EXIT_NO_DRIVER with one sentence."""
-    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+    from gpu_exporter.commands.client_cli import EXIT_NO_DRIVER
 
     scenario = tmp_path / "no-driver.yaml"
     scenario.write_text("driver_missing: true\ngpus:\n  - {name: T4, architecture: turing, memory_gib: 16}\n")
@@ -455,15 +455,16 @@ def test_no_driver_is_one_sentence_and_the_same_exit_status_in_serve_and_query(t
 
 
 def _client_args(**flags: Any) -> argparse.Namespace:
-    from gpu_exporter.commands.metrics_client import CLIENT_FLAGS
+    from gpu_exporter.commands.client_cli import CLIENT_FLAGS
 
     return argparse.Namespace(**{name: flags.get(name) for name in CLIENT_FLAGS})
 
 
 def test_one_helper_builds_the_connection_of_every_client_command(tmp_path: Path) -> None:
-    """metrics_client.connection: basic auth from --username/--password-file, a bearer token from a file or the
+    """client_cli.connection: basic auth from --username/--password-file, a bearer token from a file or the
     environment, TLS flags only for https, and one kind of credentials at a time."""
-    from gpu_exporter.commands.metrics_client import BEARER_TOKEN_ENV, MetricsError, connection
+    from gpu_exporter.commands.client_cli import BEARER_TOKEN_ENV, connection
+    from gpu_exporter.commands.client_http import MetricsError
 
     (tmp_path / "pw").write_text("s3cret\n")
     (tmp_path / "token").write_text("  t0ken\n")
@@ -497,7 +498,7 @@ def test_one_helper_builds_the_connection_of_every_client_command(tmp_path: Path
 @pytest.mark.parametrize("command", ["query", "diagnose", "report"])
 def test_every_client_command_has_the_same_connection_flags(command: str) -> None:
     from gpu_exporter.cli import build_parser
-    from gpu_exporter.commands.metrics_client import CLIENT_FLAGS
+    from gpu_exporter.commands.client_cli import CLIENT_FLAGS
 
     parser = build_parser(command)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
@@ -507,8 +508,9 @@ def test_every_client_command_has_the_same_connection_flags(command: str) -> Non
 
 def test_client_times_take_the_settings_duration_grammar() -> None:
     """-l, diagnose --window, report --step and --at/--from offsets read 500ms, 1m30s, 1.5h as serve's settings do."""
+    from gpu_exporter.commands.client_cli import parse_seconds, parse_time
+    from gpu_exporter.commands.client_http import MetricsError
     from gpu_exporter.commands.diagnose import _window
-    from gpu_exporter.commands.metrics_client import MetricsError, parse_seconds, parse_time
 
     assert _parse("-l", "500ms").loop == 0.5 and _parse("-l", "1m").loop == 60.0 and _parse("-l", "2").loop == 2.0
     with pytest.raises(argparse.ArgumentError, match="'1m1m' is not a duration"):
@@ -523,7 +525,7 @@ def test_client_times_take_the_settings_duration_grammar() -> None:
 
 
 def test_help_states_the_exit_statuses() -> None:
-    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+    from gpu_exporter.commands.client_cli import EXIT_NO_DRIVER
 
     result = run_cli("query", "--help")
     assert result.returncode == 0, result.stderr

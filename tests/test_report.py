@@ -209,7 +209,7 @@ def test_range_and_bad_input(recorded: tuple[str, dict[str, Any], Path]) -> None
 
 
 def _plus(stamp: str, seconds: float) -> str:
-    from gpu_exporter.commands.metrics_client import iso, parse_time
+    from gpu_exporter.commands.client_cli import iso, parse_time
     return iso(parse_time(stamp, "t") + seconds)
 
 

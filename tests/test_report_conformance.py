@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from gpu_exporter import cli
-from gpu_exporter.commands.metrics_client import Prometheus
+from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.report_sources import readings_over
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.ladder import BY_ROW, LADDER

@@ -145,7 +145,7 @@ def test_a_url_without_scheme_works_as_in_the_cli(tmp_path: os.PathLike[str], mo
     ("node7:99999", False)])
 def test_library_and_cli_take_the_same_urls(text: str, accepted: bool) -> None:
     """One rule (training.protocol.normalize_url): training.start and the CLI accept and refuse the same URLs."""
-    from gpu_exporter.commands.metrics_client import MetricsError, normalize_url
+    from gpu_exporter.commands.client_http import MetricsError, normalize_url
 
     cli: str | None = None
     cli_error = ""

@@ -112,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.log_level, config.log_format)
 
     from gpu_exporter.app import Exporter
-    from gpu_exporter.commands.metrics_client import EXIT_NO_DRIVER
+    from gpu_exporter.commands.client_cli import EXIT_NO_DRIVER
     from gpu_exporter.nvml import DriverNotFound
     from gpu_exporter.server import AddressInUse
 

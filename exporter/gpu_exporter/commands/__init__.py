@@ -1,7 +1,7 @@
 """Client-side sub-commands: ``query`` (nvidia-smi style CSV) and ``diagnose`` (a verdict per GPU).
 
-Both read GPUs through :mod:`gpu_exporter.commands.metrics_client`, from NVML, a running exporter
-or Prometheus. Nothing here is imported by ``serve``.
+Both read GPUs from NVML or a running exporter (:mod:`gpu_exporter.commands.client_sources`) or from
+Prometheus (:mod:`gpu_exporter.commands.client_prometheus`). Nothing here is imported by ``serve``.
 
 Project imports: gpu_exporter.catalog, gpu_exporter.collectors, gpu_exporter.config, gpu_exporter.nvml,
 gpu_exporter.simulate, gpu_exporter.thresholds, gpu_exporter.training.protocol, gpu_exporter.verdict,

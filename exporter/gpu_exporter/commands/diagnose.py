@@ -47,22 +47,20 @@ import sys
 import time
 from typing import Any, TextIO
 
-from gpu_exporter.commands.diagnose_render import render_json, render_text
-from gpu_exporter.commands.diagnose_sources import from_prometheus, from_prometheus_window
-from gpu_exporter.commands.metrics_client import (
-    DcgmSource,
-    ExporterSource,
-    MetricsError,
-    Prometheus,
+from gpu_exporter.commands.client_cli import (
     add_client_arguments,
     connection,
     fail,
     iso,
     parse_seconds,
     parse_time,
-    read_after,
     without_gc,
 )
+from gpu_exporter.commands.client_http import MetricsError
+from gpu_exporter.commands.client_prometheus import Prometheus
+from gpu_exporter.commands.client_sources import DcgmSource, ExporterSource, read_after
+from gpu_exporter.commands.diagnose_render import render_json, render_text
+from gpu_exporter.commands.diagnose_sources import from_prometheus, from_prometheus_window
 from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict import launches
 from gpu_exporter.verdict.join import unjoined_runs

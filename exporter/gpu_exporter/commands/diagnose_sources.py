@@ -14,7 +14,9 @@ import math
 from collections.abc import Iterable, Mapping
 
 from gpu_exporter import catalog
-from gpu_exporter.commands.metrics_client import MetricsError, Prometheus, any_of_chunks, promql_duration
+from gpu_exporter.commands.client_http import MetricsError
+from gpu_exporter.commands.client_prometheus import Prometheus
+from gpu_exporter.commands.promql_text import any_of_chunks, promql_duration
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.callbacks import hook_for
 from gpu_exporter.verdict.causes import BY_ID, Finding

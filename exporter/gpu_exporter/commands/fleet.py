@@ -45,15 +45,10 @@ from typing import Any
 from gpu_exporter import catalog
 from gpu_exporter.commands import report_render as render
 from gpu_exporter.commands import report_sources as sources
-from gpu_exporter.commands.metrics_client import (
-    Labels,
-    MetricsError,
-    Prometheus,
-    iso,
-    parse_seconds,
-    parse_time,
-    promql_duration,
-)
+from gpu_exporter.commands.client_cli import iso, parse_seconds, parse_time
+from gpu_exporter.commands.client_http import MetricsError
+from gpu_exporter.commands.client_prometheus import Prometheus
+from gpu_exporter.commands.promql_text import promql_duration
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict.causes import pct
 from gpu_exporter.verdict.funnel import Funnel, Slice
@@ -62,6 +57,7 @@ from gpu_exporter.verdict.funnel import lines as funnel_lines
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
+from gpu_exporter.verdict.samples import Labels
 from gpu_exporter.yamlfile import YamlError, YamlMap, parse
 
 KUBE_POD_OWNER = "kube_pod_owner"

@@ -31,22 +31,17 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from gpu_exporter import catalog
-from gpu_exporter.commands.metrics_client import (
+from gpu_exporter.commands.client_cli import (
     EXIT_NO_DRIVER,
-    ExporterSource,
-    MetricsError,
-    NoDriver,
-    NvmlSource,
-    Snapshot,
-    Source,
     add_client_arguments,
     client_flags_given,
     connection,
     fail,
-    new_poll_gap,
     parse_seconds,
-    read_after,
 )
+from gpu_exporter.commands.client_http import MetricsError
+from gpu_exporter.commands.client_sources import ExporterSource, NoDriver, NvmlSource, Source, new_poll_gap, read_after
+from gpu_exporter.verdict.samples import Snapshot
 
 DEFAULT_QUERY = "timestamp,name,utilization.gpu,utilization.memory,memory.used,memory.free"
 DEFAULT_LOOP_SECONDS = 5.0

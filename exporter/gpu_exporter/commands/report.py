@@ -23,9 +23,7 @@ from typing import Any
 
 from gpu_exporter.commands import fleet
 from gpu_exporter.commands import report_sources as sources
-from gpu_exporter.commands.metrics_client import (
-    MetricsError,
-    Prometheus,
+from gpu_exporter.commands.client_cli import (
     add_client_arguments,
     connection,
     fail,
@@ -34,6 +32,8 @@ from gpu_exporter.commands.metrics_client import (
     parse_time,
     without_gc,
 )
+from gpu_exporter.commands.client_http import MetricsError
+from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.report_render import RENDERERS, CauseSpan, Report, write
 from gpu_exporter.commands.report_sources import MIN_STEP, POINTS, WINDOW_STEPS, Launch, Totals
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration

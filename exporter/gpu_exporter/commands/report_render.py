@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_exporter.commands.metrics_client import fail, iso
+from gpu_exporter.commands.client_cli import fail, iso
 from gpu_exporter.verdict.causes import BY_ID, pct
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, SOURCES, UNKNOWN
 from gpu_exporter.verdict.timeline import Effective

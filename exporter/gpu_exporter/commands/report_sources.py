@@ -14,10 +14,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from gpu_exporter import catalog
+from gpu_exporter.commands.client_cli import iso
+from gpu_exporter.commands.client_http import MetricsError
+from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.diagnose_sources import from_prometheus_window
-from gpu_exporter.commands.metrics_client import Labels, MetricsError, Prometheus, iso, promql_duration
+from gpu_exporter.commands.promql_text import promql_duration
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
 from gpu_exporter.verdict.readings import Keys
+from gpu_exporter.verdict.samples import Labels
 from gpu_exporter.verdict.views import Readings
 
 _PHASES = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name
