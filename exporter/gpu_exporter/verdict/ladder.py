@@ -313,6 +313,9 @@ LADDER: tuple[Row, ...] = (
 
 BY_ROW: dict[str, Row] = {row.name: row for row in LADDER}
 
+VERDICT_TITLES: dict[str, str] = {row.verdict: row.title for row in reversed(LADDER)}
+"""Each verdict's title (its first row's), without the level: ``input_bound -> "input-bound (M1)"``."""
+
 
 def judge(view: GpuView, t: Thresholds) -> Verdict:
     """The one verdict for ``view`` under thresholds ``t``: the first row of :data:`LADDER` that holds.
