@@ -4,18 +4,18 @@ and a ``gpu-cause-<cause>.alerts`` group per cause (a warning and an info alert,
 
 Written as template text (``${key}`` placeholders), so the values come from thresholds.yml like
 everywhere else. Each cause's condition, alert reason and projection come from its kind
-(gpu_exporter.verdict.causes: ``Cause.promql``, ``alert_reason``, ``alert_projection``), next to the
+(gpu_exporter.verdict.kinds: ``Cause.promql``, ``alert_reason``, ``alert_projection``, ``alert_remedy``), next to the
 same logic in Python that gpu_exporter.verdict.causes.find_causes applies.
 """
 
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
-from gpu_exporter.verdict.causes import CAUSES, COMPUTED, HIDDEN, Cause
+from gpu_exporter.verdict.causes import CAUSES
+from gpu_exporter.verdict.kinds import COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
 from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, RUN_SEL, USEFUL, C, busier, held_low
-from gpu_exporter.verdict.remedies import alert_text
 
 from monitoring.model import Alert, Record, indent, wrap
 
@@ -89,8 +89,8 @@ def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
     held = f'max without (level) (last_over_time({CAUSE_SHARE}{{cause="{cause.cause}"}}[${{alert_hold}}]))'
     expr = (f"(\n    {held}\n  {'and' if lvl == LOW else 'unless'} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
-    description = (f"{WHERE} {cause.alert_reason()} The GPU is at {UTIL_NOW} ({gap}).{cause.alert_projection()} "
-                   f"{alert_text(cause.cause)}{cause.advice}")
+    description = (f"{WHERE} {cause.alert_reason(CAUSES)} The GPU is at {UTIL_NOW} ({gap}).{cause.alert_projection()} "
+                   f"{cause.alert_remedy()}{cause.advice}")
     labels = (("severity", BY_LEVEL[lvl].severity), ("level", lvl),
               *((("cause", cause.cause),) if lvl == TARGET else ()))
     return Alert(ALERTS.format(cause=cause.cause), name, expr, "cause_for", labels, summary, wrap(description))

@@ -1,4 +1,4 @@
-"""Rules for GPU processes nobody instrumented, generated from the evidence table (gpu_exporter.verdict.causes.HINTS).
+"""Rules for GPU processes nobody instrumented, generated from the evidence table (gpu_exporter.verdict.hints.HINTS).
 
 :func:`records` are the ``gpu-process-evidence.recording`` group, :func:`alerts` the
 ``gpu-process-evidence.alerts`` group (each spliced where its template names it). The recording rules turn the
@@ -11,7 +11,7 @@ The alert ``GpuUninstrumentedInputBound`` reads that series at two levels, like 
 *warning* with ``level="low"``, and prometheus/alertmanager.yml lets it replace GpuUtilizationLow for the
 GPU, so the one warning an operator gets for an uninstrumented job carries the /proc evidence and the
 real utilization; between that line and the target it is *info* (``level="target"``) and replaces
-GpuUtilizationBelowTarget. ``gpu_exporter.verdict.causes.find_hints`` is the same logic in Python
+GpuUtilizationBelowTarget. ``gpu_exporter.verdict.hints.find_hints`` is the same logic in Python
 (tests/test_evidence.py, ``test_promql_hints_equal_find_hints``, runs both on the same cases).
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict import evidence
-from gpu_exporter.verdict.causes import EVIDENCE_ALERT, HINTS, Hint
+from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, Hint
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.promql import GPU_SEL, HELD_LOW, C
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 from gpu_exporter.thresholds import ThresholdsFile
-from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT
+from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.efficiency import EFFICIENCY, GpuCause
+from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import LOW
 
 from monitoring import causes

@@ -2,7 +2,8 @@
 
 Each formula (M1's workers, M3's batch factor and size) and its PromQL sit side by side in
 gpu_exporter.verdict.remedies (``RULES``), as does the sentence a cause alert gets from them
-(``alert_text``, which monitoring.causes puts before the cause's advice); this only generates.
+(``Remedy.alert_text``, which monitoring.causes puts before the advice of the cause that carries it,
+``Cause.alert_remedy``); this only generates.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ MODULE_ROOTS = {"gpu_exporter": "gpu_exporter", "monitoring": "monitoring", "ver
                 "collectors": "gpu_exporter.collectors", "simulate": "gpu_exporter.simulate"}
 """The first part of a dotted name -> the module it stands for."""
 CLASS_MODULES = ("gpu_exporter.catalog", "gpu_exporter.thresholds", "gpu_exporter.verdict.causes",
+                 "gpu_exporter.verdict.kinds", "gpu_exporter.verdict.signals", "gpu_exporter.verdict.hints",
                  "gpu_exporter.verdict.ladder", "gpu_exporter.verdict.views", "gpu_exporter.verdict.levels",
                  "gpu_exporter.verdict.samples")
 

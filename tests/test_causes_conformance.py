@@ -31,7 +31,10 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.thresholds import load_thresholds
-from gpu_exporter.verdict.causes import CAUSES, LOW, TARGET, Finding, RunSignals, find_causes
+from gpu_exporter.verdict.causes import CAUSES, find_causes
+from gpu_exporter.verdict.kinds import Finding
+from gpu_exporter.verdict.levels import LOW, TARGET
+from gpu_exporter.verdict.signals import RunSignals
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "prometheus" / "rules"

@@ -24,11 +24,12 @@ from gpu_exporter.cli import SUBCOMMANDS, build_parser
 from gpu_exporter.commands.client_cli import without_gc
 from gpu_exporter.commands.diagnose_render import render_text
 from gpu_exporter.thresholds import load_thresholds
-from gpu_exporter.verdict.causes import RunSignals, find_causes
+from gpu_exporter.verdict.causes import find_causes
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import INSTRUMENT_SNIPPET, judge
 from gpu_exporter.verdict.readings import from_snapshots
 from gpu_exporter.verdict.samples import Snapshot
+from gpu_exporter.verdict.signals import RunSignals
 from gpu_exporter.verdict.views import GpuView, Process, RunView
 from servers import REPO, free_port, http_get, run_exporter, wait_until
 from test_query import run_cli
@@ -240,9 +241,8 @@ def _view(util: float | None, memory: float, processes: int = 1, runs: tuple[Run
           window: float = 60.0) -> GpuView:
     """A GPU view whose live runs carry the causes build_views would find for them."""
     t = load_thresholds()
-    limit = t.allocator_retries_threshold * max(1.0, window / t.allocator_window)
     judged = tuple(RunView(**{**r.__dict__, "findings": tuple(find_causes(
-        util, memory, RunSignals(r.shares, r.allocator_retries, r.allocator_ooms, r.batch_size), t, limit))})
+        util, memory, RunSignals(r.shares, r.allocator_retries, r.allocator_ooms, r.batch_size), t, window))})
         if r.live and util is not None else r for r in runs)
     procs = tuple(Process(str(70000 + i), "python train.py", 2**31) for i in range(processes))
     return GpuView("GPU-x", "0", "T", "", util, memory, processes, (), judged, procs)

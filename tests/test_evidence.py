@@ -1,5 +1,5 @@
 """Evidence for GPU processes nobody instrumented: /proc readings of real processes, the collector on
-simulated GPUs whose process is a real one, and the evidence table (causes.HINTS) row by row."""
+simulated GPUs whose process is a real one, and the evidence table (hints.HINTS) row by row."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpu_exporter.collectors.base import PollContext
 from gpu_exporter.collectors.evidence import MAX_AGE, STATES, Evidence, EvidenceCollector, ProcReader, parse_stat
 from gpu_exporter.nvml import Gpu
 from gpu_exporter.thresholds import load_thresholds
-from gpu_exporter.verdict.causes import HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, ProcessSignals, find_hints
+from gpu_exporter.verdict.hints import HINTS, MAIN_BUSY, STORAGE_WAIT, WORKERS_BUSY, ProcessSignals, find_hints
 from harness import Harness
 
 STANDINS = Path(__file__).with_name("evidence_standins.py")

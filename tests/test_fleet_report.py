@@ -160,7 +160,7 @@ def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
 def test_the_text_report_fits_100_columns_and_cuts_no_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The longest cause title (the unjudged one) and the money column fit; a remedy's "e.g." ends no sentence."""
     from gpu_exporter.commands.fleet import TEXT_WIDTH
-    from gpu_exporter.verdict.causes import HINTS
+    from gpu_exporter.verdict.hints import HINTS
 
     advice = next(h.advice for h in HINTS if "e.g. " in h.advice)  # the workers-saturated hint's
     r = _range()

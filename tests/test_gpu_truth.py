@@ -21,7 +21,8 @@ from gpu_exporter.simulate import torch_cuda
 from gpu_exporter.simulate.device import AsyncDevice, OpsDevice
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.training.run import Run
-from gpu_exporter.verdict.causes import RunSignals, find_causes
+from gpu_exporter.verdict.causes import find_causes
+from gpu_exporter.verdict.signals import RunSignals
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.thresholds import read_thresholds_file
-from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS
+from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.efficiency import EFFICIENCY
+from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS
 
 REPO = Path(__file__).resolve().parents[1]
 GRAFANA = REPO / "grafana"

@@ -18,8 +18,8 @@ from gpu_exporter.ingest import IngestSettings, TrainingStore, parse_context
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.training import context
 from gpu_exporter.training.run import Run
+from gpu_exporter.verdict.causes import BY_ID, CAUSES, CONTEXT_CAUSES
 from gpu_exporter.verdict.remedies import (
-    CAUSES,
     Context,
     batch_factor,
     batch_suggestion,
@@ -132,11 +132,11 @@ def test_a_run_gets_suggestions_for_the_causes_found_in_it_only() -> None:
     ctx = Context.of({"num_workers": 0, "cpu_cores": 16, "allocator_peak_bytes": 3 * GIB,
                       "gpu_memory_total_bytes": 80 * GIB})
     shares = {"data": 0.5, "compute": 0.5}
-    both = suggestions(ctx, CAUSES, shares, 2, 0.05, None, None, 0.8)
-    assert set(both) == set(CAUSES) == {"input_bound", "batch_too_small"}
-    assert suggestions(ctx, {"input_bound", "straggler"}, shares, 2, 0.05, None, None, 0.8) == \
+    both = suggestions(ctx, CAUSES, shares, 2, 0.05, None, None, 0.8)  # every cause is asked
+    assert set(both) == set(CONTEXT_CAUSES) == {"input_bound", "batch_too_small"}
+    assert suggestions(ctx, [BY_ID["input_bound"], BY_ID["straggler"]], shares, 2, 0.05, None, None, 0.8) == \
         {"input_bound": both["input_bound"]}
-    assert suggestions(ctx, {"checkpoint"}, shares, 2, 0.05, None, None, 0.8) == {}
+    assert suggestions(ctx, [BY_ID["checkpoint"]], shares, 2, 0.05, None, None, 0.8) == {}
 
 
 def test_suggestions_say_when_there_is_no_room() -> None:

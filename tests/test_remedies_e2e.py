@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from e2e import keep_output, run_clis, running_jobs, shipped_fast_rules
 from gpu_exporter.training.context import cpu_cores
-from gpu_exporter.verdict.remedies import CAUSES, suggested_workers
+from gpu_exporter.verdict.causes import CONTEXT_CAUSES
+from gpu_exporter.verdict.remedies import suggested_workers
 from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 pytestmark = pytest.mark.slow
@@ -94,7 +95,7 @@ def test_verdicts_carry_the_runs_own_numbers(stack: tuple[str, str]) -> None:
                                                    r"learning rate by \d+$", batch2["suggestion"]), batch2
         # A run gets a remedy for the causes found in it only (the Prometheus path reads no other run's context).
         runs = [r for g in gpus.values() for r in g["runs"] if r["run"] in ("mixed", "batch2")]
-        assert len(runs) == 2 and all(set(r["suggestions"]) == {c["cause"] for c in r["causes"]} & set(CAUSES)
+        assert len(runs) == 2 and all(set(r["suggestions"]) == {c["cause"] for c in r["causes"]} & set(CONTEXT_CAUSES)
                                       for r in runs), runs
         for loop in ("mixed", "batch2"):
             _keep(f"diagnose-{flag}-{loop}.txt", next(results).stdout)

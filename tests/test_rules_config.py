@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.thresholds import read_thresholds_file
-from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT
+from gpu_exporter.verdict.causes import CAUSES
+from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from servers import free_port, http_get, run_prometheus, wait_until
 

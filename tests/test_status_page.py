@@ -30,10 +30,10 @@ from gpu_exporter.thresholds import load_thresholds
 from servers import http_get, http_status, run_exporter, wait_until
 
 SCENARIO = Path(__file__).parent / "scenarios" / "status-page.yaml"
-STANDARD = ("data", "compute", "metrics", "checkpoint", "other")
+STANDARD = ("data", "compute", "metrics", "checkpoint", "communication", "other")
 RUNS = {  # uuid -> (run, phase shares)
-    "GPU-page-input": ("loader", (0.70, 0.22, 0.03, 0.0, 0.05)),
-    "GPU-page-healthy": ("bert", (0.02, 0.95, 0.01, 0.0, 0.02)),
+    "GPU-page-input": ("loader", (0.70, 0.22, 0.03, 0.0, 0.0, 0.05)),
+    "GPU-page-healthy": ("bert", (0.02, 0.93, 0.01, 0.0, 0.02, 0.02)),
 }
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -102,6 +102,8 @@ def test_status_json_judges_each_gpu_like_diagnose(node: tuple[str, dict[str, st
     assert loader["verdict"]["remedy"] and loader["verdict"]["runbook"].startswith("http")
     (run,) = loader["runs"]
     assert run["run"] == "loader" and dict(run["phases"])["data"] == pytest.approx(0.70, abs=0.05)
+    (bert,) = gpus["GPU-page-healthy"]["runs"]  # every standard phase, in the training protocol's order
+    assert [p for p, _ in bert["phases"]] == list(STANDARD), bert
     assert [p["pid"] for p in gpus["GPU-page-idle"]["processes"]] == ["52003"]
     assert gpus["GPU-page-idle"]["memory_used_ratio"] == pytest.approx(30 / 80)
     # effective utilization beside busy: the Hopper GPUs' SM activity from GPM (never above busy), the A100s none
@@ -157,6 +159,8 @@ def test_headless_chromium_renders_and_updates_the_page(node: tuple[str, dict[st
     assert re.search(r'class="verdict input_bound bad".*?<span class="code">M1</span>', html, re.S)
     assert 'class="verdict healthy"' in html and 'class="verdict idle_but_allocated bad"' in html
     assert "run <b>loader</b>" in html and re.search(r"</i>data 7\d%", html)  # data 70% +- the window's edges
+    legend = re.search(r"run <b>bert</b>.*?<span class=\"legend\">(.*?)</span>", html, re.S)
+    assert legend is not None and re.findall(r'<i class="ph (\w+)"></i>', legend.group(1)) == list(STANDARD), legend
     # the effective-utilization row of each card: SM activity from GPM on the H100s, unknown on the A100s
     rows = dict(re.findall(r'<section class="gpu" data-uuid="([^"]+)".*?<div class="row sm">(.*?)</small></div>', html,
                            re.S))

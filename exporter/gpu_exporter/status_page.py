@@ -33,6 +33,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import catalog
+from gpu_exporter.training.protocol import phase_order
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -53,8 +54,6 @@ at most this much younger than :data:`WINDOW_SECONDS`)."""
 """The status is recomputed at most this often; viewers in between get the cached answer."""
 POLL_MILLISECONDS = 2000
 """How often the page's script polls :data:`STATUS_PATH`."""
-PHASES = ("data", "compute", "metrics", "checkpoint", "other")
-"""Phase order on the page (custom phases follow)."""
 
 
 def judge_node(prev: Snapshot | None, cur: Snapshot, t: Thresholds, window_seconds: float
@@ -72,10 +71,6 @@ def judge_node(prev: Snapshot | None, cur: Snapshot, t: Thresholds, window_secon
         readings.utilization = {labels.get("uuid", ""): min(max(value, 0.0), 1.0)
                                 for labels, value in cur.series(catalog.GPU_UTILIZATION_RATIO.name)}
     return judged(readings, t, window_seconds)
-
-
-def _phase_order(shares: dict[str, float]) -> list[str]:
-    return [p for p in PHASES if p in shares] + sorted(p for p in shares if p not in PHASES)
 
 
 def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[str, Any]:
@@ -98,7 +93,7 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
             "processes": [{"pid": p.pid, "name": p.name, "memory_bytes": p.memory_bytes} for p in view.process_list],
             "pods": list(view.pods),
             "runs": [{"run": r.run, "rank": r.rank, "live": r.live, "since_start": r.since_start,
-                      "phases": [[p, r.shares[p]] for p in _phase_order(r.shares)]} for r in view.runs],
+                      "phases": [[p, r.shares[p]] for p in phase_order(r.shares)]} for r in view.runs],
             "verdict": {"verdict": verdict.name, "title": verdict.title, "code": verdict.code,
                         "level": verdict.level, "reason": verdict.reason, "remedy": verdict.remedy,
                         "runbook": verdict.runbook, "below_target": verdict.below_target,

@@ -12,7 +12,7 @@ from dataclasses import is_dataclass
 from typing import Any, TextIO
 
 from gpu_exporter.thresholds import Thresholds
-from gpu_exporter.training.protocol import OTHER, STANDARD_PHASES
+from gpu_exporter.training.protocol import phase_order
 from gpu_exporter.verdict import ranks
 from gpu_exporter.verdict.causes import Finding, pct
 from gpu_exporter.verdict.views import GpuView, Verdict
@@ -20,11 +20,6 @@ from gpu_exporter.verdict.views import GpuView, Verdict
 NO_UUID_FIX = ("its snapshots carry no GPU UUID, so it cannot be joined to a GPU: start the job with "
                "CUDA_VISIBLE_DEVICES=GPU-<uuid> (nvidia-smi -L lists the UUIDs) or pass "
                "training.start(..., uuid=\"GPU-<uuid>\")")
-
-
-def _phase_order(shares: dict[str, float]) -> list[str]:
-    standard = [p for p in (*STANDARD_PHASES, OTHER) if p in shares]
-    return standard + sorted(p for p in shares if p not in standard)
 
 
 def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thresholds, out: TextIO,
@@ -42,7 +37,7 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
         for pod in view.pods:
             out.write(f"  pod          {pod}\n")
         for r in view.runs:
-            phases = ", ".join(f"{p} {pct(r.shares[p])}" for p in _phase_order(r.shares)) or "no phase time yet"
+            phases = ", ".join(f"{p} {pct(r.shares[p])}" for p in phase_order(r.shares)) or "no phase time yet"
             basis = "since the run started" if r.since_start else "in the window"
             batch = f", batch {r.batch_size:.0f}" if r.batch_size is not None else ""
             state = " [sampled from the Python stack]" if r.source else ""

@@ -19,13 +19,13 @@ from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.promql_text import any_of_chunks, promql_duration
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.callbacks import hook_for
-from gpu_exporter.verdict.causes import BY_ID, Finding
-from gpu_exporter.verdict.causes import LABEL as STRAGGLER_LABEL
+from gpu_exporter.verdict.causes import BATCH_CAUSE, BY_ID, CONTEXT_CAUSES
 from gpu_exporter.verdict.efficiency import dram_query, for_cluster, sm_query, tensor_query
+from gpu_exporter.verdict.kinds import LABEL as STRAGGLER_LABEL
+from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.levels import BY_LEVEL
 from gpu_exporter.verdict.readings import INSTANT, Keys, Pairs, instant
-from gpu_exporter.verdict.remedies import BATCH_CAUSE, GAUGES, read_contexts
-from gpu_exporter.verdict.remedies import CAUSES as CONTEXT_CAUSES
+from gpu_exporter.verdict.remedies import GAUGES, read_contexts
 from gpu_exporter.verdict.views import Readings
 
 _GPU, _RUN, _PROCESS = ("uuid",), ("run", "rank", "uuid"), ("uuid", "pid")
@@ -102,7 +102,7 @@ class _Fleet:
         return self.keys.relabel(self.raw(expr))
 
     def remedy_inputs(self, causes: Pairs, readings: Readings) -> None:
-        """Fill in the numbers of the concrete remedies (remedies.CAUSES) for the runs found with one of those causes
+        """Fill in the numbers of the concrete remedies (CONTEXT_CAUSES) for the runs found with one of those causes
         (``causes``: the cause series): their context gauges and their GPUs' memory, in two more queries that name
         those runs and GPUs. The judge words no other run's remedy. At 10,000 GPUs the nine context gauges of every
         rank were 30% of the series a fleet-wide diagnose read, and a PromQL join (``and on``) made Prometheus read

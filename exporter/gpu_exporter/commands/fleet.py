@@ -50,7 +50,7 @@ from gpu_exporter.commands.client_http import MetricsError
 from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.promql_text import promql_duration
 from gpu_exporter.thresholds import Thresholds
-from gpu_exporter.verdict.causes import pct
+from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.funnel import Funnel, Slice
 from gpu_exporter.verdict.funnel import funnel as funnel_of
 from gpu_exporter.verdict.funnel import lines as funnel_lines

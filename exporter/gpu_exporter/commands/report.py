@@ -37,8 +37,9 @@ from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.report_render import RENDERERS, CauseSpan, Report, write
 from gpu_exporter.commands.report_sources import MIN_STEP, POINTS, WINDOW_STEPS, Launch, Totals
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
-from gpu_exporter.verdict.causes import BY_ID, HINTS_BY_ID
+from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
+from gpu_exporter.verdict.hints import HINTS_BY_ID
 from gpu_exporter.verdict.timeline import Span, Timeline, effective, projection_share
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter.commands.client_cli import fail, iso
-from gpu_exporter.verdict.causes import BY_ID, pct
+from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, SOURCES, UNKNOWN
+from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.timeline import Effective
 
 PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "checkpoint": "#8e44ad",

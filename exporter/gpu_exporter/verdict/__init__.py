@@ -4,8 +4,11 @@ The package is pure (no HTTP, no CLI, no NVML) so that ``diagnose``, the status 
 and the rule generators (monitoring/) all use the same definitions:
 
 * :mod:`~gpu_exporter.verdict.levels`: the levels ``low`` and ``target`` and their thresholds keys;
-* :mod:`~gpu_exporter.verdict.causes`: the cause table (M1, M2, CK, M3, M4, ST), the evidence hints
-  for uninstrumented jobs, and :func:`~gpu_exporter.verdict.causes.find_causes`;
+* :mod:`~gpu_exporter.verdict.causes`: the cause table (M1, M2, CK, CB, M3, M4, ST, CM) and its judge,
+  :func:`~gpu_exporter.verdict.causes.find_causes`; :mod:`~gpu_exporter.verdict.kinds`: the kinds of cause (a
+  class each: its condition, words and alert text) and their findings; :mod:`~gpu_exporter.verdict.signals`: what a
+  run reports that they read; :mod:`~gpu_exporter.verdict.hints`: the evidence hints for uninstrumented jobs;
+  :mod:`~gpu_exporter.verdict.format`: figures in words (``pct``, ``seconds``, ``cores``);
 * :mod:`~gpu_exporter.verdict.ladder`: the whole ladder of verdicts as one table, and the judge;
 * :mod:`~gpu_exporter.verdict.samples`, :mod:`~gpu_exporter.verdict.readings`: a node's samples and the
   readings made of them; :mod:`~gpu_exporter.verdict.views`: readings, views and the verdict;

@@ -12,8 +12,8 @@ the step (:data:`RECORD`). Two rows of the cause table use :class:`NamedCallback
   fills the phase.
 
 Both say ``"`SaveEvery.on_train_batch_end` takes 63% of the step"`` (:func:`hook_text`) in diagnose
-(from :attr:`RunSignals.callback <gpu_exporter.verdict.causes.RunSignals>`) and in the alert's text (a
-lookup of the recorded share). A mixin, not a subclass of ``causes.Cause``: the cause table imports
+(from :attr:`RunSignals.callback <gpu_exporter.verdict.signals.RunSignals>`) and in the alert's text (a
+lookup of the recorded share). A mixin, not a subclass of ``kinds.Cause``: the cause kinds import
 this module, never the other way round.
 
 >>> hook_text("SaveEvery.on_train_batch_end", 0.634)
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import CALLBACK_PHASE
@@ -38,7 +38,16 @@ RECORD = (SHARE,
           "The share of the step (0-1) the run's biggest callback hook of its own takes (labels callback, phase).")
 """The recording rule of the hook's share (name, expression, comment; :meth:`NamedCallback.records`)."""
 
-CB_WORDS: dict[str, str] = {
+class Words(TypedDict):
+    """A row's words (the cause table's ``doing``, ``hidden``, ``remedy``, ``advice``)."""
+
+    doing: str
+    hidden: str
+    remedy: str
+    advice: str
+
+
+CB_WORDS: Words = {
     "doing": "in callback hooks of its own (work on the training thread between steps that is not GPU work)",
     "hidden": "if the callbacks' work ran off the training thread",
     "remedy": "move the callback's work off the training thread (a background thread or process), or do it "
@@ -67,12 +76,12 @@ def hook_for(phase: str, hook: tuple[str, str, float] | None) -> str:
 
 
 class NamedCallback:
-    """Mixin for a phase cause (``causes.Phase``) whose verdict names the callback hook that fills its phase."""
+    """Mixin for a phase cause (``kinds.Phase``) whose verdict names the callback hook that fills its phase."""
 
     phase: str
 
-    def find(self, u: float, memory: float | None, run: Any, t: Any, lvl: str, limit: float) -> Any:
-        found = super().find(u, memory, run, t, lvl, limit)  # type: ignore[misc]
+    def find(self, u: float, memory: float | None, run: Any, t: Any, lvl: str, window_seconds: float) -> Any:
+        found = super().find(u, memory, run, t, lvl, window_seconds)  # type: ignore[misc]
         text = hook_for(self.phase, getattr(run, "callback", None))
         return replace(found, callback=text) if found is not None and text else found
 
@@ -80,8 +89,8 @@ class NamedCallback:
         text: str = super().reason(f, run, rank)  # type: ignore[misc]
         return f"{text[:-1]}: {f.callback}." if f.callback else text
 
-    def alert_reason(self) -> str:
-        base: str = super().alert_reason()  # type: ignore[misc]
+    def alert_reason(self, table: Any) -> str:
+        base: str = super().alert_reason(table)  # type: ignore[misc]
         sel, args = RUN_SEL
         query = f'printf "topk(1, {SHARE}{{phase=%q,{sel[1:]})" "{self.phase}" {args}'
         return (f"{base}{{{{ with {query} | query }}}} `{{{{ . | first | label \"callback\" }}}}` takes "

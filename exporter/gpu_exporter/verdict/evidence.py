@@ -2,9 +2,9 @@
 
 The exporter's ``evidence`` collector exports gpu_process_* counters (CPU of the process and of
 its children, worker children, bytes read, main-thread state seconds). Here they become one
-:class:`~gpu_exporter.verdict.causes.ProcessSignals` per process: from two readings of an exporter
+:class:`~gpu_exporter.verdict.hints.ProcessSignals` per process: from two readings of an exporter
 (the counter deltas over the window, :func:`from_snapshots`) or from Prometheus: the recording rules
-of monitoring/evidence.py, whose hint series say which rows of :data:`~gpu_exporter.verdict.causes.HINTS`
+of monitoring/evidence.py, whose hint series say which rows of :data:`~gpu_exporter.verdict.hints.HINTS`
 passed (:func:`from_series`, which ``diagnose --prometheus-url`` calls with its query), or the raw counters'
 rates over any window (:func:`from_window`: ``diagnose --window``, ``report``; the table then finds the
 hints). The rates of both are :func:`rates` (the rules' with the window 5m). The verdict uses
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from gpu_exporter import catalog
-from gpu_exporter.verdict.causes import HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
+from gpu_exporter.verdict.hints import HINTS_BY_ID, Hint, ProcessSignals, find_hints, hint_text
 from gpu_exporter.verdict.samples import Labels, Snapshot
 
 if TYPE_CHECKING:

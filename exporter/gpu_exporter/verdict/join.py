@@ -15,9 +15,11 @@ from typing import Any
 
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.verdict import evidence, ranks, remedies
-from gpu_exporter.verdict.causes import Finding, RunSignals, allocator_limit, cause_order, find_causes
+from gpu_exporter.verdict.causes import cause_order, find_causes
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
+from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.readings import Keys
+from gpu_exporter.verdict.signals import RunSignals
 from gpu_exporter.verdict.views import GpuView, Readings, RunKey, RunView
 
 SM_BATCH = EFFICIENCY_BY_ID["sm_batch_too_small"].cause
@@ -88,7 +90,7 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
         return []
     signals = RunSignals(run.shares, run.allocator_retries, run.allocator_ooms, run.batch_size,
                          communication, run.step_seconds, readings.callbacks.get(key))
-    return find_causes(util, memory, signals, t, allocator_limit(t, window_seconds))
+    return find_causes(util, memory, signals, t, window_seconds)
 
 
 def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t: Thresholds,
@@ -104,11 +106,11 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
         changes.update(source="sampled", batch_size=None)  # the stack sampler sees no batch
         batch = None
     ctx = readings.contexts.get(key)
-    causes = {f.cause.cause for f in changes.get("findings", run.findings)}
+    causes = {f.cause.cause: f.cause for f in changes.get("findings", run.findings)}
     if ctx is not None and causes:
-        changes["suggestions"] = remedies.suggestions(ctx, causes, run.shares, batch, readings.utilization.get(gpu),
-                                                      readings.memory_used.get(gpu), readings.memory_total.get(gpu),
-                                                      t.remedy_memory_target_ratio)
+        changes["suggestions"] = remedies.suggestions(ctx, causes.values(), run.shares, batch,
+                                                      readings.utilization.get(gpu), readings.memory_used.get(gpu),
+                                                      readings.memory_total.get(gpu), t.remedy_memory_target_ratio)
     sm = readings.sm_active.get(gpu)
     busy = readings.utilization.get(gpu)
     if (ctx is not None and run.live and not causes and busy is not None and busy >= t.utilization_target

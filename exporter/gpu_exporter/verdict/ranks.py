@@ -21,7 +21,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.training.protocol import COMMUNICATION
-from gpu_exporter.verdict.causes import Finding, cause_order, pct, seconds
+from gpu_exporter.verdict.causes import cause_order
+from gpu_exporter.verdict.format import pct, seconds
+from gpu_exporter.verdict.kinds import Finding
 
 if TYPE_CHECKING:
     from gpu_exporter.verdict.views import GpuView, RunView, Verdict

@@ -10,7 +10,8 @@ Each formula is written here twice, side by side: in Python for the judge (:func
 :func:`batch_factor`: diagnose, the status page, the report) and in PromQL (:data:`WORKERS`, :data:`BATCH`:
 the recording rules ``run:gpu_training_remedy:num_workers``, ``run:gpu_training_remedy:batch_factor`` and
 ``run:gpu_training_remedy:batch_size``, with the sentence a cause alert's description gets from them,
-:func:`alert_text`). monitoring/remedies.py only turns :data:`RULES` into the ``gpu-remedy.recording``
+:meth:`Remedy.alert_text`). The cause table's rows carry them (``Cause.suggests``: M1 :data:`WORKERS_REMEDY`,
+M3 :data:`BATCH_REMEDY`). monitoring/remedies.py only turns :data:`RULES` into the ``gpu-remedy.recording``
 group; tests/test_remedies.py (``test_promql_remedies_equal_the_python_formulas``, promtool) checks the
 rules give the Python formulas' numbers.
 
@@ -36,17 +37,17 @@ a GPU busy ``u / c`` of the compute phase can at most get ``c / u`` times more w
 >>> [rule.name for rule in RULES]  # doctest: +NORMALIZE_WHITESPACE
 ['run:gpu_training_remedy:num_workers', 'run:gpu_training_remedy:batch_factor',
  'run:gpu_training_remedy:batch_size']
->>> alert_text("metrics_bound")
+>>> WORKERS_REMEDY.text(ctx, {"compute": 1.0}, None, 0.5, None, None, 0.8)  # no data phase: no numbers
 ''
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from textwrap import indent
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_exporter import catalog
 from gpu_exporter.catalog import MetricFamily
@@ -225,43 +226,73 @@ def batch_suggestion(ctx: Context, batch: float | None, utilization: float, comp
     return f"{have}: try batch {_n(b * k)} and scale the learning rate by {k}"
 
 
-WORKERS_CAUSE, BATCH_CAUSE = "input_bound", "batch_too_small"
-"""The cause ids (gpu_exporter.verdict.causes) of M1, worded by :func:`workers_suggestion`, and M3, by
-:func:`batch_suggestion`."""
-CAUSES = (WORKERS_CAUSE, BATCH_CAUSE)
-"""The causes a run's context gives numbers for: a run found with neither needs no context (diagnose reads the
-context gauges of the others only)."""
+class Remedy:
+    """A concrete remedy a row of the cause table carries (``Cause.suggests``): its suggestion from one run's
+    readings (:meth:`text`, the judge's) and the same from the recorded series of :data:`RULES` (:meth:`alert_text`,
+    template text the cause's alerts put before its advice, monitoring/causes.py). The cause is asked, never named:
+    a row without one (``suggests=None``) gets no numbers."""
+
+    def text(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
+             gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
+        raise NotImplementedError
+
+    def alert_text(self) -> str:
+        raise NotImplementedError
 
 
-def suggestions(ctx: Context, causes: Collection[str], shares: Mapping[str, float], batch: float | None,
-                utilization: float | None, gpu_used: float | None, gpu_total: float | None,
-                memory_target: float) -> dict[str, str]:
-    """The suggestion for each of ``causes`` (the run's findings) it has numbers for (cause id -> text), from one
-    run's readings."""
-    out = {}
-    if WORKERS_CAUSE in causes and "data" in shares:
-        out[WORKERS_CAUSE] = workers_suggestion(ctx, shares["data"])
-    compute = shares.get("compute", 0.0)
-    if BATCH_CAUSE in causes and utilization is not None and compute > 0:
-        out[BATCH_CAUSE] = batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total,
-                                                  memory_target)
-    return {k: v for k, v in out.items() if v}
+class Workers(Remedy):
+    """M1's: the DataLoader workers that keep up (:func:`workers_suggestion`, :data:`WORKERS`)."""
 
+    def text(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
+             gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
+        return workers_suggestion(ctx, shares["data"]) if "data" in shares else ""
 
-def alert_text(cause: str) -> str:
-    """Template text: the suggestion the alerts of ``cause`` (a cause id) carry in their description, before the
-    cause's advice (monitoring/causes.py), from the recorded series of :data:`RULES`; "" for other causes."""
-    if cause == WORKERS_CAUSE:
+    def alert_text(self) -> str:
         pin = run_query(catalog.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
         persistent = run_query(catalog.GPU_TRAINING_LOADER_PERSISTENT_WORKERS.name, " == 0")
         more = run_query(catalog.RUN_TRAINING_REMEDY_NUM_WORKERS.name, f" > on {RUN} ", joined=_W)
         return (f"{{{{ with {more} | query }}}}With its cores the run can use DataLoader(num_workers="
                 f"{{{{ . | first | value }}}}{{{{ with {pin} | query }}}}, pin_memory=True{{{{ end }}}}"
                 f"{{{{ with {persistent} | query }}}}, persistent_workers=True{{{{ end }}}}). {{{{ end }}}}")
-    if cause == BATCH_CAUSE:
+
+
+class Batch(Remedy):
+    """M3's: the batch the GPU's memory and idle time allow (:func:`batch_suggestion`, :data:`BATCH`)."""
+
+    def text(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
+             gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
+        compute = shares.get("compute", 0.0)
+        if utilization is None or compute <= 0:
+            return ""
+        return batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total, memory_target)
+
+    def alert_text(self) -> str:
         batch = run_query(catalog.RUN_TRAINING_REMEDY_BATCH_SIZE.name)
         factor = run_query(catalog.RUN_TRAINING_REMEDY_BATCH_FACTOR.name)
         return (f"{{{{ with {batch} | query }}}}Its memory allows batch {{{{ . | first | value }}}}"
                 f"{{{{ with {factor} | query }}}} (scale the learning rate by {{{{ . | first | value }}}})"
                 "{{ end }}. {{ end }}")
-    return ""
+
+
+WORKERS_REMEDY, BATCH_REMEDY = Workers(), Batch()
+"""The remedies of the cause table's M1 row and M3 row (gpu_exporter.verdict.causes)."""
+
+
+class Suggesting(Protocol):
+    """A cause as :func:`suggestions` asks it (gpu_exporter.verdict.kinds.Cause)."""
+
+    @property
+    def cause(self) -> str: ...
+
+    def suggestion(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
+                   gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str: ...
+
+
+def suggestions(ctx: Context, causes: Iterable[Suggesting], shares: Mapping[str, float], batch: float | None,
+                utilization: float | None, gpu_used: float | None, gpu_total: float | None,
+                memory_target: float) -> dict[str, str]:
+    """The suggestion of each of ``causes`` (the run's findings' causes) that has one for the run (cause id ->
+    text), from one run's readings: each cause is asked (``Cause.suggestion``)."""
+    out = {c.cause: c.suggestion(ctx, shares, batch, utilization, gpu_used, gpu_total, memory_target)
+           for c in causes}
+    return {k: v for k, v in out.items() if v}

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpu_exporter.verdict import remedies
-from gpu_exporter.verdict.causes import Finding, Hint, ProcessSignals
+from gpu_exporter.verdict.hints import Hint, ProcessSignals
+from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.samples import Labels
 
 RunKey = tuple[str, str, str]
@@ -81,7 +82,7 @@ class GpuView:
     process_list: tuple[Process, ...] = ()
     evidence: tuple[ProcessSignals, ...] = ()
     """What /proc showed of its processes (verdict/evidence.py); ``evidence_hint``: the first hint that
-    passed (an id of causes.HINTS) and ``evidence_finding`` its sentence; ``evidence_text`` all processes."""
+    passed (an id of hints.HINTS) and ``evidence_finding`` its sentence; ``evidence_text`` all processes."""
     evidence_hint: str = ""
     evidence_finding: str = ""
     evidence_text: str = ""
@@ -150,7 +151,7 @@ class Readings:
     """Causes read from Prometheus' recording rules; None: judge here with the cause table."""
     evidence: dict[str, list[ProcessSignals]] = field(default_factory=dict)
     hints: dict[tuple[str, str], list[tuple[Hint, float]]] | None = None
-    """Evidence hints per (GPU key, pid) from the recording rules; None: apply causes.HINTS here."""
+    """Evidence hints per (GPU key, pid) from the recording rules; None: apply hints.HINTS here."""
     contexts: dict[RunKey, remedies.Context] = field(default_factory=dict)
     sampled: set[RunKey] = field(default_factory=set)
     """The runs whose phases the exporter sampled (label ``source="sampled"``)."""
