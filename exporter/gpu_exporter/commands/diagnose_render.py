@@ -14,7 +14,8 @@ from typing import Any, TextIO
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.training.protocol import phase_order
 from gpu_exporter.verdict import ranks
-from gpu_exporter.verdict.causes import Finding, pct
+from gpu_exporter.verdict.format import pct
+from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.views import GpuView, Verdict
 
 NO_UUID_FIX = ("its snapshots carry no GPU UUID, so it cannot be joined to a GPU: start the job with "
