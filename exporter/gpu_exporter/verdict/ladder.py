@@ -51,8 +51,11 @@ from dataclasses import dataclass, replace
 
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
-from gpu_exporter.verdict.causes import CAUSES, EVIDENCE_ALERT, HINTS, HINTS_BY_ID, Cause, Finding, cause_order, pct
+from gpu_exporter.verdict.causes import CAUSES, cause_order
 from gpu_exporter.verdict.efficiency import EFFICIENCY, Activity, GpuCause, GpuFinding, effective_line, find_efficiency
+from gpu_exporter.verdict.format import pct
+from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, HINTS_BY_ID
+from gpu_exporter.verdict.kinds import Cause, Finding
 from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
