@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -74,6 +75,65 @@ def test_exception_inside_a_phase_still_closes_it() -> None:
     with pytest.raises(RuntimeError), run.phase("compute"):
         raise RuntimeError("boom")
     assert run.current_phase.name == OTHER
+
+
+def test_open_and_close_end_a_phase_however_it_was_entered() -> None:
+    """The integration API: open() never nests, close() leaves the phase at any depth, close_phases() all."""
+    start = perf_counter()
+    run = Run("api", uuid="", gpu_timing=False)
+    compute, metrics = run.phase("compute"), run.phase("metrics")
+    assert run.other_phase is run.phase(OTHER) and run.current_phase is run.other_phase and run.other_phase.is_open
+    assert compute.open() and not compute.open() and compute.is_open
+    compute.close()
+    assert run.current_phase is run.other_phase
+    with compute, compute, compute:  # nested twice: one close() leaves it all the same
+        metrics.close()  # not the open one: nothing happens
+        assert compute.is_open
+        compute.close()
+        assert run.current_phase is run.other_phase
+    assert run.current_phase is run.other_phase  # the with blocks' exits found it closed: no change
+    compute.open()
+    metrics.open()
+    time.sleep(0.01)
+    run.close_phases()
+    assert run.current_phase is run.other_phase and not metrics.is_open and metrics.run is run
+    seconds = run.phase_seconds()
+    assert seconds["metrics"] >= 0.01 and seconds["metrics"] <= sum(seconds.values()) <= perf_counter() - start
+
+
+def test_the_docs_integration_example_times_its_events() -> None:
+    """docs/training.md's "Writing an integration" example, copied verbatim, driven through a loop of events."""
+    text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
+    section = text[text.index("## Writing an integration"):]
+    section = section[:section.index("\n## ", 1)]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "docs/training.md", "exec"), namespace)
+
+    class Batch:
+        shape = (16, 3)
+
+    run = Run("doc-integration", uuid="", gpu_timing=False)
+    callback = namespace["MyFrameworkCallback"](run=run)
+    callback.on_train_start()
+    for _ in range(3):
+        time.sleep(0.01)  # the fetch
+        callback.on_batch_start(Batch())
+        time.sleep(0.005)  # the framework's bookkeeping: other
+        callback.on_forward_start()
+        callback.on_forward_start()  # a nested model call
+        time.sleep(0.01)
+        callback.on_forward_end()
+        assert run.current_phase.name == "compute"
+        callback.on_forward_end()
+        assert run.current_phase.name == OTHER
+        callback.on_batch_end(Batch())
+        assert run.current_phase.name == "data"
+    callback.on_train_end()
+    seconds = run.phase_seconds()
+    assert (run.steps, run.samples, run.current_phase) == (3, 48, run.other_phase)
+    assert seconds["data"] >= 0.03 and seconds["compute"] >= 0.03 and seconds[OTHER] >= 0.015
+    assert not run.closed  # the run was given: the callback does not close it
 
 
 def test_custom_phases_up_to_the_cap() -> None:
