@@ -10,7 +10,7 @@ the exporter builds the source, so reading the names (config does) costs nothing
 Modules here import only ``collectors.base``, ``catalog``, ``nvml`` and ``exposition``, never the poller
 or the app: the exporter's own health metrics live beside the poller (``selfmetrics``).
 
-Project imports: gpu_exporter.catalog, gpu_exporter.exposition, gpu_exporter.nvml.
+Project imports: gpu_exporter.catalog, gpu_exporter.exposition, gpu_exporter.nvml, gpu_exporter.training.protocol.
 
 >>> NAMES[:2]
 ('utilization', 'device')

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter.collectors.base import Assembly
+from gpu_exporter.training.protocol import CHECKPOINT, COMPUTE, DATA, OTHER
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,9 @@ WINDOW_SECONDS = 5
 """Seconds of one ``py-spy record`` run; the estimates move forward once per window."""
 
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("data", re.compile(r"[(/]torch/utils/data/")),
-    ("checkpoint", re.compile(r"[(/]torch/(serialization\.py|distributed/checkpoint/)|state_dict \(torch/")),
-    ("compute", re.compile(r"[(/]torch/(?!utils/|distributed/)")),
+    (DATA, re.compile(r"[(/]torch/utils/data/")),
+    (CHECKPOINT, re.compile(r"[(/]torch/(serialization\.py|distributed/checkpoint/)|state_dict \(torch/")),
+    (COMPUTE, re.compile(r"[(/]torch/(?!utils/|distributed/)")),
 )
 """Phase -> pattern on a frame (``function (file:line)``), tried from the outermost frame inward."""
 
@@ -68,7 +69,7 @@ def phase_of(frames: Sequence[str]) -> str:
         for phase, pattern in RULES:
             if pattern.search(frame):
                 return phase
-    return "other"
+    return OTHER
 
 
 def parse_raw(text: str, pid: int) -> dict[str, int]:
@@ -197,7 +198,7 @@ class PhaseSampler:
                 log.warning("py-spy may not read process %d (%s): no sampled phases for it; it needs "
                             "CAP_SYS_PTRACE (docs/runbooks.md, Sampled phases)", pid, err.strip().splitlines()[-1])
             return
-        seconds = self._seconds.setdefault(key, dict.fromkeys(("data", "compute", "checkpoint", "other"), 0.0))
+        seconds = self._seconds.setdefault(key, dict.fromkeys((DATA, COMPUTE, CHECKPOINT, OTHER), 0.0))
         self._started.setdefault(key, time.time() - elapsed)
         for phase, n in counts.items():
             seconds[phase] += elapsed * n / total

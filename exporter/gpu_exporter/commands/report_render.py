@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter.commands.client_cli import fail, iso
+from gpu_exporter.training.protocol import CHECKPOINT, COMMUNICATION, COMPUTE, DATA, METRICS, OTHER
 from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, SOURCES, UNKNOWN
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.timeline import Effective
 
-PHASE_COLORS = {"data": "#e4572e", "compute": "#2e86ab", "metrics": "#f3a712", "checkpoint": "#8e44ad",
-                "communication": "#29bf12", "other": "#9e9e9e"}
+PHASE_COLORS = {DATA: "#e4572e", COMPUTE: "#2e86ab", METRICS: "#f3a712", CHECKPOINT: "#8e44ad",
+                COMMUNICATION: "#29bf12", OTHER: "#9e9e9e"}
 
 STYLE = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:960px}"
          "table{border-collapse:collapse;margin:8px 0 20px}th,td{border:1px solid #ddd;padding:4px 8px;"

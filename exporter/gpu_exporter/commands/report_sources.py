@@ -19,6 +19,7 @@ from gpu_exporter.commands.client_http import MetricsError
 from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.diagnose_sources import from_prometheus_window
 from gpu_exporter.commands.promql_text import promql_duration
+from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
 from gpu_exporter.verdict.readings import Keys
 from gpu_exporter.verdict.samples import Labels
@@ -59,7 +60,7 @@ def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, cluste
     expr = (f"last_over_time({_PHASES}{{run={_quote(run)}}}[{lookback}])" if launch is None
             else launch.only(f"{_PHASES}{{run={_quote(run)}}}"))
     for labels, value in prom.at_time(when).query(expr):
-        out.setdefault(_key(labels, cluster_label), {})[labels.get("phase", "other")] = value
+        out.setdefault(_key(labels, cluster_label), {})[labels.get("phase", OTHER)] = value
     return out
 
 
@@ -200,7 +201,7 @@ def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, 
                 end = max(end, value)
         for labels, value in prom.at_time(when).query(launch.only(f"{_PHASES}{{run={_quote(launch.run)}}}")):
             if launch.key(labels) in keys:
-                totals.setdefault(launch.key(labels), {})[labels.get("phase", "other")] = value
+                totals.setdefault(launch.key(labels), {})[labels.get("phase", OTHER)] = value
     if not totals or end <= 0:
         raise MetricsError(f"Prometheus at {prom.base} holds no snapshot of run {launch.run!r} run id "
                            f"{launch.run_id!r} (its info series came without its timers)")

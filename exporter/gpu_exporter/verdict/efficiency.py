@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from gpu_exporter import catalog as m
+from gpu_exporter.training.protocol import COMPUTE
 from gpu_exporter.verdict.levels import threshold
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ __all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "INEFFECTIVE", "MEMORY", "S
            "find_efficiency", "for_cluster", "sm_query", "tensor_query"]
 
 C = "${cluster_label}"
-COMPUTE = "compute"
-"""The phase whose SM activity the verdict states where a run reports phases."""
 SOURCES = {"gpm": "GPM", "dcgm": "DCGM"}
 """The sources of SM activity (the recorded series' ``source`` label) and their names in words."""
 UNKNOWN = "SM activity unknown: enable GPM (Hopper and newer) or DCGM profiling (docs/dcgm-exporter.md)"

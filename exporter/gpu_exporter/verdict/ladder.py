@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.training.protocol import COMPUTE
 from gpu_exporter.verdict.causes import CAUSES, cause_order
 from gpu_exporter.verdict.efficiency import EFFICIENCY, Activity, GpuCause, GpuFinding, effective_line, find_efficiency
 from gpu_exporter.verdict.format import pct
@@ -221,7 +222,7 @@ def _uninstrumented(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 def _underutilized(row: Row, f: Facts, t: Thresholds) -> Verdict:
     run = f.live[0]
-    biggest = max(((p, s) for p, s in run.shares.items() if p != "compute"), key=lambda x: x[1], default=None)
+    biggest = max(((p, s) for p, s in run.shares.items() if p != COMPUTE), key=lambda x: x[1], default=None)
     detail = f"; its largest phase besides compute is {biggest[0]} at {pct(biggest[1])}" if biggest else ""
     return _below(row, f, t, f"{f.now()} (target {pct(t.utilization_target)}); no cause "
                              f"passes its threshold for run {run.run}{detail}.",

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from gpu_exporter import catalog
 from gpu_exporter.catalog import MetricFamily
-from gpu_exporter.training.protocol import CONTEXT_FIELDS
+from gpu_exporter.training.protocol import COMPUTE, CONTEXT_FIELDS, DATA
 from gpu_exporter.verdict.promql import RUN, C, run_query, share
 
 GAUGES: dict[str, MetricFamily] = {
@@ -133,7 +133,7 @@ def suggested_workers(workers: float, data_share: float, cores: float) -> float:
     return min(spare, max(workers + 1, math.ceil(max(workers, data_share) / (1.0 - data_share) - 1e-9)))
 
 
-_W, _S = catalog.GPU_TRAINING_LOADER_WORKERS.name, share("data")
+_W, _S = catalog.GPU_TRAINING_LOADER_WORKERS.name, share(DATA)
 _NEEDED = (f"ceil(\n  (\n      ({_W} >= {_S})\n    or\n      {_S}\n  )\n  / (1 - ({_S} < 1))\n  - 1e-9\n)\n"
            f"or\n({_S} >= 1) * 0 + Inf")
 """Workers that keep up with compute: ``ceil(max(w, s) / (1 - s))``; +Inf when all the time is data."""
@@ -164,7 +164,7 @@ def batch_factor(memory_used: float, memory_total: float, utilization: float, co
 _USED = (f"({catalog.GPU_TRAINING_ALLOCATOR_PEAK_BYTES.name} > 0)\nor\n"
          f"({catalog.GPU_TRAINING_MEMORY_USED_BYTES.name} > 0)\nor\n" + _per_run(catalog.GPU_MEMORY_USED_BYTES.name))
 _TOTAL = f"({catalog.GPU_TRAINING_MEMORY_TOTAL_BYTES.name} > 0)\nor\n" + _per_run(catalog.GPU_MEMORY_TOTAL_BYTES.name)
-_BUSY_LIMIT = (f"({share('compute')} > 0)\n/ on ({C}, uuid) group_left ()\n"
+_BUSY_LIMIT = (f"({share(COMPUTE)} > 0)\n/ on ({C}, uuid) group_left ()\n"
                f"max by ({C}, uuid) ({catalog.GPU_UTILIZATION_AVG5M.name})")
 _K = _min(f"${{remedy_memory_target_ratio}} * (\n{indent(_TOTAL, ' ' * 4)}\n) / (\n{indent(_USED, ' ' * 4)}\n)",
           _BUSY_LIMIT)
@@ -245,7 +245,7 @@ class Workers(Remedy):
 
     def text(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
              gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
-        return workers_suggestion(ctx, shares["data"]) if "data" in shares else ""
+        return workers_suggestion(ctx, shares[DATA]) if DATA in shares else ""
 
     def alert_text(self) -> str:
         pin = run_query(catalog.GPU_TRAINING_LOADER_PIN_MEMORY.name, " == 0")
@@ -261,7 +261,7 @@ class Batch(Remedy):
 
     def text(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
              gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
-        compute = shares.get("compute", 0.0)
+        compute = shares.get(COMPUTE, 0.0)
         if utilization is None or compute <= 0:
             return ""
         return batch_suggestion(ctx, batch, utilization, compute, gpu_used, gpu_total, memory_target)
