@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_exporter.thresholds import Thresholds
+from gpu_exporter.training.protocol import COMPUTE
 from gpu_exporter.verdict import evidence, ranks, remedies
 from gpu_exporter.verdict.causes import cause_order, find_causes
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
@@ -114,10 +115,10 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
     sm = readings.sm_active.get(gpu)
     busy = readings.utilization.get(gpu)
     if (ctx is not None and run.live and not causes and busy is not None and busy >= t.utilization_target
-            and sm is not None and sm[0] < t.sm_active_low and run.shares.get("compute")):
+            and sm is not None and sm[0] < t.sm_active_low and run.shares.get(COMPUTE)):
         # the SM form of M3 (verdict/efficiency.py), which a busy GPU only gets (a run with a cause of its own is
         # below the target): the batch that fills the SMs, from the SM activity in compute
-        text = remedies.batch_suggestion(ctx, batch, sm[0], run.shares["compute"], readings.memory_used.get(gpu),
+        text = remedies.batch_suggestion(ctx, batch, sm[0], run.shares[COMPUTE], readings.memory_used.get(gpu),
                                          readings.memory_total.get(gpu), t.remedy_memory_target_ratio)
         if text:
             changes["suggestions"] = {**changes.get("suggestions", {}), SM_BATCH: text}
