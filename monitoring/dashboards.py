@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog as m
-from gpu_exporter.commands.fleet import NONE, TEAM_TAG
 from gpu_exporter.verdict.causes import CAUSES
+from gpu_exporter.verdict.fleet import NONE, TEAM_TAG
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import common as cm

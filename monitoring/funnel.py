@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpu_exporter import catalog as m
-from gpu_exporter.commands.fleet import NONE
 from gpu_exporter.verdict.efficiency import EFFICIENCY, GpuCause
+from gpu_exporter.verdict.fleet import NONE
 from gpu_exporter.verdict.promql import C
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus, table

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from gpu_exporter import catalog
-from gpu_exporter.commands.fleet import LaunchRow, Point, Range, fleet, render_json, render_text
+from gpu_exporter.commands.fleet_render import render_json, render_text
 from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.fleet import LaunchRow, Point, Range, fleet
 from gpu_exporter.verdict.funnel import NO_CAUSE, Funnel, Slice, funnel
 from servers import http_get, run_prometheus, wait_until
 from test_alerting_e2e import fast_rules

@@ -12,24 +12,18 @@ from pathlib import Path
 
 import pytest
 from gpu_exporter.commands.client_http import MetricsError
-from gpu_exporter.commands.fleet import (
-    NONE,
-    UNJUDGED,
-    LaunchRow,
-    Point,
-    Range,
-    fleet,
-    keep_launches,
-    load_prices,
+from gpu_exporter.commands.fleet_render import (
+    fleet_json,
     render_html,
     render_list_json,
     render_list_markdown,
     render_list_text,
     render_markdown,
     render_text,
-    shares,
 )
+from gpu_exporter.commands.fleet_sources import load_prices
 from gpu_exporter.thresholds import load_thresholds
+from gpu_exporter.verdict.fleet import NONE, UNJUDGED, LaunchRow, Point, Range, fleet, keep_launches, shares
 from test_query import run_cli
 
 T = load_thresholds(None)
@@ -116,11 +110,12 @@ def test_the_list_of_runs() -> None:
 
 
 def test_the_kubernetes_owner_of_the_pods_groups_gpu_time_and_names_a_run() -> None:
-    """kube-state-metrics' kube_pod_owner (fleet.pod_owners) names the Job or PyTorchJob behind a pod; without it,
-    the report has no owner table and the list shows the pods."""
+    """kube-state-metrics' kube_pod_owner (fleet_sources.pod_owners) names the Job or PyTorchJob behind a pod;
+    without it, the report has no owner table and the list shows the pods."""
     from dataclasses import replace
 
-    from gpu_exporter.commands.fleet import owner_map, owners_of
+    from gpu_exporter.commands.fleet_sources import owner_map
+    from gpu_exporter.verdict.fleet import owners_of
 
     bare = _range()
     assert fleet(bare, None).by_owner == {} and "Kubernetes owner" not in render_text(fleet(bare, None))
@@ -137,7 +132,7 @@ def test_the_kubernetes_owner_of_the_pods_groups_gpu_time_and_names_a_run() -> N
     assert {k: round(v.gpu_hours * 3600, 6) for k, v in f.by_owner.items()} == {
         "PyTorchJob/train": 20.0, "ReplicaSet/serve-7f": 20.0}
     assert "Kubernetes owner" in render_text(f)
-    assert {row["owner"] for row in f.to_json()["by_owner"]} == {"PyTorchJob/train", "ReplicaSet/serve-7f"}
+    assert {row["owner"] for row in fleet_json(f)["by_owner"]} == {"PyTorchJob/train", "ReplicaSet/serve-7f"}
     lines = render_list_text(r.launches, r).splitlines()
     assert lines[1].split()[:4] == ["a", "train", "team=vision", "PyTorchJob/train"]
     doc = json.loads(render_list_json(r.launches, r))["runs"][0]
@@ -151,7 +146,7 @@ def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
     h100_idle = (0.9 * 9.0 + 11.0) / 3600
     assert f.total.money == pytest.approx(4.0 * h100_idle)
     assert f.total.unpriced == pytest.approx(0.6 * 19.0 / 3600)  # the A100 has no price, and no default
-    assert "money lost" in render_text(f) and f.to_json()["prices"]["currency"] == "EUR"
+    assert "money lost" in render_text(f) and fleet_json(f)["prices"]["currency"] == "EUR"
     path.write_text(f"gpu_hour:\n  {H100}: 4.0\n  default: 1.5\n")
     prices = load_prices(str(path))
     assert (prices.currency, prices.of(A100), prices.of(H100)) == ("USD", 1.5, 4.0)
@@ -159,7 +154,7 @@ def test_money_is_idle_gpu_hours_times_the_models_price(tmp_path: Path) -> None:
 
 def test_the_text_report_fits_100_columns_and_cuts_no_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The longest cause title (the unjudged one) and the money column fit; a remedy's "e.g." ends no sentence."""
-    from gpu_exporter.commands.fleet import TEXT_WIDTH
+    from gpu_exporter.commands.fleet_render import TEXT_WIDTH
     from gpu_exporter.verdict.hints import HINTS
 
     advice = next(h.advice for h in HINTS if "e.g. " in h.advice)  # the workers-saturated hint's

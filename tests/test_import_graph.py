@@ -205,7 +205,7 @@ def declared_imports(package: str) -> list[str] | None:
 
 UNDECLARED = {"gpu_exporter", "monitoring"}
 """Packages whose docstring need not say what they import: the root (every package is its own), and monitoring
-(its ``__init__`` is being edited elsewhere; it imports catalog, config, thresholds, commands.fleet and verdict)."""
+(its ``__init__`` is being edited elsewhere; it imports catalog, config, thresholds and verdict)."""
 
 
 @pytest.mark.parametrize("package", sorted(set(PACKAGES) - UNDECLARED))

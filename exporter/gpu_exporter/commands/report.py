@@ -40,6 +40,7 @@ from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds
 from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
 from gpu_exporter.verdict.hints import HINTS_BY_ID
+from gpu_exporter.verdict.ladder import VERDICT_TITLES
 from gpu_exporter.verdict.timeline import Span, Timeline, effective, projection_share
 
 
@@ -47,7 +48,7 @@ def _verdict_span(verdict: str, hint: str, span: Span, step: float) -> CauseSpan
     """A verdict's span: its code is its cause's, or for "not instrumented" with /proc evidence its hint's, whose
     label its title names."""
     named = HINTS_BY_ID.get(hint) or BY_ID.get(verdict) or EFFICIENCY_BY_ID.get(verdict)
-    title = fleet.VERDICT_TITLES.get(verdict, verdict) + (f": {HINTS_BY_ID[hint].label}" if hint else "")
+    title = VERDICT_TITLES.get(verdict, verdict) + (f": {HINTS_BY_ID[hint].label}" if hint else "")
     remedy = EFFICIENCY_BY_ID[verdict].remedy if verdict in EFFICIENCY_BY_ID else ""
     return CauseSpan(verdict, named.code if named else "", title, span.seconds(step), span.intervals(step), remedy,
                      sorted(span.where))

@@ -196,8 +196,8 @@ def render_markdown(r: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-def _svg_frame(w: int, h: int, pad: int, r: Report, title: str) -> list[str]:
-    span = max(r.end - r.start, 1e-9)
+def _svg_frame(w: int, h: int, pad: int, start: float, end: float, title: str) -> list[str]:
+    span = max(end - start, 1e-9)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
              f'role="img" aria-label="{html.escape(title)}">',
              f'<text x="{pad}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
@@ -212,22 +212,26 @@ def _svg_frame(w: int, h: int, pad: int, r: Report, title: str) -> list[str]:
     return parts
 
 
-def _xy(r: Report, ts: float, value: float, w: int, h: int, pad: int) -> tuple[float, float]:
-    span = max(r.end - r.start, 1e-9)
-    return pad + (ts - r.start) / span * (w - 2 * pad), 24 + (1 - min(max(value, 0.0), 1.0)) * (h - 54)
+def _xy(start: float, end: float, ts: float, value: float, w: int, h: int, pad: int) -> tuple[float, float]:
+    span = max(end - start, 1e-9)
+    return pad + (ts - start) / span * (w - 2 * pad), 24 + (1 - min(max(value, 0.0), 1.0)) * (h - 54)
 
 
-def svg_utilization(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
-    parts = _svg_frame(w, h, pad, r, "GPU utilization over time")
-    for level, color, name in ((r.target, "#2a9d8f", "target"), (r.low, "#e76f51", "alert threshold")):
-        _, y = _xy(r, r.start, level, w, h, pad)
+def svg_utilization(start: float, end: float, times: list[float], utilization: dict[str, list[float | None]],
+                    target: float, low: float, w: int = 900, h: int = 260, pad: int = 50) -> str:
+    """Utilization over time from ``start`` to ``end``: one line per series of ``utilization`` (a value per
+    point of ``times``, None: no reading), with the ``target`` and alert (``low``) lines. The run report's plot, and
+    the fleet report's."""
+    parts = _svg_frame(w, h, pad, start, end, "GPU utilization over time")
+    for level, color, name in ((target, "#2a9d8f", "target"), (low, "#e76f51", "alert threshold")):
+        _, y = _xy(start, end, start, level, w, h, pad)
         parts.append(f'<line x1="{pad}" x2="{w - pad}" y1="{y:.1f}" y2="{y:.1f}" stroke="{color}" '
                      f'stroke-dasharray="6 4"/><text x="{w - pad - 4}" y="{y - 4:.1f}" font-size="11" '
                      f'text-anchor="end" fill="{color}">{name} {pct(level)}</text>')
     palette = ("#1d3557", "#e63946", "#457b9d", "#f4a261", "#2a9d8f", "#6d597a")
-    for i, (uuid, values) in enumerate(sorted(r.utilization.items())):
-        points = " ".join("{:.1f},{:.1f}".format(*_xy(r, ts, v, w, h, pad))
-                          for ts, v in zip(r.times, values, strict=False) if v is not None)
+    for i, (uuid, values) in enumerate(sorted(utilization.items())):
+        points = " ".join("{:.1f},{:.1f}".format(*_xy(start, end, ts, v, w, h, pad))
+                          for ts, v in zip(times, values, strict=False) if v is not None)
         color = palette[i % len(palette)]
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
         parts.append(f'<text x="{320 + 170 * i}" y="16" font-size="11" fill="{color}">{html.escape(uuid)}</text>')
@@ -235,14 +239,14 @@ def svg_utilization(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str
 
 
 def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
-    parts = _svg_frame(w, h, pad, r, "Phase shares over time (all ranks)")
+    parts = _svg_frame(w, h, pad, r.start, r.end, "Phase shares over time (all ranks)")
     order = list(r.shares)
     base = [0.0] * len(r.times)
     for phase in order:
         values = r.phase_series.get(phase, [])
         top = [b + (values[i] or 0.0 if i < len(values) else 0.0) for i, b in enumerate(base)]
-        upper = [_xy(r, ts, v, w, h, pad) for ts, v in zip(r.times, top, strict=True)]
-        lower = [_xy(r, ts, v, w, h, pad) for ts, v in zip(r.times, base, strict=True)][::-1]
+        upper = [_xy(r.start, r.end, ts, v, w, h, pad) for ts, v in zip(r.times, top, strict=True)]
+        lower = [_xy(r.start, r.end, ts, v, w, h, pad) for ts, v in zip(r.times, base, strict=True)][::-1]
         if upper:
             points = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
             color = PHASE_COLORS.get(phase, "#607d8b")
@@ -291,7 +295,8 @@ def render_html(r: Report) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>GPU report: {html.escape(r.run)}</title><style>{STYLE}</style></head><body>\n"
             f"<h1>GPU report: run {html.escape(r.run)}</h1>\n<table>{rows}</table>\n"
-            f"{svg_utilization(r)}\n{svg_phases(r)}\n{svg_causes(r)}\n"
+            f"{svg_utilization(r.start, r.end, r.times, r.utilization, r.target, r.low)}\n"
+            f"{svg_phases(r)}\n{svg_causes(r)}\n"
             f"<h2>Causes</h2><table><tr><th>cause</th><th>applied</th><th>from .. until</th><th>remedy</th></tr>"
             f"{causes}</table>\n<h2>Ranks</h2><table><tr><th>rank</th><th>GPU</th><th>wall time</th>"
             f"<th>utilization</th><th>phases</th></tr>{ranks}</table>\n"
