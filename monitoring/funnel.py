@@ -12,19 +12,22 @@ either). The funnel says where a fleet's GPU-hours go:
 - effective: allocated hours x SM activity, where a source reports it; the step busy -> effective loses
   hours x (busy - SM activity), recorded here per GPU with the code of its SM cause.
 
-One recording rule, in the ``gpu-cost.recording`` group (one series per GPU with work, an SM source and an
-efficiency cause: the fleet's series budget, docs/fleet.md):
+Two recording rules, in the ``gpu-cost.recording`` group (the fleet's series budget, docs/fleet.md: one series per
+GPU with work, an SM source and an efficiency cause, and at most five per node):
 
 - ``gpu:gpu_busy_not_effective:ratio`` {cluster, node, gpu, uuid, cause}: busy utilization (at most 1) - SM
   activity (at least 0) of each GPU with work and an SM source where an efficiency cause holds (memory_bound,
   sm_batch_too_small, tensor_cores_idle, ineffective: the conditions of the efficiency alerts,
   monitoring.efficiency, from the table of gpu_exporter.verdict.efficiency; only at or above the target, as the
   verdict). Summed over time: the GPU-hours between busy and effective, by cause.
+- ``node:gpu_funnel:sum`` {cluster, node, step}: the node's GPUs with work summed at each step (:data:`STEPS`):
+  allocated, busy, effective, busy_not_effective (the same per-GPU formula as the ratio above, on every GPU with
+  an SM source) and unknown (the busy share of those without one; no series where there is none).
 
-The total busy -> effective loss is computed where it is shown (:func:`cost_row`), from the series that exist
-anyway (``gpu:gpu_utilization:avg5m``, ``gpu:gpu_sm_active:avg5m``, ``gpu:gpu_has_work:bool``) with the same per-GPU
-formula; the hours of no cause (below the target, or SM activity at or above ``sm_active_low``) are that total
-less the causes'.
+The cost dashboard's funnel (:func:`cost_row`) reads only these: the hours of no cause (below the target, or SM
+activity at or above ``sm_active_low``) are the node sums' busy_not_effective less the causes'. At 10,000 GPUs the
+same panels computed per GPU at query time (a subquery joining the utilization, SM activity and work of every GPU
+at each step of the range) took 5.1 s instant and 9.9 s as a 5-minute range (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from grafana_foundation_sdk.builders import prometheus, table
 
 from monitoring.cost import RECORDING
 from monitoring.efficiency import AT_TARGET
-from monitoring.model import Record, indent
+from monitoring.model import Record, indent, wrap
 from monitoring.panels import (
     Config,
     bar_gauge,
@@ -67,8 +70,40 @@ def _holds(cause: GpuCause) -> str:
     return f'label_replace(\n  group by ({C}, uuid) (\n{indent(holds, 4)}\n  ),\n  "cause", "{cause.cause}", "", ""\n)'
 
 
+STEPS = {
+    "allocated": "{work}",
+    "busy": "{busy}\nand on ({c}, uuid)\n  {work}",
+    "effective": "{busy}\n- on ({c}, uuid) group_left ()\n{lost}\nand on ({c}, uuid)\n  {work}",
+    "busy_not_effective": "{lost}\nand on ({c}, uuid)\n  {work}",
+    "unknown": "{busy}\nand on ({c}, uuid)\n  {work}\nunless on ({c}, uuid)\n  {sm}",
+}
+"""The steps of ``node:gpu_funnel:sum``, each summed by node from per-GPU series {cluster, node, uuid}: ``work`` (1 a
+GPU with work), ``busy`` (its busy utilization, at most 1), ``lost`` (busy - SM activity, at least 0, where a source
+reports it) and ``sm`` (its SM activity). Effective = busy - lost = min(SM activity, busy), as report --fleet counts
+it (gpu_exporter.verdict.funnel): in a GPU's first 5 minutes rate() undercounts busy while avg_over_time does not."""
+FUNNEL = m.NODE_GPU_FUNNEL_SUM.name
+
+
+def _steps() -> list[Record]:
+    """``node:gpu_funnel:sum``, one rule a step."""
+    parts = {"c": C, "work": f"(max by ({C}, node, uuid) ({m.GPU_HAS_WORK_BOOL.name}) == 1)",
+             "busy": f"max by ({C}, node, uuid) (clamp_max({BUSY}, 1))",
+             "sm": f"max by ({C}, uuid) ({SM})"}
+    parts["lost"] = f"clamp_min(\n  {parts['busy']}\n  - on ({C}, uuid) group_left ()\n  {parts['sm']},\n  0\n)"
+    comment = wrap(
+        f"The utilization funnel of each node's GPUs with work (monitoring/funnel.py), one series a step: allocated "
+        "(the GPUs with work), busy (their busy utilization, each at most 1), effective (their SM activity, each at "
+        "most the busy utilization, where a source reports it), busy_not_effective (busy - SM activity, at least 0, "
+        f"of those with a source; by cause: {LOST}) and unknown (the busy utilization of "
+        "those with no SM source; no series without one). Summed over time: the cost dashboard's GPU-hours at each "
+        "step, read from these series instead of joining every GPU's at every step of its range.")
+    return [Record(RECORDING, FUNNEL, f"sum by ({C}, node) (\n{indent(expr.format(**parts), 2)}\n)\n",
+                   (("step", step),), comment=comment if i == 0 else "")
+            for i, (step, expr) in enumerate(STEPS.items())]
+
+
 def records() -> list[Record]:
-    """``gpu:gpu_busy_not_effective:ratio`` in the ``gpu-cost.recording`` group."""
+    """``gpu:gpu_busy_not_effective:ratio`` and ``node:gpu_funnel:sum`` in the ``gpu-cost.recording`` group."""
     causes = f"\nor on ({C}, uuid)\n".join(_holds(cause) for cause in EFFICIENCY)
     # the parentheses: "*" binds tighter than "and", and the cause label is the whole product's. No series where no
     # cause holds (the series budget): the dashboard's total, lost_expr, is busy - SM activity at query time
@@ -81,8 +116,8 @@ def records() -> list[Record]:
         "The step busy -> effective of the utilization funnel (monitoring/funnel.py), by cause: busy utilization\n"
         "(at most 1) - SM activity of each GPU with work and an SM source where a cause of the efficiency verdict\n"
         "holds (memory_bound, sm_batch_too_small, tensor_cores_idle, ineffective: at or above the target, as the\n"
-        "efficiency alerts); no series where none holds (the series budget: the cost dashboard computes the\n"
-        f"total from {BUSY} and {SM}). Summed over time: GPU-hours by cause."))]
+        "efficiency alerts); no series where none holds (the series budget: the cost dashboard reads the\n"
+        f"total from {FUNNEL}). Summed over time: GPU-hours by cause.")), *_steps()]
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -212,41 +247,31 @@ def run_table(cfg: Config, run_gpus: str) -> table.Panel:
         rename={"rank": "Rank", "source": "Source", "Value #A": "Busy", "Value #B": "Effective", "uuid": "GPU uuid"})
 
 
-def lost_expr(cfg: Config, busy: str) -> str:
-    """The step busy -> effective per GPU at query time: ``busy`` (per GPU with work, at most 1: the funnel's busy
-    step) - SM activity, at least 0, on the GPUs with an SM source. The same formula as the recorded
-    ``gpu:gpu_busy_not_effective:ratio``, which keeps only the GPUs where an efficiency cause holds."""
-    return f"clamp_min(({busy}) - {cfg.on('uuid')} group_left () max {cfg.by('uuid')} ({cfg.sel(SM)}), 0)"
-
-
 def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str],
              panel_links: Sequence[dash.DashboardLink]) -> dash.Dashboard:
-    """The cost dashboard's funnel: allocated GPU-hours -> busy -> effective, with the hours lost at each step.
-    ``hours(series, *by)`` sums a series over the dashboard's range in GPU-hours (monitoring.dashboards.cost); the
-    hours of no cause are named as report --fleet names them (``(none)``)."""
+    """The cost dashboard's funnel: allocated GPU-hours -> busy -> effective, with the hours lost at each step, from
+    the recorded ``node:gpu_funnel:sum`` (and the causes' ``gpu:gpu_busy_not_effective:ratio``). ``hours(series,
+    *by)`` sums a series over the dashboard's range in GPU-hours (monitoring.dashboards.cost); the hours of no cause
+    are named as report --fleet names them (``(none)``)."""
     c = cfg.cluster
-    work = f"(max {cfg.by('uuid')} ({cfg.sel(m.GPU_HAS_WORK_BOOL.name, 'node')}) == 1)"
-    on_work = f"* {cfg.on('uuid')} group_left () {work}"
-    busy = f"clamp_max({cfg.sel(BUSY, 'node')}, 1) {on_work}"
-    # effective: SM activity, at most the busy utilization (as report --fleet counts it, gpu_exporter.verdict.funnel):
-    # in a GPU's first 5 minutes rate() undercounts busy while avg_over_time does not
-    gpu_busy = f"max {cfg.by('uuid')} (clamp_max({cfg.sel(BUSY)}, 1))"
-    sm = (f"(({cfg.sel(SM)} <= {cfg.on('uuid')} group_left () {gpu_busy}) or {cfg.on('uuid')} "
-          f"({gpu_busy} and {cfg.on('uuid')} {cfg.sel(SM)})) {on_work}")
-    unknown = f"{busy} unless {cfg.on('uuid')} {cfg.sel(SM)}"
-    lost = lost_expr(cfg, busy)
-    by_cause = cfg.sel(LOST, "node")
-    allocated = hours(work)
+
+    def step(name: str) -> str:
+        """The node sums of one step of :data:`STEPS`."""
+        return cfg.sel(FUNNEL, "node", step=next(s for s in STEPS if s == name))
 
     def per_cluster(total: str) -> str:
         """A total (``sum(...)``) kept apart by cluster: a labelled series always carries its cluster."""
         return total.replace("sum(", f"sum {cfg.by()} (", 1)
-    # the hours of no cause, per cluster: the total less the causes' (recorded only where a cause holds), GPU by GPU
-    # (one subquery: the GPUs with an SM source and no recorded cause)
-    uncaused = per_cluster(hours(f"({lost} unless {cfg.on('uuid')} {by_cause})"))
+    allocated, busy, lost = hours(step("allocated")), hours(step("busy")), hours(step("busy_not_effective"))
+    by_cause = cfg.sel(LOST, "node")
+    # the hours of no cause, per cluster: the total less the causes' (recorded only where a cause holds); the causes'
+    # hours are 0 in a cluster where none held
+    total, caused = per_cluster(lost), per_cluster(hours(by_cause))
+    uncaused = f"clamp_min({total} - {cfg.on()} ({caused} or 0 * {total}), 0)"
     no_cause = f'label_replace({uncaused}, "cause", "{NONE}", "", "")'
-    funnel = " or ".join(f'label_replace({per_cluster(hours(series))}, "step", "{step}", "", "")' for step, series in (
-        ("1 allocated", work), ("2 busy", f"({busy})"), ("3 effective", f"({sm})")))
+    funnel = " or ".join(f'label_replace({per_cluster(hours(step(name)))}, "step", "{label}", "", "")'
+                         for label, name in (("1 allocated", "allocated"), ("2 busy", "busy"),
+                                             ("3 effective", "effective")))
     return (board.with_row(dash.Row("Funnel: allocated, busy, effective"))
             .with_panel(bar_gauge(
                 "Funnel: allocated, busy, effective GPU-hours",
@@ -259,17 +284,17 @@ def cost_row(cfg: Config, board: dash.Dashboard, hours: Callable[..., str],
             .with_panel(stat_panel(
                 "GPU-hours lost, allocated to busy", "Allocated GPU-hours in which no kernel ran: allocated hours x "
                 "(1 - busy utilization). Below target, their causes are the 'GPU-hours lost by cause' panel's.",
-                query(f"{allocated} - {hours(f'({busy})')}", instant=True), unit="h"))
+                query(f"{allocated} - {busy}", instant=True), unit="h"))
             .with_panel(stat_panel(
                 "GPU-hours lost, busy to effective", "Busy GPU-hours in which most SMs idled: busy utilization - SM "
                 "activity (at least 0) of each GPU with work, summed over the range, on the GPUs that report SM "
                 "activity: the gap between the funnel's busy and effective bars there.",
-                query(hours(f"({lost})"), instant=True), unit="h", thresholds=steps(("green", None), ("orange", 1))))
+                query(lost, instant=True), unit="h", thresholds=steps(("green", None), ("orange", 1))))
             .with_panel(stat_panel(
                 "Busy GPU-hours with SM activity unknown", "Busy GPU-hours of GPUs that have no SM activity source "
                 "(no GPM, no dcgm-exporter profiling fields): how much of the busy time the funnel cannot judge "
                 "(0 when every GPU has a source).",
-                query(f"{hours(f'({unknown})')} or vector(0)", instant=True), unit="h",
+                query(f"{hours(step('unknown'))} or vector(0)", instant=True), unit="h",
                 thresholds=steps(("green", None), ("orange", 1))))
             .with_panel(bar_gauge(
                 "GPU-hours lost busy to effective, by cause", "The busy -> effective hours by the efficiency "

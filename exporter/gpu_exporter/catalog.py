@@ -477,8 +477,15 @@ GPU_BUSY_NOT_EFFECTIVE_RATIO = _record(
     "gpu:gpu_busy_not_effective:ratio",
     "The utilization funnel's step busy -> effective by cause: busy utilization (at most 1) - SM activity of a GPU "
     "with work and an SM source where a cause of its efficiency verdict holds (cause label; no series where none "
-    "holds: the total is computed at query time); summed over time: the GPU-hours between busy and effective by "
+    "holds: the total is node:gpu_funnel:sum's); summed over time: the GPU-hours between busy and effective by "
     "cause (monitoring/funnel.py).", generated=True)
+NODE_GPU_FUNNEL_SUM = _record(
+    "node:gpu_funnel:sum",
+    "The utilization funnel of a node's GPUs with work, by step (step label): allocated (GPUs with work), busy "
+    "(their busy utilization, each at most 1), effective (their SM activity, each at most its busy utilization, where "
+    "a source reports it), busy_not_effective (busy - SM activity, at least 0, of those with an SM source) and unknown "
+    "(the busy utilization of those with none; no series without one); summed over time: the cost dashboard's "
+    "GPU-hours at each step (monitoring/funnel.py).", generated=True)
 
 RECORDED: tuple[RecordedSeries, ...] = tuple(_RECORDED)
 """Every series the shipped recording rules produce, the template's and the generated ones."""
