@@ -105,17 +105,13 @@ class PhaseStack:
     'other'
     """
 
-    __slots__ = ("_stack", "run")
+    __slots__ = ("_stack", "run", "switch")
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self._stack: list[Phase] = []
-
-    def switch(self, phase: Phase) -> None:
-        """Make ``phase`` the open phase (``run.other_phase``: none)."""
-        if not phase.is_open:
-            self.run.close_phases()
-            phase.open()
+        self.switch: Callable[[Phase], None] = run.switch_to
+        """Make a phase the open one (``run.other_phase``: none), leaving the stack as it is."""
 
     def base(self, phase: Phase) -> None:
         """Switch to ``phase`` and forget where to return (at the loop's fixed points: a batch starts or ends)."""
@@ -264,18 +260,16 @@ class TimedIterator:
     after each batch; other attributes pass through to the iterator. Shared with zero-code activation (auto.py).
     """
 
-    __slots__ = ("_it", "_on_batch", "_other", "_phase", "_run")
+    __slots__ = ("_close", "_it", "_on_batch", "_phase")
 
     def __init__(self, it: Iterator[Any], phase: Phase, on_batch: Callable[[Any], None]) -> None:
-        self._it, self._phase, self._on_batch, self._run = it, phase, on_batch, phase.run
-        self._other = phase.run.other_phase
+        self._it, self._phase, self._on_batch, self._close = it, phase, on_batch, phase.run.close_phases
 
     def __iter__(self) -> TimedIterator:
         return self
 
     def __next__(self) -> Any:
-        if not self._other.is_open:
-            self._run.close_phases()
+        self._close()
         with self._phase:
             item = next(self._it)
         self._on_batch(item)

@@ -445,8 +445,29 @@ class Run:
         >>> run.close_phases(); run.current_phase.name
         'other'
         """
-        while self._current is not self._other:
-            self._current.close()
+        other = self._other
+        while (current := self._current) is not other:  # Phase.close() of each, inline: integrations' hot path
+            current._depth = 0
+            current.__exit__(None, None, None)
+
+    def switch_to(self, phase: Phase) -> None:
+        """Make ``phase`` the open phase: close every open phase, then enter ``phase`` (``other_phase``: none).
+
+        What a framework callback does at an event that ends one phase and begins another (hooks.PhaseStack).
+
+        >>> run = Run("demo", uuid=""); run.phase("compute").open(); run.phase("metrics").open()
+        True
+        True
+        >>> run.switch_to(run.phase("data")); run.current_phase.name, run.phase("compute").is_open
+        ('data', False)
+        """
+        if self._current is not phase:
+            other = self._other
+            while (current := self._current) is not other:
+                current._depth = 0
+                current.__exit__(None, None, None)
+            if phase is not other:
+                phase.__enter__()
 
     def _add_phase(self, name: str) -> Phase:
         phase = _SyncPhase(self, name) if self._sync_now else self._phase_class(self, name)
