@@ -134,11 +134,6 @@ class Phase:
         return self._run
 
     @property
-    def run(self) -> Run:
-        """The run this phase adds its time to."""
-        return self._run
-
-    @property
     def is_open(self) -> bool:
         """True while this is the run's open phase (:attr:`Run.current_phase`)."""
         return self._run._current is self
