@@ -143,11 +143,11 @@ def test_loop_rows_are_the_mean_over_the_interval_not_a_sample() -> None:
 def test_reads_a_running_exporter_like_nvml() -> None:
     with run_exporter(["--simulate", "bursty", "--poll-interval", "0.2"]) as url:
         result = run_cli("query", "--url", url, "--query-gpu=index,name,utilization.gpu,memory.used",
-                         "--format=csv", "-l", "5", "--count", "3")
+                         "--format=csv", "-l", "5", "--count", "2")
     assert result.returncode == 0, result.stderr
     header, *rows = _rows(result.stdout)
     assert header == ["index", "name", "utilization.gpu [%]", "memory.used [MiB]"]
-    assert len(rows) == 3
+    assert len(rows) == 2
     for row in rows[1:]:  # the first row is the exporter's last poll interval
         assert row[:2] == ["0", "NVIDIA A100-SXM4-80GB"] and row[3] == "24576 MiB"
         # 5 s windows of a 10 s cycle: between 0% (5 s idle) and 57% (3 s at 95%), never a raw 95.
@@ -357,13 +357,13 @@ def test_a_lost_gpu_keeps_its_row_like_nvidia_smi() -> None:
 @pytest.mark.slow  # end-to-end: real processes, seconds of loops
 @pytest.mark.slow  # end-to-end: a real exporter process or a loop of several seconds
 def test_a_gpu_lost_while_looping_is_shown_lost_not_dropped() -> None:
-    # faults: GPU 1 falls off the bus at t=5 s of the simulation
+    # faults: GPU 1 falls off the bus at t=5 s of the simulation; the third row is read at 6 s or later
     result = run_cli("query", "--simulate", "faults", "--query-gpu=index,utilization.gpu,memory.used",
-                     "--format=csv,noheader", "-l", "3", "--count", "4", timeout=60)
+                     "--format=csv,noheader", "-l", "3", "--count", "3", timeout=60)
     assert result.returncode == 0, result.stderr
     rows = _rows(result.stdout)
-    gpus = len(rows) // 4
-    assert len(rows) == 4 * gpus and gpus >= 2
+    gpus = len(rows) // 3
+    assert len(rows) == 3 * gpus and gpus >= 2
     last = {row[0]: row for row in rows[-gpus:]}
     assert last["1"] == ["1", GPU_LOST, GPU_LOST]
     assert last["0"][2].endswith("MiB")
