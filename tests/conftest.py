@@ -6,7 +6,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 for path in (ROOT / "exporter", ROOT / "tests", ROOT, ROOT / "scripts"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+
+@pytest.fixture(scope="session")
+def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """scripts/release.py's two wheels (``release.build_wheels``), built once per session for every test that
+    installs one; {distribution name: wheel}, e.g. ``gpu_utilization_exporter_training``. Read-only: copy a wheel
+    before changing it."""
+    import release
+
+    return {path.name.split("-")[0]: path for path in release.build_wheels(tmp_path_factory.mktemp("release-wheels"))}

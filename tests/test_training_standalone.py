@@ -27,10 +27,10 @@ SOURCE = REPO / "exporter"
 JOB = REPO / "examples" / "user-job" / "train.py"
 
 
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    built = release.build_wheels(tmp_path_factory.mktemp("dist"))
-    return {path.name.split("-")[0]: path for path in built}
+@pytest.fixture
+def wheels(release_wheels: dict[str, Path]) -> dict[str, Path]:
+    """The release's wheels (built once per session: conftest.py)."""
+    return release_wheels
 
 
 def test_release_builds_the_library_alone_with_the_package_version_and_no_dependencies(

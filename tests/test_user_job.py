@@ -98,7 +98,8 @@ def network() -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.container
-def test_user_job_container_pushes_to_the_exporter_container_on_a_network(tmp_path: Path) -> None:
+def test_user_job_container_pushes_to_the_exporter_container_on_a_network(
+        tmp_path: Path, release_wheels: dict[str, Path]) -> None:
     problem = podman_problem()
     if problem:
         pytest.skip(problem)
@@ -116,9 +117,7 @@ def test_user_job_container_pushes_to_the_exporter_container_on_a_network(tmp_pa
     # the job image, as the recipe builds it: the Dockerfile and the script, plus the release's wheel
     context = tmp_path / "context"
     shutil.copytree(RECIPE, context, ignore=shutil.ignore_patterns("*.whl", "compose.yaml", ".gitignore"))
-    wheels = release.build_wheels(tmp_path / "dist")
-    (training_wheel,) = [w for w in wheels if w.name.startswith("gpu_utilization_exporter_training-")]
-    shutil.copy(training_wheel, context)
+    shutil.copy(release_wheels["gpu_utilization_exporter_training"], context)  # built once per session
     stand_in = tmp_path / "python-stand-in"
     stand_in.mkdir()
     (stand_in / "Containerfile").write_text(f"FROM {base}\nRUN python -m venv /opt/python\n"
