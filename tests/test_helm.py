@@ -6,6 +6,7 @@ through symlinks under files/; Helm follows them when loading and packaging (pro
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -300,8 +301,10 @@ CrdLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
 
+@functools.cache
 def crd_validators() -> dict[tuple[str, str], Any]:
-    """(apiVersion, kind) -> a jsonschema validator built from the vendored prometheus-operator CRDs."""
+    """(apiVersion, kind) -> a jsonschema validator built from the vendored prometheus-operator CRDs. Built once
+    per session (the CRDs' ~1 MB of YAML took 3-4 s to parse on each of the ~9 calls); read it, never change it."""
     import jsonschema
 
     validators: dict[tuple[str, str], Any] = {}
