@@ -163,8 +163,10 @@ def scenario_for(node_index: int, tmp: Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def exporters(tmp: Path) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module")
+def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One simulated exporter per node, {node: URL}, shared by the monitor kinds (each test only scrapes them)."""
+    tmp = tmp_path_factory.mktemp("nodes")
     with contextlib.ExitStack() as stack:
         yield {node: stack.enter_context(run_exporter(["--simulate", str(scenario_for(i, tmp))]))
                for i, node in enumerate(NODES)}
@@ -188,7 +190,7 @@ def exporter_series(url: str, dropped: re.Pattern[str]) -> set[tuple[str, frozen
 
 @pytest.mark.slow
 @pytest.mark.parametrize("monitor_kind", ["serviceMonitor", "podMonitor"])
-def test_each_series_exactly_once_through_the_operator_relabeling(tmp_path: Path, monitor_kind: str) -> None:
+def test_each_series_exactly_once_through_the_operator_relabeling(exporters: dict[str, str], monitor_kind: str) -> None:
     values: dict[str, Any] = yaml.safe_load((CHART / "ci" / "monitors-values.yaml").read_text())
     values.pop("serviceMonitor", None)
     values[monitor_kind] = {"enabled": True}
@@ -203,65 +205,64 @@ def test_each_series_exactly_once_through_the_operator_relabeling(tmp_path: Path
     (dropped_rule,) = values["monitor"]["metricRelabelings"]
     dropped = re.compile(dropped_rule["regex"])
 
-    with exporters(tmp_path) as addresses:
-        hostports = {node: url.removeprefix("http://") for node, url in addresses.items()}
-        decoy = "127.0.0.1:1"  # nothing listens: a kept decoy would show as a down target
-        jobs = []
-        for mon in monitors:
-            endpoints = mon["spec"].get("endpoints") or mon["spec"]["podMetricsEndpoints"]
-            for i, endpoint in enumerate(endpoints):
-                job = operator_job(mon, i, endpoint, "1s")
-                job["static_configs"] = discovered(docs, hostports, decoy)
-                jobs.append(job)
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "rule_files": ["rules.yml"], "scrape_configs": jobs}
-        rules = yaml.safe_dump({"groups": rule["spec"]["groups"]})
-        with run_prometheus(yaml.safe_dump(config), files={"rules.yml": rules}) as prom:
-            def targets_up() -> list[dict[str, Any]] | None:
-                active = json.loads(http_get(prom + "/api/v1/targets"))["data"]["activeTargets"]
-                return active if active and all(t["health"] == "up" for t in active) else None
-            active = wait_until(targets_up, 30, what="targets to be scraped")
-            # One target per node: the Service's other ports, pod ports and the decoys are dropped.
-            assert sorted(t["labels"]["node"] for t in active) == sorted(NODES)
-            for t in active:
-                labels = t["labels"]
-                assert labels["job"] == values["monitor"].get("jobName", "gpu-exporter")
-                assert labels["cluster"] == values["monitor"]["cluster"]
-                assert labels["team"] == "ml-platform"  # the user's relabeling
-                assert labels["exporter_namespace"] == NAMESPACE
-                assert not {"pod", "namespace", "container"} & set(labels)
+    hostports = {node: url.removeprefix("http://") for node, url in exporters.items()}
+    decoy = "127.0.0.1:1"  # nothing listens: a kept decoy would show as a down target
+    jobs = []
+    for mon in monitors:
+        endpoints = mon["spec"].get("endpoints") or mon["spec"]["podMetricsEndpoints"]
+        for i, endpoint in enumerate(endpoints):
+            job = operator_job(mon, i, endpoint, "1s")
+            job["static_configs"] = discovered(docs, hostports, decoy)
+            jobs.append(job)
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "rule_files": ["rules.yml"], "scrape_configs": jobs}
+    rules = yaml.safe_dump({"groups": rule["spec"]["groups"]})
+    with run_prometheus(yaml.safe_dump(config), files={"rules.yml": rules}) as prom:
+        def targets_up() -> list[dict[str, Any]] | None:
+            active = json.loads(http_get(prom + "/api/v1/targets"))["data"]["activeTargets"]
+            return active if active and all(t["health"] == "up" for t in active) else None
+        active = wait_until(targets_up, 30, what="targets to be scraped")
+        # One target per node: the Service's other ports, pod ports and the decoys are dropped.
+        assert sorted(t["labels"]["node"] for t in active) == sorted(NODES)
+        for t in active:
+            labels = t["labels"]
+            assert labels["job"] == values["monitor"].get("jobName", "gpu-exporter")
+            assert labels["cluster"] == values["monitor"]["cluster"]
+            assert labels["team"] == "ml-platform"  # the user's relabeling
+            assert labels["exporter_namespace"] == NAMESPACE
+            assert not {"pod", "namespace", "container"} & set(labels)
 
-            # The GPUs with a busy-time counter (a MIG-enabled GPU has none): one rule series each.
-            busy_uuids = {dict(labels)["uuid"] for url in addresses.values()
-                          for name, labels in exporter_series(url, dropped) if name == "gpu_busy_seconds_total"}
-            assert len(busy_uuids) >= 2 * len(NODES)
+        # The GPUs with a busy-time counter (a MIG-enabled GPU has none): one rule series each.
+        busy_uuids = {dict(labels)["uuid"] for url in exporters.values()
+                      for name, labels in exporter_series(url, dropped) if name == "gpu_busy_seconds_total"}
+        assert len(busy_uuids) >= 2 * len(NODES)
 
-            def rule_series() -> list[dict[str, Any]] | None:
-                result = promql(prom, "gpu:gpu_utilization:avg5m")
-                return result if {r["metric"]["uuid"] for r in result} == busy_uuids else None
-            gpus = wait_until(rule_series, 30, what="a recording-rule series per GPU")
-            assert len(gpus) == len(busy_uuids), gpus
-            for sample in gpus:
-                assert sample["metric"]["cluster"] == values["monitor"]["cluster"]
-            # GpuExporterDown's selector sees each exporter once.
-            ups = promql(prom, 'up{job=~"gpu-exporter.*"}')
-            assert sorted(u["metric"]["node"] for u in ups) == sorted(NODES)
+        def rule_series() -> list[dict[str, Any]] | None:
+            result = promql(prom, "gpu:gpu_utilization:avg5m")
+            return result if {r["metric"]["uuid"] for r in result} == busy_uuids else None
+        gpus = wait_until(rule_series, 30, what="a recording-rule series per GPU")
+        assert len(gpus) == len(busy_uuids), gpus
+        for sample in gpus:
+            assert sample["metric"]["cluster"] == values["monitor"]["cluster"]
+        # GpuExporterDown's selector sees each exporter once.
+        ups = promql(prom, 'up{job=~"gpu-exporter.*"}')
+        assert sorted(u["metric"]["node"] for u in ups) == sorted(NODES)
 
-            # Every series each exporter serves is stored exactly once for its node, and nothing
-            # of the dropped family is stored at all.
-            target_labels = set(active[0]["labels"])
-            for node, url in addresses.items():
-                expected = exporter_series(url, dropped)
-                stored = Counter(
-                    (s["__name__"], frozenset((k, v) for k, v in s.items()
-                                              if k not in target_labels and k != "__name__"))
-                    for s in series(prom, f'{{node="{node}",job="gpu-exporter"}}')
-                    if s["__name__"] not in {"up", "scrape_duration_seconds", "scrape_samples_scraped",
-                                             "scrape_samples_post_metric_relabeling", "scrape_series_added"})
-                assert stored, f"nothing stored for {node}"
-                doubled = {k: n for k, n in stored.items() if n != 1}
-                assert not doubled, doubled
-                stable = {k for k in expected if not k[0].startswith("gpu_exporter_")}
-                missing = {k for k in stable if k not in stored}
-                assert not missing, sorted(missing)[:5]
-                assert not any(dropped.fullmatch(name) for name, _ in stored)
+        # Every series each exporter serves is stored exactly once for its node, and nothing
+        # of the dropped family is stored at all.
+        target_labels = set(active[0]["labels"])
+        for node, url in exporters.items():
+            expected = exporter_series(url, dropped)
+            stored = Counter(
+                (s["__name__"], frozenset((k, v) for k, v in s.items()
+                                          if k not in target_labels and k != "__name__"))
+                for s in series(prom, f'{{node="{node}",job="gpu-exporter"}}')
+                if s["__name__"] not in {"up", "scrape_duration_seconds", "scrape_samples_scraped",
+                                         "scrape_samples_post_metric_relabeling", "scrape_series_added"})
+            assert stored, f"nothing stored for {node}"
+            doubled = {k: n for k, n in stored.items() if n != 1}
+            assert not doubled, doubled
+            stable = {k for k in expected if not k[0].startswith("gpu_exporter_")}
+            missing = {k for k in stable if k not in stored}
+            assert not missing, sorted(missing)[:5]
+            assert not any(dropped.fullmatch(name) for name, _ in stored)
