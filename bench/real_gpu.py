@@ -73,6 +73,7 @@ from typing import Any
 
 from bench import real_gpu_loops as loops
 from bench.real_gpu_causes import PLANS, PUSH, Gpu, ddp_loop, lightning_loop, plain_loop, probe_nccl
+from bench.real_gpu_table import markdown, passed, print_table
 from testbed import free_port, http_get
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +91,6 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 SIM_UUID = "GPU-bench-{variant}"
 """The simulated GPU of each variant in --simulate (bench/real_gpu.yaml)."""
-STANDARD = ("data", "compute", "metrics", "checkpoint", "communication", "other")
 SETTLE = 2.0
 """Seconds after a run's first snapshot before its window starts."""
 
@@ -187,7 +187,10 @@ def measure(url: str, run: str, window: float, simulate: bool) -> dict[str, Any]
     stdout, stderr = proc.communicate()
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"diagnose --run {run} failed: {stderr.strip()[-2000:]}")
-    doc = json.loads(stdout)
+    try:
+        doc = json.loads(stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"diagnose --run {run} printed no JSON: {(stdout + stderr).strip()[-2000:]}") from None
     if len(doc["gpus"]) != 1:
         raise RuntimeError(f"diagnose --run {run}: expected one GPU, got {len(doc['gpus'])}")
     (gpu,) = doc["gpus"]
@@ -309,102 +312,6 @@ def run_variant(variant: str, url: str, args: argparse.Namespace, workdir: Path,
             result[mode]["ranks"].setdefault(str(rank), {"shares": {}, "live": False, "cause": "not seen",
                                                          "causes": []})["own"] = own[run]
     return result
-
-
-def _verdict(variant: str, mode: dict[str, Any], rank: str) -> str:
-    """The variant's verdict: the GPU's for a single-rank loop, the rank's own first cause for DDP."""
-    return str(mode["ranks"][rank]["cause"] if PLANS[variant].kind == "ddp" else mode["verdict"])
-
-
-def _fmt_shares(shares: dict[str, float] | None) -> str:
-    if not shares:
-        return "-"
-    return ", ".join(f"{p} {s * 100:.0f}%" for p, s in sorted(shares.items(), key=lambda kv: -kv[1]) if s >= 0.01)
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.0f}%"
-
-
-def rows(results: dict[str, Any]) -> list[dict[str, str]]:
-    """One row per variant and rank: what the table shows."""
-    out: list[dict[str, str]] = []
-    for variant, r in results["variants"].items():
-        if "skipped" in r:
-            out.append({"variant": variant, "rank": "-", "expected": "-", "default": f"skipped: {r['skipped']}"})
-            continue
-        for rank, expected in r["expected"].items():
-            d, s = r["default"], r["sync_every_1"]
-            own_d, own_s = d["ranks"][rank].get("own", {}), s["ranks"][rank].get("own", {})
-            syncs = own_d.get("synchronize", {})
-            out.append({
-                "variant": variant, "rank": rank, "expected": expected,
-                "default": _verdict(variant, d, rank), "sync1": _verdict(variant, s, rank),
-                "util": _pct(d["utilization"]), "smi": _pct(d["nvidia_smi_utilization"]),
-                "util_sync1": _pct(s["utilization"]), "smi_sync1": _pct(s["nvidia_smi_utilization"]),
-                "syncs": f"{syncs.get('library', '?')}/{syncs.get('all', '?')}",
-                "syncs_sync1": f"{own_s.get('synchronize', {}).get('library', '?')}",
-                "shares": _fmt_shares(d["ranks"][rank]["shares"]),
-                "shares_sync1": _fmt_shares(s["ranks"][rank]["shares"]),
-                "cpu_clock": _fmt_shares(own_d.get("cpu_clock_shares")),
-                "truth": _fmt_shares(own_d.get("truth_shares")),
-            })
-    return out
-
-
-def print_table(results: dict[str, Any]) -> None:
-    table = rows(results)
-    if not table:
-        return
-    print(f"{'variant':<12} {'rank':<4} {'expected':<16} {'default':<16} {'sync_every=1':<16} {'util':>5} "
-          f"{'smi':>5} {'sync':>5}  default shares (GPU-truthful)")
-    for r in table:
-        if "util" not in r:
-            print(f"{r['variant']:<12} {r['rank']:<4} {r['default']}")
-            continue
-        print(f"{r['variant']:<12} {r['rank']:<4} {r['expected']:<16} {r['default']:<16} {r['sync1']:<16} "
-              f"{r['util']:>5} {r['smi']:>5} {r['syncs']:>5}  {r['shares']}")
-    print()
-    print(f"{'variant':<12} {'rank':<4} {'shares with sync_every=1':<44} {'sync':>5}  {'CPU clock (default run)':<44} "
-          "device truth (default run)")
-    for r in table:
-        if "util" in r:
-            print(f"{r['variant']:<12} {r['rank']:<4} {r['shares_sync1']:<44} {r['syncs_sync1']:>5}  "
-                  f"{r['cpu_clock']:<44} {r['truth']}")
-    events = [own["event_record_us"] for r in results["variants"].values() for own in r.get("loop", {}).values()
-              if own.get("event_record_us") is not None]
-    if events:
-        print(f"\ntorch.cuda.Event.record(): {min(events):.1f}-{max(events):.1f} µs per phase change")
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """The results as a markdown table for docs/real-gpu.md."""
-    head = ("| variant | rank | expected | default (GPU-truthful) | sync_every=1 | utilization: exporter / nvidia-smi "
-            "(sync_every=1) | synchronize on the default path (library/all) | default shares | sync_every=1 shares "
-            "| CPU clock shares | device truth |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in rows(results):
-        if "util" not in r:
-            lines.append(f"| {r['variant']} | - | - | {r['default']} | | | | | | | |")
-            continue
-        lines.append(f"| {r['variant']} | {r['rank']} | {r['expected']} | {r['default']} | {r['sync1']} | "
-                     f"{r['util']} / {r['smi']} ({r['util_sync1']} / {r['smi_sync1']}) | {r['syncs']} | "
-                     f"{r['shares']} | {r['shares_sync1']} | {r['cpu_clock']} | {r['truth']} |")
-    return head + "\n".join(lines) + "\n"
-
-
-def passed(results: dict[str, Any]) -> bool:
-    """Every default run (and every run of real_gpu_loops) got its expected verdict, and the library never
-    synchronized on the default path."""
-    ok = loops.passed(results)
-    for variant, r in results["variants"].items():
-        if "skipped" in r:
-            continue
-        for rank, expected in r["expected"].items():
-            own = r["default"]["ranks"][rank].get("own", {})
-            ok = ok and _verdict(variant, r["default"], rank) == expected
-            ok = ok and own.get("synchronize", {}).get("library", 1) == 0 and bool(own.get("gpu_truthful"))
-    return ok
 
 
 def _lightning_missing() -> str | None:

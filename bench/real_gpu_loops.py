@@ -215,7 +215,10 @@ def activity_rows(results: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.0f}%"
+    """A share as the package prints it (gpu_exporter.verdict's ``pct``), ``n/a`` when not measured."""
+    from gpu_exporter.verdict.format import pct  # imported when used: bench.real_gpu puts exporter/ on the path
+
+    return "n/a" if value is None else pct(value)
 
 
 def print_activity(results: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from servers import REPO, exporter_env
 
-from bench import real_gpu, real_gpu_loops
+from bench import real_gpu, real_gpu_loops, real_gpu_table
 
 EXPECTED = {("input-bound", "0"): "input_bound", ("healthy", "0"): "healthy",
             ("batch-of-2", "0"): "batch_too_small", ("lightning", "0"): "metrics_bound",
@@ -89,10 +89,10 @@ def test_simulated_real_gpu_check_gets_every_verdict_from_the_devices_busy_time(
 
 def test_a_missing_lightning_is_a_skipped_row_not_a_failure() -> None:
     results = {"variants": {"lightning": {"skipped": "lightning is not installed (pip install lightning)"}}}
-    assert real_gpu.passed(results)
-    assert real_gpu.rows(results) == [{"variant": "lightning", "rank": "-", "expected": "-",
+    assert real_gpu_table.passed(results)
+    assert real_gpu_table.rows(results) == [{"variant": "lightning", "rank": "-", "expected": "-",
                                        "default": "skipped: lightning is not installed (pip install lightning)"}]
-    assert "| lightning | - | - | skipped: lightning is not installed" in real_gpu.markdown(results)
+    assert "| lightning | - | - | skipped: lightning is not installed" in real_gpu_table.markdown(results)
 
 
 def test_a_waiting_rank_is_named_by_its_own_first_cause() -> None:
