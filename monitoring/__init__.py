@@ -6,7 +6,8 @@ each concern (monitoring.utilization, .causes, .evidence, .remedies, .cost, .eff
 and alerts, and the dashboards are built as Grafana models. Each writer below contributes
 ``generate(model) -> {path: text}``; :data:`GENERATORS` lists them, and ``__main__`` writes or checks their
 union. No generator reads another's output. Every alert's runbook link is its name's section
-(monitoring.model.anchor), set for all alerts of a rules file in one pass (monitoring.rules.runbooks).
+(gpu_exporter.verdict.alerts.runbook_anchor), set for all alerts of a rules file in one pass
+(monitoring.rules.runbooks).
 
 Imports go one way: the writers (rules, dashboards, grafana_alerts) over the concerns, over the leaves
 (model, paths, panels; the PromQL fragments are gpu_exporter.verdict.promql); tests/test_import_graph.py holds it.

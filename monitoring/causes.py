@@ -11,11 +11,12 @@ same logic in Python that gpu_exporter.verdict.causes.find_causes applies.
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
+from gpu_exporter.verdict.alerts import TRAINING_BELOW_TARGET
 from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.kinds import COMPUTED, HIDDEN, Cause
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 from gpu_exporter.verdict.levels import LEVELS as LEVEL_ROWS
-from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, RUN_SEL, USEFUL, C, busier, held_low
+from gpu_exporter.verdict.promql import CAUSE_SHARE, RUN, RUN_SEL, USEFUL, C, busier, cause_share, held_low
 
 from monitoring.model import Alert, Record, indent, wrap
 
@@ -43,7 +44,7 @@ PROJECTION = {HIDDEN: ("/", "(1 - {})", "u / (1 - s): hiding a phase of share s 
 def projection(cause: Cause) -> Record:
     """The utilization the GPU could reach without ``cause``, an upper bound (in the cause's group)."""
     op, share, why = PROJECTION[cause.projected_by]
-    joined = share.format(f'{CAUSE_SHARE}{{cause="{cause.cause}"}}')
+    joined = share.format(cause_share(cause.cause))
     return Record(RECORDING.format(cause=cause.cause), m.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name,
                   f"clamp_max(\n    {USEFUL}\n  {op} on {RUN} group_right ()\n    {joined},\n  1\n)\n",
                   (("cause", cause.cause),),  # the share's own; written, so no two groups record one rule
@@ -86,7 +87,7 @@ HELD_LOW_RUN = held_low(USEFUL, RUN)
 
 def _alert(name: str, cause: Cause, lvl: str, summary: str, gap: str) -> Alert:
     # the cause's latest share (M4: events) in the last alert_hold, at either level
-    held = f'max without (level) (last_over_time({CAUSE_SHARE}{{cause="{cause.cause}"}}[${{alert_hold}}]))'
+    held = f"max without (level) (last_over_time({cause_share(cause.cause)}[${{alert_hold}}]))"
     expr = (f"(\n    {held}\n  {'and' if lvl == LOW else 'unless'} on {RUN}\n    {HELD_LOW_RUN}\n)\n"
             f"* on ({C}, uuid) group_left (gpu, namespace, pod, container) {m.GPU_WORKLOAD_INFO.name}\n")
     description = (f"{WHERE} {cause.alert_reason(CAUSES)} The GPU is at {UTIL_NOW} ({gap}).{cause.alert_projection()} "
@@ -101,6 +102,6 @@ def alerts() -> list[Alert]:
     return ([_alert(cause.alert, cause, LOW, "A training job's GPU is below ${utilization_low_threshold|percent}, "
                     f"cause {cause.label}.", "the alert threshold is ${utilization_low_threshold|percent}")
              for cause in CAUSES]
-            + [_alert("GpuTrainingBelowTarget", cause, TARGET, "A training job's GPU is below the "
+            + [_alert(TRAINING_BELOW_TARGET, cause, TARGET, "A training job's GPU is below the "
                       "${utilization_target|percent} target and the cause is known.",
                       "the target is ${utilization_target|percent}") for cause in CAUSES])

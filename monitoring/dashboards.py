@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_exporter import catalog as m
+from gpu_exporter.verdict.alerts import TRAINING_BELOW_TARGET, UTILIZATION_BELOW_TARGET, UTILIZATION_LOW
 from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.fleet import NONE, TEAM_TAG
 from grafana_foundation_sdk.builders import dashboard as dash
@@ -153,7 +154,7 @@ def fleet(cfg: Config) -> dash.Dashboard:
                                      thresholds=cfg.utilization_steps().build(), color={"mode": "thresholds"}),
                             override("gpu", links=[GPU_TABLE_LINK]),
                             override("run", links=[RUN_TABLE_LINK])],
-                 sort_by="Utilization (5m)", panel_links=cause_runbooks(cfg, "GpuUtilizationLow"))))
+                 sort_by="Utilization (5m)", panel_links=cause_runbooks(cfg, UTILIZATION_LOW.name))))
     return funnel.fleet_row(cfg, board)
 
 
@@ -337,7 +338,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  rename={"code": "Cause", "remedy": "Likely remedy", "Value #A": "Share of time",
                          "Value #B": "Could reach", "uuid": "GPU uuid", "cause": "Signal", "level": "Level",
                          "straggler_rank": "Waits for rank"},
-                 panel_links=cause_runbooks(cfg, "GpuTrainingBelowTarget")))
+                 panel_links=cause_runbooks(cfg, TRAINING_BELOW_TARGET)))
              .with_panel(table_panel(
                  "Concrete remedies",
                  "What the run reports about itself (DataLoader workers, CPU cores, batch size) and the numbers "
@@ -539,7 +540,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  f"job; {NONE} where none is known (idle but allocated, not instrumented, no single cause). "
                  "Runbooks: docs/runbooks.md.",
                  query(named(hours(idle, "code"), "code"), f"{{{{{c}}}}} {{{{code}}}}", instant=True), unit="h",
-                 panel_links=cause_runbooks(cfg, "GpuUtilizationBelowTarget")))
+                 panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name)))
              .with_panel(bar_gauge(
                  "GPU-hours lost by team", f"GPU-hours lost on the GPUs of training runs tagged with a team "
                  f"(label {team} of {m.GPU_TRAINING_RUN_INFO.name}: GPU_EXPORTER_TAGS=\"{TEAM_TAG}=vision\"); "
@@ -568,7 +569,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
                  overrides=[override("GPU-hours lost", unit="h"), override("run", links=[RUN_TABLE_LINK])],
                  sort_by="GPU-hours lost", sort_desc=True,
-                 panel_links=cause_runbooks(cfg, "GpuUtilizationBelowTarget"))))
+                 panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name))))
     return board
 
 

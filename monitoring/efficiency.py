@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict.efficiency import EFFICIENCY, SM, SM_RECORD, GpuCause
+from gpu_exporter.verdict.promql import AT_TARGET as AT_TARGET  # monitoring.funnel's too
 from gpu_exporter.verdict.promql import GPU_SEL, C
 
 from monitoring.model import VALUE, Alert, Record, indent, wrap
@@ -23,9 +24,6 @@ ALERTS = "gpu-efficiency-{cause}.alerts"
 WORK = (f"(\n    {m.GPU_WORKLOAD_INFO.name}\n  * on ({C}, uuid) group_left (node)\n"
         f"    ({m.GPU_HAS_WORK_BOOL.name} == 1)\n)")
 """The GPUs with work, with the workload's labels and the node: the one join of each alert."""
-AT_TARGET = f"{m.GPU_USEFUL_UTILIZATION_AVG5M.name} >= ${{utilization_target}}"
-"""At or above the target, judged at the useful utilization like the ladder's level (below it the run causes and
-the below-target alerts speak)."""
 WHO = ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }}, pod "
        "{{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}")
 BUSY = (f'{{{{ with printf "clamp_max(max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}), 1)" '

@@ -18,6 +18,12 @@ from typing import Any
 
 import yaml
 from gpu_exporter.thresholds import ThresholdsFile
+from gpu_exporter.verdict.alerts import (
+    IDLE_BUT_ALLOCATED,
+    TRAINING_BELOW_TARGET,
+    UTILIZATION_BELOW_TARGET,
+    UTILIZATION_LOW,
+)
 from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.efficiency import EFFICIENCY, GpuCause
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT
@@ -69,8 +75,8 @@ def mirrors(model: Model) -> list[Mirror]:
     evidence warning of jobs nobody instrumented (level low: it replaces GpuUtilizationLow in Alertmanager), and
     the efficiency alerts of busy GPUs whose SMs are not used effectively (gpu_exporter.verdict.efficiency)."""
     cfg = model.config
-    low, idle = model.alert("GpuUtilizationLow"), model.alert("GpuIdleButAllocated")
-    below = model.alert("GpuUtilizationBelowTarget")
+    low, idle = model.alert(UTILIZATION_LOW.name), model.alert(IDLE_BUT_ALLOCATED.name)
+    below = model.alert(UTILIZATION_BELOW_TARGET.name)
     low_line = f"{cfg.num('utilization_low_threshold') * 100:g}%"
     return [
         Mirror(low.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
@@ -90,7 +96,7 @@ def mirrors(model: Model) -> list[Mirror]:
         *(Mirror(cause.alert, "gpu-training-run", "Likely causes",
                  f"{causes.WHERE}: {cause.label} explains {{{{ humanize $values.B.Value }}}} ({cause.measures}). "
                  + cause.advice) for cause in CAUSES),
-        Mirror("GpuTrainingBelowTarget", "gpu-training-run", "Likely causes",
+        Mirror(TRAINING_BELOW_TARGET, "gpu-training-run", "Likely causes",
                f"{causes.WHERE}: below the utilization target, "
                "cause {{ $labels.code }} ({{ $labels.cause }}): {{ $labels.remedy }}."),
         Mirror(EVIDENCE_ALERT, "gpu-node", "Processes",

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_exporter.thresholds import ThresholdsFile
+from gpu_exporter.verdict.alerts import runbook_anchor
 
 VALUE = "{value}"
 """Where an alert's ``shape`` holds its value (compared or not)."""
@@ -46,11 +47,6 @@ def indent(text: str, spaces: int) -> str:
 def wrap(text: str, width: int = 108) -> str:
     """``text`` broken into lines of at most ``width`` characters at spaces (an alert's description)."""
     return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False) + "\n"
-
-
-def anchor(alert: str) -> str:
-    """The runbook section of the alert named ``alert``: GitHub's anchor of its heading, the lower-cased name."""
-    return alert.lower()
 
 
 @dataclass(frozen=True)
@@ -79,8 +75,8 @@ class Alert:
 
     @property
     def anchor(self) -> str:
-        """The runbook section of this alert (:func:`anchor` of its name)."""
-        return anchor(self.name)
+        """The runbook section of this alert (gpu_exporter.verdict.alerts.runbook_anchor of its name)."""
+        return runbook_anchor(self.name)
 
     def expr(self, compared: bool = True) -> str:
         """The PromQL (``${key}`` placeholders kept), with the comparison or without it."""

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from gpu_exporter import catalog
 from gpu_exporter.config import SETTINGS
 from gpu_exporter.thresholds import ThresholdsFile, read_thresholds_file
+from gpu_exporter.verdict.alerts import runbook_anchor
 from gpu_exporter.verdict.levels import LEVELS, LOW, OK, TARGET
 from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, statetimeline, table
 from grafana_foundation_sdk.builders import dashboard as dash
@@ -30,8 +31,6 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
-
-from monitoring.model import anchor
 
 DATASOURCE_UID = "gpu-prometheus"
 """The provisioned Prometheus (grafana/provisioning/datasources/prometheus.yml) the dashboards default to."""
@@ -80,8 +79,8 @@ class Config:
         return float(next(s.default for s in SETTINGS if s.key == setting))
 
     def runbook(self, alert: str) -> str:
-        """The runbook URL of an alert (its section: :func:`monitoring.model.anchor`)."""
-        return self.file.runbook_url(anchor(alert))
+        """The runbook URL of an alert (its section: gpu_exporter.verdict.alerts.runbook_anchor)."""
+        return self.file.runbook_url(runbook_anchor(alert))
 
     def sel(self, metric: str, *labels: str, **fixed: str) -> str:
         """``metric{cluster=~"$cluster", node=~"$node", ...}``: the cluster variable, then one ``=~"$x"``

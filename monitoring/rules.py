@@ -25,8 +25,9 @@ import re
 from pathlib import Path
 
 from gpu_exporter.thresholds import ThresholdsFile
+from gpu_exporter.verdict.alerts import runbook_anchor
 
-from monitoring.model import Model, anchor, group_rules
+from monitoring.model import Model, group_rules
 from monitoring.paths import RULES, TEMPLATES, THRESHOLDS
 
 PLACEHOLDER = re.compile(r"\$\{([a-z0-9_]+)(\|percent|:[a-z0-9_-]+)?\}")
@@ -95,7 +96,7 @@ def runbooks(text: str) -> str:
         elif "${runbook_url}" in line:
             if not name:
                 raise KeyError(f"${{runbook_url}} outside an alert: {line.strip()}")
-            lines[i] = line.replace("${runbook_url}", f"${{runbook_url_pattern:{anchor(name)}}}")
+            lines[i] = line.replace("${runbook_url}", f"${{runbook_url_pattern:{runbook_anchor(name)}}}")
     return "".join(lines)
 
 

@@ -12,12 +12,8 @@ utilization); GpuIdleButAllocated reads the busy time itself. ``monitoring.rules
 
 from __future__ import annotations
 
-from gpu_exporter.catalog import (
-    GPU_HAS_WORK_BOOL,
-    GPU_USEFUL_UTILIZATION_AVG5M,
-    GPU_UTILIZATION_AVG5M,
-    GPU_WORKLOAD_INFO,
-)
+from gpu_exporter.catalog import GPU_HAS_WORK_BOOL, GPU_USEFUL_UTILIZATION_AVG5M, GPU_WORKLOAD_INFO
+from gpu_exporter.verdict.alerts import IDLE_BUT_ALLOCATED, UTILIZATION_BELOW_TARGET, UTILIZATION_LOW, Compared
 from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.promql import CAUSE_SHARE, GPU_SEL, HELD_LOW, C, busier
 
@@ -88,25 +84,29 @@ IDLE_DESCRIPTION = (
 )
 
 
+def _compared(compared: Compared, for_key: str, labels: tuple[tuple[str, str], ...], summary: str, description: str,
+              shape: str, comment: str = "") -> Alert:
+    """The alert of ``compared`` (its name, value, comparison and threshold key: gpu_exporter.verdict.alerts)."""
+    return Alert(GROUP, compared.name, compared.value, for_key, labels, summary, description, op=compared.op,
+                 threshold=compared.threshold, shape=shape, comment=comment)
+
+
 def alerts() -> list[Alert]:
     """GpuUtilizationLow (the lowest 5m mean over alert_hold: hysteresis), GpuUtilizationBelowTarget (the
     same between the low line and the target, for GPUs without a cause) and GpuIdleButAllocated."""
     warning, info = (("severity", "warning"),), (("severity", "info"),)
-    lowest = f"min_over_time({GPU_USEFUL_UTILIZATION_AVG5M.name}[${{alert_hold}}])"
     return [
-        Alert(GROUP, "GpuUtilizationLow", lowest, "utilization_low_for", warning,
-              "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
-              op="<", threshold="utilization_low_threshold", shape=WITH_WORK,
-              comment="min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
-        Alert(GROUP, "GpuUtilizationBelowTarget", lowest, "utilization_low_for", info,
-              "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
-              "is known.", BELOW_TARGET_DESCRIPTION, op="<",
-              threshold="utilization_target", shape=BELOW_TARGET,
-              comment="The ladder's not_instrumented / underutilized rows up to the target "
-                      "(gpu_exporter.verdict.ladder).\n"
-                      "Hysteresis at both lines: below the target within alert_hold, unless low within it\n"
-                      "(GpuUtilizationLow's) or a cause applied within it (the cause alerts'), so none take turns."),
-        Alert(GROUP, "GpuIdleButAllocated", GPU_UTILIZATION_AVG5M.name, "idle_for", warning,
-              "A GPU is idle but allocated to a workload.", IDLE_DESCRIPTION,
-              op="<", threshold="idle_utilization_threshold", shape=WITH_WORK),
+        _compared(UTILIZATION_LOW, "utilization_low_for", warning,
+                  "A GPU with work on it is below ${utilization_low_threshold|percent} utilization.", LOW_DESCRIPTION,
+                  WITH_WORK,
+                  "min_over_time: hysteresis, a GPU hovering around the line stays low (docs/prometheus.md)."),
+        _compared(UTILIZATION_BELOW_TARGET, "utilization_low_for", info,
+                  "A GPU with work on it is below the ${utilization_target|percent} utilization target and no cause "
+                  "is known.", BELOW_TARGET_DESCRIPTION, BELOW_TARGET,
+                  "The ladder's not_instrumented / underutilized rows up to the target "
+                  "(gpu_exporter.verdict.ladder).\n"
+                  "Hysteresis at both lines: below the target within alert_hold, unless low within it\n"
+                  "(GpuUtilizationLow's) or a cause applied within it (the cause alerts'), so none take turns."),
+        _compared(IDLE_BUT_ALLOCATED, "idle_for", warning, "A GPU is idle but allocated to a workload.",
+                  IDLE_DESCRIPTION, WITH_WORK),
     ]

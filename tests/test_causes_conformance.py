@@ -378,17 +378,12 @@ def _alert_expr(name: str) -> str:
     raise AssertionError(f"no alert {name} in {RULES}")
 
 
-def row_alerts(row: str) -> list[str]:
-    """The alerts a ladder row's ``promql`` names before its qualifier ("A / B without a run label")."""
-    head = BY_ROW[row].promql.split(" with")[0]
-    return [name.strip() for name in head.split(" / ")]
-
-
 def ladder_promql() -> str:
     """The shipped expressions of the non-cause rows, first that holds wins (the ladder's order)."""
-    idle = _alert_expr(BY_ROW["idle_but_allocated"].promql.split()[0])
-    names = row_alerts("not_instrumented")
-    assert row_alerts("underutilized") == names == ["GpuUtilizationLow", "GpuUtilizationBelowTarget"], names
+    (idle_alert,) = BY_ROW["idle_but_allocated"].alerts
+    idle = _alert_expr(idle_alert)
+    names = BY_ROW["not_instrumented"].alerts
+    assert BY_ROW["underutilized"].alerts == names == ("GpuUtilizationLow", "GpuUtilizationBelowTarget"), names
     # One alert per level: the low line's and the target's, either names the row.
     low = "\nor on (cluster, uuid)\n".join(f"group by (cluster, uuid) (\n{_alert_expr(n)}\n)" for n in names)
     has_work = BY_ROW["unused"].promql

@@ -72,9 +72,16 @@ def _shipped_rules() -> tuple[dict[str, list[str]], dict[str, list[dict[str, str
     return alerts, records
 
 
-def test_every_rows_promql_names_the_shipped_rules_that_express_it() -> None:
-    """Row.promql names alerts and series of the generated rules: each exists, a cause row's alert reads its
-    cause's share series (recorded with that cause label), and the row's runbook anchor is a runbooks section."""
+def test_every_rows_promql_is_what_the_generated_rules_hold() -> None:
+    """A row's alerts are generated alerts, its runbook sections are runbooks.md sections derived from their names,
+    and its PromQL is what those alerts hold: each alert's comparison (one per alert, low then target; a cause's
+    recorded share, which its alert reads) is in the expression of every rule of that alert. A row no alert speaks
+    for shows its condition on recorded series that exist. A cause's share is recorded once, at the run's level."""
+    from gpu_exporter.verdict.alerts import runbook_anchor
+
+    from monitoring import build
+
+    model = build()
     alerts, records = _shipped_rules()
     level_exprs = [r["expr"] for path in sorted((ROOT / "prometheus" / "rules").glob("*.rules.yml"))
                    for group in yaml.safe_load(path.read_text())["groups"] for r in group["rules"]
@@ -83,25 +90,57 @@ def test_every_rows_promql_names_the_shipped_rules_that_express_it() -> None:
                 if line.startswith("## ")}
     causes = {c.cause: c for c in CAUSES}
     for row in LADDER:
-        named_alerts = re.findall(r"\bGpu[A-Z]\w+", row.promql)
         named_series = re.findall(r"\b[a-z]+:[a-z0-9_]+:[a-z0-9_]+\b", row.promql)
-        assert named_alerts or named_series, (row.name, row.promql)
-        for alert in named_alerts:
-            assert alert in alerts, (row.name, alert)
-        for series in named_series:
-            assert series in records, (row.name, series)
-        if row.anchor:
-            assert row.anchor in sections, (row.name, row.anchor)
+        assert all(series in records for series in named_series), (row.name, row.promql)
+        if not row.alerts:
+            assert named_series and (row.anchor, row.target_anchor) == ("", ""), (row.name, row.promql)
+            continue
+        assert [row.anchor, row.target_anchor][:len(row.alerts)] == [runbook_anchor(a) for a in row.alerts]
+        assert {row.anchor, row.target_anchor} - {""} <= sections, row.name
+        parts = row.promql.split("\nor\n")
+        assert len(parts) == len(row.alerts), (row.name, row.promql)
+        for name, part in zip(row.alerts, parts, strict=True):
+            rules = model.named(name)
+            assert rules and name in alerts, (row.name, name)
+            assert all(part in rule.expr() for rule in rules), (row.name, name, part)
         if row.name in causes:
             cause = causes[row.name]
             selector = f'{catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause="{cause.cause}"}}'
-            assert named_alerts == [cause.alert] and selector in row.promql, (row.name, row.promql)
+            assert row.alerts == (cause.alert,) and row.promql == selector, (row.name, row.promql)
             assert any(selector in expr for expr in alerts[cause.alert]), (row.name, alerts[cause.alert])
             # one share rule per cause; it takes its level from the run's recorded level, one rule for every level
             assert [labels.get("level") for labels in records[named_series[0]]
                     if labels.get("cause") == cause.cause] == [None], row.name
             (level_expr,) = level_exprs
             assert all(f'"level", "{lv.name}"' in level_expr for lv in LEVELS), row.name
+
+
+def test_a_rows_condition_moves_with_its_keys() -> None:
+    """The thresholds.yml keys a row names are the ones its condition reads: moving the idle row's key, the unused
+    row's or a level's line moves the verdict."""
+    from dataclasses import replace
+
+    from gpu_exporter.verdict.ladder import BY_ROW
+    from gpu_exporter.verdict.views import GpuView, Process
+
+    def view(utilization: float, memory: float, processes: int = 1) -> GpuView:
+        procs = tuple(Process("7", "python", 4e10) for _ in range(processes))
+        return GpuView("GPU-x", "0", "NVIDIA H100", "n1", utilization, memory, processes, (), (), procs)
+
+    (idle_key,) = BY_ROW["idle_but_allocated"].keys
+    idle = getattr(T, idle_key)
+    assert judge(view(idle / 2, 0.5), T).name == "idle_but_allocated"
+    assert judge(view(idle / 2, 0.5), replace(T, **{idle_key: idle / 4})).name == "not_instrumented"
+    (work_key,) = BY_ROW["unused"].keys
+    memory = getattr(T, work_key) / 2
+    assert judge(view(0.5, memory, processes=0), T).name == "unused"
+    assert judge(view(0.5, memory, processes=0), replace(T, **{work_key: memory / 2})).name == "not_instrumented"
+    low_key, target_key = BY_ROW["not_instrumented"].keys
+    between = (getattr(T, low_key) + getattr(T, target_key)) / 2
+    assert judge(view(between, 0.5), T).title == "below target: not instrumented"
+    assert judge(view(between, 0.5), replace(T, **{low_key: between + 0.01})).title == "not instrumented"
+    (healthy_key,) = BY_ROW["healthy"].keys
+    assert judge(view(between, 0.5), replace(T, **{healthy_key: between})).name == "healthy"
 
 
 class FakePrometheus:

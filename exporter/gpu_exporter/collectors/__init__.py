@@ -2,10 +2,12 @@
 exporter runs: these, the py-spy stack sampler (``stacks``), and outside (a dotted ``module:Class``) the
 training store, Kubernetes pod attribution and the exporter's own metrics.
 
-The registry is the one list of sources: the exporter builds them all from it, in its order (that of
-/metrics), and a new source is one ``register`` line here; ``collectors.disabled`` accepts the names of the
-collectors among them (``switch``). A line names the module and class only; nothing is imported until
-the exporter builds the source, so reading the names (config does) costs nothing.
+The registry is the one list of sources: the exporter builds them all from it, in its order (/metrics lists
+their families in that order, with the HTTP server's own before the trailing live ``age``), and a new source is
+one ``register`` line here; ``collectors.disabled`` accepts the names of the collectors among them (``switch``).
+A line names the module and class only; a source's module is imported when it is loaded (gpu_exporter.app loads
+the polling ones when it is imported, the others when it builds them), so reading the names (config does) costs
+nothing.
 
 Modules here import only ``collectors.base``, ``catalog``, ``nvml`` and ``exposition``, never the poller
 or the app: the exporter's own health metrics live beside the poller (``selfmetrics``).

@@ -2,8 +2,8 @@
 
 The library uses all of these; the exporter's ingest (gpu_exporter.ingest) imports
 SCHEMA_VERSION and check_label, so the schema version and the label charset cannot drift
-apart. The HTTP server names the ingest route itself; tests/test_training_load.py checks
-that it equals INGEST_PATH. Example::
+apart. The HTTP server (gpu_exporter.server) imports its ingest route, INGEST_PATH, from here too;
+tests/test_training_load.py checks that they are one. Example::
 
     >>> from gpu_exporter.training.protocol import LABEL_RE
     >>> bool(LABEL_RE.fullmatch("resnet50-lr3e-4"))

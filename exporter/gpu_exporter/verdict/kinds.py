@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from gpu_exporter import catalog
+from gpu_exporter.verdict.alerts import runbook_anchor
 from gpu_exporter.verdict.callbacks import NamedCallback
 from gpu_exporter.verdict.format import pct, seconds
 from gpu_exporter.verdict.levels import threshold, useful_text
-from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, projected_query, run_query, share
+from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, cause_share, projected_query, run_query, share
 from gpu_exporter.verdict.remedies import Context, Remedy
 from gpu_exporter.verdict.signals import RunSignals, common_communication, straggler_of
 
@@ -90,8 +91,8 @@ class Cause:
 
     @property
     def anchor(self) -> str:
-        """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
-        return self.alert.lower()
+        """The runbook section of the cause's alert (:func:`~gpu_exporter.verdict.alerts.runbook_anchor`)."""
+        return runbook_anchor(self.alert)
 
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str,
              window_seconds: float) -> Found:
@@ -315,7 +316,7 @@ class Straggler(Cause):
     def records(self) -> tuple[tuple[str, str, str], ...]:
         return ((catalog.RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS.name,
                  f"{STEP}\n* on ({C}, run, rank, uuid) group_right ()\n"
-                 f"(1 - max by ({C}, run, rank, uuid, {LABEL}) ({CAUSE_SHARE}{{cause=\"{self.cause}\"}}))\n",
+                 f"(1 - max by ({C}, run, rank, uuid, {LABEL}) ({cause_share(self.cause)}))\n",
                  f"The run's step time if rank {LABEL} kept up: the waiting rank's step time without its wait."),)
 
 

@@ -2,7 +2,9 @@
 
 :data:`LADDER` lists the rows in the order the judge tries them; the first row whose condition
 holds names the GPU's verdict. Each row carries its condition in words, the thresholds.yml keys
-it reads, its remedy, its runbook anchor and the shipped PromQL that expresses it
+it reads, its remedy, the alerts that speak for it and the PromQL that expresses it, both from the
+definitions the generated rules are built from (the cause and efficiency tables, the evidence table,
+gpu_exporter.verdict.alerts, gpu_exporter.verdict.promql); its runbook sections derive from its alerts' names
 (tests/test_causes_conformance.py feeds the same cases to promtool and to :func:`judge`). The
 causes (M1, M2, CK, M3, M4, ST, CM) are rows too, one per row of
 :data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
@@ -52,12 +54,20 @@ from dataclasses import dataclass, replace
 from gpu_exporter import catalog
 from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.training.protocol import COMPUTE
+from gpu_exporter.verdict.alerts import (
+    IDLE_BUT_ALLOCATED,
+    UTILIZATION_BELOW_TARGET,
+    UTILIZATION_LOW,
+    Compared,
+    runbook_anchor,
+)
 from gpu_exporter.verdict.causes import CAUSES, cause_order
 from gpu_exporter.verdict.efficiency import EFFICIENCY, Activity, GpuCause, GpuFinding, effective_line, find_efficiency
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, HINTS_BY_ID
 from gpu_exporter.verdict.kinds import Cause, Finding
-from gpu_exporter.verdict.levels import LOW, TARGET, level, useful_text, useful_utilization
+from gpu_exporter.verdict.levels import BY_LEVEL, LEVELS, LOW, TARGET, level, threshold, useful_text, useful_utilization
+from gpu_exporter.verdict.promql import AT_TARGET, cause_share
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 INSTRUMENT_SNIPPET = """\
@@ -68,8 +78,9 @@ for batch in run.data(loader):                # time spent waiting for the batch
     run.step(samples=len(batch))"""
 """The five lines that instrument a training loop (docs/training.md has the rest)."""
 
-BELOW_TARGET_ANCHOR = "gpuutilizationbelowtarget"
-"""The runbook section of GpuUtilizationBelowTarget (monitoring.model.anchor derives the same for the alert)."""
+WORK_KEY = "work_memory_used_ratio"
+"""The memory share above which a GPU holds work without a process or live run (``gpu:gpu_has_work:bool``, in
+prometheus/templates/gpu-recording.rules.yml.in, reads the same key)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,13 @@ class Facts:
 
 @dataclass(frozen=True)
 class Row:
-    """One verdict of the ladder. ``holds`` is its condition, ``say`` the verdict it gives."""
+    """One verdict of the ladder. ``holds`` is its condition, ``say`` the verdict it gives.
+
+    What a row describes comes from the definitions the generated rules are built from, never typed twice:
+    ``keys`` are the thresholds.yml keys of the definitions its condition reads, ``alerts`` the names of the alerts
+    that speak for it (its table row's, or gpu_exporter.verdict.alerts), its runbook sections their
+    :func:`~gpu_exporter.verdict.alerts.runbook_anchor`, and ``promql`` the PromQL those rules hold for it.
+    """
 
     name: str
     verdict: str
@@ -110,13 +127,25 @@ class Row:
     when: str
     keys: tuple[str, ...]
     remedy: str
-    anchor: str
+    alerts: tuple[str, ...]
+    """The alerts that speak for the row: at level ``low`` (or at any level), then at ``target`` where another
+    alert does; none for a row no alert speaks for (unknown, healthy, unused)."""
     promql: str
-    """The shipped rule that expresses the row (an alert, or a recording rule with the value it has)."""
+    """The PromQL (template text, ``${key}`` placeholders) of the rules that express the row, from their own
+    definitions: each alert's comparison (or a cause's recorded share, which its alerts read; the evidence's hint
+    series), or the row's condition where no alert speaks for it."""
     holds: Callable[[Facts, Thresholds], bool]
     say: Callable[[Row, Facts, Thresholds], Verdict]
-    target_anchor: str = ""
-    """The runbook section at level ``target``, where another alert than at ``low`` speaks for the row."""
+
+    @property
+    def anchor(self) -> str:
+        """The runbook section of the row (its first alert's), or "" without an alert."""
+        return runbook_anchor(self.alerts[0]) if self.alerts else ""
+
+    @property
+    def target_anchor(self) -> str:
+        """The runbook section at level ``target``, where another alert than at ``low`` speaks for the row."""
+        return runbook_anchor(self.alerts[1]) if len(self.alerts) > 1 else ""
 
     def titled(self, lvl: str | None) -> str:
         """The title at level ``lvl``: ``"input-bound (M1)"`` or ``"below target: input-bound (M1)"``."""
@@ -252,18 +281,17 @@ def _cause_row(cause: Cause) -> Row:
 
     return Row(cause.cause, cause.cause, cause.label,
                f"the biggest finding of a live run on the GPU (allocator first) is {cause.label}", cause.keys,
-               cause.advice, cause.anchor,
-               f"{cause.alert} ({catalog.RUN_TRAINING_CAUSE_SHARE.name}{{cause=\"{cause.cause}\"}})",
-               holds, _cause)
+               cause.advice, (cause.alert,), cause_share(cause.cause), holds, _cause)
 
 
 def _efficiency_row(cause: GpuCause) -> Row:
     def holds(f: Facts, t: Thresholds) -> bool:
         return f.efficiency is not None and f.efficiency.cause is cause and _has_work(f, t)
 
+    value, _ = cause.promql()
     return Row(cause.cause, cause.cause, cause.label,
                f"at or above the target with work, and SM activity says {cause.doing}", cause.keys, cause.advice,
-               cause.anchor, f"{cause.alert} ({catalog.GPU_SM_ACTIVE_AVG5M.name})", holds, _ineffective)
+               (cause.alert,), f"{value} {cause.op} ${{{cause.keys[0]}}}", holds, _ineffective)
 
 
 def _activity(view: GpuView) -> Activity:
@@ -274,44 +302,51 @@ def _activity(view: GpuView) -> Activity:
 
 def _has_work(f: Facts, t: Thresholds) -> bool:
     memory = f.view.memory_used_ratio
-    return bool(f.view.processes or f.live or (memory is not None and memory > t.work_memory_used_ratio))
+    return bool(f.view.processes or f.live or (memory is not None and memory > threshold(t, WORK_KEY)))
+
+
+def _either(*compared: Compared) -> str:
+    """The comparisons of the alerts that speak for a row, one per level."""
+    return "\nor\n".join(c.promql for c in compared)
+
+
+LEVEL_KEYS = tuple(lv.key for lv in LEVELS)
+"""The lines of the levels (gpu_exporter.verdict.levels): what a row below target reads through the level."""
 
 
 LADDER: tuple[Row, ...] = (
-    Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), "", "",
+    Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), "", (),
         f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None, _unknown),
     *(_efficiency_row(c) for c in EFFICIENCY),
-    Row("healthy", "healthy", "healthy", "useful utilization at or above the target", ("utilization_target",), "", "",
-        "no GpuUtilizationLow, GpuTrainingBelowTarget or cause alert", lambda f, t: f.level is None, _healthy),
-    Row("unused", "unused", "unused", "no process, no live run, memory at most work_memory_used_ratio",
-        ("work_memory_used_ratio",), "", "", f"{catalog.GPU_HAS_WORK_BOOL.name} == 0",
-        lambda f, t: not _has_work(f, t), _unused),
+    Row("healthy", "healthy", "healthy", "useful utilization at or above the target", (BY_LEVEL[TARGET].key,), "", (),
+        AT_TARGET, lambda f, t: f.level is None, _healthy),
+    Row("unused", "unused", "unused", f"no process, no live run, memory at most {WORK_KEY}", (WORK_KEY,), "", (),
+        f"{catalog.GPU_HAS_WORK_BOOL.name} == 0", lambda f, t: not _has_work(f, t), _unused),
     *(_cause_row(c) for c in CAUSES),
     Row("not_instrumented_evidence", "not_instrumented", "not instrumented",
         "no live run reports, and the processes' /proc evidence passes a row of HINTS",
         tuple(dict.fromkeys(k for h in HINTS for k in h.keys)), f"Instrument it to confirm:\n{INSTRUMENT_SNIPPET}",
-        EVIDENCE_ALERT.lower(), f"{EVIDENCE_ALERT} ({catalog.PROCESS_HINT_VALUE.name})",
+        (EVIDENCE_ALERT,), catalog.PROCESS_HINT_VALUE.name,
         lambda f, t: not f.live and bool(f.view.evidence_hint), _hinted),
     Row("idle_but_allocated", "idle_but_allocated", "idle but allocated",
-        "utilization below idle_utilization_threshold while work holds the GPU", ("idle_utilization_threshold",),
+        f"utilization below {IDLE_BUT_ALLOCATED.threshold} while work holds the GPU", (IDLE_BUT_ALLOCATED.threshold,),
         "Release the GPU (stop the idle notebook kernel or the finished job), or find what the job waits for: "
-        "its input pipeline or a collective with a dead rank.", "gpuidlebutallocated", "GpuIdleButAllocated",
-        lambda f, t: f.u < t.idle_utilization_threshold, _idle),
+        "its input pipeline or a collective with a dead rank.", (IDLE_BUT_ALLOCATED.name,), IDLE_BUT_ALLOCATED.promql,
+        lambda f, t: IDLE_BUT_ALLOCATED.holds(f.u, t), _idle),
     Row("not_instrumented", "not_instrumented", "not instrumented",
-        "below target with work on the GPU, and no live training run reports its phases",
-        ("utilization_low_threshold", "utilization_target"),
+        "below target with work on the GPU, and no live training run reports its phases (the alerts without a run "
+        "label)", LEVEL_KEYS,
         "Instrument the job with gpu_exporter.training so the phases show the cause (input pipeline, metrics, "
-        f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}", "gpuutilizationlow",
-        "GpuUtilizationLow / GpuUtilizationBelowTarget without a run label", lambda f, t: not f.live,
-        _uninstrumented, BELOW_TARGET_ANCHOR),
+        f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}",
+        (UTILIZATION_LOW.name, UTILIZATION_BELOW_TARGET.name), _either(UTILIZATION_LOW, UTILIZATION_BELOW_TARGET),
+        lambda f, t: not f.live, _uninstrumented),
     Row("underutilized", "underutilized", "underutilized",
-        "below target, a live run reports, but no cause passes its threshold",
-        ("utilization_low_threshold", "utilization_target"),
+        "below target, a live run reports, but no cause passes its threshold (the alerts with a run label, and no "
+        f"{catalog.RUN_TRAINING_CAUSE_SHARE.name})", LEVEL_KEYS,
         "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
-        "inference servers: batch requests or share the GPU (MIG).", "gpuutilizationlow",
-        "GpuUtilizationLow / GpuUtilizationBelowTarget with a run label and no "
-        f"{catalog.RUN_TRAINING_CAUSE_SHARE.name}",
-        lambda f, t: True, _underutilized, BELOW_TARGET_ANCHOR),
+        "inference servers: batch requests or share the GPU (MIG).",
+        (UTILIZATION_LOW.name, UTILIZATION_BELOW_TARGET.name), _either(UTILIZATION_LOW, UTILIZATION_BELOW_TARGET),
+        lambda f, t: True, _underutilized),
 )
 """Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""
 

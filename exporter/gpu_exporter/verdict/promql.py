@@ -7,7 +7,7 @@ evidence, remedy and utilization rules of monitoring/ import these, so each frag
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
-from gpu_exporter.verdict.levels import BY_LEVEL, LOW
+from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 
 C = "${cluster_label}"
 """The cluster label: every aggregation and join keeps it, so two clusters never merge."""
@@ -22,6 +22,15 @@ LIVE = m.RUN_TRAINING_LIVE_INFO.name
 matches as the raw phase series did: a raw read costs VictoriaMetrics every sample of its window (docs/fleet.md)."""
 CAUSE_SHARE = m.RUN_TRAINING_CAUSE_SHARE.name
 """The recording series of the causes: what the cause alerts, the projections and the dashboards read."""
+AT_TARGET = f"{m.GPU_USEFUL_UTILIZATION_AVG5M.name} >= ${{{BY_LEVEL[TARGET].key}}}"
+"""The GPU at or above the target, judged at its useful utilization like the ladder's level (below it the run causes
+and the below-target alerts speak): the efficiency alerts' condition (monitoring/efficiency.py), the ladder's healthy
+row."""
+
+
+def cause_share(cause: str) -> str:
+    """The recorded share series of ``cause`` (its alerts and projection read it; the ladder's cause row shows it)."""
+    return f'{CAUSE_SHARE}{{cause="{cause}"}}'
 
 
 def share(phase: str) -> str:
