@@ -14,9 +14,11 @@ from gpu_exporter.collectors.xid import XidCollector
 from gpu_exporter.config import ConfigError, load_config
 from gpu_exporter.nvml import Nvml
 from gpu_exporter.poller import Poller
+from gpu_exporter.simulate.scenario import load_scenario
 from harness import Harness, scenario_path
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 @pytest.fixture
@@ -70,7 +72,11 @@ def test_memory_power_thermal_clocks(default: Harness) -> None:
     reasons = {s.labels["reason"]: s.value for s in default.samples("gpu_clock_event_active", gpu="0")}
     assert set(reasons) == set(SLOWDOWN_REASONS) and set(reasons.values()) <= {0.0, 1.0}
     assert default.samples("gpu_fan_speed_ratio") == []  # scenario GPUs have no fan: NOT_SUPPORTED
-    assert default.value("gpu_pcie_tx_bytes_per_second", gpu="0") >= 0
+    # PCIe traffic moves with the busy share between the scenario's idle and busy levels (MiB/s): GPU 1 idle, GPU 0
+    # about 85% busy (was ">= 0", which no reading could fail)
+    tx = [gpu.pcie_tx_mib_s for gpu in load_scenario("default").gpus]
+    assert default.value("gpu_pcie_tx_bytes_per_second", gpu="1") == pytest.approx(tx[1].at(0.0) * MIB, rel=0.05)
+    assert 0.95 * tx[0].at(0.7) * MIB < default.value("gpu_pcie_tx_bytes_per_second", gpu="0") < tx[0].at(1.0) * MIB
 
 
 def test_clock_event_reasons_are_the_slowdowns_unless_configured(default: Harness) -> None:
