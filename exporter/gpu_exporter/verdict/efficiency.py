@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from gpu_exporter import catalog as m
 from gpu_exporter.training.protocol import COMPUTE
+from gpu_exporter.verdict.alerts import runbook_anchor
 from gpu_exporter.verdict.levels import threshold
 
 if TYPE_CHECKING:
@@ -162,8 +163,8 @@ class GpuCause:
 
     @property
     def anchor(self) -> str:
-        """The runbook section of the cause's alert (GitHub's anchor for its heading)."""
-        return self.alert.lower()
+        """The runbook section of the cause's alert (:func:`~gpu_exporter.verdict.alerts.runbook_anchor`)."""
+        return runbook_anchor(self.alert)
 
     def value(self, a: Activity) -> float | None:
         """The reading the alert compares and reports: the SM activity (tensor pipe for tensor cores idle)."""
