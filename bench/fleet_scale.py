@@ -408,12 +408,12 @@ def victoriametrics(nodes: int, hostport: str, scrape_interval: float,
     """VictoriaMetrics' single-node server (Debian 1.79) scraping the fleet at ``hostport`` itself
     (``-promscrape.config``), and vmalert evaluating ``rules`` with each group at its own ``interval`` (the shipped
     ``rule_interval``: every minute), writing the results back; yields (store URL, vmalert URL)."""
-    from servers import _run_server, free_port, run_vmalert
+    from testbed import free_port, run_server, run_vmalert
 
     cfg = yaml.safe_load(prometheus_config(nodes, hostport, scrape_interval))
     promscrape = str(yaml.safe_dump({"global": {"scrape_interval": cfg["global"]["scrape_interval"]},
                                      "scrape_configs": cfg["scrape_configs"]}, sort_keys=False))
-    with _run_server(["victoria-metrics"], "victoria-metrics", "scrape.yml", promscrape,
+    with run_server(["victoria-metrics"], "victoria-metrics", "scrape.yml", promscrape,
                      lambda d, port: [f"-storageDataPath={d / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
                                       "-search.latencyOffset=1s", f"-promscrape.config={d / 'scrape.yml'}",
                                       # count({__name__=~".+"}) of 10,000 GPUs selects ~770,000 series, over 1.79's
