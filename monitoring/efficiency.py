@@ -6,8 +6,12 @@ gpu_exporter.verdict.efficiency (EFFICIENCY).
 (joined by UUID), else none. :func:`alerts` gives each kind its own group ``gpu-efficiency-<cause>.alerts``
 (groups evaluate concurrently, docs/fleet.md): GpuMemoryBoundKernels, GpuSmBatchTooSmall, GpuTensorCoresIdle and
 GpuSmActivityLow, all info (the GPU is busy), ``for: ${cause_for}``, only for a GPU at or above
-``utilization_target`` (its useful utilization, the ladder's level) that has work. Tensor and DRAM activity are
-read inline (no recorded series: the fleet's series budget). Each alert makes one join for the workload's labels.
+``utilization_target`` (its useful utilization, the ladder's level) that has work. Each fires while its cause held
+at any time in the last ``alert_hold`` (:func:`held`: the cause's series of ``gpu:gpu_busy_not_effective:ratio``,
+recorded only where the condition holds), the hysteresis of the other causes' alerts: a GPU whose SM activity, DRAM
+or utilization hovers at a line stays firing instead of flapping between pending and resolved. Tensor and DRAM
+activity are read inline (no recorded series: the fleet's series budget). Each alert makes one join for the
+workload's labels.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from gpu_exporter.verdict.efficiency import EFFICIENCY, SM, SM_RECORD, GpuCause
 from gpu_exporter.verdict.promql import AT_TARGET as AT_TARGET  # monitoring.funnel's too
 from gpu_exporter.verdict.promql import GPU_SEL, C
 
-from monitoring.model import VALUE, Alert, Record, indent, wrap
+from monitoring.model import VALUE, Alert, Record, wrap
 
 RECORDING = "gpu-efficiency.recording"
 ALERTS = "gpu-efficiency-{cause}.alerts"
@@ -30,9 +34,6 @@ BUSY = (f'{{{{ with printf "clamp_max(max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG
         f'{GPU_SEL[1]} | query }}}}'
         "{{ . | first | value | humanizePercentage }}{{ end }}")
 """The GPU's busy utilization (NVML) now, in the alert's text."""
-SM_NOW = (f'{{{{ with printf "max by ({C}, uuid, source) ({SM}{GPU_SEL[0]})" {GPU_SEL[1]} | query }}}}'
-          "{{ . | first | value | humanizePercentage }} ({{ . | first | label \"source\" }}){{ end }}")
-"""The GPU's SM activity now and its source, for the alert whose value is another reading (tensor cores idle)."""
 
 
 def records() -> list[Record]:
@@ -44,23 +45,32 @@ def records() -> list[Record]:
         "without either (diagnose then says SM activity unknown)."))]
 
 
+def held(cause: GpuCause) -> str:
+    """The GPUs where ``cause`` held at any time in the last ``alert_hold``: its series of the funnel's
+    ``gpu:gpu_busy_not_effective:ratio`` (monitoring.funnel, recorded only where the cause's condition holds, from the
+    same table), the hysteresis of every cause alert (monitoring.causes: ``last_over_time(...[${alert_hold}])``)."""
+    return f'last_over_time({m.GPU_BUSY_NOT_EFFECTIVE_RATIO.name}{{cause="{cause.cause}"}}[${{alert_hold}}])'
+
+
 def _alert(cause: GpuCause) -> Alert:
-    value, conditions = cause.promql()
-    shape = (f"(\n    {VALUE}\n{indent(conditions, 2)}  and on ({C}, uuid)\n    {AT_TARGET}\n)\n"
+    # the value: the GPU's SM activity now (with its source), on a GPU where the cause held within alert_hold; no
+    # comparison (a Grafana rule fires on any series: SM activity > 0 on a busy GPU)
+    shape = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    {held(cause)}\n)\n"
              f"* on ({C}, uuid) group_left (node, gpu, namespace, pod, container, run)\n{WORK}\n")
     reading = "{{ $value | humanizePercentage }}"
     tensor = cause.keys[0] == "tensor_idle_ratio"
-    now = (f"its SMs are {SM_NOW} active but its tensor pipe only {reading}" if tensor else
-           f"its SMs are {reading} active ({{{{ $labels.source }}}})")
+    now = f"its SMs are {reading} active ({{{{ $labels.source }}}})" + (
+        " but its tensor pipe below ${tensor_idle_ratio|percent}" if tensor else "")
     line = ("Tensor pipe activity below ${tensor_idle_ratio|percent} while the SMs are at least "
             "${sm_active_low|percent} active means fp32 math." if tensor else
             "Effective utilization (SM activity) below ${sm_active_low|percent} is likely ineffective use.")
     description = (f"{WHO} is busy ({BUSY} utilization, at or above the ${{utilization_target|percent}} target) but "
-                   f"{now}: {cause.doing}. {line} Cause: {cause.label}. {cause.advice}")
+                   f"{now}: {cause.doing}. {line} Cause: {cause.label}, held within the last ${{alert_hold}}. "
+                   f"{cause.advice}")
     summary = f"A busy GPU is not used effectively, cause {cause.label}."
-    return Alert(ALERTS.format(cause=cause.cause), cause.alert, value, "cause_for",
+    return Alert(ALERTS.format(cause=cause.cause), cause.alert, SM, "cause_for",
                  (("severity", "info"), ("cause", cause.cause)) + ((("code", cause.code),) if cause.code else ()),
-                 summary, wrap(description), op=cause.op, threshold=cause.keys[0], shape=shape)
+                 summary, wrap(description), shape=shape)
 
 
 def alerts() -> list[Alert]:

@@ -25,7 +25,7 @@ from gpu_exporter.verdict.alerts import (
     UTILIZATION_LOW,
 )
 from gpu_exporter.verdict.causes import CAUSES
-from gpu_exporter.verdict.efficiency import EFFICIENCY, GpuCause
+from gpu_exporter.verdict.efficiency import EFFICIENCY
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import LOW
 
@@ -109,15 +109,10 @@ def mirrors(model: Model) -> list[Mirror]:
                        "its processes point at the input pipeline (M1)."),
         *(Mirror(cause.alert, "gpu-node", "GPU utilization (busy-time counter)",
                  f"{WHERE} is busy (at or above the {cfg.num('utilization_target') * 100:g}% target) but its SMs are "
-                 f"not used effectively: {cause.doing} ({_reading(cause)} activity "
+                 f"not used effectively: {cause.doing} (SM activity "
                  "{{ humanizePercentage $values.B.Value }}). Cause: " f"{cause.label}. {cause.advice}")
           for cause in EFFICIENCY),
     ]
-
-
-def _reading(cause: GpuCause) -> str:
-    """What an efficiency alert's value is: the tensor pipe's activity or the SMs'."""
-    return "tensor pipe" if cause.keys[0] == "tensor_idle_ratio" else "SM"
 
 
 OPS = {"<": "lt", ">": "gt"}

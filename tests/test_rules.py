@@ -351,9 +351,8 @@ def test_generated_groups_hold_exactly_the_model_rules() -> None:
             expr = obj.expr() if isinstance(obj, Alert) else obj.expr
             assert rule["expr"].strip() == gen_render(expr, cfg).strip(), obj.name
     compared = [a for a in model.alerts if a.op]
-    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated",
-                                          "GpuMemoryBoundKernels", "GpuSmBatchTooSmall", "GpuTensorCoresIdle",
-                                          "GpuSmActivityLow"}
+    # the efficiency alerts compare nothing of their own: each fires while its cause held within alert_hold
+    assert {a.name for a in compared} == {"GpuUtilizationLow", "GpuUtilizationBelowTarget", "GpuIdleButAllocated"}
     for alert in compared:
         comparison = f" {alert.op} {cfg.text(alert.threshold)}"
         assert comparison in gen_render(alert.expr(), cfg)
