@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
                 window = f"{PROMETHEUS_WINDOW}{ending} (recording rules)"
                 readings = from_prometheus(prom, thresholds.cluster_label,
                                            launches=args.run_name is not None or args.run_id is not None,
-                                           sm_active_low=thresholds.sm_active_low)
+                                           sm_active_low=thresholds.sm_active_low,
+                                           utilization_target=thresholds.utilization_target)
             else:
                 window = f"{window}{ending} (the rules' signals over that window)"
                 readings = from_prometheus_window(prom, seconds, thresholds.cluster_label)

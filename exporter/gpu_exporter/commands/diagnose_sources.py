@@ -190,15 +190,18 @@ _RULES = tuple(m.name for m in (
 
 
 def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = True,
-                    sm_active_low: float | None = None) -> Readings:
+                    sm_active_low: float | None = None, utilization_target: float = 0.0) -> Readings:
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 
     Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
     ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series. Every
     query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
     they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
-    With ``sm_active_low`` the live runs on GPUs whose SM activity is below it get their context read too, for the
-    batch suggestion of the SM form of M3 (verdict/efficiency.py).
+    With ``sm_active_low`` the live runs that may get the batch suggestion of the SM form of M3
+    (verdict/efficiency.py, verdict/join.py) get their context read too: a run with no cause of its own on a GPU at or
+    above ``utilization_target`` whose SM activity is below ``sm_active_low``. At 10,000 GPUs the context of every
+    live run on a GPU below the line (most of a fleet of small kernels) was the largest answer a fleet-wide diagnose
+    read (docs/fleet.md).
     """
     skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name,  # the rules' shares instead
             catalog.GPU_MEMORY_USED_BYTES.name, catalog.GPU_MEMORY_TOTAL_BYTES.name}  # remedy_inputs reads them
@@ -235,9 +238,12 @@ def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = 
             callback=hook_for(cause.phase, readings.callbacks.get(key))))
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
     _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram)
+    with_cause = {keys.run(labels) for labels, _ in causes}
     low = [] if sm_active_low is None else [  # the SM form of M3's batch suggestion reads the run's context too
         ({**labels, "cause": BATCH_CAUSE}, 0.0) for labels, _ in fleet.raw(fleet.live)
-        if (sm := readings.sm_active.get(keys.gpu(labels))) is not None and sm[0] < sm_active_low]
+        if keys.run(labels) not in with_cause
+        and readings.utilization.get(gpu := keys.gpu(labels), 0.0) >= utilization_target
+        and (sm := readings.sm_active.get(gpu)) is not None and sm[0] < sm_active_low]
     fleet.remedy_inputs([*causes, *low], readings)
     readings.sampled = keys.sampled(shares)
     return readings
