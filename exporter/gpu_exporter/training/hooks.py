@@ -28,8 +28,9 @@ The rule (docs/training.md, "training.watch"):
 * A step ends at each ``optimizer.step`` (with the samples of the batches fetched since the last
   one); without an optimizer, at each batch.
 
-The building blocks (the timed iterator, the ``torch.save`` patch, metric objects) are shared
-with the Lightning and Transformers callbacks (``training.lightning``, ``training.transformers``).
+The building blocks (the timed iterator, the ``torch.save`` patch, metric objects, :class:`StepCounter`) are
+shared with the Lightning and Transformers callbacks (``training.lightning``, ``training.transformers``) and
+zero-code activation (``training.auto``); docs/training.md, "Writing an integration", lists them.
 Importing this module imports nothing heavy; torch is imported by :func:`watch` only.
 """
 
@@ -92,7 +93,7 @@ class PhaseStack:
     The callbacks' timers nest in any order (a model forward inside ``training_step``, a ``torch.save``
     inside another callback's hook, a metric inside a forward), and :class:`Phase` objects nest only
     while none is entered again below the top (its ``_prev`` would be overwritten). Here every change
-    leaves the open phase and enters the next (:meth:`switch`), and the phases to return to are this
+    leaves the open phase and enters the next (:attr:`switch`: ``run.switch_to``), and the phases to return to are this
     object's own list, so entering a phase that is further down is one more entry like any other.
 
     >>> from gpu_exporter.training.run import Run
