@@ -56,6 +56,8 @@ class Case:
     uuid: str = field(default="")
     run: str = ""
     rank: str = "0"
+    code: dict[str, float] = field(default_factory=dict)
+    """The stack sampler's shares of the step by class of code (framework, host; FO, HW)."""
 
     @property
     def gpu_uuid(self) -> str:
@@ -76,6 +78,10 @@ CASES = [
     Case("checkpoint_target", 0.5, 0.5, {"compute": 0.7, "checkpoint": 0.3}),
     Case("callbacks_low", 0.2, 0.5, {"compute": 0.3, "callbacks": 0.6, "other": 0.1}),
     Case("callbacks_target", 0.5, 0.5, {"compute": 0.7, "callbacks": 0.3}),
+    Case("host_low", 0.2, 0.5, {"compute": 0.9, "other": 0.1}, code={"framework": 0.02, "host": 0.4}),
+    Case("host_target", 0.5, 0.5, {"compute": 0.95, "other": 0.05}, code={"host": 0.3}),
+    Case("framework_low", 0.2, 0.5, {"compute": 0.5, "other": 0.5}, code={"framework": 0.5, "host": 0.01}),
+    Case("framework_target", 0.5, 0.5, {"compute": 0.7, "other": 0.3}, code={"framework": 0.3}),
     Case("batch_low", 0.22, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
     Case("batch_target", 0.35, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
     Case("batch_memory_full", 0.22, 0.8, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
@@ -128,7 +134,7 @@ def judged(case: Case) -> list[Finding]:
     communication = {c.rank: c.shares["communication"] for c in CASES
                      if c.run_labels["run"] == case.run_labels["run"] and c.live and "communication" in c.shares}
     run = RunSignals(case.shares, allocator_retries=case.retries, allocator_ooms=case.ooms,
-                     communication=communication)
+                     communication=communication, code=case.code)
     return find_causes(case.utilization, case.memory, run, load_thresholds()) if case.live else []
 
 
@@ -169,6 +175,9 @@ def input_series(index: int, case: Case) -> list[dict[str, str]]:
                     "values": _ramp(share * 60)})
         out.append({"series": _series("gpu_training_current_phase", _labels(case, phase=phase, **run)),
                     "values": f"{1 if case.live and phase == 'compute' else 0}x{MINUTES}"})
+    for part, share in case.code.items():
+        out.append({"series": _series("gpu_training_code_seconds_total", _labels(case, part=part, **run)),
+                    "values": _ramp(share * 60)})
     return out
 
 

@@ -72,6 +72,8 @@ class Gpu:
     """Its process (``process``) has /proc counters: a main thread runnable 97% of the time, one core, no worker."""
     gpm: tuple[float, float, float] | None = None
     """Its GPM gauges (whole GPU): SM, tensor pipe and DRAM activity (the efficiency rows, verdict/efficiency.py)."""
+    code: dict[str, float] = field(default_factory=dict)
+    """The stack sampler's shares of the step by class of code (framework, host: the FO and HW rows)."""
 
     @property
     def key(self) -> str:
@@ -95,6 +97,8 @@ GPUS = [
     Gpu("metrics_bound", 0.2, 0.5, {"data": 0.05, "compute": 0.4, "metrics": 0.55}),
     Gpu("checkpoint", 0.2, 0.5, {"data": 0.03, "compute": 0.25, "checkpoint": 0.72}),
     Gpu("callback_bound", 0.2, 0.5, {"data": 0.03, "compute": 0.35, "callbacks": 0.62}),
+    Gpu("framework_overhead", 0.2, 0.5, {"data": 0.03, "compute": 0.5, "other": 0.47}, code={"framework": 0.5}),
+    Gpu("host_work", 0.2, 0.5, {"data": 0.03, "compute": 0.9, "other": 0.07}, code={"host": 0.45}),
     Gpu("batch_too_small", 0.22, 0.1, {"data": 0.05, "compute": 0.9, "metrics": 0.05}),
     Gpu("allocator", 0.2, 0.8, {"compute": 0.9, "other": 0.1}, retries=10),
     # Ranks 0 and 1 wait for rank 2 (input-bound) in all-reduce.
@@ -179,6 +183,9 @@ def openmetrics(start: int) -> str:
                 lambda ts, a=active, s=share: s * a(ts))
             add("gpu_training_current_phase", gpu, index, {**run, "phase": phase},
                 lambda ts, e=end, p=phase: 1 if p == "compute" and ts < e else 0)
+        for part, share in gpu.code.items():
+            add("gpu_training_code_seconds_total", gpu, index, {**run, "part": part},
+                lambda ts, a=active, s=share: s * a(ts))
     out = []
     for name, rows in families.items():
         out += [f"# TYPE {name} gauge", *rows]

@@ -38,6 +38,7 @@ EXPECTED_ALERTS = {
     "GpuTrainingMetricsBound",
     "GpuBatchTooSmall", "GpuMemoryAllocatorThrashing", "GpuMemoryNearlyFull", "GpuExporterDown",
     "GpuTrainingCheckpointBound", "GpuTrainingCallbackBound", "GpuTrainingBelowTarget",
+    "GpuTrainingFrameworkOverhead", "GpuTrainingHostWork",
     "GpuExporterCollectorFailing", "GpuExporterSamplesStale", "GpuXidErrors", "GpuThermalThrottling",
     "GpuMissing", "GpuTrainingStraggler", "GpuTrainingCommunicationBound",
     "GpuUninstrumentedInputBound", "GpuExporterSeriesGrowth",
@@ -45,7 +46,8 @@ EXPECTED_ALERTS = {
 }
 CAUSE_REMEDIES = {"GpuTrainingInputBound": "M1", "GpuTrainingMetricsBound": "M2", "GpuBatchTooSmall": "M3",
                   "GpuMemoryAllocatorThrashing": "M4", "GpuTrainingCheckpointBound": "CK", "GpuTrainingStraggler": "ST",
-                  "GpuTrainingCommunicationBound": "CM", "GpuTrainingCallbackBound": "CB"}
+                  "GpuTrainingCommunicationBound": "CM", "GpuTrainingCallbackBound": "CB",
+                  "GpuTrainingFrameworkOverhead": "FO", "GpuTrainingHostWork": "HW"}
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (apt-get install prometheus)")
@@ -221,7 +223,7 @@ def test_levels_and_projections_start_from_the_useful_utilization() -> None:
     assert shares and all("level" not in r["labels"] for r in shares)  # one rule per cause, at the run's level
     assert all(r["expr"].endswith(f"* on (cluster, uuid, run, rank) group_left (level)\n{level}\n") for r in shares)
     projected = [r["expr"] for r in rules("record") if r["record"] == "run:gpu_training_cause:projected_utilization"]
-    assert len(projected) == 7  # every cause but M4 (counted, not timed), each in its own group
+    assert len(projected) == 9  # every cause but M4 (counted, not timed), each in its own group
     assert all(p.count("run:gpu_useful_utilization:avg5m") == 1 and "gpu:gpu_utilization:avg5m" not in p
                for p in projected)
 

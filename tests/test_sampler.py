@@ -97,7 +97,7 @@ def _snapshot(code: object) -> bytes:
 
 
 def _series(store: TrainingStore) -> dict[tuple[str, str], float]:
-    return {(s.name, s.labels.get("code") or s.labels.get("function", "")): s.value for f in store.collect()
+    return {(s.name, s.labels.get("part") or s.labels.get("function", "")): s.value for f in store.collect()
             for s in f.samples if s.name.startswith(("gpu_training_code_", "gpu_training_host_function_"))}
 
 

@@ -255,9 +255,9 @@ GPU_TRAINING_CALLBACK_SECONDS_TOTAL = _define(
     (*RUN, "callback", "phase"), "training")
 GPU_TRAINING_CODE_SECONDS_TOTAL = _define(
     "gpu_training_code_seconds_total", COUNTER, "seconds",
-    "Seconds the training thread ran the framework's own code (code=framework: in compute or between the phases) "
-    "or the job's own code inside compute (code=host), by the library's stack sampler.",
-    (*RUN, "code"), "training")
+    "Seconds the training thread ran the framework's own code (part=framework: in compute or between the phases) "
+    "or the job's own code inside compute (part=host), by the library's stack sampler.",
+    (*RUN, "part"), "training")
 GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL = _define(
     "gpu_training_host_function_seconds_total", COUNTER, "seconds",
     "Seconds inside compute in the run's biggest function of its own code (function: file.py:line:name), by the "
@@ -431,6 +431,14 @@ RUN_TRAINING_CALLBACK_SHARE5M = _record(
     "run:gpu_training_callback:share5m",
     "The share (0-1) of a run's (per rank) time over 5m its biggest callback hook of its own takes (labels callback, "
     "phase).", generated=True)
+RUN_TRAINING_CODE_SHARE5M = _record(
+    "run:gpu_training_code:share5m",
+    "The share (0-1) of a run's (per rank) time over 5m the training thread ran the framework's own code "
+    "(part=framework) or its own code inside compute (part=host).", generated=True)
+RUN_TRAINING_HOST_FUNCTION_SHARE5M = _record(
+    "run:gpu_training_host_function:share5m",
+    "The share (0-1) of a run's (per rank) time over 5m its biggest function of its own code takes inside compute "
+    "(label function).", generated=True)
 RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS = _record(
     "run:gpu_training_straggler:projected_step_seconds",
     "The run's step time if the straggler rank kept up: the waiting rank's step time without its wait.",

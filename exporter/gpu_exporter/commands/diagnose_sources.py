@@ -20,6 +20,7 @@ from gpu_exporter.commands.promql_text import any_of_chunks, promql_duration
 from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.callbacks import hook_for
 from gpu_exporter.verdict.causes import BATCH_CAUSE, BY_ID, CONTEXT_CAUSES
+from gpu_exporter.verdict.code import window_code
 from gpu_exporter.verdict.efficiency import dram_query, for_cluster, sm_query, tensor_query
 from gpu_exporter.verdict.kinds import LABEL as STRAGGLER_LABEL
 from gpu_exporter.verdict.kinds import Finding
@@ -167,9 +168,12 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)))
     process_rates = {expr: _READ[name] for name, expr in zip(evidence.WINDOWED, evidence.rates(w), strict=True)}
     sm, tensor, dram = (for_cluster(q(w), cluster_label) for q in (sm_query, tensor_query, dram_query))
+    code, functions = (f"increase({metric.name}[{w}])" for metric in (  # the stack sampler's (verdict/code.py)
+        catalog.GPU_TRAINING_CODE_SECONDS_TOTAL, catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL))
     fleet = _Fleet(prom, cluster_label, {**_reads((*INSTANT, catalog.GPU_PROCESS_CHILD_PROCESSES.name)), busy: _GPU,
                                          phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates,
-                                         sm: None, tensor: None, dram: None},
+                                         sm: None, tensor: None, dram: None, code: (*_RUN, "part"),
+                                         functions: (*_RUN, "function")},
                    _LIVE_NOW)
     keys = fleet.keys
     readings = fleet.readings(INSTANT)
@@ -177,6 +181,8 @@ def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str 
     readings.phase_window = keys.phases(fleet.raw(phases))
     readings.retries = keys.per_run(fleet.raw(retries))
     readings.ooms = keys.per_run(fleet.raw(ooms))
+    readings.code, readings.host_functions = window_code(keys.run, (), fleet.raw(code), (), fleet.raw(functions),
+                                                         readings.phase_window)
     readings.evidence = evidence.from_window(fleet.query, w)
     _activity(fleet, readings, sm, tensor, dram)
     return readings

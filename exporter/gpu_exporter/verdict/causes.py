@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import CALLBACK_PHASE
 from gpu_exporter.verdict.callbacks import CB_WORDS
+from gpu_exporter.verdict.code import FrameworkOverhead, HostWork
 from gpu_exporter.verdict.kinds import Allocator, CallbackPhase, Cause, Communication, Finding, Launch, Phase, Straggler
 from gpu_exporter.verdict.levels import level, useful_utilization
 from gpu_exporter.verdict.remedies import BATCH_REMEDY, WORKERS_REMEDY
@@ -80,6 +81,30 @@ CAUSES: tuple[Cause, ...] = (
                  "the GPU idles; Python or CPU work in the step that is not GPU work is M2 instead, told apart by the "
                  "phase shares (that time counts as metrics, not compute) or sampled stacks (frames in your own "
                  "code, not in torch operators)."),
+    FrameworkOverhead("framework_overhead", "FO", "framework overhead", "GpuTrainingFrameworkOverhead", "compute",
+          ("metrics_bound_share",),
+          doing="in the framework's own code (the training loop, hooks and optimizer closure of Lightning, the "
+                "Trainer or accelerate) while the GPU waits",
+          hidden="without the framework's per-step overhead",
+          remedy="a larger batch where memory allows (fewer steps for the same data), torch.compile or CUDA graphs, "
+                 "fewer per-step hooks and logging",
+          advice="FO: the framework's own Python between the operators (its loop, hooks, the optimizer closure, "
+                 "per-step logging) keeps the GPU idle each step; the cost is per step, so raise the batch size "
+                 "where memory allows (or accumulate gradients) to pay it less often, capture the step with "
+                 "torch.compile (mode=\"reduce-overhead\": CUDA graphs), and drop per-step hooks, progress bars "
+                 "and self.log(..., on_step=True) nobody reads (log every N steps)."),
+    HostWork("host_work", "HW", "host work in the step", "GpuTrainingHostWork", "compute",
+          ("metrics_bound_share",),
+          doing="in its own code inside the compute phase while the GPU waits (host work in the step: a numpy loss, "
+                "a Python augmentation)",
+          hidden="if that work ran in the DataLoader's workers or on the GPU",
+          remedy="move the host work into the DataLoader (the Dataset or collate_fn, in workers) or onto the GPU "
+                 "(torch operations on the batch on the device)",
+          advice="HW: the job's own code runs on the CPU inside the step while the GPU waits (the verdict names the "
+                 "function): move per-sample work (augmentation, tokenization, numpy preprocessing) into the "
+                 "Dataset's __getitem__ or a collate_fn so DataLoader(num_workers=N) runs it ahead of the step, and "
+                 "write per-batch work (a loss or transform in numpy) as torch operations on the GPU tensors "
+                 "(no .cpu()/.numpy() round trip)."),
     Allocator("allocator", "M4", "allocator trouble", "GpuMemoryAllocatorThrashing", "",
           ("allocator_window", "allocator_retries_threshold"),
           doing="", hidden="",

@@ -90,7 +90,8 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
     if util is None or not run.shares:
         return []
     signals = RunSignals(run.shares, run.allocator_retries, run.allocator_ooms, run.batch_size,
-                         communication, run.step_seconds, readings.callbacks.get(key))
+                         communication, run.step_seconds, readings.callbacks.get(key), readings.code.get(key),
+                         readings.host_functions.get(key))
     return find_causes(util, memory, signals, t, window_seconds)
 
 

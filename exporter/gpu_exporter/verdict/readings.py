@@ -16,6 +16,7 @@ from gpu_exporter import catalog
 from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict import evidence, remedies
 from gpu_exporter.verdict.callbacks import window_callbacks
+from gpu_exporter.verdict.code import window_code
 from gpu_exporter.verdict.samples import Labels, Snapshot
 from gpu_exporter.verdict.views import Process, Readings, RunKey, gpu_key
 
@@ -140,6 +141,11 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     readings.sampled = keys.sampled(cur.series(catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name))
     hooks = catalog.GPU_TRAINING_CALLBACK_SECONDS_TOTAL.name
     readings.callbacks = window_callbacks(keys.run, prev.series(hooks), cur.series(hooks), readings.phase_window)
+    code = catalog.GPU_TRAINING_CODE_SECONDS_TOTAL.name
+    functions = catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL.name
+    readings.code, readings.host_functions = window_code(keys.run, prev.series(code), cur.series(code),
+                                                         prev.series(functions), cur.series(functions),
+                                                         readings.phase_window)
     gpm(readings, cur)
     return readings
 

@@ -44,6 +44,10 @@ class RunSignals:
     """ST: this rank's mean step time over the window, for the run's projected step time."""
     callback: tuple[str, str, float] | None = None
     """CK, CB: the run's biggest callback hook of its own: (Class.hook, its phase, its share of the step)."""
+    code: Mapping[str, float] | None = None
+    """FO, HW: the shares of the step the training thread ran ``framework`` and ``host`` code (verdict/code.py)."""
+    host_function: tuple[str, float] | None = None
+    """HW: the run's biggest function of its own code inside compute: (``file.py:line:name``, its share of the step)."""
 
 
 

@@ -157,6 +157,10 @@ class Readings:
     """The runs whose phases the exporter sampled (label ``source="sampled"``)."""
     callbacks: dict[RunKey, tuple[str, str, float]] = field(default_factory=dict)
     """The biggest callback hook of each run over the window: (Class.hook, phase, share; verdict/callbacks.py)."""
+    code: dict[RunKey, dict[str, float]] = field(default_factory=dict)
+    """Each run's shares of framework and host code over the window (the stack sampler's; verdict/code.py)."""
+    host_functions: dict[RunKey, tuple[str, float]] = field(default_factory=dict)
+    """Each run's biggest function of its own code over the window: (file.py:line:name, share; verdict/code.py)."""
     launches: dict[RunKey, tuple[str, float]] = field(default_factory=dict)
     """(run id, start time) of each run key (gpu_training_run_start_timestamp_seconds; verdict/launches.py)."""
     cluster_label: str = ""

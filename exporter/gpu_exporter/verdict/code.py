@@ -1,0 +1,160 @@
+"""Whose code holds the GPU idle inside the step: framework overhead (FO) and host work (HW), two rows of the table.
+
+The training library's stack sampler (gpu_exporter.training.sampler) counts the seconds the training thread runs
+the framework's own code (Lightning, Transformers, accelerate; in ``compute`` and between the phases) and the
+job's own code inside ``compute`` (a numpy loss, a Python augmentation), with the job's biggest function by name.
+The exporter exports them as ``gpu_training_code_seconds_total{code}`` and
+``gpu_training_host_function_seconds_total{function}``; the rules record their shares of the step
+(:data:`RECORDS`). The compute phase's idle GPU time then has three named parts: launch overhead (M3, the CPU inside
+torch operators), framework overhead (FO) and host work (HW). :class:`CodeShare` is their kind: a share of the step
+above ``metrics_bound_share`` (the threshold of every other "CPU work in the step that is not GPU work" cause) on a
+GPU below target. HW names the function: ``train.py:88 `augment()` takes 31% of the step`` (:func:`function_text`),
+in diagnose --url (from :attr:`RunSignals.host_function <gpu_exporter.verdict.signals.RunSignals>`) and in the
+alert's text (a lookup of the recorded share).
+
+>>> function_text("train.py:88:augment", 0.31)
+'train.py:88 `augment()` takes 31% of the step'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpu_exporter import catalog
+from gpu_exporter.verdict.format import pct
+from gpu_exporter.verdict.kinds import HIDDEN, Cause, Finding, Found
+from gpu_exporter.verdict.levels import threshold
+from gpu_exporter.verdict.promql import RUN_SEL, C
+from gpu_exporter.verdict.signals import RunSignals
+
+if TYPE_CHECKING:
+    from gpu_exporter.thresholds import Thresholds
+
+__all__ = ["FUNCTION_RECORDS", "RECORDS", "CodeShare", "FrameworkOverhead", "HostWork", "function_text", "window_code"]
+
+CODE_SHARE = catalog.RUN_TRAINING_CODE_SHARE5M.name
+FUNCTION_SHARE = catalog.RUN_TRAINING_HOST_FUNCTION_SHARE5M.name
+_WALL = (f"/ on ({C}, run, rank, uuid) group_left ()\n"
+         f"sum by ({C}, run, rank, uuid) (rate({catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name}[5m]))\n")
+RECORDS = (
+    (CODE_SHARE, f"rate({catalog.GPU_TRAINING_CODE_SECONDS_TOTAL.name}[5m])\n{_WALL}",
+     "The share of the step (0-1) the training thread runs the framework's own code (part=framework) or the job's "
+     "own code inside compute (part=host), by the library's stack sampler."),)
+"""FO's recording rule (name, expression, comment): the shares both FO and HW read."""
+FUNCTION_RECORDS = (
+    (FUNCTION_SHARE, f"rate({catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL.name}[5m])\n{_WALL}",
+     "The share of the step (0-1) the run's biggest function of its own code takes inside compute (label function)."),
+)
+"""HW's recording rule: the share of its biggest function, which its verdict and alert name."""
+
+
+def function_text(name: str, share: float) -> str:
+    """A function of the job's own code (``file.py:line:name``) in the verdict's words."""
+    where, _, function = name.rpartition(":")
+    words = f"{where} `{function}()`" if where else f"`{name}`"
+    return f"{words} takes {pct(share)} of the step"
+
+
+class CodeShare(Cause):
+    """FO, HW: the share of the step the training thread runs one class of code (:attr:`part`) in, from the stack
+    sampler; HW's verdict names the job's biggest function (:attr:`names_function`)."""
+
+    projected_by = HIDDEN
+    owns = "{} of its time in {part} code"
+    part: ClassVar[str] = ""
+    """The class of the sampler's code it reads (``framework``, ``host``: a label value of its series)."""
+    names_function: ClassVar[bool] = False
+
+    def own(self, value: float) -> str:
+        return self.owns.format(self.amount(value), part=self.part)
+
+    def alert_own(self) -> str:
+        return self.owns.format(self.alert_amount, part=self.part)
+
+    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str,
+             window_seconds: float) -> Found:
+        value = (run.code or {}).get(self.part, 0.0)
+        if value <= threshold(t, self.keys[0]):
+            return None
+        found = Finding(self, lvl, value, 1.0 if value >= 1.0 else min(1.0, u / (1.0 - value)))
+        function = run.host_function if self.names_function else None
+        return replace(found, callback=function_text(*function)) if function is not None else found
+
+    def promql(self) -> str:
+        return f'max without (part) ({CODE_SHARE}{{part="{self.part}"}}) > ${{{self.keys[0]}}}'
+
+    def reason(self, f: Finding, run: str, rank: str) -> str:
+        text = f"run {run} rank {rank} spends {pct(f.value)} of its time {self.doing}."
+        return f"{text[:-1]}: {f.callback}." if f.callback else text
+
+    def alert_reason(self, table: Sequence[Cause]) -> str:
+        base = f"spends {{{{ $value | humanizePercentage }}}} of its time {self.doing}."
+        if not self.names_function:
+            return base
+        sel, args = RUN_SEL
+        query = f'printf "topk(1, {FUNCTION_SHARE}{sel})" {args}'
+        return (f"{base}{{{{ with {query} | query }}}} Its biggest function: "
+                f"`{{{{ . | first | label \"function\" }}}}` takes "
+                "{{ . | first | value | humanizePercentage }} of the step.{{ end }}")
+
+    def records(self) -> tuple[tuple[str, str, str], ...]:
+        return FUNCTION_RECORDS if self.names_function else RECORDS
+
+    def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
+        """Not projected for a finished run: the report reads phases, and the sampler's classes are no phase."""
+        return None
+
+
+class FrameworkOverhead(CodeShare):
+    """FO: the framework's own code (Lightning's loop, hooks and optimizer closure, the Trainer's, accelerate's)."""
+
+    part = "framework"
+
+
+class HostWork(CodeShare):
+    """HW: the job's own code inside compute (host work in the step), its biggest function named."""
+
+    part = "host"
+    names_function = True
+
+
+Labels = dict[str, str]
+
+
+def window_code(run_key: Callable[[Labels], Any], prev: Iterable[tuple[Labels, float]],
+                cur: Iterable[tuple[Labels, float]], prev_functions: Iterable[tuple[Labels, float]],
+                cur_functions: Iterable[tuple[Labels, float]], phase_window: Mapping[Any, Mapping[str, float]],
+                ) -> tuple[dict[Any, dict[str, float]], dict[Any, tuple[str, float]]]:
+    """Each run's code shares over a window between two readings of an exporter (``diagnose --url``), and its biggest
+    function's (name, share), from gpu_training_code_seconds_total and gpu_training_host_function_seconds_total (or,
+    with no first reading, their increases over a window). A function that was not the biggest at the first reading
+    of a run seen then has no window and is left out; of several, the biggest is kept.
+
+    >>> key = lambda labels: labels["run"]
+    >>> host, fn = {"run": "r", "part": "host"}, {"run": "r", "function": "train.py:88:augment"}
+    >>> window_code(key, [(host, 1.0)], [(host, 4.0)], [(fn, 1.0)], [(fn, 3.5)], {"r": {"compute": 10.0}})
+    ({'r': {'host': 0.3}}, {'r': ('train.py:88:augment', 0.25)})
+    """
+    def wall(key: Any) -> float:
+        return sum(v for v in phase_window.get(key, {}).values() if v > 0)
+
+    before = {(run_key(labels), labels.get("part", "")): value for labels, value in prev}
+    shares: dict[Any, dict[str, float]] = {}
+    for labels, value in cur:
+        key, part = run_key(labels), labels.get("part", "")
+        delta, total = value - before.get((key, part), 0.0), wall(key)
+        if total > 0 and delta >= 0:
+            shares.setdefault(key, {})[part] = min(delta / total, 1.0)
+    before = {(run_key(labels), labels.get("function", "")): value for labels, value in prev_functions}
+    seen = {key for key, _ in before}
+    functions: dict[Any, tuple[str, float]] = {}
+    for labels, value in cur_functions:
+        key, name = run_key(labels), labels.get("function", "")
+        if (key, name) not in before and key in seen:
+            continue
+        delta, total = value - before.get((key, name), 0.0), wall(key)
+        if total > 0 and delta >= 0 and delta / total > functions.get(key, ("", -1.0))[1]:
+            functions[key] = (name, min(delta / total, 1.0))
+    return shares, functions
