@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,10 @@ from containers import (
     STAND_INS,
     Container,
     Image,
-    base_image,
-    build_image,
     compose_order,
     compose_run_options,
     container,
     podman,
-    podman_problem,
     stand_in_options,
     wait_healthy,
 )
@@ -48,11 +46,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.container]
 
 
 @pytest.fixture(scope="module")
-def image() -> Image:
-    problem = podman_problem()
-    if problem:
-        pytest.skip(problem)
-    return build_image(base_image())
+def image(container_image: Image) -> Image:
+    """The image (built once per session: conftest.py)."""
+    return container_image
 
 
 def exporter(image: Image, *args: str) -> tuple[str, contextlib.AbstractContextManager[Container]]:
@@ -105,25 +101,33 @@ def test_image_labels_size_and_no_pip(image: Image) -> None:
     assert added < 48e6, f"the Dockerfile adds {added / 1e6:.0f} MB to its base"
 
 
-def test_exporter_container_simulated_hardened_and_healthy(image: Image) -> None:
+@pytest.fixture(scope="module")
+def simulated(image: Image) -> Iterator[tuple[str, Container]]:
+    """One hardened exporter container on the default simulated node, ready; (URL, container). Its tests
+    only read it."""
     url, running = exporter(image, "--simulate")
     with running as box:
         wait_ready(url, box)
-        metrics = http_get(url + "/metrics")
-        assert metrics.count("gpu_info{") >= 1 and "gpu_utilization_ratio{" in metrics
-        state = box.inspect()
-        assert state["HostConfig"]["ReadonlyRootfs"] is True
-        status = Path(f"/proc/{state['State']['Pid']}/status").read_text()
-        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        assert fields["Uid"].split() == ["10001"] * 4, fields["Uid"]
-        for capabilities in ("CapPrm", "CapEff", "CapBnd", "CapAmb"):
-            assert int(fields[capabilities], 16) == 0, (capabilities, fields[capabilities])
-        write = box.exec("sh", "-c", "touch /opt/gpu-exporter/x")
-        assert write.returncode != 0 and "Read-only file system" in write.stderr
-        check = podman("healthcheck", "run", box.name, check=False)
-        assert check.returncode == 0, check.stdout + check.stderr
-        health = box.inspect()["State"]["Health"]
-        assert health["Status"] == "healthy" and health["Log"][-1]["ExitCode"] == 0, health
+        yield url, box
+
+
+def test_exporter_container_simulated_hardened_and_healthy(simulated: tuple[str, Container]) -> None:
+    url, box = simulated
+    metrics = http_get(url + "/metrics")
+    assert metrics.count("gpu_info{") >= 1 and "gpu_utilization_ratio{" in metrics
+    state = box.inspect()
+    assert state["HostConfig"]["ReadonlyRootfs"] is True
+    status = Path(f"/proc/{state['State']['Pid']}/status").read_text()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert fields["Uid"].split() == ["10001"] * 4, fields["Uid"]
+    for capabilities in ("CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[capabilities], 16) == 0, (capabilities, fields[capabilities])
+    write = box.exec("sh", "-c", "touch /opt/gpu-exporter/x")
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
+    check = podman("healthcheck", "run", box.name, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    health = box.inspect()["State"]["Health"]
+    assert health["Status"] == "healthy" and health["Log"][-1]["ExitCode"] == 0, health
 
 
 def followed_gpu(scenario: str) -> tuple[str, float]:
@@ -188,25 +192,23 @@ def prometheus_config(target: str) -> str:
     return str(yaml.safe_dump(config))
 
 
-def test_prometheus_scrapes_the_container_and_the_rules_evaluate(image: Image) -> None:
+def test_prometheus_scrapes_the_container_and_the_rules_evaluate(simulated: tuple[str, Container]) -> None:
     config = prometheus_config("placeholder")
     rules = {p: (PROM / p).read_text() for p in yaml.safe_load(config)["rule_files"]}
-    url, running = exporter(image, "--simulate")
-    with running as box:
-        wait_ready(url, box)
-        target = url.removeprefix("http://")
-        with run_prometheus(prometheus_config(target), rules) as prom:
-            def evaluated() -> list[dict[str, Any]] | None:
-                groups = json.loads(http_get(prom + "/api/v1/rules"))["data"]["groups"]
-                found = [rule for group in groups for rule in group["rules"]]
-                if promql(prom, "gpu:gpu_utilization:avg5m") and all(
-                        rule.get("lastEvaluation", "0001").startswith("20") for rule in found):
-                    return found
-                return None
-            evaluated_rules = wait_until(evaluated, 90, interval=1, what="every rule to be evaluated")
-            up = promql(prom, "up")
-            utilization = promql(prom, "gpu:gpu_utilization:avg5m")
-            measured = promql(prom, "gpu_utilization_ratio")
+    url, _ = simulated
+    target = url.removeprefix("http://")
+    with run_prometheus(prometheus_config(target), rules) as prom:
+        def evaluated() -> list[dict[str, Any]] | None:
+            groups = json.loads(http_get(prom + "/api/v1/rules"))["data"]["groups"]
+            found = [rule for group in groups for rule in group["rules"]]
+            if promql(prom, "gpu:gpu_utilization:avg5m") and all(
+                    rule.get("lastEvaluation", "0001").startswith("20") for rule in found):
+                return found
+            return None
+        evaluated_rules = wait_until(evaluated, 90, interval=1, what="every rule to be evaluated")
+        up = promql(prom, "up")
+        utilization = promql(prom, "gpu:gpu_utilization:avg5m")
+        measured = promql(prom, "gpu_utilization_ratio")
     assert [s["metric"]["instance"] for s in up] == [target] and up[0]["value"][1] == "1"
     # one interval mean per GPU with a utilization reading (a GPU in MIG mode has none)
     assert {s["metric"]["uuid"] for s in utilization} == {s["metric"]["uuid"] for s in measured} != set()

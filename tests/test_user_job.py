@@ -37,7 +37,7 @@ import pytest
 import release
 import yaml
 from compose_spec import PyCompose
-from containers import base_image, build_image, compose_run_options, container, podman, podman_problem, wait_healthy
+from containers import Image, compose_run_options, container, podman, wait_healthy
 from gpu_exporter.simulate.scenario import load_scenario
 from servers import wait_until
 
@@ -99,12 +99,9 @@ def network() -> Iterator[str]:
 @pytest.mark.slow
 @pytest.mark.container
 def test_user_job_container_pushes_to_the_exporter_container_on_a_network(
-        tmp_path: Path, release_wheels: dict[str, Path]) -> None:
-    problem = podman_problem()
-    if problem:
-        pytest.skip(problem)
-    base = base_image()
-    exporter_image = build_image(base)
+        tmp_path: Path, release_wheels: dict[str, Path], container_image: Image) -> None:
+    exporter_image = container_image  # built once per session (conftest.py); skips where podman cannot run
+    base = exporter_image.base
     (followed,) = [gpu.uuid for gpu in load_scenario("demo-training").gpus if gpu.follow_training]
     services = recipe_services(followed)
     assert set(services) == {"exporter", "training"}
