@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench import doc_regions
 from testbed import closed_url
 
 CLASSES = 10
@@ -286,11 +287,9 @@ def section(tables: Sequence[str], command: str, summary: Sequence[str] = ()) ->
 
 
 def update_docs(text: str, new: str) -> str:
-    """``text`` with its marked section replaced by ``new`` (appended when there is none)."""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        return head + new.rstrip("\n") + rest.split(END, 1)[1]
-    return text.rstrip("\n") + "\n\n" + new
+    """``text`` with its marked region replaced by ``new`` (appended when there is none), every other line as it
+    was (bench.doc_regions)."""
+    return doc_regions.update(text, new)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
