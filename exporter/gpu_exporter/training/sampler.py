@@ -25,8 +25,10 @@ load does not lose time. ``host`` and ``torch`` count in ``compute`` only, ``fra
 
 Limits: Python frames only. A tensor operation called straight from the job's own code (``x @ w`` in
 ``train.py``) has no torch frame and counts as host work; one called from a module's ``forward`` in
-``torch/nn`` or through ``loss.backward()`` does not. Cost: the measured figure is in
-docs/benchmarks.md ("Stack sampler"); ``GPU_EXPORTER_STACK_SAMPLING_HZ=0`` turns it off.
+``torch/nn`` or through ``loss.backward()`` does not. Reading a stack needs the GIL: a torch operator lets go of it
+at once, Python only at the switch interval (5 ms), so short stretches of Python between operators are
+under-counted (FO reads low for a framework's loop around a tiny model) while long ones are counted well.
+Cost: the measured figure is in docs/benchmarks.md ("Stack sampler"); ``GPU_EXPORTER_STACK_SAMPLING_HZ=0`` turns it off.
 
 >>> classify(__file__), classify("/usr/lib/python3/site-packages/lightning/pytorch/loops/fit_loop.py")
 ('', 'framework')
