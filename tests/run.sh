@@ -49,4 +49,4 @@ fi
 
 .venv/bin/ruff check exporter tests bench examples prometheus monitoring scripts
 .venv/bin/mypy --strict
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 "$@"
