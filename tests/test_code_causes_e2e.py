@@ -16,15 +16,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-np = pytest.importorskip("numpy")
-
-from gpu_exporter import training  # noqa: E402
-from gpu_exporter.simulate.device import OpsDevice  # noqa: E402
-from servers import http_get, run_exporter, wait_until  # noqa: E402
-from test_query import run_cli  # noqa: E402
+import torch
+from gpu_exporter import training
+from gpu_exporter.simulate.device import OpsDevice
+from servers import http_get, run_exporter, wait_until
+from test_query import run_cli
 
 pytestmark = pytest.mark.slow  # end-to-end: a real exporter process and a torch loop
 
