@@ -21,7 +21,9 @@ is not plain library code (:func:`classify`):
 Other library frames (numpy, the standard library, torchvision, this package) belong to whoever
 called them, so a numpy augmentation called from ``train.py`` is the job's host work. Each sample
 counts the time since the previous one (at most :data:`MAX_GAP` seconds), so a late wake-up under
-load does not lose time. ``host`` and ``torch`` count in ``compute`` only, ``framework`` in both phases.
+load does not lose time. ``host`` and ``torch`` count in ``compute`` only, ``framework`` in both phases; in ``other``
+a torch frame belongs to its caller too (Lightning's loop detaching and cloning the loss between the hooks is the
+framework's overhead, not the model's compute).
 
 Limits: Python frames only. A tensor operation called straight from the job's own code (``x @ w`` in
 ``train.py``) has no torch frame and counts as host work; one called from a module's ``forward`` in
@@ -172,14 +174,15 @@ class StackSampler:
                 del frame
 
     def sample(self, frame: FrameType | None, seconds: float, in_compute: bool) -> None:
-        """Count ``seconds`` for the innermost classified frame of the stack that ends at ``frame``."""
+        """Count ``seconds`` for the innermost classified frame of the stack that ends at ``frame`` (outside compute,
+        torch's frames are passed over too: an operator the framework calls between the phases is its bookkeeping)."""
         classes = self._classes
         while frame is not None:
             code = frame.f_code
             part = classes.get(code.co_filename)
             if part is None:
                 part = classes[code.co_filename] = classify(code.co_filename)
-            if part:
+            if part and (in_compute or part != "torch"):
                 break
             frame = frame.f_back
         else:
