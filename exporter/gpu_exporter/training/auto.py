@@ -48,9 +48,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .protocol import CHECKPOINT, DATA
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # this module's top level is the standard library only: setup.py and release.py run it alone
     from .run import Run
 
 ENV = "GPU_EXPORTER_AUTO"
@@ -289,12 +287,11 @@ def _patch_torch(torch: Any) -> None:
             job = _active_job(start=True)
             if job is not None:
                 from . import context
-                from .hooks import TimedIterator
 
                 if not job.loader_noted:
                     job.loader_noted = True
                     context.note_loader(job.run, self)
-                return TimedIterator(it, job.run.phase(DATA), job.steps.fetched)
+                return job.steps.iterate(it)
         except Exception as err:
             _disable(err)
         return it
@@ -359,11 +356,11 @@ def _start_run() -> None:
     if _in_worker():
         return
     try:
-        from .hooks import SaveTimer, start_run
+        from .hooks import start_run, time_saves
 
         run, _ = start_run(_name(), None, {})
         job = _state.job = _Job(run)
-        SaveTimer(run.phase(CHECKPOINT))
+        time_saves(run)
         import torch
 
         module = torch.nn.modules.module

@@ -368,6 +368,11 @@ class SaveTimer:
             SaveTimer._active.remove(self)
 
 
+def time_saves(run: Run) -> SaveTimer:
+    """``torch.save`` from this thread counts as ``checkpoint`` of ``run`` until ``undo()``."""
+    return SaveTimer(run.phase(CHECKPOINT))
+
+
 class MethodTimer:
     """Calls of ``obj.<name>`` for each of ``names`` it has count as ``phase``; ``undo()`` restores them.
 
@@ -458,6 +463,10 @@ class StepCounter:
         """A batch was fetched: its samples go to the next step."""
         self.samples += batch_len(batch)
 
+    def iterate(self, it: Iterator[Any]) -> TimedIterator:
+        """``it`` (a loader's iterator) with ``next()`` timed as ``data``, its batches' samples counted."""
+        return TimedIterator(it, self.run.phase(DATA), self.fetched)
+
     def step(self) -> None:
         """One step of the run, with the samples fetched since the last one."""
         self.run.step(samples=self.samples)
@@ -508,7 +517,7 @@ class Watch:
         if loader is not None:
             self._undo.append(LoaderTimer(loader, run.phase(DATA), on_batch).undo)
         if checkpoints:
-            self._undo.append(SaveTimer(run.phase(CHECKPOINT)).undo)
+            self._undo.append(time_saves(run).undo)
         for obj in metrics:
             self._undo.append(MethodTimer(obj, run.phase(METRICS)).undo)
 
