@@ -404,9 +404,10 @@ READY = [
     "gpu_sm_active_ratio",
     "gpu:gpu_sm_active:avg5m",  # effective utilization (the Hopper GPU's GPM) beside busy
     'gpu:gpu_sm_active:avg5m{source="dcgm"}',  # the Ada GPU's, from the stand-in dcgm-exporter
-    # the cost dashboard's busy -> effective is computed from gpu:gpu_utilization:avg5m and the SM activity; its
-    # recorded causes (gpu:gpu_busy_not_effective:ratio) exist only where an efficiency cause holds, on no GPU here:
-    # the by-cause panel shows (none), the total less the causes' (tests/test_fleet_funnel.py checks the causes)
+    # the cost dashboard's funnel reads the node sums of each step; its recorded causes
+    # (gpu:gpu_busy_not_effective:ratio) exist only where an efficiency cause holds, on no GPU here: the by-cause
+    # panel shows (none), the total less the causes' (tests/test_fleet_funnel.py checks the causes)
+    'node:gpu_funnel:sum{step="busy_not_effective"}',
     "gpu_mig_memory_used_bytes",
     'up{job="kubelet"}',
     # the cost dashboard's subqueries step through whole seconds: the trainer's GPU below target with its main
