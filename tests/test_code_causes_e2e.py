@@ -6,28 +6,38 @@ host (:func:`augment`: numpy and a Python loop) before the model's forward, back
 operators, so the augmentation leaves it idle inside compute, which the phases alone call compute. The library's
 stack sampler (training/sampler.py) counts that time as the job's own code; ``diagnose --url`` must name host work
 (HW) with the function and its line, not launch overhead (M3) or no cause.
+
+A Lightning job (:func:`lightning_job`, its own process on a second device GPU) trains a tiny model in batches of 4
+with the callback: Lightning's own loop between the hooks (and its optimizer closure) takes more of the step than
+the model's operators, so the GPU idles in the framework's code; ``diagnose --url`` must name framework overhead
+(FO). One exporter serves both (module fixture).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from gpu_exporter import training
 from gpu_exporter.simulate.device import OpsDevice
-from servers import http_get, run_exporter, wait_until
+from servers import exporter_env, http_get, run_exporter, wait_until
 from test_query import run_cli
 
 pytestmark = pytest.mark.slow  # end-to-end: a real exporter process and a torch loop
 
 SCENARIO = Path(__file__).parent / "scenarios" / "code-causes.yaml"
 UUID = "GPU-code-host-work"
+LIGHTNING_UUID = "GPU-code-framework"
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -62,26 +72,39 @@ def train(url: str, stop: threading.Event, channel: str) -> None:
         device.close()
 
 
-def test_host_work_inside_compute_is_named_by_function() -> None:
-    torch.set_num_threads(1)
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[tuple[str, str]]:
+    """(URL, channel directory) of one exporter on the scenario's two device GPUs."""
     with tempfile.TemporaryDirectory() as channel, \
             run_exporter(["--simulate", str(SCENARIO), "--poll-interval", "0.2"],
                          env={"GPU_SIM_DEVICE_DIR": channel}) as url:
-        stop = threading.Event()
-        loop = threading.Thread(target=train, args=(url, stop, channel))
-        loop.start()
-        try:
-            wait_until(lambda: 'gpu_training_host_function_seconds_total{' in http_get(url + "/metrics"), 30,
-                       what="the loop's sampled host function")
-            time.sleep(2.0)
-            result = run_cli("diagnose", "--url", url, "--window", "6", "--output", "json")
-        finally:
-            stop.set()
-            loop.join(timeout=30)
+        yield url, channel
+
+
+def _diagnose(url: str, run: str, metric: str) -> dict[str, Any]:
+    """diagnose --url over 4 s once ``metric`` of run ``run`` is exported: the one GPU's document."""
+    wait_until(lambda: any(line.startswith(metric + "{") and f'run="{run}"' in line
+                           for line in http_get(url + "/metrics").splitlines()), 60, what=f"{run}'s {metric}")
+    time.sleep(1.0)
+    result = run_cli("diagnose", "--url", url, "--run", run, "--window", "4", "--output", "json")
     assert result.returncode == 1, result.stderr
     (gpu,) = json.loads(result.stdout)["gpus"]
+    print(json.dumps(gpu["verdict"]), json.dumps(gpu["runs"][0]["causes"]))  # the text a job gets, in the log
+    return gpu  # type: ignore[no-any-return]
+
+
+def test_host_work_inside_compute_is_named_by_function(exporter: tuple[str, str]) -> None:
+    url, channel = exporter
+    torch.set_num_threads(1)
+    stop = threading.Event()
+    loop = threading.Thread(target=train, args=(url, stop, channel))
+    loop.start()
+    try:
+        gpu = _diagnose(url, "augment-in-step", "gpu_training_host_function_seconds_total")
+    finally:
+        stop.set()
+        loop.join(timeout=30)
     verdict, (run,) = gpu["verdict"], gpu["runs"]
-    print(json.dumps(verdict), json.dumps(run["causes"]))  # the text a job gets, in the test's log
     assert verdict["verdict"] == "host_work", (verdict, run)
     line = augment.__code__.co_firstlineno
     assert f"test_code_causes_e2e.py:{line} `augment()` takes" in verdict["reason"], verdict
@@ -89,3 +112,64 @@ def test_host_work_inside_compute_is_named_by_function() -> None:
     assert gpu["utilization"] < 0.85  # ... while the GPU idles below target
     codes = [c["code"] for c in run["causes"]]
     assert codes[0] == "HW" and "M3" not in codes, run["causes"]
+
+
+def lightning_job(url: str, seconds: float) -> None:
+    """A tiny model in batches of 4 under Lightning with the callback, on an ops-mode device GPU (this process)."""
+    import lightning.pytorch as pl
+    from gpu_exporter.training.lightning import LightningCallback
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    device = OpsDevice(LIGHTNING_UUID).start()
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net, self.end = torch.nn.Linear(8, 2), 0.0
+
+        def on_train_start(self) -> None:
+            self.end = time.monotonic() + seconds
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def on_train_batch_end(self, *args: object) -> None:
+            if time.monotonic() > self.end:
+                self.trainer.should_stop = True
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    batches = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(256)]  # made once: no loading
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1000, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, callbacks=[LightningCallback("lightning-tiny", url=url,
+                                                                           uuid=LIGHTNING_UUID, push_interval=0.2)])
+    try:
+        trainer.fit(Tiny(), DataLoader(batches, batch_size=None))  # type: ignore[arg-type]
+    finally:
+        device.close()
+
+
+def test_a_lightning_loop_around_a_tiny_model_is_framework_overhead(exporter: tuple[str, str]) -> None:
+    pytest.importorskip("lightning")
+    url, channel = exporter
+    job = subprocess.Popen([sys.executable, __file__, "lightning", url, "40"],
+                           env=exporter_env({"GPU_SIM_DEVICE_DIR": channel}))
+    try:
+        gpu = _diagnose(url, "lightning-tiny", "gpu_training_code_seconds_total")
+    finally:
+        job.terminate()
+        job.wait(timeout=30)
+    verdict, (run,) = gpu["verdict"], gpu["runs"]
+    assert verdict["verdict"] == "framework_overhead", (verdict, run)
+    assert gpu["utilization"] < 0.85
+    assert run["causes"][0]["code"] == "FO", run["causes"]
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "lightning":
+        lightning_job(sys.argv[2], float(sys.argv[3]))
