@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpu_exporter import catalog
-from gpu_exporter.training.protocol import CALLBACK_PHASE
+from gpu_exporter.training.protocol import CALLBACK_PHASE, CHECKPOINT, COMMUNICATION, COMPUTE, DATA, METRICS
 from gpu_exporter.verdict.callbacks import CB_WORDS
 from gpu_exporter.verdict.code import FrameworkOverhead, HostWork
 from gpu_exporter.verdict.kinds import Allocator, CallbackPhase, Cause, Communication, Finding, Launch, Phase, Straggler
@@ -44,12 +44,12 @@ if TYPE_CHECKING:
 __all__ = ["BATCH_CAUSE", "BY_ID", "CAUSES", "CONTEXT_CAUSES", "cause_order", "find_causes"]
 
 CAUSES: tuple[Cause, ...] = (
-    Phase("input_bound", "M1", "input-bound", "GpuTrainingInputBound", "data", ("input_bound_share",),
+    Phase("input_bound", "M1", "input-bound", "GpuTrainingInputBound", DATA, ("input_bound_share",),
           doing="waiting for the next batch", hidden="if loading overlapped compute", suggests=WORKERS_REMEDY,
           remedy="more DataLoader workers, pinned memory, prefetch, cache the data set",
           advice="M1: feed the GPU faster: DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
                  "persistent_workers=True), preload or cache the data set, move augmentation to the GPU."),
-    Phase("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", "metrics",
+    Phase("metrics_bound", "M2", "metrics-bound", "GpuTrainingMetricsBound", METRICS,
           ("metrics_bound_share",),
           doing="on CPU work in the step that is not GPU work (metrics, logging, .item()/.cpu(), host-side "
                 "preprocessing)",
@@ -60,7 +60,7 @@ CAUSES: tuple[Cause, ...] = (
                  "step, host-side preprocessing inside training_step): compute metrics every N steps or at epoch "
                  "end and keep them on the GPU (torchmetrics), drop the ones nobody reads, avoid .item()/.cpu() per "
                  "step, log asynchronously, and move preprocessing into the DataLoader's workers or onto the GPU."),
-    CallbackPhase("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", "checkpoint",
+    CallbackPhase("checkpoint", "CK", "checkpoint-bound", "GpuTrainingCheckpointBound", CHECKPOINT,
           ("checkpoint_share",),
           doing="saving checkpoints", hidden="if checkpoints were written asynchronously",
           remedy="save checkpoints asynchronously or less often",
@@ -69,7 +69,7 @@ CAUSES: tuple[Cause, ...] = (
                  "to CPU memory first and write it off the training path, save to fast local disk."),
     CallbackPhase("callback_bound", "CB", "callback-bound", "GpuTrainingCallbackBound", CALLBACK_PHASE,
                   ("metrics_bound_share",), **CB_WORDS),
-    Launch("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", "compute",
+    Launch("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", COMPUTE,
           ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
           doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",
           suggests=BATCH_REMEDY,
@@ -81,7 +81,7 @@ CAUSES: tuple[Cause, ...] = (
                  "the GPU idles; Python or CPU work in the step that is not GPU work is M2 instead, told apart by the "
                  "phase shares (that time counts as metrics, not compute) or sampled stacks (frames in your own "
                  "code, not in torch operators)."),
-    FrameworkOverhead("framework_overhead", "FO", "framework overhead", "GpuTrainingFrameworkOverhead", "compute",
+    FrameworkOverhead("framework_overhead", "FO", "framework overhead", "GpuTrainingFrameworkOverhead", COMPUTE,
           ("metrics_bound_share",),
           doing="in the framework's own code (the training loop, hooks and optimizer closure of Lightning, the "
                 "Trainer or accelerate) while the GPU waits",
@@ -93,7 +93,7 @@ CAUSES: tuple[Cause, ...] = (
                  "where memory allows (or accumulate gradients) to pay it less often, capture the step with "
                  "torch.compile (mode=\"reduce-overhead\": CUDA graphs), and drop per-step hooks, progress bars "
                  "and self.log(..., on_step=True) nobody reads (log every N steps)."),
-    HostWork("host_work", "HW", "host work in the step", "GpuTrainingHostWork", "compute",
+    HostWork("host_work", "HW", "host work in the step", "GpuTrainingHostWork", COMPUTE,
           ("metrics_bound_share",),
           doing="in its own code inside the compute phase while the GPU waits (host work in the step: a numpy loss, "
                 "a Python augmentation)",
@@ -112,7 +112,7 @@ CAUSES: tuple[Cause, ...] = (
           advice="M4: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, stable tensor shapes, no "
                  "torch.cuda.empty_cache() in the loop; lower the batch size a little if memory is really "
                  "too small."),
-    Straggler("straggler", "ST", "waiting for a straggler", "GpuTrainingStraggler", "communication",
+    Straggler("straggler", "ST", "waiting for a straggler", "GpuTrainingStraggler", COMMUNICATION,
           ("straggler_wait_share",),
           doing="waiting in collectives for a slower rank", hidden="if the straggler kept up",
           remedy="remove the straggler's own cause (its verdict names it); balance data and work across ranks",
@@ -121,7 +121,7 @@ CAUSES: tuple[Cause, ...] = (
                  "share of the data and work (same batch size, sequence lengths, no rank-0-only work in the "
                  f"step), and check the straggler's GPU for throttling ({catalog.GPU_CLOCK_EVENT_ACTIVE.name})."),
     Communication("communication_bound", "CM", "communication-bound", "GpuTrainingCommunicationBound",
-                  "communication", ("communication_bound_share",),
+                  COMMUNICATION, ("communication_bound_share",),
           doing="in collectives that every rank of the run pays", hidden="if communication overlapped compute",
           remedy="fewer all-reduces (gradient accumulation), larger DDP buckets overlapping backward, gradient "
                  "compression, a faster interconnect",
