@@ -12,6 +12,8 @@ module level or inside a function, is an edge of one graph. The checks:
   module (an explicit allow-list holds the ones not yet removed);
 - each package imports only what the ``Project imports:`` line of its ``__init__`` docstring names;
 - ``gpu_exporter.simulate`` keeps its two sides apart (the exporter's and the job's, see its docstring).
+- a phase name is written once, in ``gpu_exporter.training.protocol``: other modules of ``gpu_exporter`` use its
+  constants (an allow-list holds the literals that mean something else, and the ones not yet moved).
 
 Importing ``pkg.sub`` runs ``pkg/__init__.py`` first; that is not an edge, only naming the package
 itself (``from pkg import name`` where ``name`` is no module) is one.
@@ -315,3 +317,42 @@ def test_the_root_package_loads_late_only_where_pinned() -> None:
     """Until test_no_lazy_sibling_import[gpu_exporter] passes, no lazy import joins the ones ROOT_LAZY explains."""
     lazy = sibling_lazy("gpu_exporter")
     assert lazy <= ROOT_LAZY_EDGES, f"new function-level sibling imports: {sorted(lazy - ROOT_LAZY_EDGES)}"
+
+
+def phase_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, text) of each string literal of ``source`` that is one of ``names``, docstrings left out."""
+    tree = ast.parse(source)
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return sorted((n.lineno, n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs)
+
+
+PHASE_LITERALS_ALLOWED = {
+    ("gpu_exporter.collectors.evidence", "other"): "a process state (collectors.evidence.STATES), no phase",
+    ("gpu_exporter.verdict.evidence", "other"): "a process state, no phase",
+    ("gpu_exporter.commands.client_prometheus", "data"): "the field of Prometheus's JSON answer",
+    ("gpu_exporter.simulate.scenario", "compute"): "an NVML process type (compute or graphics)",
+    ("gpu_exporter.training.hooks", "compute"): "a torchmetrics method's name (METRIC_METHODS), StepCounter's slot",
+    ("gpu_exporter.verdict.causes", "checkpoint"): "the checkpoint cause's id",
+    ("gpu_exporter.simulate.node", "compute"): "the simulator's own vocabulary: simulate imports catalog and "
+                                               "yamlfile only (test_simulate_keeps_its_sides_apart)",
+    ("gpu_exporter.simulate.device", "other"): "the simulator's own vocabulary (the job's side)",
+    ("gpu_exporter.training.sampler", "compute"): "not moved yet (the stack sampler, written beside this check)",
+    ("gpu_exporter.training.sampler", "other"): "not moved yet (the stack sampler, written beside this check)",
+}
+"""(module, phase name) of the literals that may stay, and why."""
+
+
+def test_phase_names_are_written_once() -> None:
+    from gpu_exporter.training.protocol import PHASE_ORDER
+
+    names = set(PHASE_ORDER)
+    found = {(module, text): line for module, path in KNOWN.items()
+             if module.startswith("gpu_exporter") and module != "gpu_exporter.training.protocol"
+             for line, text in phase_literals(path.read_text(), names)}
+    new = sorted(f"{module}:{line} {text!r}" for (module, text), line in found.items()
+                 if (module, text) not in PHASE_LITERALS_ALLOWED)
+    assert not new, "phase names written as literals; use gpu_exporter.training.protocol's constants:\n  " + \
+        "\n  ".join(new)
+    assert phase_literals('"""data"""\nx = "data"\ndef f():\n    """compute"""\n    return {"other": 1}\n',
+                          names) == [(2, "data"), (5, "other")]  # the scan finds literals, not docstrings
