@@ -182,8 +182,10 @@ def rows(doc: str) -> list[tuple[str, str, str, str]]:
     out.append(("CPU under 4 scrapes/s", f"{_span([_ratio(r[5]) for r in ratios.values()])} less", full,
                 "[scrape cost](docs/benchmarks.md#scrape-cost-side-by-side)"))
     rss = sorted((float(r[15]), r[15]) for r in t[FULL] if r[1] == "gpu-exporter")
-    out.append(("memory", f"RSS {rss[0][1]} to {rss[-1][1]} MB net of the simulated driver, "
-                          f"{_span([_ratio(r[6]) for r in ratios.values()])} less", full,
+    memory = [_ratio(r[6]) for r in ratios.values()]
+    less = (f"{_span(memory)} less" if min(memory) >= 1 else
+            f"nvitop-exporter's {_span(memory)} of it (below 1: gpu-exporter's is the larger)")
+    out.append(("memory", f"RSS {rss[0][1]} to {rss[-1][1]} MB net of the simulated driver, {less}", full,
                 "[scrape cost](docs/benchmarks.md#scrape-cost-side-by-side)"))
 
     (load,) = t[LOAD]
@@ -198,12 +200,12 @@ def rows(doc: str) -> list[tuple[str, str, str, str]]:
     kept = float(micro["gpu_exporter.training phase, kept object"][2])
     phase = float(micro['gpu_exporter.training run.phase("compute")'][2])
     histogram = float(micro["prometheus_client Histogram.time()"][2])
-    loop = _search(r"B relative to A: ([-+\d.]+%); the noise .*? is (±[\d.]+%)",
+    loop = _search(r"B relative to A: ([-+])([\d.]+)%; the noise .*? is ±([\d.]+)%",
                    section(doc, "### A real training loop"), "the training loop's result")
     out.append(("training library",
                 f"a phase enter+exit took {kept:g} ns ({phase:g} ns through `run.phase(...)`), "
                 f"{_x(histogram / phase)} to {_x(histogram / kept)} less than `Histogram.time()`; a small CPU "
-                f"training loop ran {loop.group(1)} slower, within its noise of {loop.group(2)}", full,
+                f"training loop ran {_change(loop)} its noise of ±{loop.group(3)}%", full,
                 "[instrumentation](docs/benchmarks.md#instrumentation-overhead)"))
     if "seqlock" in run:
         later_micro = {r[0]: r[2] for r in t[SEQLOCK]}
@@ -227,8 +229,7 @@ def _cuda_row(doc: str, t: dict[str, list[list[str]]], run: Run) -> tuple[str, s
     loop = _search(r"B relative to A: ([-+])([\d.]+)%; the noise .*? is ±([\d.]+)%", section(doc, CUDA_LOOP),
                    "the CUDA-path training loop's result")
     load = _search(r"load average ([\d.]+) ", section(doc, CUDA), "the CUDA-path run's load average").group(1)
-    sign, change, noise = loop.group(1), float(loop.group(2)), float(loop.group(3))
-    how = f"{loop.group(2)}% {'slower' if sign == '-' else 'faster'}, {'within' if change <= noise else 'beyond'}"
+    how = _change(loop)
     return ("training library, CUDA path",
             f"a phase enter+exit took {cuda['with noop: pass']} ns with the library's CUDA clock on and events that "
             f"do nothing (its own cost on that path; {cuda['with cpu: pass']} ns on the CPU path in the same run, at "
@@ -236,6 +237,18 @@ def _cuda_row(doc: str, t: dict[str, list[list[str]]], run: Run) -> tuple[str, s
             f"{cuda['with sim: pass']} ns with the simulated torch.cuda's events; a real `cudaEventRecord` (two per "
             f"enter+exit) is not measured here (no GPU); a small CPU training loop on that path ran {how} its "
             f"noise of ±{loop.group(3)}%", run.cell(), "[CUDA path](docs/benchmarks.md#phase-cost-on-the-cuda-path)")
+
+
+def _change(loop: re.Match[str]) -> str:
+    """B against A of a training loop (groups: sign, percent, noise percent) in words.
+
+    >>> _change(re.search(r"([-+])([\\d.]+)% ±([\\d.]+)%", "-2.11% ±5.57%"))
+    '2.11% slower, within'
+    >>> _change(re.search(r"([-+])([\\d.]+)% ±([\\d.]+)%", "+9.50% ±3.00%"))
+    '9.50% faster, beyond'
+    """
+    sign, change, noise = loop.group(1), float(loop.group(2)), float(loop.group(3))
+    return f"{loop.group(2)}% {'slower' if sign == '-' else 'faster'}, {'within' if change <= noise else 'beyond'}"
 
 
 def _goal(goal: str) -> str:
