@@ -2,15 +2,15 @@
 
 Problem: a rule group that takes longer than its interval misses evaluations and its alerts go
 quiet; every series per GPU is paid for by the whole fleet. bench/fleet_scale.py measures both at
-1,000 GPUs and extrapolates to 10,000; this test holds them at 200 GPUs, fast enough for CI.
+1,000 GPUs and extrapolates to 10,000; this test holds the series budget and every rule's health at 200 GPUs.
 
 A real Prometheus (Debian 2.42) with the shipped rules scrapes 25 simulated 8-GPU nodes (bench/
 fleet_sim.py: the exporter's own renderer, counters moving, single- and multi-node instrumented
 training runs with causes) every second and evaluates every 5 s. Once every shipped rule has been
-evaluated, each must have evaluated without error, and the series stored per GPU must stay under the
-documented budget. The groups' evaluation times are printed, not asserted: on a shared 2-core CI
-machine they measure the machine's load as much as the rules; bench/fleet_scale.py holds them to
-their budget at 1,000 GPUs (docs/fleet.md).
+evaluated, each must have evaluated without error, and the series stored per GPU, once their count
+has settled, must stay under the documented budget. The groups' evaluation times are printed, not
+asserted: on a shared 2-core CI machine they measure the machine's load as much as the rules;
+bench/fleet_scale.py holds them to their budget at 1,000 GPUs (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -71,8 +71,15 @@ def test_rule_groups_and_series_within_budget_at_200_gpus(tmp_path: Path) -> Non
                 found = promql(prom, "count by (cause) (run:gpu_training_cause:share)")
                 return found if len(found) >= 2 else None
             causes = wait_until(two_causes, 60, interval=0.5, what="two causes from the cause rules")
-            # every recording rule has written its series by now: what the fleet's Prometheus stores per GPU
-            stored = fleet.scalar(prom, 'count({__name__=~".+"})')
+            # What the fleet's Prometheus stores per GPU, once every rule has written its series and the count has
+            # settled: the first rounds, on windows of a few samples, hold ~60% more pending alerts (518 ALERTS
+            # series right after the first round, 325 from ~20 s on), so a count taken then measures the moment.
+            counts: list[float] = []
+
+            def settled() -> float | None:
+                counts.append(fleet.scalar(prom, 'count({__name__=~".+"})'))
+                return counts[-1] if len(counts) > 1 and abs(counts[-1] - counts[-2]) <= 0.001 * counts[-2] else None
+            stored = wait_until(settled, 120, interval=EVALUATION, what="the stored series to settle (0.1% a round)")
             # The cardinality guard (gpu-cardinality.recording): each target's series, and their sum.
             exporters = {r["metric"]["node"]: float(r["value"][1])
                          for r in promql(prom, "instance:gpu_exporter_series:count")}
