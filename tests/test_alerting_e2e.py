@@ -196,6 +196,14 @@ def alerting_stack(scenario: Path, push: bool) -> Iterator[tuple[str, Webhook]]:
         hook.close()
 
 
+@pytest.fixture(scope="module")
+def gpu_lost_stack() -> Iterator[tuple[str, Webhook]]:
+    """gpu_lost.yaml's stack (no pushes), started once per module: the cause test below asks for it too, so that
+    its XID and lost-GPU alerts come due while that test waits for its own (the webhook keeps every notification)."""
+    with alerting_stack(GPU_LOST, push=False) as running:
+        yield running
+
+
 @pytest.fixture
 def stack() -> Iterator[tuple[str, Webhook]]:
     """alerting.yaml plus GPU 5 at 5%, whose process is a real uninstrumented stand-in (its main process
@@ -215,6 +223,7 @@ def stack() -> Iterator[tuple[str, Webhook]]:
         standin.wait(timeout=30)
 
 
+@pytest.mark.usefixtures("gpu_lost_stack")  # started first: its alerts come due meanwhile (about 20 s saved)
 def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) -> None:
     prom, hook = stack
     causes = {"GpuTrainingInputBound": "GPU-e2e-input", "GpuTrainingMetricsBound": "GPU-e2e-metrics",
@@ -286,20 +295,21 @@ def test_alerts_arrive_with_causes_and_inhibition(stack: tuple[str, Webhook]) ->
     assert abs(float(share[0]["value"][1]) - 0.7) < 0.05
 
 
-def test_lost_gpu_and_xid_errors_alert() -> None:
+def test_lost_gpu_and_xid_errors_alert(gpu_lost_stack: tuple[str, Webhook]) -> None:
     """gpu_lost.yaml: XID 13 on GPU 0 at 3 s; GPU 1 reports XID 79 and is lost at 12 s."""
-    with alerting_stack(GPU_LOST, push=False) as (prom, hook):
-        def arrived() -> list[tuple[str, dict[str, Any]]] | None:
-            alerts = [(r, a) for r, a in hook.alerts() if a["labels"]["alertname"] in {"GpuXidErrors", "GpuMissing"}]
-            xids = {a["labels"].get("xid") for _, a in alerts}
-            return alerts if {"13", "79", None} <= xids else None
-        try:
-            alerts = wait_until(arrived, 45, interval=0.5, what="GpuXidErrors (13, 79) and GpuMissing")
-        except TimeoutError as err:
-            state = [(a["metric"]["alertname"], a["metric"].get("xid"), a["metric"]["alertstate"])
-                     for a in promql(prom, "ALERTS")]
-            raise AssertionError(f"{err}; Prometheus alerts: {state}; delivered: {hook.alerts()}") from None
-        assert promql(prom, "gpu_exporter_gpus")[0]["value"][1] == "1"
+    prom, hook = gpu_lost_stack
+
+    def arrived() -> list[tuple[str, dict[str, Any]]] | None:
+        alerts = [(r, a) for r, a in hook.alerts() if a["labels"]["alertname"] in {"GpuXidErrors", "GpuMissing"}]
+        xids = {a["labels"].get("xid") for _, a in alerts}
+        return alerts if {"13", "79", None} <= xids else None
+    try:
+        alerts = wait_until(arrived, 45, interval=0.5, what="GpuXidErrors (13, 79) and GpuMissing")
+    except TimeoutError as err:
+        state = [(a["metric"]["alertname"], a["metric"].get("xid"), a["metric"]["alertstate"])
+                 for a in promql(prom, "ALERTS")]
+        raise AssertionError(f"{err}; Prometheus alerts: {state}; delivered: {hook.alerts()}") from None
+    assert promql(prom, "gpu_exporter_gpus")[0]["value"][1] == "1"
     xid = {a["labels"]["xid"]: a["labels"] for _, a in alerts if a["labels"]["alertname"] == "GpuXidErrors"}
     assert (xid["13"]["uuid"], xid["79"]["uuid"]) == ("GPU-e2e-xid", "GPU-e2e-lost")  # gone, yet it alerts
     assert (xid["13"]["gpu"], xid["79"]["gpu"]) == ("0", "1")
