@@ -19,6 +19,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,25 @@ def check_dashboards(store: str, cluster: str) -> None:
     assert answered >= len(queries) // 2, f"only {answered} of {len(queries)} dashboard queries had data"
 
 
+@pytest.fixture(scope="module")
+def victoriametrics_tiers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """An agent of cluster east (one simulated node and a dead target) remote-writing into VictoriaMetrics' single-node
+    server, with the shipped rules (shrunk) run by vmalert, which writes recording results back and notifies a real
+    Alertmanager; yields (store URL, vmalert URL). Started once per module: the Prometheus tiers' test asks for it
+    too, so that its windows fill and its alerts come due while that test waits for its own."""
+    rules = {path.name: fast_rules(path) for path in sorted(fleet.RULES.glob("*.yml"))}
+    dead = f"127.0.0.1:{free_port()}"
+    with fleet.simulated_nodes(tmp_path_factory.mktemp("vm"), 1, first=1) as east_nodes, \
+            run_victoriametrics() as store, \
+            run_alertmanager("route: {receiver: none}\nreceivers: [{name: none}]\n") as alertmanager, \
+            run_vmalert(rules, store, store, alertmanager, evaluation_interval="1s") as vmalert:
+        nodes = {NODE: next(iter(east_nodes.values())), "gpu-node-dead": f"http://{dead}"}
+        with fleet.run_agent("east", nodes, store, scrape_interval="1s", batch_send_deadline="1s"):
+            yield store, vmalert
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("victoriametrics_tiers")  # started first: its alerts come due meanwhile
 def test_two_tiers_rules_alerts_and_dashboards_keep_the_cluster(tmp_path: Path) -> None:
     rules = {path.name: fast_rules(path) for path in sorted(fleet.RULES.glob("*.yml"))}
     dead = f"127.0.0.1:{free_port()}"  # nothing listens: the agent sends up == 0 for it
@@ -162,39 +181,33 @@ def test_two_tiers_rules_alerts_and_dashboards_keep_the_cluster(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_two_tiers_on_victoriametrics_with_vmalert(tmp_path: Path) -> None:
+def test_two_tiers_on_victoriametrics_with_vmalert(victoriametrics_tiers: tuple[str, str]) -> None:
     """The same agent, remote-writing into VictoriaMetrics' single-node server (Debian 1.79), with
     the shipped rules (shrunk) run by vmalert, which writes recording results back and notifies a
     real Alertmanager: series, rule results, alerts and dashboard queries keep the cluster."""
-    rules = {path.name: fast_rules(path) for path in sorted(fleet.RULES.glob("*.yml"))}
-    dead = f"127.0.0.1:{free_port()}"
-    with fleet.simulated_nodes(tmp_path, 1, first=1) as east_nodes, run_victoriametrics() as store, \
-            run_alertmanager("route: {receiver: none}\nreceivers: [{name: none}]\n") as alertmanager, \
-            run_vmalert(rules, store, store, alertmanager, evaluation_interval="1s") as vmalert:
-        nodes = {NODE: next(iter(east_nodes.values())), "gpu-node-dead": f"http://{dead}"}
-        with fleet.run_agent("east", nodes, store, scrape_interval="1s", batch_send_deadline="1s"):
-            def gpus() -> list[dict[str, Any]] | None:
-                result = promql(store, "count by (cluster, node) (gpu_info)")
-                return result or None
-            (count,) = wait_until(gpus, 60, interval=1, what="the agent's series in VictoriaMetrics")
-            assert count["metric"] == {"cluster": "east", "node": NODE} and count["value"][1] == "8"
+    store, vmalert = victoriametrics_tiers
 
-            def rule_results() -> list[dict[str, Any]] | None:
-                result = promql(store, "count by (cluster) (gpu:gpu_utilization:avg5m)")
-                return result if result and result[0]["value"][1] == "8" else None
-            (rules_count,) = wait_until(rule_results, 60, interval=1, what="vmalert's recording results")
-            assert rules_count["metric"] == {"cluster": "east"}
+    def gpus() -> list[dict[str, Any]] | None:
+        result = promql(store, "count by (cluster, node) (gpu_info)")
+        return result or None
+    (count,) = wait_until(gpus, 60, interval=1, what="the agent's series in VictoriaMetrics")
+    assert count["metric"] == {"cluster": "east", "node": NODE} and count["value"][1] == "8"
 
-            def dead_down() -> list[dict[str, Any]] | None:
-                alerts = [a for a in firing(vmalert, "GpuExporterDown") if a["labels"].get("node") == "gpu-node-dead"]
-                return alerts or None
-            (down,) = wait_until(dead_down, 60, interval=1, what="GpuExporterDown for the dead target")
-            assert down["labels"]["cluster"] == "east"
-            low = wait_until(lambda: firing(vmalert, "GpuUtilizationLow"), 90, interval=1,
-                             what="GpuUtilizationLow in vmalert")
-            assert ("east", NODE, "0") in {(a["labels"]["cluster"], a["labels"]["node"], a["labels"]["gpu"])
-                                           for a in low}
-            check_dashboards(store, "east")
+    def rule_results() -> list[dict[str, Any]] | None:
+        result = promql(store, "count by (cluster) (gpu:gpu_utilization:avg5m)")
+        return result if result and result[0]["value"][1] == "8" else None
+    (rules_count,) = wait_until(rule_results, 60, interval=1, what="vmalert's recording results")
+    assert rules_count["metric"] == {"cluster": "east"}
+
+    def dead_down() -> list[dict[str, Any]] | None:
+        alerts = [a for a in firing(vmalert, "GpuExporterDown") if a["labels"].get("node") == "gpu-node-dead"]
+        return alerts or None
+    (down,) = wait_until(dead_down, 60, interval=1, what="GpuExporterDown for the dead target")
+    assert down["labels"]["cluster"] == "east"
+    low = wait_until(lambda: firing(vmalert, "GpuUtilizationLow"), 90, interval=1,
+                     what="GpuUtilizationLow in vmalert")
+    assert ("east", NODE, "0") in {(a["labels"]["cluster"], a["labels"]["node"], a["labels"]["gpu"]) for a in low}
+    check_dashboards(store, "east")
 
 
 @pytest.mark.slow
