@@ -16,6 +16,7 @@ import pytest
 import release
 import yaml
 from containers import base_image, podman_problem
+from pythons import newest_python
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "release.py"
@@ -215,21 +216,6 @@ def test_readme_command_1_installs_the_startup_hook_and_a_plain_loop_reports_its
     assert total > 2.0, (reported, job.stderr[-3000:])
     for phase in ("data", "compute", "checkpoint"):  # each phase once, as the job's own timers saw it
         assert reported.get(phase, 0.0) / total == pytest.approx(own[phase] / total, abs=0.05), (phase, reported, own)
-
-
-def newest_python() -> Path | None:
-    """The newest CPython 3 this machine has (pyenv's versions and python3.X on PATH), or None."""
-    found: dict[tuple[int, ...], Path] = {}
-    candidates = [*Path.home().glob(".pyenv/versions/3.*/bin/python3"),
-                  *(Path(p) / f"python3.{minor}" for p in os.environ.get("PATH", "").split(os.pathsep)
-                    for minor in range(10, 20))]
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK) and not str(path).startswith(str(REPO / ".venv")):
-            out = subprocess.run([str(path), "-c", "import sys; print(*sys.version_info[:3])"], capture_output=True,
-                                 text=True, timeout=60)
-            if out.returncode == 0:
-                found[tuple(int(x) for x in out.stdout.split())] = path
-    return found[max(found)] if found else None
 
 
 @pytest.mark.slow

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from time import perf_counter
 
 import pytest
@@ -16,8 +19,11 @@ import torch
 from gpu_exporter import training
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.training.protocol import INGEST_PATH
+from pythons import pythons
 from servers import free_port, wait_until
 from torch.utils.data import DataLoader, Dataset
+
+EXPORTER = Path(__file__).resolve().parents[1] / "exporter"
 
 
 class StubExporter:
@@ -199,3 +205,27 @@ def test_forked_dataloader_workers_never_report_as_the_parent() -> None:
     assert rows[:, 1].tolist() == [1.0] * 8, "the run was still open in a forked worker"
     assert {body["pid"] for body in stub.bodies} == {os.getpid()}
     assert stub.bodies[-1]["finished"] is True
+
+
+EXITING_JOB = """
+import sys, time
+from gpu_exporter import training
+run = training.start("exits", url=sys.argv[1], uuid="")
+with run.phase("compute"):
+    time.sleep(0.3)
+"""  # never closes its run: the final push happens at interpreter exit
+
+
+def test_the_final_push_at_exit_arrives_on_every_python_here(tmp_path: Path) -> None:
+    """Python 3.12 starts no thread at interpreter shutdown; the final push (from atexit) must not need one."""
+    found = {(3, 10): Path(sys.executable), **{v: p for v, p in pythons().items() if v >= (3, 10)}}
+    for version, python in sorted(found.items()):
+        port = free_port()
+        with stub_exporter(port) as stub:
+            job = subprocess.run([str(python), "-c", EXITING_JOB, f"http://127.0.0.1:{port}"], capture_output=True,
+                                 text=True, timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(EXPORTER)})
+        assert job.returncode == 0 and "Traceback" not in job.stderr, (version, job.stderr[-2000:])
+        finished = [body for body in stub.bodies if body.get("finished")]
+        assert len(finished) == 1, (version, stub.bodies)
+        phases = finished[0]["phases"]
+        assert isinstance(phases, dict) and phases["compute"] >= 0.3, (version, phases)

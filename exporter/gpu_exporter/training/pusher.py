@@ -146,16 +146,20 @@ class Pusher:
             raise TimeoutError("no time left before the deadline")
         connection = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = connection(self._host, self._port, timeout=remaining)
-        timer = threading.Timer(remaining, _abort, (conn,))
+        timer: threading.Timer | None = threading.Timer(remaining, _abort, (conn,))
         timer.daemon = True
-        timer.start()
+        try:
+            timer.start()
+        except RuntimeError:  # the final push from atexit: Python 3.12+ starts no thread at interpreter shutdown,
+            timer = None  # so the socket's own timeout (``remaining``) bounds each send and read instead
         try:
             conn.request("POST", self._path, body=body, headers=self._headers)
             response = conn.getresponse()
             reply = response.read(_MAX_REPLY).decode(errors="replace").strip()
             return response.status, (reply.splitlines() or [response.reason])[0][:200]
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             conn.close()
 
     def _report(self, problem: str) -> None:
