@@ -72,6 +72,7 @@ def wait_ready(url: str, box: Container) -> None:
         raise AssertionError(f"{err}\n{box.logs()}") from err
 
 
+@pytest.mark.usefixtures("compose_stack")  # started first: its minute-long rule rounds run during the other tests
 def test_image_labels_size_and_no_pip(image: Image) -> None:
     meta = image.inspect()
     labels = meta["Labels"]
@@ -219,8 +220,11 @@ def test_prometheus_scrapes_the_container_and_the_rules_evaluate(simulated: tupl
 
 
 
-def test_compose_stack_runs_under_podman(image: Image, tmp_path: Path) -> None:
-    """docker-compose.yml's simulate profile (less Grafana, which cannot be fetched here) under podman.
+ComposeServices = dict[str, dict[str, Any]]
+
+
+def start_compose(stack: contextlib.ExitStack, image: Image, tmp: Path) -> tuple[ComposeServices, dict[str, Container]]:
+    """Start docker-compose.yml's simulate profile (less Grafana, which cannot be fetched here) under podman.
 
     Each service runs with its compose command, environment, mounts, hardening and healthcheck, in
     depends_on order, each started once the services it depends on pass their healthchecks. They
@@ -232,62 +236,86 @@ def test_compose_stack_runs_under_podman(image: Image, tmp_path: Path) -> None:
     services = {name: s for name, s in compose["services"].items()
                 if "simulate" in s.get("profiles", ["simulate"]) and name != "grafana"}
     assert set(services) == {"exporter-simulated", "training-demo", "prometheus", "alertmanager"}
-    hosts = tmp_path / "hosts"
+    hosts = tmp / "hosts"
     hosts.write_text("127.0.0.1 localhost " + " ".join(sorted({*services, "exporter"})) + "\n")
+    holder = stack.enter_context(container(image.base, ["sleep", "infinity"], ["--read-only"],
+                                           prefix="gpu-exporter-test-net", network="none"))
+    running: dict[str, Container] = {}
+    for name in compose_order(services):
+        service = services[name]
+        for dependency in service.get("depends_on", {}):
+            wait_healthy(running[dependency], 180)
+        options = [*compose_run_options(service, REPO), "--volume", f"{hosts}:/etc/hosts:ro"]
+        repository = service["image"].split(":")[0]
+        if "build" in service:
+            assert service["image"] == f"{release.IMAGE_NAME}:{release.package_version()}"
+            box_image = image.tag
+        elif repository in STAND_INS:
+            options += stand_in_options(repository)
+            box_image = image.base
+        else:  # training-demo: the Debian base's Python stands in for python:3.12-slim
+            # the exporter image's own base (docs/deployment.md: the demo downloads no second base)
+            base_arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (REPO / "Dockerfile").read_text(), flags=re.M)
+            assert base_arg is not None and service["image"] == base_arg.group(1), service["image"]
+            box_image = image.base
+        running[name] = stack.enter_context(container(
+            box_image, [str(a) for a in service.get("command", [])], options,
+            prefix=f"gpu-exporter-test-{name}", network=f"container:{holder.name}"))
+    for box in running.values():
+        wait_healthy(box, 180)
+    return services, running
+
+
+@pytest.fixture(scope="module")
+def compose_stack(image: Image, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> Iterator[tuple[ComposeServices, dict[str, Container]] | Exception]:
+    """The compose stack (:func:`start_compose`), started once per module. The first test of the module asks for it
+    (usefixtures), so that Prometheus' first scrapes and minute-long rule rounds run while the other tests do; a
+    failure to start it is yielded, and raised by the compose test alone."""
     with contextlib.ExitStack() as stack:
-        holder = stack.enter_context(container(image.base, ["sleep", "infinity"], ["--read-only"],
-                                               prefix="gpu-exporter-test-net", network="none"))
-        running: dict[str, Container] = {}
-        for name in compose_order(services):
-            service = services[name]
-            for dependency in service.get("depends_on", {}):
-                wait_healthy(running[dependency], 180)
-            options = [*compose_run_options(service, REPO), "--volume", f"{hosts}:/etc/hosts:ro"]
-            repository = service["image"].split(":")[0]
-            if "build" in service:
-                assert service["image"] == f"{release.IMAGE_NAME}:{release.package_version()}"
-                box_image = image.tag
-            elif repository in STAND_INS:
-                options += stand_in_options(repository)
-                box_image = image.base
-            else:  # training-demo: the Debian base's Python stands in for python:3.12-slim
-                # the exporter image's own base (docs/deployment.md: the demo downloads no second base)
-                base_arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (REPO / "Dockerfile").read_text(), flags=re.M)
-                assert base_arg is not None and service["image"] == base_arg.group(1), service["image"]
-                box_image = image.base
-            running[name] = stack.enter_context(container(
-                box_image, [str(a) for a in service.get("command", [])], options,
-                prefix=f"gpu-exporter-test-{name}", network=f"container:{holder.name}"))
-        for box in running.values():
-            wait_healthy(box, 180)
-        exporter_box = running["exporter-simulated"]
+        started: tuple[ComposeServices, dict[str, Container]] | Exception
+        try:
+            started = start_compose(stack, image, tmp_path_factory.mktemp("compose"))
+        except Exception as err:
+            started = err
+        yield started
 
-        def ask(url: str) -> Any:
-            result = exporter_box.exec("python", "-c", "import sys, urllib.request; "
-                                       "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())", url)
-            assert result.returncode == 0, result.stderr
-            return json.loads(result.stdout)
 
-        def diagnosed() -> dict[str, Any] | None:
-            """diagnose from Prometheus, once the cause recording rules have judged the demo run."""
-            series = ask("http://prometheus:9090/api/v1/query?query=run%3Agpu_training_cause%3Ashare")
-            if not series["data"]["result"]:
-                return None
-            result = exporter_box.exec("gpu-exporter", "diagnose", "--prometheus-url", "http://prometheus:9090",
-                                       "--output", "json")
-            assert result.returncode in (0, 1), result.stderr
-            gpus: dict[str, Any] = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
-            return gpus
-        # scrape and rule evaluation every 15 s (prometheus.yml as shipped): a few rounds
-        gpus = wait_until(diagnosed, 240, interval=2, what="a cause from Prometheus' recording rules")
-        up = ask("http://prometheus:9090/api/v1/query?query=up")["data"]["result"]
-        managers = ask("http://prometheus:9090/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+def test_compose_stack_runs_under_podman(
+        compose_stack: tuple[ComposeServices, dict[str, Container]] | Exception) -> None:
+    """docker-compose.yml's simulate profile under podman (:func:`start_compose`): the exporter scraped, the cause
+    recording rules judging the demo run, Alertmanager connected, every rule group evaluated without error."""
+    if isinstance(compose_stack, Exception):
+        raise compose_stack
+    services, running = compose_stack
+    exporter_box = running["exporter-simulated"]
 
-        def evaluated() -> list[Any] | None:
-            """The rule groups once each has run (every rule_interval, thresholds.yml: the shipped rules as-is)."""
-            groups: list[Any] = ask("http://prometheus:9090/api/v1/rules")["data"]["groups"]
-            return groups if all(rule["health"] != "unknown" for g in groups for rule in g["rules"]) else None
-        rules = wait_until(evaluated, 150, interval=5, what="every rule group's first evaluation")
+    def ask(url: str) -> Any:
+        result = exporter_box.exec("python", "-c", "import sys, urllib.request; "
+                                   "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())", url)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def diagnosed() -> dict[str, Any] | None:
+        """diagnose from Prometheus, once the cause recording rules have judged the demo run."""
+        series = ask("http://prometheus:9090/api/v1/query?query=run%3Agpu_training_cause%3Ashare")
+        if not series["data"]["result"]:
+            return None
+        result = exporter_box.exec("gpu-exporter", "diagnose", "--prometheus-url", "http://prometheus:9090",
+                                   "--output", "json")
+        assert result.returncode in (0, 1), result.stderr
+        gpus: dict[str, Any] = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
+        return gpus
+    # scrape and rule evaluation every 15 s (prometheus.yml as shipped): a few rounds
+    gpus = wait_until(diagnosed, 240, interval=2, what="a cause from Prometheus' recording rules")
+    up = ask("http://prometheus:9090/api/v1/query?query=up")["data"]["result"]
+    managers = ask("http://prometheus:9090/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+
+    def evaluated() -> list[Any] | None:
+        """The rule groups once each has run (every rule_interval, thresholds.yml: the shipped rules as-is)."""
+        groups: list[Any] = ask("http://prometheus:9090/api/v1/rules")["data"]["groups"]
+        return groups if all(rule["health"] != "unknown" for g in groups for rule in g["rules"]) else None
+    rules = wait_until(evaluated, 150, interval=5, what="every rule group's first evaluation")
     assert [(s["metric"]["instance"], s["value"][1]) for s in up] == [("exporter:9445", "1")]
     assert [m["url"] for m in managers] == ["http://alertmanager:9093/api/v2/alerts"]
     assert all(rule["health"] == "ok" for group in rules for rule in group["rules"]), rules
