@@ -24,7 +24,7 @@ import pytest
 import yaml
 from servers import http_get, promql, run_prometheus, wait_until
 
-from bench import fleet, fleet_scale, fleet_sim
+from bench import fleet, fleet_measure, fleet_sim
 
 NODES = 25  # 200 GPUs
 EVALUATION = 5  # seconds: every group evaluates within 5 s of the start
@@ -62,7 +62,7 @@ def test_rule_groups_and_series_within_budget_at_200_gpus(tmp_path: Path) -> Non
     shipped = fleet.shipped_rules()
     try:
         hostport = f"127.0.0.1:{server.server_address[1]}"
-        config = fleet_scale.prometheus_config(NODES, hostport, scrape_interval=1, evaluation_interval=EVALUATION)
+        config = fleet_measure.prometheus_config(NODES, hostport, scrape_interval=1, evaluation_interval=EVALUATION)
         with run_prometheus(config, files=shipped) as prom:
             wait_until(lambda: len(promql(prom, "node:gpu_utilization:avg5m")) == NODES, 30, interval=0.5,
                        what="node:gpu_utilization:avg5m for every node")
@@ -84,7 +84,7 @@ def test_rule_groups_and_series_within_budget_at_200_gpus(tmp_path: Path) -> Non
             exporters = {r["metric"]["node"]: float(r["value"][1])
                          for r in promql(prom, "instance:gpu_exporter_series:count")}
             (total,) = [float(r["value"][1]) for r in promql(prom, "cluster:gpu_exporter_series:sum")]
-            durations, _, _ = fleet_scale.rule_groups(prom)
+            durations, _, _ = fleet_measure.rule_groups(prom)
     finally:
         server.shutdown()
     print(f"\nseries stored per GPU: {stored / (NODES * fleet_sim.GPUS_PER_NODE):.2f}; ms per group evaluation at 200 "
@@ -97,5 +97,5 @@ def test_rule_groups_and_series_within_budget_at_200_gpus(tmp_path: Path) -> Non
     assert sorted(r["group"] for r in rules) == sorted(g["name"] for g in shipped_groups for _ in g["rules"])
     failed = [(r["group"], r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not failed, failed
-    assert stored / gpus < fleet_scale.SERIES_PER_GPU_BUDGET, (stored, gpus)
+    assert stored / gpus < fleet_measure.SERIES_PER_GPU_BUDGET, (stored, gpus)
     assert len(causes) >= 2, causes  # the cause rules ran on real inputs
