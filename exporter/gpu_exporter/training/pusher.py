@@ -146,12 +146,7 @@ class Pusher:
             raise TimeoutError("no time left before the deadline")
         connection = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = connection(self._host, self._port, timeout=remaining)
-        timer: threading.Timer | None = threading.Timer(remaining, _abort, (conn,))
-        timer.daemon = True
-        try:
-            timer.start()
-        except RuntimeError:  # the final push from atexit: Python 3.12+ starts no thread at interpreter shutdown,
-            timer = None  # so the socket's own timeout (``remaining``) bounds each send and read instead
+        timer = _started_timer(remaining, conn)
         try:
             conn.request("POST", self._path, body=body, headers=self._headers)
             response = conn.getresponse()
@@ -167,6 +162,18 @@ class Pusher:
         if problem != self._last_problem:
             log.warning("%s", problem)
             self._last_problem = problem
+
+
+def _started_timer(seconds: float, conn: http.client.HTTPConnection) -> threading.Timer | None:
+    """A daemon timer that aborts ``conn`` after ``seconds``; None at interpreter exit, where Python 3.12 starts
+    no thread (the final push from atexit): the socket's own timeout then bounds each send and read instead."""
+    timer = threading.Timer(seconds, _abort, (conn,))
+    timer.daemon = True
+    try:
+        timer.start()
+    except RuntimeError:
+        return None
+    return timer
 
 
 def _abort(conn: http.client.HTTPConnection) -> None:
