@@ -21,7 +21,6 @@ Run as a script (the tests' folder goes on ``sys.path`` here)::
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +56,7 @@ def _async(plan: str, url: str, seconds: float) -> None:
             def launch(self, seconds: float, cpu_seconds: float = 0.0, **shares: Any) -> None:
                 if self._fresh:
                     self._fresh = False
-                    self.synchronize()  # cudaFree of the cached blocks waits for the stream
-                    time.sleep(RETRY_SECONDS)
+                    self.free_and_retry(RETRY_SECONDS)
                     self.retries += 1
                 super().launch(seconds, cpu_seconds, **shares)
 

@@ -280,6 +280,12 @@ class AsyncDevice(SimDevice):
         self.synchronize_calls += 1
         self.record().synchronize()
 
+    def free_and_retry(self, seconds: float) -> None:
+        """A caching-allocator retry (M4): free the cached blocks (which waits for the stream, as ``cudaFree``
+        does), then ``seconds`` with the GPU idle to malloc again, inside the device like torch's allocator."""
+        self.synchronize()
+        time.sleep(seconds)
+
     def item(self, cpu_seconds: float = 0.0) -> None:
         """``tensor.item()`` / ``.cpu()``: wait for the queue, then a tiny copy; ``cpu_seconds`` of CPU after."""
         self.synchronize()

@@ -68,6 +68,10 @@ MAX_FUNCTIONS = 2000
 
 
 TORCH = re.compile(r"[/\\](torch|functorch)[/\\]")
+SIMULATED_DEVICE = re.compile(r"[/\\]gpu_exporter[/\\]simulate[/\\]")
+"""The simulated GPUs' job side (``simulate/device.py``: launch, synchronize, item), this repo's stand-in for
+torch.cuda: its frames count as ``torch`` (the CPU cost of a simulated launch is launch overhead, M3, not the
+job's host work)."""
 FRAMEWORK = re.compile(r"[/\\](lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)[/\\]")
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9_.:/@+-]")
 _PACKAGE = str(Path(__file__).resolve().parent.parent)  # gpu_exporter itself: library code
@@ -87,8 +91,10 @@ def classify(filename: str) -> str:
 
     >>> classify("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"), classify("/home/me/train.py")
     ('torch', 'host')
+    >>> classify("/repo/exporter/gpu_exporter/simulate/device.py")
+    'torch'
     """
-    if TORCH.search(filename):
+    if TORCH.search(filename) or SIMULATED_DEVICE.search(filename):
         return "torch"
     if FRAMEWORK.search(filename):
         return "framework"
