@@ -193,13 +193,15 @@ def test_the_registry_is_the_one_list_of_collectors() -> None:
 
 
 def test_collectors_never_import_upward() -> None:
-    """collectors/ import only collectors, nvml, exposition and the catalog (and third parties), never the poller."""
+    """collectors/ import only collectors, nvml, exposition, the catalog and the wire protocol's names
+    (training.protocol, standard library only: the phase names the stack sampler maps to), never the poller."""
     import ast
     from pathlib import Path
 
     from gpu_exporter import collectors
 
-    allowed = ("gpu_exporter.collectors", "gpu_exporter.nvml", "gpu_exporter.exposition", "gpu_exporter.catalog")
+    allowed = ("gpu_exporter.collectors", "gpu_exporter.nvml", "gpu_exporter.exposition", "gpu_exporter.catalog",
+               "gpu_exporter.training.protocol")
     for path in Path(collectors.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "gpu_exporter":  # from gpu_exporter import x
