@@ -108,8 +108,11 @@ def test_each_integration_gets_its_cause_from_alerts_and_both_diagnose_paths(sta
         gpus = {g["uuid"]: g for g in json.loads(result.stdout)["gpus"]}
         for key, cause in JOBS.items():
             got = gpus[uuid_of(*key)]
-            assert (got["verdict"]["verdict"], got["verdict"]["title"]) == (cause, BY_ID[cause].label), \
-                (option, key, got)
+            # the cause at either level: a job whose utilization sits near the low line (30%) is judged "below
+            # target: <cause>" by a read that lands just above it (ladder.Row.titled)
+            label = BY_ID[cause].label
+            assert got["verdict"]["verdict"] == cause, (option, key, got)
+            assert got["verdict"]["title"] in (label, f"below target: {label}"), (option, key, got)
             assert [r["run"] for r in got["runs"]] == [run_name(*key)], (option, got["runs"])
 
 
