@@ -607,11 +607,14 @@ EXPORTED_CODE = ("framework", "host")
 
 def _code(doc: dict[str, Any], max_length: int) -> tuple[tuple[tuple[str, float], ...], tuple[str, float] | None, str]:
     """(seconds of :data:`EXPORTED_CODE`, the biggest function of the job's own code, what was refused) of the
-    optional ``code`` field (training/sampler.py); a bad field costs only itself.
+    optional ``code`` field (training/sampler.py); a bad field costs only itself. A part never seen (0 s: the
+    framework's in a plain loop) is left out, so it costs no series until it appears.
 
     >>> _code({"code": {"torch": 1, "framework": 0.5, "host": 2, "functions": [{"name": "a.py:3:f", "seconds": 2}]}},
     ...       128)
     ((('framework', 0.5), ('host', 2.0)), ('a.py:3:f', 2.0), '')
+    >>> _code({"code": {"torch": 1, "framework": 0, "host": 2, "functions": []}}, 128)
+    ((('host', 2.0),), None, '')
     >>> _code({"code": []}, 128)
     ((), None, 'code (code must be an object)')
     """
@@ -623,7 +626,7 @@ def _code(doc: dict[str, Any], max_length: int) -> tuple[tuple[tuple[str, float]
         return (), None, f"code ({problem})"
     top = max(body["functions"], key=lambda item: item["seconds"], default=None)
     function = None if top is None else (top["name"], float(top["seconds"]))
-    return tuple((part, float(body[part])) for part in EXPORTED_CODE), function, ""
+    return tuple((part, float(body[part])) for part in EXPORTED_CODE if body[part] > 0), function, ""
 
 
 def _code_families(entries: list[tuple[_Key, _Entry]]) -> Iterator[Metric]:
