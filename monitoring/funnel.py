@@ -126,8 +126,9 @@ def records() -> list[Record]:
 def sourced(cfg: Config, series: str) -> str:
     """``series`` (per GPU, with cluster and uuid) with the ``source`` of each GPU's SM activity: gpm, dcgm, or
     :data:`UNKNOWN` where no source reports it."""
-    known = f"group by ({cfg.cluster}, uuid, source) ({cfg.sel(SM)})"
-    every = f"group by ({cfg.cluster}, uuid) ({cfg.sel(m.GPU_INFO.name)})"
+    # both sides only of the GPUs of ``series`` (a node detail's one node, not the whole fleet's gpu_info)
+    known = f"group by ({cfg.cluster}, uuid, source) ({cfg.sel(SM)} and {cfg.on('uuid')} {series})"
+    every = f"group by ({cfg.cluster}, uuid) ({series})"
     return (f"{series} * {cfg.on('uuid')} group_left (source) ({known} or {cfg.on('uuid')} "
             f'label_replace({every}, "source", "{UNKNOWN}", "", ""))')
 
