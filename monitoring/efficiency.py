@@ -19,7 +19,7 @@ from __future__ import annotations
 from gpu_exporter import catalog as m
 from gpu_exporter.verdict.efficiency import EFFICIENCY, SM, SM_RECORD, GpuCause
 from gpu_exporter.verdict.promql import AT_TARGET as AT_TARGET  # monitoring.funnel's too
-from gpu_exporter.verdict.promql import GPU_SEL, C
+from gpu_exporter.verdict.promql import GPU_SEL, C, efficiency_held
 
 from monitoring.model import VALUE, Alert, Record, wrap
 
@@ -45,17 +45,10 @@ def records() -> list[Record]:
         "without either (diagnose then says SM activity unknown)."))]
 
 
-def held(cause: GpuCause) -> str:
-    """The GPUs where ``cause`` held at any time in the last ``alert_hold``: its series of the funnel's
-    ``gpu:gpu_busy_not_effective:ratio`` (monitoring.funnel, recorded only where the cause's condition holds, from the
-    same table), the hysteresis of every cause alert (monitoring.causes: ``last_over_time(...[${alert_hold}])``)."""
-    return f'last_over_time({m.GPU_BUSY_NOT_EFFECTIVE_RATIO.name}{{cause="{cause.cause}"}}[${{alert_hold}}])'
-
-
 def _alert(cause: GpuCause) -> Alert:
     # the value: the GPU's SM activity now (with its source), on a GPU where the cause held within alert_hold; no
     # comparison (a Grafana rule fires on any series: SM activity > 0 on a busy GPU)
-    shape = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    {held(cause)}\n)\n"
+    shape = (f"(\n    {VALUE}\n  and on ({C}, uuid)\n    {efficiency_held(cause.cause)}\n)\n"
              f"* on ({C}, uuid) group_left (node, gpu, namespace, pod, container, run)\n{WORK}\n")
     reading = "{{ $value | humanizePercentage }}"
     tensor = cause.keys[0] == "tensor_idle_ratio"

@@ -67,7 +67,7 @@ from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, HINTS_BY_ID
 from gpu_exporter.verdict.kinds import Cause, Finding
 from gpu_exporter.verdict.levels import BY_LEVEL, LEVELS, LOW, TARGET, level, threshold, useful_text, useful_utilization
-from gpu_exporter.verdict.promql import AT_TARGET, cause_share
+from gpu_exporter.verdict.promql import AT_TARGET, cause_share, efficiency_held
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict
 
 INSTRUMENT_SNIPPET = """\
@@ -288,10 +288,9 @@ def _efficiency_row(cause: GpuCause) -> Row:
     def holds(f: Facts, t: Thresholds) -> bool:
         return f.efficiency is not None and f.efficiency.cause is cause and _has_work(f, t)
 
-    value, _ = cause.promql()
     return Row(cause.cause, cause.cause, cause.label,
                f"at or above the target with work, and SM activity says {cause.doing}", cause.keys, cause.advice,
-               (cause.alert,), f"{value} {cause.op} ${{{cause.keys[0]}}}", holds, _ineffective)
+               (cause.alert,), efficiency_held(cause.cause), holds, _ineffective)
 
 
 def _activity(view: GpuView) -> Activity:

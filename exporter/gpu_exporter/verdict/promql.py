@@ -48,6 +48,13 @@ def held_low(series: str, by: str) -> str:
     return f"max by {by} (min_over_time({series}[${{alert_hold}}])) < ${{{BY_LEVEL[LOW].key}}}"
 
 
+def efficiency_held(cause: str) -> str:
+    """The GPUs where the efficiency cause ``cause`` held at any time within ``alert_hold``: its series of the
+    funnel's ``gpu:gpu_busy_not_effective:ratio`` (recorded only where the cause's condition holds), the hysteresis
+    of every cause alert; its alert fires on it, and the ladder's row shows it."""
+    return f'last_over_time({m.GPU_BUSY_NOT_EFFECTIVE_RATIO.name}{{cause="{cause}"}}[${{alert_hold}}])'
+
+
 HELD_LOW = held_low(m.GPU_USEFUL_UTILIZATION_AVG5M.name, f"({C}, uuid)")
 """The GPU's useful utilization was low within ``alert_hold`` (GpuUtilizationLow's, GpuUtilizationBelowTarget's)."""
 GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
