@@ -89,8 +89,9 @@ def rank_main(rank: int, job: str, url: str, port: int, seconds: float) -> None:
 
 def main(job: str, url: str, seconds: float) -> None:
     """Spawn the two ranks of ``job`` and wait for them."""
-    from servers import free_port
     from torch.multiprocessing.spawn import start_processes
+
+    from testbed import free_port
 
     start_processes(rank_main, args=(job, url, free_port(), seconds), nprocs=2, join=True,  # type: ignore[no-untyped-call]
                     start_method="spawn")

@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from servers import exporter_env, promql, wait_until
 from test_alerting_e2e import PROM, fast_rules
 from test_query import run_cli
+
+from testbed import exporter_env, promql, wait_until
 
 
 def shipped_fast_rules() -> dict[str, str]:

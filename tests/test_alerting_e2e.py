@@ -35,7 +35,8 @@ from typing import Any
 
 import pytest
 import yaml
-from servers import free_port, http_status, promql, run_alertmanager, run_exporter, run_prometheus, wait_until
+
+from testbed import free_port, http_status, promql, run_alertmanager, run_exporter, run_prometheus, wait_until
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 

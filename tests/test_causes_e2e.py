@@ -45,7 +45,8 @@ import pytest
 from async_loops import PLANS
 from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from gpu_exporter.thresholds import load_thresholds
-from servers import http_get, promql, run_exporter, run_prometheus, scrape_config
+
+from testbed import http_get, promql, run_exporter, run_prometheus, scrape_config
 
 pytestmark = pytest.mark.slow
 

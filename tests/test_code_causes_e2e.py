@@ -30,8 +30,9 @@ import pytest
 import torch
 from gpu_exporter import training
 from gpu_exporter.simulate.device import OpsDevice
-from servers import exporter_env, http_get, run_exporter, wait_until
 from test_query import run_cli
+
+from testbed import exporter_env, http_get, run_exporter, wait_until
 
 pytestmark = pytest.mark.slow  # end-to-end: a real exporter process and a torch loop
 

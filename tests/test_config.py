@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from gpu_exporter.config import DEFAULTS, SETTINGS, ConfigError, load_config
-from servers import exporter_env, free_port
+
+from testbed import exporter_env, free_port
 
 
 def write(tmp_path: Path, text: str) -> str:

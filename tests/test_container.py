@@ -35,7 +35,8 @@ from containers import (
 )
 from gpu_exporter.simulate.scenario import load_scenario
 from gpu_exporter.thresholds import load_thresholds
-from servers import free_port, http_get, http_status, promql, run_prometheus, wait_until
+
+from testbed import free_port, http_get, http_status, promql, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"

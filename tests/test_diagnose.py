@@ -31,8 +31,9 @@ from gpu_exporter.verdict.readings import from_snapshots
 from gpu_exporter.verdict.samples import Snapshot
 from gpu_exporter.verdict.signals import RunSignals
 from gpu_exporter.verdict.views import GpuView, Process, RunView
-from servers import REPO, free_port, http_get, run_exporter, wait_until
 from test_query import run_cli
+
+from testbed import REPO, free_port, http_get, run_exporter, wait_until
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 RUNBOOKS = load_thresholds().runbook_url("").rstrip("#")

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from e2e import shipped_fast_rules
-from servers import promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_diagnose import EXPECTED, RUNS, SCENARIOS, push_runs
 from test_query import run_cli
+
+from testbed import promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 

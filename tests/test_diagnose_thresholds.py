@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from gpu_exporter.thresholds import ThresholdsError, load_thresholds, parse_duration
-from servers import REPO
+
+from testbed import REPO
 
 PACKAGED = REPO / "exporter" / "gpu_exporter" / "thresholds.yml"
 RULES_SOURCE = REPO / "prometheus" / "thresholds.yml"
@@ -50,7 +51,8 @@ def test_bad_thresholds_file_is_one_sentence(tmp_path: Path, change: tuple[str, 
 def test_diagnose_judges_with_the_thresholds_file_it_is_given(tmp_path: Path) -> None:
     """``--thresholds FILE`` changes diagnose's verdicts (the packaged copy is only the default)."""
     from e2e import run_clis
-    from servers import run_exporter
+
+    from testbed import run_exporter
 
     t = load_thresholds()
     assert (t.utilization_target, t.checkpoint_share, t.batch_busy_ratio) == (0.85, 0.2, 0.5)

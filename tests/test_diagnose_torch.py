@@ -19,9 +19,10 @@ import torch
 from cause_loops import f1_macro
 from gpu_exporter import training
 from gpu_exporter.simulate.device import OpsDevice
-from servers import http_get, run_exporter, wait_until
 from test_query import run_cli
 from torch.utils.data import DataLoader, Dataset
+
+from testbed import http_get, run_exporter, wait_until
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 

@@ -19,7 +19,8 @@ import pytest
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.training import distributed
 from gpu_exporter.training.protocol import MAX_WORLD_SIZE
-from servers import free_port
+
+from testbed import free_port
 
 torch = pytest.importorskip("torch")
 mp = pytest.importorskip("torch.multiprocessing")

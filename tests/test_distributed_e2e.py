@@ -41,9 +41,10 @@ import pytest
 from ddp_loops import PLANS
 from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from prometheus_client.parser import text_string_to_metric_families
-from servers import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config
 from test_query import run_cli
 from test_status_page import _browser
+
+from testbed import REPO, exporter_env, http_get, promql, run_exporter, run_prometheus, scrape_config
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,9 @@ import pytest
 import yaml
 from compose_spec import PyCompose
 from gpu_exporter.simulate.scenario import load_scenario
-from servers import http_get, run_exporter
 from test_docker import stages
+
+from testbed import http_get, run_exporter
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE_TEXT = (REPO / "docker-compose.yml").read_text()

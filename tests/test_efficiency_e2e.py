@@ -39,7 +39,8 @@ import pytest
 from e2e import firing_causes, keep_output, run_clis, running_jobs, shipped_fast_rules, wait_for_causes
 from gpu_exporter.simulate import dcgm_exporter
 from gpu_exporter.thresholds import load_thresholds
-from servers import http_get, promql, run_exporter, run_prometheus
+
+from testbed import http_get, promql, run_exporter, run_prometheus
 
 pytestmark = pytest.mark.slow
 

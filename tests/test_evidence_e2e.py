@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 from e2e import keep_output, run_clis, shipped_fast_rules
 from evidence_standins import direct_io_works
-from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+
+from testbed import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, free_port, http_get, http_status, run_exporter
+
+from testbed import exporter_env, free_port, http_get, http_status, run_exporter
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 

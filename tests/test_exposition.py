@@ -22,7 +22,8 @@ from gpu_exporter.exposition import Body, Family, ScrapeForecast, Source, exposi
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from harness import Harness, scenario_path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from servers import run_exporter
+
+from testbed import run_exporter
 
 AWKWARD_VALUES = [0, 1, -1, 0.1, 1e-9, 123456.789, 999999.5, 1e6, 85899345920, 2**63, 1.5e16, 1e300, -2.5e10,
                   math.inf, -math.inf, math.nan, True, 7]
@@ -291,7 +292,8 @@ def test_a_poll_is_rendered_ahead_only_when_a_scrape_is_due() -> None:
     """Polls that no scrape is expected to read cost no rendering; one before an expected scrape is prepared."""
     from gpu_exporter.app import Exporter
     from gpu_exporter.config import load_config
-    from servers import free_port
+
+    from testbed import free_port
 
     flags = {"simulate.enabled": True, "simulate.scenario": str(scenario_path("status-page.yaml")),
              "web.listen_address": f"127.0.0.1:{free_port()}", "poll_interval": 3600.0}

@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 import yaml
-from servers import free_port, http_get, promql, run_alertmanager, run_victoriametrics, run_vmalert, wait_until
 from test_alerting_e2e import SCALE, fast_rules
 
 from bench import fleet
+from testbed import free_port, http_get, promql, run_alertmanager, run_victoriametrics, run_vmalert, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "prometheus" / "prometheus-agent.yml"

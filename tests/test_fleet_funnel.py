@@ -18,12 +18,12 @@ from gpu_exporter.commands.fleet_render import render_json, render_text
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.fleet import LaunchRow, Point, Range, fleet
 from gpu_exporter.verdict.funnel import NO_CAUSE, Funnel, Slice, funnel
-from servers import http_get, run_prometheus, wait_until
 from test_alerting_e2e import fast_rules
 from test_query import run_cli
 
 from bench import fleet as fleet_bench
 from bench import fleet_sim
+from testbed import http_get, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 T = load_thresholds(None)

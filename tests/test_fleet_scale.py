@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from servers import http_get, promql, run_prometheus, wait_until
 
 from bench import fleet, fleet_measure, fleet_sim
+from testbed import http_get, promql, run_prometheus, wait_until
 
 NODES = 25  # 200 GPUs
 EVALUATION = 5  # seconds: every group evaluates within 5 s of the start

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from servers import exporter_env
+from testbed import exporter_env
 
 # What only a sub-command, a TLS/basic-auth web config, Kubernetes attribution or a training job needs.
 NOT_ON_THE_SERVE_PATH = (

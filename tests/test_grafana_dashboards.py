@@ -42,10 +42,10 @@ from gpu_exporter.training import device as training_device
 from grafana_foundation_sdk.cog import plugins
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
-from servers import free_port, http_status, promql, run_exporter, run_prometheus, wait_until
 
 from monitoring import build, dashboards, grafana_alerts
 from monitoring.panels import Config
+from testbed import free_port, http_status, promql, run_exporter, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 THRESHOLDS = REPO / "exporter" / "gpu_exporter" / "thresholds.yml"

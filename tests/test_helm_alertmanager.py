@@ -32,8 +32,9 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from servers import run_alertmanager, wait_until
 from test_helm import crd_errors, crd_validators, matches
+
+from testbed import run_alertmanager, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpu-utilization-exporter"

@@ -34,7 +34,8 @@ import helm_python as helm
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from servers import http_get, promql, run_exporter, run_prometheus, wait_until
+
+from testbed import http_get, promql, run_exporter, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpu-utilization-exporter"

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from gpu_exporter.config import DEFAULTS
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, free_port, http_get, wait_until
+
+from testbed import exporter_env, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,8 @@ import pytest
 from gpu_exporter.verdict.levels import TARGET
 from integration_loops import PLANS
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, http_get, run_exporter
+
+from testbed import exporter_env, http_get, run_exporter
 
 if TYPE_CHECKING:
     from gpu_exporter.verdict.views import Verdict

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from servers import REPO, exporter_env, http_get, run_exporter
+
+from testbed import REPO, exporter_env, http_get, run_exporter
 
 pytestmark = pytest.mark.slow
 

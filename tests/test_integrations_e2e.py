@@ -39,8 +39,9 @@ from pathlib import Path
 import pytest
 from e2e import firing_causes, run_clis, shipped_fast_rules, wait_for_causes
 from gpu_exporter.verdict.causes import BY_ID
-from servers import exporter_env, run_exporter, run_prometheus, scrape_config
 from test_integrations import LOOPS, gpu_work
+
+from testbed import exporter_env, run_exporter, run_prometheus, scrape_config
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,8 @@ from gpu_exporter.kubernetes import (
     normalize_device_id,
 )
 from prometheus_client import CollectorRegistry, generate_latest
-from servers import wait_until
+
+from testbed import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 GPU0, GPU1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"

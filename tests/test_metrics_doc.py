@@ -11,7 +11,8 @@ import pytest
 from gpu_exporter.catalog import GPU_XID_ERRORS_TOTAL as XID
 from harness import scenario_path
 from prometheus_client.parser import text_string_to_metric_families
-from servers import http_get, http_status, run_exporter, wait_until
+
+from testbed import http_get, http_status, run_exporter, wait_until
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 

@@ -34,7 +34,8 @@ from gpu_exporter.commands.query import (
     select_gpus,
 )
 from gpu_exporter.verdict.samples import Snapshot
-from servers import exporter_env, free_port, run_exporter
+
+from testbed import exporter_env, free_port, run_exporter
 
 # cli.py registers query and diagnose through their register() functions; until it does, the
 # child process registers them exactly that way before calling cli.main().

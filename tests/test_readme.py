@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from gpu_exporter.thresholds import load_thresholds
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, free_port, http_get, run_exporter, wait_until
+
+from testbed import exporter_env, free_port, http_get, run_exporter, wait_until
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 DEMO_HEADING = "### The demo, on a machine without a GPU"

@@ -14,7 +14,8 @@ from gpu_exporter.app import POLLING_COLLECTORS
 from gpu_exporter.collectors.base import PollContext
 from gpu_exporter.nvml import Nvml
 from prometheus_client.parser import text_string_to_metric_families
-from servers import http_get, run_exporter
+
+from testbed import http_get, run_exporter
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import REPO, exporter_env
 
 from bench import real_gpu, real_gpu_loops, real_gpu_table
+from testbed import REPO, exporter_env
 
 EXPECTED = {("input-bound", "0"): "input_bound", ("healthy", "0"): "healthy",
             ("batch-of-2", "0"): "batch_too_small", ("lightning", "0"): "metrics_bound",

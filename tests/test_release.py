@@ -178,7 +178,8 @@ def test_readme_command_1_installs_the_startup_hook_and_a_plain_loop_reports_its
     packages (command 1 installs no torch); about 10 s."""
     import torch
     from gpu_exporter.training import auto
-    from servers import http_get, run_exporter
+
+    from testbed import http_get, run_exporter
 
     py = readme_clone / ".venv" / "bin" / "python"
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -24,7 +24,8 @@ from e2e import keep_output, run_clis, running_jobs, shipped_fast_rules
 from gpu_exporter.training.context import cpu_cores
 from gpu_exporter.verdict.causes import CONTEXT_CAUSES
 from gpu_exporter.verdict.remedies import suggested_workers
-from servers import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
+
+from testbed import http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import exporter_env, http_status, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_query import run_cli
+
+from testbed import exporter_env, http_status, promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -32,7 +32,8 @@ from gpu_exporter.commands.report_sources import readings_over
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.ladder import BY_ROW, LADDER
 from gpu_exporter.verdict.timeline import Timeline
-from servers import run_prometheus
+
+from testbed import run_prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None or shutil.which("prometheus") is None,
                                 reason="promtool/prometheus not installed (apt-get install prometheus)")

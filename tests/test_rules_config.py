@@ -15,7 +15,8 @@ from gpu_exporter.thresholds import read_thresholds_file
 from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
-from servers import free_port, http_get, run_prometheus, wait_until
+
+from testbed import free_port, http_get, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"

@@ -28,8 +28,9 @@ from e2e import keep_output, run_clis, shipped_fast_rules
 from gpu_exporter.collectors.stacks import parse_raw, phase_of, pyspy_binary
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, free_port, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 from test_query import run_cli
+
+from testbed import exporter_env, free_port, http_get, promql, run_exporter, run_prometheus, scrape_config, wait_until
 
 LOOPS = Path(__file__).with_name("cause_loops.py")
 NAMES = ("mixed", "checkpoint", "metrics40", "healthy")

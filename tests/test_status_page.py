@@ -27,7 +27,8 @@ import pytest
 from gpu_exporter import status_page
 from gpu_exporter.status_page import STATUS_PATH, StatusPage
 from gpu_exporter.thresholds import load_thresholds
-from servers import http_get, http_status, run_exporter, wait_until
+
+from testbed import http_get, http_status, run_exporter, wait_until
 
 SCENARIO = Path(__file__).parent / "scenarios" / "status-page.yaml"
 STANDARD = ("data", "compute", "metrics", "checkpoint", "communication", "other")

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 from gpu_exporter.training import auto
 from prometheus_client.parser import text_string_to_metric_families
-from servers import exporter_env, http_get, run_exporter
+
+from testbed import exporter_env, http_get, run_exporter
 
 JOBS = Path(__file__).with_name("auto_jobs.py")
 TOLERANCE = 0.05

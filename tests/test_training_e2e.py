@@ -9,8 +9,9 @@ import pytest
 import torch
 from gpu_exporter import training
 from prometheus_client.parser import text_string_to_metric_families
-from servers import free_port, http_get, run_exporter, wait_until
 from torch.utils.data import DataLoader, Dataset
+
+from testbed import free_port, http_get, run_exporter, wait_until
 
 pytestmark = pytest.mark.slow
 

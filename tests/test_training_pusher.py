@@ -20,8 +20,9 @@ from gpu_exporter import training
 from gpu_exporter.ingest import IngestSettings, TrainingStore
 from gpu_exporter.training.protocol import INGEST_PATH
 from pythons import pythons
-from servers import free_port, wait_until
 from torch.utils.data import DataLoader, Dataset
+
+from testbed import free_port, wait_until
 
 EXPORTER = Path(__file__).resolve().parents[1] / "exporter"
 

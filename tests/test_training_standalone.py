@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import release
-from servers import http_get, run_exporter
+
+from testbed import http_get, run_exporter
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "exporter"

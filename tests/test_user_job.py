@@ -39,7 +39,8 @@ import yaml
 from compose_spec import PyCompose
 from containers import Image, compose_run_options, container, podman, wait_healthy
 from gpu_exporter.simulate.scenario import load_scenario
-from servers import wait_until
+
+from testbed import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "user-job"

@@ -20,7 +20,8 @@ from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.join import build_views
 from gpu_exporter.verdict.ladder import LADDER, judge
 from gpu_exporter.verdict.levels import LEVELS, describe
-from servers import exporter_env
+
+from testbed import exporter_env
 
 T = load_thresholds()
 ROOT = Path(__file__).resolve().parents[1]

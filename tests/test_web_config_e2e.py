@@ -24,9 +24,10 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from servers import exporter_env, free_port, promql, run_exporter, run_prometheus, wait_until
 from test_http_server import exporter
 from test_web_config import self_signed
+
+from testbed import exporter_env, free_port, promql, run_exporter, run_prometheus, wait_until
 
 pytestmark = pytest.mark.slow  # end-to-end: real processes
 
