@@ -141,10 +141,8 @@ class Gpu:
         """Simulated: the step's GPU work, launched asynchronously (a real GPU got it from the model)."""
         if self.async_device is None:
             return
-        for _ in range(plan.launches):
-            if plan.launch_cpu:
-                time.sleep(plan.launch_cpu)  # issuing a kernel: CPU time that is not GPU time
-            self.async_device.launch(plan.kernels / plan.launches)
+        for _ in range(plan.launches):  # issuing each kernel costs launch_cpu of CPU inside the device's launch,
+            self.async_device.launch(plan.kernels / plan.launches, plan.launch_cpu)  # as torch's would on a real GPU
 
     def item(self, loss: Any) -> float:
         """``loss.item()``: waits for the queued kernels."""
