@@ -190,8 +190,10 @@ def node_detail(cfg: Config) -> dash.Dashboard:
                  f"samples polled faster than the scrape, so it does not alias. The line is {pct}.",
                  [query(f"rate({sel(m.GPU_BUSY_SECONDS_TOTAL.name)}[$__rate_interval])", "GPU {{gpu}}"),
                   query(sel(m.GPU_UTILIZATION_AVG5M.name), "GPU {{gpu}} (5m mean)")], w=16))
-             .with_panel(stat_panel("Utilization, last hour", "Mean utilization per GPU over the last hour.",
-                                    query(sel(m.GPU_UTILIZATION_AVG1H.name), "GPU {{gpu}}"), unit="percentunit",
+             .with_panel(stat_panel("Utilization, last hour",
+                                    f"rate({m.GPU_BUSY_SECONDS_TOTAL.name}[1h]): mean utilization per GPU over the "
+                                    "last hour, computed for this node's GPUs only when the dashboard asks.",
+                                    query(f"rate({sel(m.GPU_BUSY_SECONDS_TOTAL.name)}[1h])", "GPU {{gpu}}"), unit="percentunit",
                                     thresholds=cfg.utilization_steps(), w=8, h=8))
              .with_panel(timeseries(
                  "Memory-controller utilization",

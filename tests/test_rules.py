@@ -26,7 +26,7 @@ RUNBOOKS = REPO / "docs" / "runbooks.md"
 RUNBOOK_BASE = "https://github.com/gpu-utilization-exporter/gpu-utilization-exporter/blob/main/docs/runbooks.md#"
 
 CONTRACT_RECORDS = {
-    "gpu:gpu_utilization:avg5m", "gpu:gpu_utilization:avg1h", "gpu:gpu_memory_used:ratio",
+    "gpu:gpu_utilization:avg5m", "gpu:gpu_memory_used:ratio",
     "run:gpu_training_phase:share5m", "node:gpu_utilization:avg5m", "model:gpu_utilization:avg5m",
     "namespace:gpu_utilization:avg5m", "gpu:gpu_underutilized:bool5m", "node:gpu_idle_hours:increase1h",
     "gpu:gpu_has_work:bool", "run:gpu_training_cause:share", "run:gpu_training_cause:projected_utilization",

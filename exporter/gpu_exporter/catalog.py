@@ -379,7 +379,6 @@ def _record(name: str, meaning: str, generated: bool = False) -> RecordedSeries:
 
 
 GPU_UTILIZATION_AVG5M = _record("gpu:gpu_utilization:avg5m", "Per-GPU mean utilization (0-1) over 5m.")
-GPU_UTILIZATION_AVG1H = _record("gpu:gpu_utilization:avg1h", "Per-GPU mean utilization (0-1) over 1h.")
 GPU_MEMORY_USED_RATIO = _record("gpu:gpu_memory_used:ratio", "Share of the GPU's memory in use.")
 GPU_UNDERUTILIZED_BOOL5M = _record(
     "gpu:gpu_underutilized:bool5m", "1 while the GPU's 5m mean is below the low-utilization threshold, else 0.")
