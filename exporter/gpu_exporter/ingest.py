@@ -2,8 +2,9 @@
 
 The HTTP server hands every POST to /api/v1/training to ``TrainingStore.handle_push`` and
 registers the store as a prometheus_client collector. Pushed bodies are untrusted: each is
-size-checked, parsed, validated against the schema (docs/training.md), limited in label
-charset, label length and cardinality, and checked for counters that go down. A rejection is
+size-checked, parsed, validated against the schema (docs/training.md; the body's checks live in
+gpu_exporter.ingest_schema), limited in label charset, label length and cardinality, and
+checked for counters that go down. A rejection is
 a 4xx with a one-line reason, counted in ``gpu_exporter_ingest_requests_total{outcome}``.
 
 A job restarted under the same run name sends a new ``started_at``: that is a new
@@ -30,31 +31,25 @@ confirmed at once. Example::
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
 from . import catalog
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
-from .training.protocol import (
-    CONTEXT_FIELDS,
-    MAX_WORLD_SIZE,
-    SCHEMA_VERSION,
-    TAG_LABEL_PREFIX,
-    check_callbacks,
-    check_code,
-    check_label,
-    check_tags,
-)
+from .ingest_schema import ALLOCATOR_FIELDS, Entry, Key, parse_snapshot
+from .ingest_schema import EXPORTED_CODE as EXPORTED_CODE  # the snapshot schema's names, re-exported
+from .ingest_schema import MAX_CLOCK_SKEW_SECONDS as MAX_CLOCK_SKEW_SECONDS
+from .ingest_schema import Rejected as Rejected
+from .ingest_schema import parse_context as parse_context
+from .training.protocol import TAG_LABEL_PREFIX
 from .verdict import remedies
 
 if TYPE_CHECKING:
@@ -76,62 +71,13 @@ _STATUS = {
     "too_many_phases": 422, "too_many_runs": 429,
 }
 
-MAX_CLOCK_SKEW_SECONDS = 30.0
-"""How far a pushed ``started_at`` may lie ahead of the exporter's clock, and a new
-incarnation's start before the live one's last push (push latency; jobs share the node's clock)."""
-
-_ALLOCATOR_FIELDS = ("allocated_bytes", "reserved_bytes", "retries", "ooms")
 _ALLOCATOR_COUNTERS = ("retries", "ooms")
 _ALLOCATOR_FAMILIES = (catalog.GPU_TRAINING_ALLOCATOR_ALLOCATED_BYTES, catalog.GPU_TRAINING_ALLOCATOR_RESERVED_BYTES,
                        catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL, catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)
 _RUN_FAMILIES = ((catalog.GPU_TRAINING_STEPS_TOTAL, "steps"), (catalog.GPU_TRAINING_SAMPLES_TOTAL, "samples"),
                  (catalog.GPU_TRAINING_BATCH_SIZE, "batch_size"), (catalog.GPU_TRAINING_WORLD_SIZE, "world_size"),
                  (catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS, "received_at"))
-"""The one-sample-per-run families and the _Entry field each shows."""
-
-
-class Rejected(Exception):
-    """A pushed snapshot was refused: ``outcome`` is the metric label, the message says why."""
-
-    def __init__(self, outcome: str, message: str) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """The newest accepted snapshot of one (run, rank, uuid)."""
-
-    started_at: float
-    phases: dict[str, float]
-    current_phase: str
-    steps: int
-    samples: int
-    batch_size: int
-    finished: bool
-    allocator: dict[str, float] | None
-    received_at: float
-    confirmed: bool = False
-    """True once the key pushed more than once (or came back after an eviction)."""
-    world_size: int = 1
-    """Ranks in the run's distributed job (snapshot field ``world_size``, default 1)."""
-    context: dict[str, float] | None = None
-    """The snapshot's validated ``context`` (loader settings, cores, GPU memory; gpu_exporter.verdict.remedies)."""
-    source: str = ""
-    """"" for a pushed snapshot; "sampled" for phases the stack sampler estimated (gpu_exporter.collectors.stacks)."""
-    run_id: str = ""
-    """The launch's id (snapshot field ``run_id``; "" from a library that sends none)."""
-    tags: tuple[tuple[str, str], ...] = ()
-    """The run's validated tags (snapshot field ``tags``), sorted by key."""
-    callback: tuple[str, str, float] | None = None
-    """The run's biggest callback hook, (name, phase, seconds), of the snapshot's ``callbacks``."""
-    code: tuple[tuple[str, float], ...] = ()
-    """The stack sampler's seconds of the framework's and the job's own code (snapshot field ``code``)."""
-    host_function: tuple[str, float] | None = None
-    """The biggest function of the job's own code inside compute, (name, seconds), of the snapshot's ``code``."""
-
-
-_Key = tuple[str, str, str]
+"""The one-sample-per-run families and the Entry field each shows."""
 
 
 class TrainingStore:
@@ -165,12 +111,12 @@ class TrainingStore:
         self._clock = clock
         self._token = _read_token(settings.token_file) if settings.token_file else None
         self._lock = threading.Lock()
-        self._entries: dict[_Key, _Entry] = {}
-        self._evicted: dict[_Key, None] = {}  # recently evicted keys, oldest first (bounded)
+        self._entries: dict[Key, Entry] = {}
+        self._evicted: dict[Key, None] = {}  # recently evicted keys, oldest first (bounded)
         self._evictions = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
         self._rendered: tuple[tuple[int, ...], bytes] | None = None  # (fingerprint, text): see exposition
-        self._warned: set[_Key] = set()  # run keys whose refused tags or run id were logged once
+        self._warned: set[Key] = set()  # run keys whose refused tags or run id were logged once
 
     @property
     def max_body_bytes(self) -> int:
@@ -210,7 +156,7 @@ class TrainingStore:
             self.count_rejection("invalid_schema")
             return 400, f"rejected (invalid_schema): {type(err).__name__}"
 
-    def _warn_refused(self, key: _Key, refused: str) -> None:
+    def _warn_refused(self, key: Key, refused: str) -> None:
         """One log line per run key whose identity fields were refused (the snapshot itself was kept)."""
         with self._lock:
             if key in self._warned:
@@ -236,9 +182,9 @@ class TrainingStore:
         Its series carry ``source="sampled"``. Sampled runs count against ``ingest.max_runs`` like
         pushed ones (a full store refuses them silently: pushed runs come first).
         """
-        entry = _Entry(started_at=started_at, phases=phases, current_phase=current, steps=0, samples=0,
-                       batch_size=0, finished=False, allocator=None, received_at=self._clock(), confirmed=True,
-                       source="sampled")
+        entry = Entry(started_at=started_at, phases=phases, current_phase=current, steps=0, samples=0,
+                      batch_size=0, finished=False, allocator=None, received_at=self._clock(), confirmed=True,
+                      source="sampled")
         with self._lock:
             try:
                 self._store((f"pid-{pid}", "0", uuid), entry)
@@ -293,7 +239,7 @@ class TrainingStore:
         phase_seconds = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.new(labels=[*labels, "phase", *source])
         current = catalog.GPU_TRAINING_CURRENT_PHASE.new(labels=[*labels, "phase", *source])
         per_run = [(family.new(), field) for family, field in _RUN_FAMILIES]
-        allocator = [(family.new(), key) for family, key in zip(_ALLOCATOR_FAMILIES, _ALLOCATOR_FIELDS, strict=True)]
+        allocator = [(family.new(), key) for family, key in zip(_ALLOCATOR_FAMILIES, ALLOCATOR_FIELDS, strict=True)]
         for (run, rank, uuid), entry in entries:
             values = [run, rank, uuid]
             for phase, seconds in entry.phases.items():
@@ -321,10 +267,10 @@ class TrainingStore:
         yield catalog.GPU_EXPORTER_TRAINING_RUNS.new(len(entries))
         yield catalog.GPU_EXPORTER_INGEST_EVICTIONS_TOTAL.new(evictions)
 
-    # -- validation -------------------------------------------------------------------------
+    # -- validation (the request here, its body in ingest_schema) ------------------------------
 
     def _validate(self, body: bytes, content_type: str | None,
-                  authorization: str | None) -> tuple[_Key, _Entry, str]:
+                  authorization: str | None) -> tuple[Key, Entry, str]:
         s = self._settings
         if len(body) > s.max_body_bytes:
             raise Rejected("too_large", f"body of {len(body)} bytes exceeds ingest.max_body_bytes="
@@ -337,74 +283,11 @@ class TrainingStore:
                 raise Rejected("unauthorized", "send Authorization: Bearer <token from ingest.token_file>")
         if content_type is None or content_type.split(";", 1)[0].strip().lower() != "application/json":
             raise Rejected("unsupported_media_type", "send Content-Type: application/json")
-        try:
-            doc = json.loads(body.decode("utf-8"))
-        except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            raise Rejected("malformed_json", f"body is not UTF-8 JSON ({str(err)[:80]})") from None
-        if not isinstance(doc, dict):
-            raise Rejected("invalid_schema", "body must be a JSON object")
-        if doc.get("version") != SCHEMA_VERSION or isinstance(doc.get("version"), bool):
-            raise Rejected("invalid_schema", f"version must be {SCHEMA_VERSION}")
-        run = self._label(doc, "run")
-        rank = self._label(doc, "rank")
-        uuid = self._label(doc, "uuid", allow_empty=True)
-        started_at = _number(doc, "started_at")
-        if started_at <= 0:
-            raise Rejected("invalid_schema", "started_at must be a Unix time > 0")
-        received_at = self._clock()
-        if started_at > received_at + MAX_CLOCK_SKEW_SECONDS:
-            raise Rejected("implausible_started_at", f"started_at lies {started_at - received_at:.0f} s ahead of "
-                                                     "the exporter's clock")
-        phases_doc = doc.get("phases")
-        if not isinstance(phases_doc, dict) or not phases_doc:
-            raise Rejected("invalid_schema", "phases must be a non-empty object of phase name -> seconds")
-        if len(phases_doc) > s.max_phases_per_run:
-            raise Rejected("too_many_phases", f"{len(phases_doc)} phases exceed ingest.max_phases_per_run="
-                                              f"{s.max_phases_per_run}")
-        phases: dict[str, float] = {}
-        for name in phases_doc:
-            problem = check_label("phase name", name, s.max_label_length)
-            if problem is not None:
-                raise Rejected("invalid_label", problem)
-            phases[name] = _number(phases_doc, name, f"phases.{name}")
-        current = doc.get("current_phase")
-        if not isinstance(current, str) or (current and current not in phases):
-            raise Rejected("invalid_schema", "current_phase must be one of the phases, or \"\"")
-        finished = doc.get("finished", False)
-        if not isinstance(finished, bool):
-            raise Rejected("invalid_schema", "finished must be true or false")
-        allocator: dict[str, float] | None = None
-        allocator_doc = doc.get("allocator")
-        if allocator_doc is not None:
-            if not isinstance(allocator_doc, dict):
-                raise Rejected("invalid_schema", "allocator must be an object")
-            allocator = {f: _number(allocator_doc, f, f"allocator.{f}") for f in _ALLOCATOR_FIELDS}
-        entry = _Entry(started_at=started_at, phases=phases, current_phase="" if finished else current,
-                       steps=_integer(doc, "steps"), samples=_integer(doc, "samples"),
-                       batch_size=_integer(doc, "batch_size"), finished=finished, allocator=allocator,
-                       received_at=received_at, world_size=_world_size(doc),
-                       context=_context(doc))
-        run_id, tags, refused = _identity(doc, s.max_label_length)
-        callback, problem = _callback(doc, s.max_label_length)
-        code, function, code_problem = _code(doc, s.max_label_length)
-        refused = "; ".join(r for r in (refused, problem, code_problem) if r)
-        return (run, rank, uuid), replace(entry, run_id=run_id, tags=tags, callback=callback, code=code,
-                                          host_function=function), refused
-
-    def _label(self, doc: dict[str, Any], field: str, allow_empty: bool = False) -> str:
-        value = doc.get(field)
-        if not isinstance(value, str):
-            raise Rejected("invalid_schema", f"{field} must be a string")
-        if allow_empty and value == "":
-            return value
-        problem = check_label(field, value, self._settings.max_label_length)
-        if problem is not None:
-            raise Rejected("invalid_label", problem)
-        return value
+        return parse_snapshot(body, s, self._clock)
 
     # -- storage (called with the lock held) ------------------------------------------------
 
-    def _store(self, key: _Key, entry: _Entry) -> None:
+    def _store(self, key: Key, entry: Entry) -> None:
         self._expire()
         old = self._entries.get(key)
         if old is None:
@@ -450,7 +333,7 @@ class TrainingStore:
             del self._entries[key]
 
 
-def _identity_families(entries: list[tuple[_Key, _Entry]]) -> tuple[Metric, Metric]:
+def _identity_families(entries: list[tuple[Key, Entry]]) -> tuple[Metric, Metric]:
     """gpu_training_run_info (run id and tags) and gpu_training_run_start_timestamp_seconds of pushed runs.
 
     Only these two carry ``run_id``, and only the info series the tags: the other series keep their
@@ -470,7 +353,7 @@ def _identity_families(entries: list[tuple[_Key, _Entry]]) -> tuple[Metric, Metr
     return info, started
 
 
-def _check_monotonic(old: _Entry, new: _Entry) -> None:
+def _check_monotonic(old: Entry, new: Entry) -> None:
     pairs = [(f"phases.{p}", v, new.phases.get(p, -1.0)) for p, v in old.phases.items()]
     pairs += [("steps", old.steps, new.steps), ("samples", old.samples, new.samples)]
     if old.allocator is not None and new.allocator is not None:
@@ -480,58 +363,6 @@ def _check_monotonic(old: _Entry, new: _Entry) -> None:
             shown = "missing" if after < 0 else after
             raise Rejected("decreasing_counter", f"{field} went from {before} to {shown} within one run "
                                                  "incarnation (same started_at)")
-
-
-def _number(doc: dict[str, Any], field: str, shown: str | None = None) -> float:
-    value = doc.get(field)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Rejected("invalid_schema", f"{shown or field} must be a number")
-    result = float(value) if isinstance(value, float) or abs(value) < 2**63 else math.inf
-    if not math.isfinite(result):
-        raise Rejected("non_finite", f"{shown or field} must be finite")
-    if result < 0:
-        raise Rejected("negative_value", f"{shown or field} must not be negative")
-    return result
-
-
-def _integer(doc: dict[str, Any], field: str) -> int:
-    value = doc.get(field)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Rejected("invalid_schema", f"{field} must be an integer")
-    if value < 0:
-        raise Rejected("negative_value", f"{field} must not be negative")
-    if value >= 2**63:
-        raise Rejected("invalid_schema", f"{field} is implausibly large")
-    return value
-
-
-def parse_context(doc: Any) -> dict[str, float]:
-    """The validated ``context`` object of a snapshot (training/context.py; None/absent -> {}); ValueError says
-    what is wrong.
-
-    >>> parse_context({"num_workers": 4, "pin_memory": True, "cpu_cores": 7.5, "later_field": "ignored"})
-    {'num_workers': 4.0, 'pin_memory': 1.0, 'cpu_cores': 7.5}
-    """
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise ValueError("context must be an object")
-    out: dict[str, float] = {}
-    for key, kind in CONTEXT_FIELDS.items():
-        if key not in doc or doc[key] is None:
-            continue
-        value = doc[key]
-        if kind == "bool":
-            if not isinstance(value, bool):
-                raise ValueError(f"context.{key} must be true or false")
-            out[key] = float(value)
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"context.{key} must be a finite number >= 0")
-        if kind == "count" and (not isinstance(value, int) or value >= 2**31):
-            raise ValueError(f"context.{key} must be a whole number")
-        out[key] = float(value)
-    return out
 
 
 def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, float]]]) -> list[Metric]:
@@ -544,92 +375,7 @@ def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, 
     return list(families.values())
 
 
-def _context(doc: dict[str, Any]) -> dict[str, float] | None:
-    """The optional ``context`` object, validated by :func:`parse_context`."""
-    try:
-        return parse_context(doc.get("context")) or None
-    except ValueError as err:
-        raise Rejected("invalid_schema", str(err)) from None
-
-
-def _identity(doc: dict[str, Any], max_length: int) -> tuple[str, tuple[tuple[str, str], ...], str]:
-    """(run id, tags, what was refused) of the optional ``run_id`` and ``tags`` fields.
-
-    A bad run id or tag object costs only itself: the snapshot is stored without it, and the push's
-    answer (202) and one log line per run say why, so a job's phases are never lost to a label.
-
-    >>> _identity({"run_id": "rdzv-1", "tags": {"team": "vision"}}, 128)
-    ('rdzv-1', (('team', 'vision'),), '')
-    >>> print(_identity({"run_id": "a b", "tags": {"Team": "x"}}, 128)[2])  # doctest: +ELLIPSIS
-    run_id (run_id 'a b' may only contain A-Za-z0-9_.:/@+-); tags (tag key 'Team' may only contain a-z, ...)
-    """
-    refused = []
-    run_id = doc.get("run_id", "")
-    problem = "run_id must be a string" if not isinstance(run_id, str) else \
-        None if run_id == "" else check_label("run_id", run_id, max_length)
-    if problem is not None:
-        refused.append(f"run_id ({problem})")
-        run_id = ""
-    tags_doc = doc.get("tags", {})
-    problem = check_tags(tags_doc)
-    tags: tuple[tuple[str, str], ...] = ()
-    if problem is not None:
-        refused.append(f"tags ({problem})")
-    else:
-        tags = tuple(sorted(tags_doc.items()))
-    return run_id, tags, "; ".join(refused)
-
-
-def _callback(doc: dict[str, Any], max_length: int) -> tuple[tuple[str, str, float] | None, str]:
-    """(the biggest callback hook, what was refused) of the optional ``callbacks`` field; like tags, a bad field
-    costs only itself (the snapshot is stored without it).
-
-    >>> _callback({"callbacks": [{"name": "Save.on_step_end", "seconds": 3, "phase": "checkpoint"}]}, 128)
-    (('Save.on_step_end', 'checkpoint', 3.0), '')
-    >>> _callback({"callbacks": "x"}, 128)
-    (None, 'callbacks (callbacks must be a list of at most 3 objects)')
-    """
-    items = doc.get("callbacks")
-    if items is None:
-        return None, ""
-    problem = check_callbacks(items, max_length)
-    if problem is not None:
-        return None, f"callbacks ({problem})"
-    if not items:
-        return None, ""
-    top = max(items, key=lambda item: item["seconds"])
-    return (top["name"], top["phase"], float(top["seconds"])), ""
-
-
-EXPORTED_CODE = ("framework", "host")
-"""The parts of a snapshot's ``code`` the exporter exports (causes FO, HW); ``torch`` is M3's, read from compute."""
-
-
-def _code(doc: dict[str, Any], max_length: int) -> tuple[tuple[tuple[str, float], ...], tuple[str, float] | None, str]:
-    """(seconds of :data:`EXPORTED_CODE`, the biggest function of the job's own code, what was refused) of the
-    optional ``code`` field (training/sampler.py); a bad field costs only itself. A part never seen (0 s: the
-    framework's in a plain loop) is left out, so it costs no series until it appears.
-
-    >>> _code({"code": {"torch": 1, "framework": 0.5, "host": 2, "functions": [{"name": "a.py:3:f", "seconds": 2}]}},
-    ...       128)
-    ((('framework', 0.5), ('host', 2.0)), ('a.py:3:f', 2.0), '')
-    >>> _code({"code": {"torch": 1, "framework": 0, "host": 2, "functions": []}}, 128)
-    ((('host', 2.0),), None, '')
-    >>> _code({"code": []}, 128)
-    ((), None, 'code (code must be an object)')
-    """
-    body = doc.get("code")
-    if body is None:
-        return (), None, ""
-    problem = check_code(body, max_length)
-    if problem is not None:
-        return (), None, f"code ({problem})"
-    top = max(body["functions"], key=lambda item: item["seconds"], default=None)
-    function = None if top is None else (top["name"], float(top["seconds"]))
-    return tuple((part, float(body[part])) for part in EXPORTED_CODE if body[part] > 0), function, ""
-
-
-def _code_families(entries: list[tuple[_Key, _Entry]]) -> Iterator[Metric]:
+def _code_families(entries: list[tuple[Key, Entry]]) -> Iterator[Metric]:
     """gpu_training_code_seconds_total and gpu_training_host_function_seconds_total of the runs that send ``code``."""
     code = catalog.GPU_TRAINING_CODE_SECONDS_TOTAL.new()
     functions = catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL.new()
@@ -640,16 +386,6 @@ def _code_families(entries: list[tuple[_Key, _Entry]]) -> Iterator[Metric]:
             functions.add_metric([run, rank, uuid, entry.host_function[0]], entry.host_function[1])
     yield code
     yield functions
-
-
-def _world_size(doc: dict[str, Any]) -> int:
-    """The optional ``world_size`` field: ranks in the distributed job, 1 when absent."""
-    if "world_size" not in doc:
-        return 1
-    size = _integer(doc, "world_size")
-    if not 1 <= size <= MAX_WORLD_SIZE:
-        raise Rejected("invalid_schema", f"world_size must be from 1 to {MAX_WORLD_SIZE}")
-    return size
 
 
 def _bearer(authorization: str | None) -> bytes | None:
