@@ -21,15 +21,15 @@ from gpu_exporter.verdict.efficiency import EFFICIENCY, SM, SM_RECORD, GpuCause
 from gpu_exporter.verdict.promql import AT_TARGET as AT_TARGET  # monitoring.funnel's too
 from gpu_exporter.verdict.promql import GPU_SEL, C, efficiency_held
 
-from monitoring.model import VALUE, Alert, Record, wrap
+from monitoring.model import VALUE, Alert, Record, where, wrap
 
 RECORDING = "gpu-efficiency.recording"
 ALERTS = "gpu-efficiency-{cause}.alerts"
 WORK = (f"(\n    {m.GPU_WORKLOAD_INFO.name}\n  * on ({C}, uuid) group_left (node)\n"
         f"    ({m.GPU_HAS_WORK_BOOL.name} == 1)\n)")
 """The GPUs with work, with the workload's labels and the node: the one join of each alert."""
-WHO = ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }}, pod "
-       "{{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}")
+WHO = where()
+"""The GPU and its workload, at the start of each description."""
 BUSY = (f'{{{{ with printf "clamp_max(max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG5M.name}{GPU_SEL[0]}), 1)" '
         f'{GPU_SEL[1]} | query }}}}'
         "{{ . | first | value | humanizePercentage }}{{ end }}")

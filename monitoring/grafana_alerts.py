@@ -5,7 +5,8 @@ The problem: the Grafana rules must fire exactly when the Prometheus ones do. So
 takes its parts from the same model object (:class:`monitoring.model.Alert`) the Prometheus alert of
 the same name is written from: the query without its comparison, the comparison and its threshold
 key (compared in a Grafana threshold expression), ``for``, labels, summary and runbook; the panel it
-points at comes from the dashboards' models. Nothing is re-parsed or cut out of generated text. Example::
+points at is the :class:`~monitoring.dashboards.PanelKey` its dashboard's builder titles it with, found in the
+dashboards' models. Nothing is re-parsed or cut out of generated text. Example::
 
     python -m monitoring          # rewrites grafana/provisioning/alerting/gpu-utilization.yml too
 """
@@ -30,7 +31,11 @@ from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import LOW
 
 from monitoring import causes
-from monitoring.model import Alert, Model, indent
+from monitoring.dashboards.fleet_overview import UNDERUSED
+from monitoring.dashboards.node import PROCESSES, UTILIZATION
+from monitoring.dashboards.shared import PanelKey
+from monitoring.dashboards.training import LIKELY_CAUSES
+from monitoring.model import Alert, Model, indent, where
 from monitoring.panels import DATASOURCE_UID, panel_id
 from monitoring.paths import GRAFANA_ALERTS
 from monitoring.rules import render
@@ -52,8 +57,7 @@ HEADER = """\
 # (compose: http://alertmanager:9093, Kubernetes: http://<alertmanager-service>.<namespace>.svc:9093).
 """
 
-WHERE = ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }}, "
-         "pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}")
+WHERE = where()
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,8 @@ class Mirror:
     """One Grafana rule mirroring a Prometheus alert: where it points, and its text with Grafana's values."""
 
     alert: str
-    dashboard: str
-    panel: str
+    panel: PanelKey
+    """The dashboard panel it points at: the key its builder titles it with (monitoring.dashboards)."""
     description: str
     level: str = ""
     """Only the model rules of this ``level`` label (empty: every rule of the name)."""
@@ -79,27 +83,27 @@ def mirrors(model: Model) -> list[Mirror]:
     below = model.alert(UTILIZATION_BELOW_TARGET.name)
     low_line = f"{cfg.num('utilization_low_threshold') * 100:g}%"
     return [
-        Mirror(low.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
+        Mirror(low.name, UNDERUSED,
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean; its "
                f"training run's time in collectives does not count) for {cfg.text(low.for_key)} while it holds "
                "memory, processes or a training run. The cause alerts, or the fleet dashboard's table, name the "
                "remedy when the job is instrumented."),
-        Mirror(below.name, "gpu-fleet", "Underused GPUs: owner and likely cause",
+        Mirror(below.name, UNDERUSED,
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean, its "
                "training run's time in collectives not counted, below the "
                f"{cfg.num(below.threshold) * 100:g}% target) for {cfg.text(below.for_key)} while it holds memory, "
                "processes or a training run, and no cause explains it. Instrument the job with gpu_exporter.training "
                "to get the cause; a run that reports: gpu-exporter diagnose --run RUN shows its phases."),
-        Mirror(idle.name, "gpu-node", "GPU utilization (busy-time counter)",
+        Mirror(idle.name, UTILIZATION,
                f"{WHERE} has been at {{{{ humanizePercentage $values.B.Value }}}} utilization for "
                f"{cfg.text(idle.for_key)} while work is held on it. Release the GPU or find what the job waits on."),
-        *(Mirror(cause.alert, "gpu-training-run", "Likely causes",
+        *(Mirror(cause.alert, LIKELY_CAUSES,
                  f"{causes.WHERE}: {cause.label} explains {{{{ humanize $values.B.Value }}}} ({cause.measures}). "
                  + cause.advice) for cause in CAUSES),
-        Mirror(TRAINING_BELOW_TARGET, "gpu-training-run", "Likely causes",
+        Mirror(TRAINING_BELOW_TARGET, LIKELY_CAUSES,
                f"{causes.WHERE}: below the utilization target, "
                "cause {{ $labels.code }} ({{ $labels.cause }}): {{ $labels.remedy }}."),
-        Mirror(EVIDENCE_ALERT, "gpu-node", "Processes",
+        Mirror(EVIDENCE_ALERT, PROCESSES,
                f"Process {{{{ $labels.pid }}}} on {WHERE} reports no training phases (not instrumented) while the "
                f"GPU is below the {low_line} alert threshold, and /proc points at the input pipeline: evidence "
                "{{ $labels.hint }} ({{ $labels.code }}, reading {{ humanize $values.B.Value }}). The runbook says "
@@ -107,7 +111,7 @@ def mirrors(model: Model) -> list[Mirror]:
                "phases.", level=LOW,
                summary="A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization; "
                        "its processes point at the input pipeline (M1)."),
-        *(Mirror(cause.alert, "gpu-node", "GPU utilization (busy-time counter)",
+        *(Mirror(cause.alert, UTILIZATION,
                  f"{WHERE} is busy (at or above the {cfg.num('utilization_target') * 100:g}% target) but its SMs are "
                  f"not used effectively: {cause.doing} (SM activity "
                  "{{ humanizePercentage $values.B.Value }}). Cause: " f"{cause.label}. {cause.advice}")
@@ -161,8 +165,8 @@ def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:
             "summary": render(mirror.summary or first.summary, cfg, source=first.name),
             "description": mirror.description,
             "runbook_url": cfg.runbook_url(first.anchor),
-            "__dashboardUid__": mirror.dashboard,
-            "__panelId__": str(panel_id(model.dashboard(mirror.dashboard), mirror.panel)),
+            "__dashboardUid__": mirror.panel.dashboard,
+            "__panelId__": str(panel_id(model.dashboard(mirror.panel.dashboard), mirror.panel.title)),
         },
     }
 

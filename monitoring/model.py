@@ -49,6 +49,20 @@ def wrap(text: str, width: int = 108) -> str:
     return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False) + "\n"
 
 
+def where(pod_break: str = " ") -> str:
+    """The who/where header of a GPU alert's text (Go template over the alert's labels): the GPU, its node,
+    and the pod and training run holding it where the series has them. ``pod_break`` goes between the pod
+    clause's comma and ``pod``: a newline in a description wrapped by hand (monitoring.utilization).
+
+    >>> where()
+    'GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }}, pod \
+{{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}'
+    """
+    return ("GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},"
+            + pod_break + "pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}"
+            "{{ end }}")
+
+
 @dataclass(frozen=True)
 class Alert:
     """One alerting rule with its parts.

@@ -17,7 +17,7 @@ from gpu_exporter.verdict.alerts import IDLE_BUT_ALLOCATED, UTILIZATION_BELOW_TA
 from gpu_exporter.verdict.causes import CAUSES
 from gpu_exporter.verdict.promql import CAUSE_SHARE, GPU_SEL, HELD_LOW, C, busier
 
-from monitoring.model import VALUE, Alert
+from monitoring.model import VALUE, Alert, where
 
 GROUP = "gpu-utilization.alerts"
 
@@ -39,8 +39,7 @@ take turns either."""
 BELOW_TARGET = _with_work(HELD_LOW, HELD_CAUSE)
 """WITH_WORK, less the GPUs GpuUtilizationLow covers (low at any time in the last alert_hold) and those
 whose live run has a cause (GpuTrainingBelowTarget, or a cause warning alert, names it)."""
-WHO = ('GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}{{ with $labels.pod }},\n'
-       'pod {{ $labels.namespace }}/{{ . }}{{ end }}{{ with $labels.run }}, training run {{ . }}{{ end }}\n')
+WHO = where("\n") + "\n"
 """The first two lines of each description: the GPU and its workload."""
 BUSY_NOTE = (f"{busier(GPU_USEFUL_UTILIZATION_AVG5M.name, GPU_SEL)}"
              " NVML reads it {{ . | first | value | humanizePercentage }} busy now, but the time its training run "
