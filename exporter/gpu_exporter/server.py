@@ -17,8 +17,10 @@ The node network is untrusted, so every resource a client can hold is bounded (`
 - size: a request line over 64 KiB gets 414, a header line over 64 KiB or over 100 headers 431.
 
 Every refusal is counted in ``gpu_exporter_http_rejected_total{reason}`` and logged (at most
-once per 10 s per reason). Each response leaves in one write, so Nagle's algorithm never holds
-a body back behind its headers on a kept-alive connection.
+once per 10 s per reason); the connections, slots and deadlines are kept by
+gpu_exporter.server_limits, the request handler here reads and answers. Each response leaves
+in one write, so Nagle's algorithm never holds a body back behind its headers on a kept-alive
+connection.
 
 Example::
 
@@ -31,22 +33,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client.core import Metric
-
-from gpu_exporter import catalog
-from gpu_exporter.config import DEFAULTS, Config
+from gpu_exporter.config import DEFAULTS
 from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Body, ScrapeForecast, Source
+from gpu_exporter.server_limits import LOG_EVERY_SECONDS as LOG_EVERY_SECONDS  # the bounds' names, re-exported
+from gpu_exporter.server_limits import REJECT_REASONS as REJECT_REASONS
+from gpu_exporter.server_limits import LimitedServer
+from gpu_exporter.server_limits import Limits as Limits
 from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one definition, shared with the library
 
 if TYPE_CHECKING:
@@ -57,9 +58,6 @@ log = logging.getLogger(__name__)
 HEALTH_PATHS = ("/healthz", "/readyz")
 PAGE_PATHS = ("/", "/api/v1/status")
 """The status page and its JSON (``/``, status_page.STATUS_PATH), named here so the page loads only when asked."""
-REJECT_REASONS = ("max_requests", "max_connections", "read_timeout", "bad_request", "too_large", "open_files")
-"""Every value of the ``reason`` label of gpu_exporter_http_rejected_total."""
-LOG_EVERY_SECONDS = 10.0
 _MAX_LENGTH_DIGITS = 18  # 1 EB; more digits is an attack, not a body
 _DISCARD_LIMIT = 65536  # an unexpected body up to this size is read and dropped to keep the connection
 _MAX_LINE = 65536  # request line and each header line, as http.client's parse_headers limits header lines
@@ -81,45 +79,8 @@ class AddressInUse(RuntimeError):
     """The listen address is taken or cannot be bound; the message says how to fix it."""
 
 
-@dataclass(frozen=True)
-class Limits:
-    """The server's bounds; defaults and help live in config.SETTINGS (keys ``web.<field>``).
-
-    >>> Limits.from_config(DEFAULTS).max_requests
-    40
-    """
-
-    max_requests: int
-    max_connections: int
-    listen_backlog: int
-    read_timeout: float
-    idle_timeout: float
-
-    @classmethod
-    def from_config(cls, config: Config) -> Limits:
-        web = config.section("web")
-        return cls(**{f.name: web[f.name] for f in fields(cls)})
-
-
-@dataclass
-class _Connection:
-    """Bookkeeping of one open connection: a deadline, and whether it waits idle between requests."""
-
-    sock: socket.socket
-    idle: bool
-    since: float
-    deadline: float = math.inf
-    expired: bool = False
-
-
-def _shutdown(sock: socket.socket) -> None:
-    """Wake the connection's thread with end-of-file; the thread itself closes the socket."""
-    with contextlib.suppress(OSError):
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, also for TLS: no TLS alert
-
-
-class MetricsServer(ThreadingHTTPServer):
-    """A threading HTTP(S) server for the exporter's endpoints; also a collector of its own counters."""
+class MetricsServer(LimitedServer):
+    """A threading HTTP(S) server for the exporter's endpoints; also a collector of its own counters (LimitedServer)."""
 
     daemon_threads = True
     block_on_close = False
@@ -133,7 +94,6 @@ class MetricsServer(ThreadingHTTPServer):
                  accept_guard: contextlib.AbstractContextManager[Any] | None = None) -> None:
         live = [s for s in sources if getattr(s, "live", False)]  # stay last (exposition.Body)
         self.sources: list[Source] = [*(s for s in sources if s not in live), self, *live]
-        self.accept_guard = accept_guard or threading.Lock()  # held by whoever needs the next free descriptors
         self.body = Body(self.sources)
         """The /metrics body; ``body.prepare()`` renders ahead of an expected scrape."""
         self.scrapes = ScrapeForecast()
@@ -145,22 +105,14 @@ class MetricsServer(ThreadingHTTPServer):
         self.ingest = ingest
         self.check_auth = check_auth
         self.on_auth_failure = on_auth_failure
-        self.limits = limits or Limits.from_config(DEFAULTS)
-        self.request_queue_size = self.limits.listen_backlog
-        self._lock = threading.Lock()
         self._page: StatusPage | None = None
         self._page_lock = threading.Lock()
-        self._connections: dict[socket.socket, _Connection] = {}
-        self.slots = threading.BoundedSemaphore(self.limits.max_requests)
-        """One per request served at once (``max_requests``); health probes take none."""
-        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
-        self._unlogged = dict.fromkeys(REJECT_REASONS, 0)
-        self._last_log = dict.fromkeys(REJECT_REASONS, -math.inf)
         host, port = address
         ipv6 = ":" in host or (host == "" and socket.has_ipv6)
         self.address_family = socket.AF_INET6 if ipv6 else socket.AF_INET
         try:
-            super().__init__((host, port), _Handler)
+            super().__init__((host, port), _Handler, limits=limits or Limits.from_config(DEFAULTS),
+                             accept_guard=accept_guard or threading.Lock())
         except OSError as err:
             why = ("the address is already in use; stop the other process or" if err.errno == errno.EADDRINUSE
                    else f"{err.strerror};")
@@ -198,114 +150,6 @@ class MetricsServer(ThreadingHTTPServer):
         thread = threading.Thread(target=self.serve_forever, name="gpu-exporter-http", daemon=True)
         thread.start()
         return thread
-
-    # -- bounds ---------------------------------------------------------------------------------
-
-    def reject(self, reason: str, message: str) -> None:
-        """Count a refusal and log it, at most once per LOG_EVERY_SECONDS per reason."""
-        now = time.monotonic()
-        self.body.invalidate()  # a body rendered ahead would not show this count
-        with self._lock:
-            self._rejected[reason] += 1
-            if now - self._last_log[reason] < LOG_EVERY_SECONDS:
-                self._unlogged[reason] += 1
-                return
-            self._last_log[reason], more, self._unlogged[reason] = now, self._unlogged[reason], 0
-        log.warning("HTTP: %s%s", message, f" ({more} more since the last such message)" if more else "")
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        try:
-            with self.accept_guard:
-                return super().get_request()
-        except OSError as err:
-            if err.errno in (errno.EMFILE, errno.ENFILE):
-                self.reject("open_files", f"cannot accept a connection: {err.strerror}; raise the open-file "
-                                          "limit or lower web.max_connections")
-                with self._lock:
-                    victim = self._take_idle()
-                if victim is not None:
-                    _shutdown(victim.sock)  # frees its descriptor when its thread ends
-                time.sleep(0.1)  # the listening socket stays readable: do not spin
-            raise
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._lock:
-            full = len(self._connections) >= self.limits.max_connections
-            victim = self._take_idle() if full else None
-            if not full or victim is not None:
-                self._connections[request] = _Connection(request, idle=True, since=time.monotonic())
-        if victim is not None:
-            log.debug("closed the longest-idle connection to make room for %s", client_address[0])
-            _shutdown(victim.sock)
-        elif full:
-            self.reject("max_connections", f"closed a new connection from {client_address[0]}: all "
-                                           f"{self.limits.max_connections} connections are busy (web.max_connections)")
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def _take_idle(self) -> _Connection | None:
-        """Forget the longest-idle connection and return it (None when none is idle); hold the lock."""
-        idle = [c for c in self._connections.values() if c.idle]
-        if not idle:
-            return None
-        victim = min(idle, key=lambda c: c.since)
-        del self._connections[victim.sock]
-        return victim
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._lock:
-                self._connections.pop(request, None)
-
-    def phase(self, sock: socket.socket, *, idle: bool, timeout: float = math.inf) -> bool:
-        """Mark a connection idle (between requests) or busy, with a deadline; False once it was closed."""
-        now = time.monotonic()
-        with self._lock:
-            conn = self._connections.get(sock)
-            if conn is None or conn.expired:
-                return False
-            conn.idle, conn.since, conn.deadline = idle, now, now + timeout
-            return True
-
-    def expired(self, sock: socket.socket) -> bool:
-        with self._lock:
-            conn = self._connections.get(sock)
-            return conn is None or conn.expired
-
-    def service_actions(self) -> None:
-        """Close connections past their read deadline (called by serve_forever every half second)."""
-        now = time.monotonic()
-        with self._lock:
-            late = [c.sock for c in self._connections.values() if c.deadline < now and not c.expired]
-        for sock in late:
-            self.timed_out(sock)
-
-    def timed_out(self, sock: socket.socket) -> None:
-        """A request did not arrive in time: count it once (the deadline or the socket timeout may see it first)."""
-        with self._lock:
-            conn = self._connections.get(sock)
-            if conn is None or conn.expired:
-                return
-            conn.expired = True
-        self.reject("read_timeout", f"closed a connection: its request did not arrive within "
-                                    f"{self.limits.read_timeout:g}s (web.read_timeout)")
-        _shutdown(sock)
-
-    # -- the server's own metrics ---------------------------------------------------------------
-
-    def collect(self) -> Iterator[Metric]:
-        """gpu_exporter_http_* families (the server is one of its own sources)."""
-        with self._lock:
-            rejected, open_now = dict(self._rejected), len(self._connections)
-        counter = catalog.GPU_EXPORTER_HTTP_REJECTED_TOTAL.new()
-        for reason, count in rejected.items():
-            counter.add_metric([reason], count)
-        yield counter
-        yield catalog.GPU_EXPORTER_HTTP_CONNECTIONS.new(open_now)
-
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
