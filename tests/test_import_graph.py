@@ -224,7 +224,7 @@ def test_each_package_imports_what_its_docstring_says(package: str) -> None:
     assert used == set(declared), f"{package}'s docstring names imports it does not make: {set(declared) - used}"
 
 
-SIMULATE_EXPORTER_SIDE = ["patterns", "scenario", "channel", "node", "fake_nvml", "install", "dcgm_exporter"]
+SIMULATE_EXPORTER_SIDE = ["patterns", "spec", "scenario", "channel", "node", "fake_nvml", "install", "dcgm_exporter"]
 SIMULATE_JOB_SIDE = ["device", "torch_cuda"]
 """gpu_exporter.simulate's two sides, each in import order (as its docstring lists them)."""
 

@@ -10,10 +10,10 @@
 
 Two sides, apart, that share only the channel files:
 
-* the exporter's side, in import order: ``patterns`` (utilization over time), ``scenario`` (the YAML node),
-  ``channel`` (the busy files: written by the job, read here), ``node`` (:class:`SimulatedNode`: time, faults,
-  truth), ``fake_nvml`` (the C library pynvml calls), ``install`` (puts it under pynvml), ``dcgm_exporter`` (a
-  stand-in dcgm-exporter reading the same node);
+* the exporter's side, in import order: ``patterns`` (utilization over time), ``spec`` (the node's dataclasses),
+  ``scenario`` (the YAML node), ``channel`` (the busy files: written by the job, read here), ``node``
+  (:class:`SimulatedNode`: time, faults, truth), ``fake_nvml`` (the C library pynvml calls), ``install`` (puts it
+  under pynvml), ``dcgm_exporter`` (a stand-in dcgm-exporter reading the same node);
 * the job's side: ``device`` (simulated GPUs doing the job's work: ``AsyncDevice``, ``OpsDevice``, the
   ``python -m gpu_exporter.simulate.device`` CLI) and ``torch_cuda`` (``torch.cuda`` over an ``AsyncDevice``).
 

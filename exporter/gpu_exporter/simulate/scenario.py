@@ -1,4 +1,4 @@
-"""Scenario files: YAML descriptions of a simulated GPU node, parsed into validated dataclasses.
+"""Scenario files: YAML descriptions of a simulated GPU node, parsed into validated dataclasses (``spec``).
 
 Format (every key except ``gpus`` and each GPU's ``name``, ``architecture`` and ``memory_gib``
 is optional)::
@@ -53,144 +53,29 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gpu_exporter import yamlfile
 from gpu_exporter.catalog import CLOCK_EVENT_REASONS
 from gpu_exporter.simulate.patterns import Bursts, Constant, Noisy, Pattern, Steps
+from gpu_exporter.simulate.spec import ARCHITECTURES as ARCHITECTURES  # the node's dataclasses, re-exported
+from gpu_exporter.simulate.spec import FAULT_KINDS as FAULT_KINDS
+from gpu_exporter.simulate.spec import GIB as GIB
+from gpu_exporter.simulate.spec import Fault as Fault
+from gpu_exporter.simulate.spec import GpuSpec as GpuSpec
+from gpu_exporter.simulate.spec import Level as Level
+from gpu_exporter.simulate.spec import MigInstanceSpec as MigInstanceSpec
+from gpu_exporter.simulate.spec import ProcessSpec as ProcessSpec
+from gpu_exporter.simulate.spec import Scenario as Scenario
+from gpu_exporter.simulate.spec import XidEvent as XidEvent
 
-ARCHITECTURES = {
-    "kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6,
-    "ampere": 7, "ada": 8, "hopper": 9, "blackwell": 10,
-}
-FAULT_KINDS = ("lost", "not_supported")
 DEFAULT_SCENARIO = Path(__file__).with_name("scenarios") / "default.yaml"
-GIB = 1 << 30
 _D = TypeVar("_D")
 
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be used; the message is one line naming file, key and problem."""
-
-
-@dataclass(frozen=True)
-class Level:
-    """A quantity that moves linearly with utilization: ``idle`` at 0, ``busy`` at 1."""
-
-    idle: float
-    busy: float
-
-    def at(self, utilization: float) -> float:
-        """The value at a utilization ratio, e.g. ``Level(60, 600).at(0.5) == 330``."""
-        return self.idle + (self.busy - self.idle) * utilization
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """One process using the GPU."""
-
-    pid: int
-    name: str
-    memory_gib: float
-    sm_utilization: float | None
-    memory_utilization: float | None
-    graphics: bool
-    mig_instance: int | None
-
-
-@dataclass(frozen=True)
-class MigInstanceSpec:
-    """One MIG instance (a GPU instance with one compute instance)."""
-
-    profile: str
-    memory_gib: float
-    memory_used_gib: float
-    gpu_instance_id: int
-    compute_instance_id: int
-    uuid: str
-    utilization: Pattern
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    """An XID error the GPU reports at simulated second ``at``."""
-
-    at: float
-    xid: int
-
-
-@dataclass(frozen=True)
-class Fault:
-    """An injected failure between ``at`` and ``until`` (None: forever)."""
-
-    at: float
-    until: float | None
-    kind: str
-    function: str | None
-
-    def active(self, t: float) -> bool:
-        """Whether the fault is in effect at simulated time ``t``."""
-        return self.at <= t and (self.until is None or t < self.until)
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """One simulated GPU."""
-
-    index: int
-    name: str
-    architecture: str
-    memory_gib: float
-    uuid: str
-    pci_bus_id: str
-    utilization: Pattern
-    memory_utilization: Pattern
-    memory_used_gib: float
-    memory_reserved_gib: float
-    power_watts: Level
-    power_limit_watts: float
-    temperature_celsius: Level
-    sm_clock_mhz: Level
-    memory_clock_mhz: Level
-    fan_percent: Level | None
-    pcie_tx_mib_s: Level
-    pcie_rx_mib_s: Level
-    clock_event_reasons: tuple[str, ...] | None
-    processes: tuple[ProcessSpec, ...]
-    mig_instances: tuple[MigInstanceSpec, ...] | None
-    device: bool
-    follow_training: bool
-    busy_utilization: float
-    idle_utilization: float
-    gpm: bool
-    gpm_occupancy_factor: float
-    gpm_tensor_factor: float
-    xid_events: tuple[XidEvent, ...]
-    faults: tuple[Fault, ...]
-
-    @property
-    def architecture_id(self) -> int:
-        """NVML's number for the architecture (NVML_DEVICE_ARCH_*)."""
-        return ARCHITECTURES[self.architecture]
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A whole simulated node."""
-
-    source: str
-    gpus: tuple[GpuSpec, ...]
-    driver_version: str
-    cuda_version: str
-    driver_missing: bool
-
-    @property
-    def cuda_version_number(self) -> int:
-        """CUDA version as NVML reports it: "12.4" -> 12040."""
-        major, minor = self.cuda_version.split(".")
-        return int(major) * 1000 + int(minor) * 10
 
 
 class _Reader:
