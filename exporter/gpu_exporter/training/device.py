@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .protocol import check_label
+
 _UUID_PREFIXES = ("GPU-", "MIG-")
 log = logging.getLogger("gpu_exporter.training")
 _warned = threading.Event()
@@ -125,6 +127,31 @@ def _nvml_uuid(index: int) -> str:
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+class GpuIdentity:
+    """A run's (GPU UUID or "", CUDA device index), found once on first call (may ask torch or NVML), from any thread.
+
+    A UUID that is no valid label (the exporter would refuse the snapshot) becomes "".
+
+    >>> GpuIdentity("GPU-1", 0)()
+    ('GPU-1', 0)
+    """
+
+    def __init__(self, uuid: str | None, device: int | None) -> None:
+        self._explicit_uuid, self._explicit_device = uuid, device
+        self._identity: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> tuple[str, int]:
+        with self._lock:
+            if self._identity is None:
+                index = resolve_device(self._explicit_device)
+                uuid = resolve_uuid(self._explicit_uuid, index)
+                if check_label("uuid", uuid) is not None:
+                    uuid = ""
+                self._identity = (uuid, index)
+            return self._identity
 
 
 def allocator_stats(device: int) -> dict[str, int] | None:

@@ -30,7 +30,9 @@ The rule (docs/training.md, "training.watch"):
 
 The building blocks (the timed iterator, the ``torch.save`` patch, metric objects, :class:`StepCounter`) are
 shared with the Lightning and Transformers callbacks (``training.lightning``, ``training.transformers``) and
-zero-code activation (``training.auto``); docs/training.md, "Writing an integration", lists them.
+zero-code activation (``training.auto``); docs/training.md, "Writing an integration", lists them. Two live in
+modules of their own and are re-exported here: :class:`PhaseStack` (``training.phase_stack``) and the timed
+iterator (:class:`TimedIterator`, :class:`LoaderTimer`: ``training.loaders``).
 Importing this module imports nothing heavy; torch is imported by :func:`watch` only.
 """
 
@@ -45,8 +47,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
-from . import context as _context
 from .identity import default_run_name, resolve_run_id
+from .loaders import LoaderTimer as LoaderTimer  # re-exported: a building block (docs/training.md)
+from .loaders import TimedIterator as TimedIterator
+from .phase_stack import PhaseStack as PhaseStack
 from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
 from .run import Phase, Run
 from .session import start, watch_distributed
@@ -85,66 +89,6 @@ def batch_len(batch: Any) -> int:
         else:
             return 0
     return 0
-
-
-class PhaseStack:
-    """Phase changes for the framework callbacks: one phase open at a time, and a stack of where to return.
-
-    The callbacks' timers nest in any order (a model forward inside ``training_step``, a ``torch.save``
-    inside another callback's hook, a metric inside a forward), and :class:`Phase` objects nest only
-    while none is entered again below the top (its ``_prev`` would be overwritten). Here every change
-    leaves the open phase and enters the next (:attr:`switch`: ``run.switch_to``), and the phases to return to are this
-    object's own list, so entering a phase that is further down is one more entry like any other.
-
-    >>> from gpu_exporter.training.run import Run
-    >>> run = Run("doc", uuid=""); stack = PhaseStack(run)
-    >>> compute, metrics = run.phase("compute"), run.phase("metrics")
-    >>> with stack.timed(metrics), stack.timed(compute), stack.timed(metrics):
-    ...     run.current_phase.name
-    'metrics'
-    >>> run.current_phase.name
-    'other'
-    """
-
-    __slots__ = ("_stack", "run", "switch")
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self._stack: list[Phase] = []
-        self.switch: Callable[[Phase], None] = run.switch_to
-        """Make a phase the open one (``run.other_phase``: none), leaving the stack as it is."""
-
-    def base(self, phase: Phase) -> None:
-        """Switch to ``phase`` and forget where to return (at the loop's fixed points: a batch starts or ends)."""
-        self._stack.clear()
-        self.switch(phase)
-
-    def push(self, phase: Phase) -> None:
-        self._stack.append(self.run.current_phase)
-        self.switch(phase)
-
-    def pop(self) -> None:
-        self.switch(self._stack.pop() if self._stack else self.run.other_phase)
-
-    def timed(self, phase: Phase, before: Callable[[], None] | None = None) -> _Pushed:
-        """A reusable context manager: ``phase`` while inside it, then back to what was open before
-        (``before()`` first: a save tells :class:`CallbackTimer` that the hook it runs in writes a checkpoint)."""
-        return _Pushed(self, phase, before)
-
-
-class _Pushed:
-    __slots__ = ("_before", "_phase", "_stack")
-
-    def __init__(self, stack: PhaseStack, phase: Phase, before: Callable[[], None] | None = None) -> None:
-        self._stack, self._phase, self._before = stack, phase, before
-
-    def __enter__(self) -> None:
-        if self._before is not None:
-            self._before()
-        self._stack.push(self._phase)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.pop()
 
 
 def time_forward(modules: Iterable[Any], stack: PhaseStack, phase: Phase) -> Callable[[], None]:
@@ -253,79 +197,6 @@ def time_overridden(obj: Any, names: Iterable[str], base: type | None, timer: Ab
     own = [n for n in names if callable(getattr(obj, n, None))
            and (base is None or getattr(type(obj), n, None) is not getattr(base, n, None))]
     return MethodTimer(obj, timer, own).undo if own else do_nothing
-
-
-class TimedIterator:
-    """An iterator over a loader's iterator whose ``next()`` is ``phase`` (``data``): every phase still open is
-    closed first (a training forward's ``compute`` ends when the next batch is fetched); ``on_batch(batch)`` runs
-    after each batch; other attributes pass through to the iterator. Shared with zero-code activation (auto.py).
-    """
-
-    __slots__ = ("_close", "_it", "_on_batch", "_phase")
-
-    def __init__(self, it: Iterator[Any], phase: Phase, on_batch: Callable[[Any], None]) -> None:
-        self._it, self._phase, self._on_batch, self._close = it, phase, on_batch, phase.run.close_phases
-
-    def __iter__(self) -> TimedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        self._close()
-        with self._phase:
-            item = next(self._it)
-        self._on_batch(item)
-        return item
-
-    def __len__(self) -> int:
-        return len(self._it)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
-
-
-_timed_classes: dict[type, type] = {}
-
-
-def _timed_class(cls: type) -> type:
-    """A subclass of loader class ``cls`` whose ``__iter__`` returns a timed iterator (one per class)."""
-    timed = _timed_classes.get(cls)
-    if timed is None:
-        def __iter__(self: Any) -> Iterator[Any]:
-            hooks = self.__dict__["_gpu_exporter_data"]
-            return TimedIterator(cls.__iter__(self), *hooks)  # type: ignore[attr-defined]
-
-        timed = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
-                                            "__qualname__": cls.__qualname__})
-        _timed_classes[cls] = timed
-    return timed
-
-
-class LoaderTimer:
-    """Time ``next()`` on every iterator of ``loader`` as ``phase``; ``undo()`` restores the loader.
-
-    ``on_batch(batch)`` runs after each fetched batch (counting samples). An accelerate
-    ``DataLoaderShard`` (which hides its class) is timed through its ``base_dataloader``.
-    """
-
-    def __init__(self, loader: Any, phase: Phase, on_batch: Callable[[Any], None]) -> None:
-        target = getattr(loader, "base_dataloader", None)
-        if target is None:  # not `or`: truth-testing a DataLoader asks its len(), which an iterable one lacks
-            target = loader
-        if not hasattr(type(target), "__iter__"):
-            raise TypeError(f"training.watch: loader must be iterable (a DataLoader), not {type(target).__name__}")
-        if "_gpu_exporter_data" in vars(target):
-            raise ValueError("training.watch: this loader is already watched")
-        self._target = target
-        self._cls = type(target)
-        _context.note_loader(phase.run, target)  # num_workers, pin_memory, ... for concrete remedies
-        object.__setattr__(target, "_gpu_exporter_data", (phase, on_batch))
-        object.__setattr__(target, "__class__", _timed_class(self._cls))
-
-    def undo(self) -> None:
-        target = self._target
-        if type(target) is _timed_classes.get(self._cls):
-            object.__setattr__(target, "__class__", self._cls)
-        vars(target).pop("_gpu_exporter_data", None)
 
 
 class SaveTimer:

@@ -57,6 +57,20 @@ def _clean(value: str) -> str:
     return _UNSAFE.sub("_", value.strip())[:MAX_LABEL_LENGTH]
 
 
+def check_labels(name: str, rank: str, uuid: str | None) -> None:
+    """Raise ValueError (``training.start: ...``) unless the run name, the rank and a given uuid are valid labels.
+
+    >>> check_labels("resnet50", "0", "")  # "" asks for no uuid
+    """
+    labels = [("run name", name, ""), ("rank", rank, " (set rank= or $RANK)")]
+    if uuid:  # "" asks for no uuid
+        labels.append(("uuid", uuid, ""))
+    for kind, value, hint in labels:
+        problem = check_label(kind, value)
+        if problem is not None:
+            raise ValueError(f"training.start: {problem}{hint}")
+
+
 def resolve_run_id(given: str | None = None, env: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(run id, its source): see the module docstring for the order. ValueError on a bad ``given``.
 

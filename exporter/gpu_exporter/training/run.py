@@ -29,12 +29,10 @@ Example::
 from __future__ import annotations
 
 import atexit
-import itertools
 import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter
 from types import TracebackType
@@ -45,7 +43,10 @@ from . import device as _device
 from . import distributed as _distributed
 from . import identity as _identity
 from . import sampler as _sampler
-from .protocol import DATA, MAX_LABEL_LENGTH, OTHER, SCHEMA_VERSION, STANDARD_PHASES, check_label
+from . import snapshot as _snapshot
+from .gpu_clock import FOLD_EVERY as FOLD_EVERY  # re-exported
+from .gpu_clock import GpuClock as GpuClock  # re-exported
+from .protocol import DATA, MAX_LABEL_LENGTH, OTHER, STANDARD_PHASES, check_label
 from .protocol import (
     DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
 )
@@ -54,9 +55,6 @@ if TYPE_CHECKING:
     from .pusher import Pusher
 
 T = TypeVar("T")
-FOLD_EVERY = 64
-"""Phase changes between the training thread's own folds of the CUDA events the stream has reached
-(:class:`GpuClock`): without a reader (a ``Run`` with no pusher) they would pile up, one per change."""
 
 _reporting: weakref.WeakSet[Run] = weakref.WeakSet()
 """The runs with a pusher (:meth:`Run.attach`)."""
@@ -207,87 +205,6 @@ class _EventPhase(Phase):
             run._gpu.mark(run._current, run._since)  # type: ignore[union-attr]
 
 
-class GpuClock:
-    """GPU-truthful phases: the GPU's time between two phase changes goes to the phase that began at the first.
-
-    The problem: CUDA is asynchronous. Kernels queued in ``compute`` run while the CPU is already in the
-    next phase, and a ``.item()`` in ``metrics`` waits for them, so the CPU's phase clock calls GPU work
-    ``metrics`` and hides the time the GPU sat idle while the CPU decoded a batch. The fix, without ever
-    synchronizing: a CUDA event is recorded on the current stream at every phase change (:meth:`mark`,
-    on the training thread, a few microseconds). The stream reaches an event once all the work queued
-    before it is done, so the GPU time between two consecutive events is the work queued between
-    them (the phase that began at the first), plus the time the GPU sat idle waiting for the CPU in
-    that phase. The pusher thread folds in completed events in order (:meth:`resolve`, ``query()``
-    then ``elapsed_time()``, neither of which waits), so:
-
-    * a phase that queues no work (loading a batch, Python metrics) gets exactly the time the GPU
-      sat idle while the CPU did it, and nothing while queued work kept the GPU busy;
-    * the CPU's wait in a ``.item()`` goes to the phase whose kernels it waited for;
-    * a collective's GPU time (under NCCL, the wait for the other ranks too) is ``communication``.
-
-    Resolved seconds only grow, and lag real time by the events not yet reached (usually less than
-    a step); :meth:`settle` attributes the rest by the CPU's clock when the run closes.
-
-    The events pending stay bounded without a reader too: every :data:`FOLD_EVERY` marks, :meth:`mark`
-    folds in the reached ones itself, unless a reader is folding at that moment (it never waits for
-    one). What stays pending is then at most :data:`FOLD_EVERY` marks plus those the stream has not
-    reached (work still queued, which CUDA's launch queue bounds); completed events are reused.
-    """
-
-    def __init__(self, new_event: Callable[[], Any], first: Phase, now: float) -> None:
-        self._new = new_event
-        self._free: list[Any] = []
-        self._pending: deque[tuple[Any, Phase, float]] = deque()
-        self._last: tuple[Any, Phase, float] | None = None
-        self._lock = threading.Lock()  # readers (pusher, phase_seconds callers); mark() only tries it, never waits
-        self._marks = 0
-        self.seconds: dict[str, float] = {}
-        """GPU-attributed seconds per phase name, up to the last completed event."""
-        self.mark(first, now)
-
-    def mark(self, phase: Phase, now: float | None = None) -> None:
-        """A phase change to ``phase`` now (training thread)."""
-        event = self._free.pop() if self._free else self._new()
-        event.record()
-        self._pending.append((event, phase, perf_counter() if now is None else now))
-        self._marks += 1
-        if self._marks % FOLD_EVERY == 0 and self._lock.acquire(blocking=False):
-            try:
-                self._fold()
-            finally:
-                self._lock.release()
-
-    def resolve(self) -> dict[str, float]:
-        """Fold in every event the stream has reached, in order (pusher thread; never waits)."""
-        with self._lock:
-            return dict(self._fold())
-
-    def _fold(self) -> dict[str, float]:
-        pending = self._pending
-        while pending:
-            event, phase, cpu = pending[0]
-            if not event.query():
-                break
-            pending.popleft()
-            last = self._last
-            if last is not None:
-                self.seconds[last[1].name] = self.seconds.get(last[1].name, 0.0) + last[0].elapsed_time(event) / 1e3
-                self._free.append(last[0])
-            self._last = (event, phase, cpu)
-        return self.seconds
-
-    def settle(self, now: float) -> dict[str, float]:
-        """:meth:`resolve`, then the phases not reached yet by the CPU's clock (the final snapshot)."""
-        with self._lock:
-            seconds = dict(self._fold())
-            if self._last is not None:
-                marks = [self._last[1:], *((p, t) for _, p, t in list(self._pending)), (None, now)]
-                for (phase, t0), (_, t1) in itertools.pairwise(marks):
-                    if phase is not None:
-                        seconds[phase.name] = seconds.get(phase.name, 0.0) + max(0.0, t1 - t0)
-            return seconds
-
-
 class Run:
     """Timing state of one training process (one run, one rank); create it with ``training.start``.
 
@@ -304,13 +221,7 @@ class Run:
                  max_custom_phases: int = DEFAULT_MAX_CUSTOM_PHASES, world_size: int | None = None,
                  run_id: str | None = None, tags: dict[str, str] | None = None) -> None:
         rank_label = _distributed.resolve_rank(rank)
-        labels = [("run name", name, ""), ("rank", rank_label, " (set rank= or $RANK)")]
-        if uuid:  # "" asks for no uuid
-            labels.append(("uuid", uuid, ""))
-        for kind, value, hint in labels:
-            problem = check_label(kind, value)
-            if problem is not None:
-                raise ValueError(f"training.start: {problem}{hint}")
+        _identity.check_labels(name, rank_label, uuid)
         if sync_every < 0:
             raise ValueError(f"training.start: sync_every must be 0 (off) or > 0, not {sync_every}")
         if max_custom_phases < 0:
@@ -327,10 +238,7 @@ class Run:
         self.steps = 0
         self.samples = 0
         self.batch_size = 0
-        self._explicit_uuid = uuid
-        self._explicit_device = device
-        self._identity: tuple[str, int] | None = None
-        self._identity_lock = threading.Lock()
+        self._identity = _device.GpuIdentity(uuid, device)
         self._pid = os.getpid()
         self._thread = threading.get_ident()
         """The training thread: the one that creates the run (the stack sampler reads its stack)."""
@@ -538,14 +446,7 @@ class Run:
         >>> Run("demo", uuid="GPU-1").identity()[0]
         'GPU-1'
         """
-        with self._identity_lock:
-            if self._identity is None:
-                index = _device.resolve_device(self._explicit_device)
-                uuid = _device.resolve_uuid(self._explicit_uuid, index)
-                if check_label("uuid", uuid) is not None:
-                    uuid = ""
-                self._identity = (uuid, index)
-            return self._identity
+        return self._identity()
 
     def phase_seconds(self, finished: bool = False) -> dict[str, float]:
         """Seconds per phase so far, what the exporter's causes read; they add up to wall time since start.
@@ -584,42 +485,13 @@ class Run:
                 return seconds
 
     def snapshot(self, finished: bool = False) -> dict[str, Any]:
-        """The cumulative JSON document the pusher sends (schema in docs/training.md).
+        """The cumulative JSON document the pusher sends (training/snapshot.py; schema in docs/training.md).
 
         >>> Run("demo", uuid="").snapshot()["current_phase"]
         'other'
         """
-        uuid, index = self.identity()
-        body: dict[str, Any] = {
-            "version": SCHEMA_VERSION,
-            "run": self.name,
-            "run_id": self.run_id,
-            "rank": self.rank,
-            "uuid": uuid,
-            "started_at": self.started_at,
-            "pid": self._pid,
-            "phases": self.phase_seconds(finished),
-            "current_phase": "" if finished else self._current.name,
-            "steps": self.steps,
-            "samples": self.samples,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "finished": finished,
-        }
-        if self.tags:
-            body["tags"] = self.tags
-        if self._gpu is not None:
-            body["cpu_phases"] = self.cpu_phase_seconds()
-        allocator = self._allocator(index)
-        if allocator is not None:
-            body["allocator"] = allocator
-        body["context"] = _context.snapshot_context(self, index)
-        callbacks = self.callback_report
-        if callbacks is not None:
-            body["callbacks"] = callbacks()
-        if self._sampler is not None:
-            body["code"] = self._sampler.snapshot()
-        return body
+        return _snapshot.document(self, finished, self._pid, None if self._gpu is None else self.cpu_phase_seconds,
+                                  self._allocator, self._sampler)
 
 
 def _no_sync() -> None:
