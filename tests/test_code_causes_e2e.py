@@ -8,9 +8,9 @@ stack sampler (training/sampler.py) counts that time as the job's own code; ``di
 (HW) with the function and its line, not launch overhead (M3) or no cause.
 
 A Lightning job (:func:`lightning_job`, its own process on a second device GPU) trains a tiny model in batches of 4
-with the callback: Lightning's own loop between the hooks (and its optimizer closure) takes more of the step than
-the model's operators, so the GPU idles in the framework's code; ``diagnose --url`` must name framework overhead
-(FO). One exporter serves both (module fixture).
+with the callback: Lightning's own loop between the hooks (and its optimizer closure) leaves the GPU idle in the
+framework's code; ``diagnose --url`` must name framework overhead (FO). That test runs only when asked (its
+docstring says why). One exporter serves both (module fixture).
 """
 
 from __future__ import annotations
@@ -35,15 +35,7 @@ from test_query import run_cli
 
 from testbed import exporter_env, http_get, run_exporter, wait_until
 
-pytestmark = [
-    pytest.mark.slow,  # end-to-end: a real exporter process and a torch loop
-    # Quarantined: both tests pass when this module runs alone (33-53 s, also beside two CPU burners), but after
-    # tests/test_causes_e2e.py in the same session both read "underutilized" in every window (FO 17%, HW below its
-    # line), reproducibly; the cause is not found yet. Run it alone: pytest tests/test_code_causes_e2e.py
-    pytest.mark.skipif(os.environ.get("GPU_EXPORTER_CODE_CAUSES_E2E") != "1",
-                       reason="order-dependent failure after test_causes_e2e, cause not found; "
-                              "GPU_EXPORTER_CODE_CAUSES_E2E=1 runs it (alone it passes)"),
-]
+pytestmark = pytest.mark.slow  # end-to-end: a real exporter process and a torch loop
 
 SCENARIO = Path(__file__).parent / "scenarios" / "code-causes.yaml"
 UUID = "GPU-code-host-work"
@@ -51,12 +43,15 @@ LIGHTNING_UUID = "GPU-code-framework"
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
-    """A host-side augmentation inside the step: a numpy flip and noise, then a Python pass over the rows."""
+    """A host-side augmentation inside the step: a numpy flip and noise, then three Python passes over the values
+    (~4 ms on this machine's cores, three times the model's step on the CPU; one pass read HW at 17-28% of the
+    step, around its 20% line, as the simulated device's own cost per operator counts as torch)."""
     a = np.ascontiguousarray(x.numpy()[:, ::-1]) + np.random.default_rng(0).normal(0, 0.01, x.shape)
     scale = 0.0
-    for row in a[:, :160]:
-        for value in row:
-            scale += float(value) * 1e-9
+    for _ in range(3):
+        for row in a:
+            for value in row:
+                scale += float(value) * 1e-9
     return torch.from_numpy(a.astype(np.float32)) * (1.0 + scale)
 
 
@@ -165,7 +160,15 @@ def lightning_job(url: str, seconds: float) -> None:
         device.close()
 
 
+@pytest.mark.skipif(os.environ.get("GPU_EXPORTER_CODE_CAUSES_E2E") != "1",
+                    reason="the job reads FO at 17-30% of the step across runs, around its 20% line; "
+                           "GPU_EXPORTER_CODE_CAUSES_E2E=1 runs it")
 def test_a_lightning_loop_around_a_tiny_model_is_framework_overhead(exporter: tuple[str, str]) -> None:
+    """Not run by default: on the simulated GPU every operator runs the device's Python dispatch (OpsDevice), which
+    costs about as much as Lightning's own loop around this tiny model, so the framework's true share of the step
+    sits near FO's 20% line (the sampler read 17-30% across runs, with the switch interval at 5 ms and at 0.5 ms),
+    and the verdict flips between FO and "underutilized" from run to run, whatever tests ran before it. A job
+    whose framework overhead is clearly above the line on this device is still to be found."""
     pytest.importorskip("lightning")
     url, channel = exporter
     job = subprocess.Popen([sys.executable, __file__, "lightning", url, "40"],

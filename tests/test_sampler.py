@@ -52,6 +52,31 @@ def test_a_bad_rate_fails_with_one_line() -> None:
     assert sampler.rate_from_env({sampler.ENV: "100"}) == 100.0
 
 
+def test_the_switch_interval_is_lowered_while_samplers_run_and_a_process_choice_stays() -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(sampler.PYTHON_SWITCH_INTERVAL)
+        first = sampler.StackSampler(threading.get_ident(), lambda: "data")
+        second = sampler.StackSampler(threading.get_ident(), lambda: "data")
+        first.start()
+        second.start()
+        assert sys.getswitchinterval() == sampler.SWITCH_INTERVAL
+        first.stop()
+        assert sys.getswitchinterval() == sampler.SWITCH_INTERVAL  # the second still runs
+        second.stop()
+        assert sys.getswitchinterval() == sampler.PYTHON_SWITCH_INTERVAL
+        sys.setswitchinterval(0.002)  # the process's own choice
+        third = sampler.StackSampler(threading.get_ident(), lambda: "data")
+        third.start()
+        assert sys.getswitchinterval() == 0.002
+        third.stop()
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_host_work_inside_compute_is_named_by_function_and_the_model_is_torch() -> None:
     """A real CPU loop: a numpy/Python augmentation and a model step inside compute, Python work in data. The
     augmentation is host work by name, the model's forward/backward/step torch, the data phase's work nothing."""

@@ -25,11 +25,15 @@ load does not lose time. ``host`` and ``torch`` count in ``compute`` only, ``fra
 a torch frame belongs to its caller too (Lightning's loop detaching and cloning the loss between the hooks is the
 framework's overhead, not the model's compute).
 
-Limits: Python frames only. A tensor operation called straight from the job's own code (``x @ w`` in
-``train.py``) has no torch frame and counts as host work; one called from a module's ``forward`` in
-``torch/nn`` or through ``loss.backward()`` does not. Reading a stack needs the GIL: a torch operator lets go of it
-at once, Python only at the switch interval (5 ms), so short stretches of Python between operators are
-under-counted (FO reads low for a framework's loop around a tiny model) while long ones are counted well.
+Reading a stack needs the GIL. A torch operator lets go of it at once, Python only at the interpreter's switch
+interval, so a stretch of Python shorter than the interval ends before the sampler gets its turn, and the sample
+lands on the next operator. At Python's default of 5 ms this under-read the job's own code badly where operators
+themselves run Python (the simulated GPU's dispatch mode, ``__torch_function__`` wrappers, hooks): a 4 ms
+augmentation that took 71-76% of the step read 27% (``bench.stack_sampler --accuracy``). While a sampler runs, the
+switch interval is therefore :data:`SWITCH_INTERVAL` (0.5 ms; it read 65% there), unless the process set its own;
+the last sampler to stop puts the default back. Python frames only: a tensor operation called straight from the
+job's own code (``x @ w`` in ``train.py``) has no torch frame and counts as host work; one called from a module's
+``forward`` in ``torch/nn`` or through ``loss.backward()`` does not.
 Cost: the measured figure is in docs/benchmarks.md ("Stack sampler"); ``GPU_EXPORTER_STACK_SAMPLING_HZ=0`` turns it off.
 
 >>> classify(__file__), classify("/usr/lib/python3/site-packages/lightning/pytorch/loops/fit_loop.py")
@@ -62,6 +66,17 @@ MAX_HZ = 1000.0
 
 MAX_GAP = 0.25
 """Most seconds one sample counts for (a process stopped for a while must not credit its last frame)."""
+
+SWITCH_INTERVAL = 0.0005
+"""The interpreter's switch interval (seconds) while a sampler runs, where the process keeps Python's default: the
+longest the sampler waits for the GIL behind the training thread's Python (module docstring)."""
+
+PYTHON_SWITCH_INTERVAL = 0.005
+"""Python's default switch interval: the one value the sampler replaces (a process's own choice stays)."""
+
+_switch_lock = threading.Lock()
+_switch_users = 0
+"""Samplers running with the lowered switch interval (the last one to stop restores the default)."""
 
 MAX_FUNCTIONS = 2000
 """Distinct functions of the job's own code kept; beyond that new ones are counted as ``host`` only."""
@@ -154,16 +169,30 @@ class StackSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-exporter-stack-sampler", daemon=True)
+        self._switched = False
         self.samples = 0
         """Stacks read so far (for tests and the benchmark)."""
 
     def start(self) -> None:
+        global _switch_users
+        with _switch_lock:
+            if _switch_users or sys.getswitchinterval() == PYTHON_SWITCH_INTERVAL:
+                sys.setswitchinterval(SWITCH_INTERVAL)
+                _switch_users += 1
+                self._switched = True
         self._thread.start()
 
     def stop(self) -> None:
+        global _switch_users
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        with _switch_lock:
+            if self._switched:
+                self._switched = False
+                _switch_users -= 1
+                if not _switch_users and sys.getswitchinterval() == SWITCH_INTERVAL:
+                    sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
 
     def _loop(self) -> None:
         last = perf_counter()
