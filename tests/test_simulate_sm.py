@@ -229,7 +229,23 @@ def test_chunks_sum_kernels_of_different_shares_within_one_chunk() -> None:
     assert len(c.starts) == 1  # one chunk, the shares weighted by each kernel's busy seconds
     assert c.activity(0.0, 1.0) == pytest.approx(Activity(0.0006, 0.0002 + 0.0001, 0.0002, 0.0004))
     line = c.line(0).split()
-    assert [float(x) for x in line] == pytest.approx([0.0, 0.0008, 0.0006, 0.0003, 0.0002, 0.0004])
+    assert [float(x) for x in line] == pytest.approx([0.0, 0.0008, 0.0006, 0.0003, 0.0002, 0.0004, 0.0, 0.0, 0.0])
+
+
+def test_fp_pipe_shares_parse_and_travel_through_the_channel(tmp_path: Path) -> None:
+    assert Kernel.parse("tensor=0,fp32=0.4,fp64=0.05") == Kernel(tensor=0.0, fp32=0.4, fp16=0.0, fp64=0.05)
+    assert (Kernel().fp32, Kernel().fp16, Kernel().fp64) == (0.0, 0.0, 0.0)  # the default bf16 kernel: none
+    with pytest.raises(ValueError, match=r"Kernel fp16 must be a number between 0 and 1, got 2\.0"):
+        Kernel.parse("fp16=2")
+    c = Chunks()
+    c.add(0.0, 0.0004, kernel=Kernel(fp32=0.5, fp16=0.25, fp64=0.1))
+    c.add(0.0004, 0.0008, kernel=Kernel(fp32=0.0))
+    path = tmp_path / "GPU-fp.busy"
+    path.write_text(c.line(0) + "1.0 1.5 0.5 0.1 0.0 0.25\n")  # and an older writer's 6-field line: no fp pipes
+    trace = DeviceTrace(path, origin=0.0)
+    trace.refresh()
+    assert trace.activity(0.0, 0.001)[4:] == pytest.approx((0.0002, 0.0001, 0.00004))
+    assert trace.activity(0.9, 2.0) == pytest.approx(Activity(0.5, 0.1, 0.0, 0.25, 0.0, 0.0, 0.0))
 
 
 def test_a_collective_uses_few_sms(tmp_path: Path) -> None:
@@ -373,6 +389,7 @@ def test_the_stand_in_serves_a_device_gpus_own_truth_without_gpm(tmp_path: Path)
 
     # a pattern GPU (an A100: DCGM profiling, no GPM): SM = utilization, its factors
     assert [metrics[name]["GPU-sm-a100"][1] for name in PROFILING] == pytest.approx([0.8, 0.8, 0.4, 0.2, 0.3])
+    assert not any(name.startswith("DCGM_FI_PROF_PIPE_FP") for name in metrics)  # not in the default counters
     assert metrics["DCGM_FI_DEV_GPU_UTIL"]["GPU-sm-a100"][1] == 80
     # a MIG-mode GPU: per GPU instance, no utilization; a Pascal GPU: utilization only
     mig_labels, mig_sm = metrics["DCGM_FI_PROF_SM_ACTIVE"]["GPU-sm-mig/2"]
@@ -381,6 +398,34 @@ def test_the_stand_in_serves_a_device_gpus_own_truth_without_gpm(tmp_path: Path)
     assert not any(key.startswith("GPU-sm-mig") for key in metrics["DCGM_FI_DEV_GPU_UTIL"])
     assert metrics["DCGM_FI_DEV_GPU_UTIL"]["GPU-sm-p100"][1] == 50
     assert not any("GPU-sm-p100" in metrics[name] for name in PROFILING)
+
+
+def test_the_stand_in_serves_the_fp_pipes_of_the_kernels_when_the_scenario_enables_them(tmp_path: Path) -> None:
+    from gpu_exporter.simulate.dcgm_exporter import serve
+
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text("dcgm_pipe_fields: true\n" + DCGM_NODE)
+    clock = Clock()
+    began = clock.t
+    device = AsyncDevice(UUID, directory=tmp_path, kernel=Kernel(sm=0.25, tensor=0.0, dram=0.1, fp32=0.4, fp64=0.05))
+    _quarter_sm_work(device)
+    ended = time.monotonic()
+    device.close()
+    truth = device.truth(since=began, until=ended)
+    wall = ended - began
+    with serve(scenario, hostname="node-7", interval=wall, directory=tmp_path, clock=clock) as dcgm:
+        clock.t = ended + SETTLE_SECONDS
+        metrics = _scrape(dcgm.url)
+    fp32, fp16, fp64 = (metrics[f"DCGM_FI_PROF_PIPE_{p}_ACTIVE"][UUID][1] for p in ("FP32", "FP16", "FP64"))
+    assert 0.3 * 0.4 < truth["fp32"] / wall < 0.95 * 0.4  # busy about two thirds of the time at fp32=0.4
+    assert fp32 == pytest.approx(truth["fp32"] / wall, abs=RATIO_TOLERANCE)
+    assert fp64 == pytest.approx(truth["fp64"] / wall, abs=RATIO_TOLERANCE) and fp64 > 0
+    assert fp16 == 0.0 and truth["fp16"] == 0.0
+    assert metrics["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"][UUID][1] == pytest.approx(truth["tensor"] / wall,
+                                                                                abs=RATIO_TOLERANCE)
+    # a pattern GPU has no per-precision shares: 0; a Pascal GPU no profiling fields at all
+    assert [metrics[f"DCGM_FI_PROF_PIPE_{p}_ACTIVE"]["GPU-sm-a100"][1] for p in ("FP32", "FP16", "FP64")] == [0.0] * 3
+    assert not any("GPU-sm-p100" in metrics[f"DCGM_FI_PROF_PIPE_{p}_ACTIVE"] for p in ("FP32", "FP16", "FP64"))
 
 
 def test_the_stand_in_as_a_subprocess_with_pods(tmp_path: Path) -> None:

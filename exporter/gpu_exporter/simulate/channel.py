@@ -3,22 +3,23 @@
 A job's simulated device (:mod:`gpu_exporter.simulate.device`) appends to ``DIR/<uuid>.busy`` one line
 per chunk of at most :data:`CHUNK_SECONDS` (or one longer interval)::
 
-    START END BUSY SM TENSOR DRAM
+    START END BUSY SM TENSOR DRAM FP32 FP16 FP64
 
 ``START``/``END``: seconds of ``CLOCK_MONOTONIC`` (``time.monotonic()``, one clock for every process of the
 machine); ``BUSY``: the seconds within the chunk that a kernel ran (NVML's utilization); ``SM``, ``TENSOR``,
 ``DRAM``: SM-, tensor-pipe- and DRAM-bandwidth-seconds within it, each a kernel's share times its busy
-seconds (a kernel with ``sm=0.25`` busy for 4 ms adds 1 ms of SM activity). Lines of older writers still
-parse: ``START END`` is busy all through, and a line without the last three ran the default
-:class:`Kernel` (``sm=0.9, tensor=0.6, dram=0.3``). ``DIR`` is ``$GPU_SIM_DEVICE_DIR``, else
-``gpu-exporter-sim-device`` in the temp dir.
+seconds (a kernel with ``sm=0.25`` busy for 4 ms adds 1 ms of SM activity); ``FP32``, ``FP16``, ``FP64``: the
+seconds of the fp32, fp16 and fp64 pipes (DCGM's PIPE_FP*_ACTIVE), the same way. Lines of older writers still
+parse: ``START END`` is busy all through, a line without the last six ran the default :class:`Kernel`
+(``sm=0.9, tensor=0.6, dram=0.3``, no fp pipes), and one without the last three no fp pipes. ``DIR`` is
+``$GPU_SIM_DEVICE_DIR``, else ``gpu-exporter-sim-device`` in the temp dir.
 
 The exporter's side reads the file with :class:`DeviceTrace`; the job's side writes it with
 :class:`ChannelWriter`. Both keep the chunks in :class:`Chunks`, whose integrals are exact to the chunk.
 
->>> c = Chunks(); c.add(0.0, 0.004, kernel=Kernel(sm=0.25, tensor=0.0, dram=0.1))
->>> [round(x, 6) for x in c.activity(0.0, 1.0)]
-[0.004, 0.001, 0.0, 0.0004]
+>>> c = Chunks(); c.add(0.0, 0.004, kernel=Kernel(sm=0.25, tensor=0.0, dram=0.1, fp32=0.5))
+>>> [round(x, 6) for x in c.activity(0.0, 1.0)]  # busy, SM, tensor, DRAM, FP32, FP16, FP64 seconds
+[0.004, 0.001, 0.0, 0.0004, 0.002, 0.0, 0.0]
 """
 
 from __future__ import annotations
@@ -48,15 +49,22 @@ device makes tens of thousands of intervals a second, a few microseconds apart, 
 @dataclass(frozen=True)
 class Kernel:
     """The shares of the GPU a kernel uses while it runs: SM activity (the share of SMs with a warp resident),
-    tensor pipe activity and DRAM bandwidth, each 0-1. The defaults model a healthy bf16 kernel.
+    tensor pipe activity, DRAM bandwidth, and the fp32, fp16 and fp64 pipes' activity (DCGM's PIPE_FP*_ACTIVE),
+    each 0-1. The defaults model a healthy bf16 kernel, its math on the tensor pipe (the fp pipes 0: a model,
+    not a measurement; give ``fp32=`` for a kernel whose math runs in fp32).
 
     >>> Kernel.parse("sm=0.25,tensor=0,dram=0.1")
-    Kernel(sm=0.25, tensor=0.0, dram=0.1)
+    Kernel(sm=0.25, tensor=0.0, dram=0.1, fp32=0.0, fp16=0.0, fp64=0.0)
+    >>> Kernel.parse("tensor=0,fp32=0.4").fp32
+    0.4
     """
 
     sm: float = 0.9
     tensor: float = 0.6
     dram: float = 0.3
+    fp32: float = 0.0
+    fp16: float = 0.0
+    fp64: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -65,10 +73,15 @@ class Kernel:
                 raise ValueError(f"Kernel {f.name} must be a number between 0 and 1, got {value!r}")
             object.__setattr__(self, f.name, float(value))
 
-    def replace(self, sm: float | None = None, tensor: float | None = None, dram: float | None = None) -> Kernel:
+    def replace(self, sm: float | None = None, tensor: float | None = None, dram: float | None = None, *,
+                fp32: float | None = None, fp16: float | None = None, fp64: float | None = None) -> Kernel:
         """This kernel with the shares given (None: keep this kernel's)."""
-        return Kernel(self.sm if sm is None else sm, self.tensor if tensor is None else tensor,
-                      self.dram if dram is None else dram)
+        given = {"sm": sm, "tensor": tensor, "dram": dram, "fp32": fp32, "fp16": fp16, "fp64": fp64}
+        return Kernel(**{k: getattr(self, k) if v is None else v for k, v in given.items()})
+
+    def seconds(self, busy: float) -> tuple[float, ...]:
+        """SM-, tensor-, DRAM-, fp32-, fp16- and fp64-seconds of ``busy`` seconds at these shares."""
+        return tuple(busy * getattr(self, f.name) for f in fields(self))
 
     @classmethod
     def parse(cls, text: str, base: Kernel | None = None) -> Kernel:
@@ -81,7 +94,8 @@ class Kernel:
                 continue
             key, sep, value = (s.strip() for s in part.partition("="))
             if not sep or key not in names:
-                raise ValueError(f"kernel shares must look like sm=0.25,tensor=0,dram=0.1, got {text!r}")
+                raise ValueError(f"kernel shares must look like sm=0.25,tensor=0,dram=0.1,fp32=0 (keys: "
+                                 f"{', '.join(names)}), got {text!r}")
             try:
                 shares[key] = float(value)
             except ValueError:
@@ -94,12 +108,15 @@ DEFAULT_KERNEL = Kernel()
 
 
 class Activity(NamedTuple):
-    """Seconds within a window: busy (a kernel ran), and SM-, tensor-pipe- and DRAM-seconds."""
+    """Seconds within a window: busy (a kernel ran), and SM-, tensor-pipe-, DRAM- and fp32/fp16/fp64-pipe-seconds."""
 
     busy: float
     sm: float
     tensor: float
     dram: float
+    fp32: float = 0.0
+    fp16: float = 0.0
+    fp64: float = 0.0
 
     def ratios(self, seconds: float) -> Activity:
         """Each as a share of a window of ``seconds`` (all 0 for an empty window)."""
@@ -152,8 +169,8 @@ class Intervals:
 
 class Chunks:
     """Busy time as chunks ``[start, end)`` of at most :data:`CHUNK_SECONDS` (or one longer interval), each with its
-    busy seconds and its SM-, tensor- and DRAM-seconds, spread evenly over the chunk: exact to the chunk for every
-    integral, at a bounded size.
+    busy seconds and its SM-, tensor-, DRAM- and fp-pipe-seconds, spread evenly over the chunk: exact to the chunk
+    for every integral, at a bounded size.
 
     >>> c = Chunks(); c.add(0.0, 0.0002); c.add(0.0005, 0.0007); c.add(1.0, 3.0)
     >>> [round(x, 6) for x in (c.value(0.0003), c.busy(0.0, 0.001), c.busy(0.0, 2.0), c.value(2.5))]
@@ -167,16 +184,21 @@ class Chunks:
         self.sms: list[float] = []
         self.tensors: list[float] = []
         self.drams: list[float] = []
+        self.fp32s: list[float] = []
+        self.fp16s: list[float] = []
+        self.fp64s: list[float] = []
+        self._shares = (self.sms, self.tensors, self.drams, self.fp32s, self.fp16s, self.fp64s)
+        """The columns of a kernel's share-seconds, in :class:`Kernel`'s (and a channel line's) order."""
 
     def add(self, start: float, end: float, busy: float | None = None, *, kernel: Kernel | None = None,
-            seconds: tuple[float, float, float] | None = None) -> None:
+            seconds: tuple[float, ...] | None = None) -> None:
         """Add ``busy`` seconds (default: all of it) within [start, end), run at ``kernel``'s shares, or with
-        ``seconds`` = (SM, tensor, DRAM) seconds as given (a channel line); neither: the default kernel."""
+        ``seconds`` = (SM, tensor, DRAM[, FP32, FP16, FP64]) seconds as given (a channel line; without the fp
+        pipes' none); neither: the default kernel."""
         busy = end - start if busy is None else busy
         if end <= start or busy <= 0:
             return
-        k = kernel or DEFAULT_KERNEL
-        sm, tensor, dram = seconds if seconds is not None else (busy * k.sm, busy * k.tensor, busy * k.dram)
+        shares = (kernel or DEFAULT_KERNEL).seconds(busy) if seconds is None else (*seconds, 0.0, 0.0, 0.0)[:6]
         if self.starts:
             first, last = self.starts[-1], self.ends[-1]
             if start >= first and end - first <= CHUNK_SECONDS:  # into the open chunk
@@ -184,27 +206,25 @@ class Chunks:
                 total = self.busies[-1] + busy
                 keep = min(1.0, (self.ends[-1] - first) / total)  # overlapping intervals: busy at most all of it
                 self.busies[-1] = total * keep
-                self.sms[-1] = (self.sms[-1] + sm) * keep
-                self.tensors[-1] = (self.tensors[-1] + tensor) * keep
-                self.drams[-1] = (self.drams[-1] + dram) * keep
+                for column, value in zip(self._shares, shares, strict=True):
+                    column[-1] = (column[-1] + value) * keep
                 return
             if start < last:  # overlaps the last chunk (out of order): keep what lies after it
                 part = max(0.0, end - last) / (end - start)
-                busy, sm, tensor, dram, start = busy * part, sm * part, tensor * part, dram * part, last
+                busy, shares, start = busy * part, tuple(x * part for x in shares), last
                 if end <= start:
                     return
         keep = min(1.0, (end - start) / busy)
         self.starts.append(start)
         self.ends.append(end)
         self.busies.append(busy * keep)
-        self.sms.append(sm * keep)
-        self.tensors.append(tensor * keep)
-        self.drams.append(dram * keep)
+        for column, value in zip(self._shares, shares, strict=True):
+            column.append(value * keep)
 
     def line(self, i: int) -> str:
         """Chunk ``i`` as a channel line."""
-        return (f"{self.starts[i]:.6f} {self.ends[i]:.6f} {self.busies[i]:.6f} "
-                f"{self.sms[i]:.6f} {self.tensors[i]:.6f} {self.drams[i]:.6f}\n")
+        return " ".join(f"{x:.6f}" for x in (self.starts[i], self.ends[i], self.busies[i],
+                                               *(column[i] for column in self._shares))) + "\n"
 
     def value(self, t: float) -> float:
         i = bisect.bisect_right(self.starts, t) - 1
@@ -232,10 +252,9 @@ class Chunks:
         return math.fsum(self.busies[i] * w for i, w in self._weights(t0, t1))
 
     def activity(self, t0: float, t1: float) -> Activity:
-        """Busy, SM-, tensor- and DRAM-seconds within [t0, t1]."""
+        """Busy, SM-, tensor-, DRAM- and fp-pipe-seconds within [t0, t1]."""
         weights = self._weights(t0, t1)
-        return Activity(*(math.fsum(column[i] * w for i, w in weights)
-                          for column in (self.busies, self.sms, self.tensors, self.drams)))
+        return Activity(*(math.fsum(column[i] * w for i, w in weights) for column in (self.busies, *self._shares)))
 
 
 class DeviceTrace:
@@ -271,7 +290,7 @@ class DeviceTrace:
                 except ValueError:  # not numbers: skip it, a trace must never break NVML
                     continue
                 busy = rest[0] if rest else None
-                seconds = (rest[1], rest[2], rest[3]) if len(rest) >= 4 else None
+                seconds = tuple(rest[1:7]) if len(rest) >= 4 else None
                 self._chunks.add(start - self.origin, stop - self.origin, busy, seconds=seconds)
 
     def value(self, t: float) -> float:
@@ -283,7 +302,7 @@ class DeviceTrace:
             return self._chunks.edges(t0, t1)
 
     def activity(self, t0: float, t1: float) -> Activity:
-        """Busy, SM-, tensor- and DRAM-seconds between simulated times t0 and t1."""
+        """Busy, SM-, tensor-, DRAM- and fp-pipe-seconds between simulated times t0 and t1."""
         with self._lock:
             return self._chunks.activity(t0, t1)
 

@@ -20,12 +20,17 @@ shorter:
 ``DCGM_FI_PROF_SM_OCCUPANCY``      SM occupancy (0-1)
 ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` tensor pipe activity (0-1)
 ``DCGM_FI_PROF_DRAM_ACTIVE``       DRAM interface activity (0-1)
+``DCGM_FI_PROF_PIPE_FP64_ACTIVE``  fp64 pipe activity (0-1); only with the scenario's ``dcgm_pipe_fields: true``
+``DCGM_FI_PROF_PIPE_FP32_ACTIVE``  fp32 pipe activity (0-1); the same
+``DCGM_FI_PROF_PIPE_FP16_ACTIVE``  fp16 pipe activity (0-1); the same
 =================================  =======================================================================
 
 The values are :meth:`SimulatedNode.profile`'s, the ones the simulated GPM reports. The profiling fields are
 served for Volta and newer (DCGM profiling's range), per GPU instance on a MIG-mode GPU (labels ``GPU_I_PROFILE``,
-``GPU_I_ID``), and whether or not the GPU has GPM. The FP16/FP32/FP64 pipe fields are not served: a simulated
-kernel has no per-precision shares. Labels, in dcgm-exporter's order: ``gpu`` (the index), ``UUID`` (the GPU's),
+``GPU_I_ID``), and whether or not the GPU has GPM. The FP16/FP32/FP64 pipe fields are served only where the
+scenario says ``dcgm_pipe_fields: true`` (dcgm-exporter's default counters file leaves them out): a device GPU's
+are its kernels' fp32/fp16/fp64 shares times their busy time (:class:`~gpu_exporter.simulate.channel.Kernel`), a
+pattern GPU's 0. Labels, in dcgm-exporter's order: ``gpu`` (the index), ``UUID`` (the GPU's),
 ``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``, and
 ``pod``, ``namespace``, ``container`` when pods are mapped (``--pod``; "" for a GPU no pod holds).
 
@@ -86,8 +91,13 @@ FIELDS: tuple[tuple[str, str, Callable[[Profile], float]], ...] = (
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", lambda p: p.tensor),
     ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.",
      lambda p: p.dram),
+    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Ratio of cycles the fp64 pipes are active.", lambda p: p.fp64),
+    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Ratio of cycles the fp32 pipes are active.", lambda p: p.fp32),
+    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Ratio of cycles the fp16 pipes are active.", lambda p: p.fp16),
 )
 """(name, help, value from a window's profile) of every field served, in the order served."""
+PIPE_FIELDS = frozenset(name for name, _, _ in FIELDS if name.startswith("DCGM_FI_PROF_PIPE_FP"))
+"""The fp pipe fields: served only with the scenario's ``dcgm_pipe_fields: true`` (not in the default counters)."""
 UTIL_FIELD = FIELDS[0][0]
 LISTENING = "dcgm-exporter stand-in listening on "
 Pods = Mapping[str, tuple[str, str, str]]
@@ -146,7 +156,8 @@ class DcgmExporter:
         node.refresh_training()  # reads what device GPUs' jobs wrote to the channel
         t = node.now()
         since = max(0.0, t - self.interval)
-        rows: dict[str, list[str]] = {name: [] for name, _, _ in FIELDS}
+        fields = [f for f in FIELDS if node.scenario.dcgm_pipe_fields or f[0] not in PIPE_FIELDS]
+        rows: dict[str, list[str]] = {name: [] for name, _, _ in fields}
         driver = node.scenario.driver_version
         for gpu in node.scenario.gpus:
             base = [("gpu", str(gpu.index)), ("UUID", gpu.uuid), ("pci_bus_id", gpu.pci_bus_id),
@@ -161,14 +172,14 @@ class DcgmExporter:
                            for i, inst in enumerate(gpu.mig_instances)]
             for labels, mig_index in targets:
                 profile = node.profile(gpu.index, since, t, mig_index)
-                for name, _, value in FIELDS:
+                for name, _, value in fields:
                     if name == UTIL_FIELD and gpu.mig_instances is not None:
                         continue  # no utilization counter in MIG mode
                     if name != UTIL_FIELD and gpu.architecture_id < PROFILING_SINCE:
                         continue
                     rows[name].append(f"{name}{_labels(labels)} {value(profile)!r}\n")
         out: list[str] = []
-        for name, help_text, _ in FIELDS:
+        for name, help_text, _ in fields:
             out += [f"# HELP {name} {help_text}\n", f"# TYPE {name} gauge\n", *rows[name]]
         return "".join(out)
 

@@ -33,13 +33,13 @@ of the exporter's side imports them.
 **The truth.** A device also knows, exactly, how long it sat idle while the job's CPU did each
 thing: the job marks what its CPU does with :meth:`SimDevice.doing` (its own ground truth, apart
 from what any library reports), and :meth:`SimDevice.truth` returns the idle seconds per mark, and the
-SM-, tensor- and DRAM-seconds of its kernels.
+SM-, tensor-, DRAM- and fp-pipe-seconds of its kernels.
 
 >>> import tempfile
 >>> dev = AsyncDevice("GPU-doc", directory=tempfile.mkdtemp(prefix="gpu-sim-doc-"))
 >>> dev.launch(0.02, sm=0.25); dev.synchronize()
->>> [round(x, 3) for x in dev.activity()]  # busy, SM, tensor, DRAM seconds
-[0.02, 0.005, 0.012, 0.006]
+>>> [round(x, 3) for x in dev.activity()]  # busy, SM, tensor, DRAM, FP32, FP16, FP64 seconds
+[0.02, 0.005, 0.012, 0.006, 0.0, 0.0, 0.0]
 >>> dev.close()
 """
 
@@ -139,15 +139,16 @@ class SimDevice:
             return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
 
     def activity(self, t0: float | None = None, t1: float | None = None) -> Activity:
-        """Busy, SM-, tensor- and DRAM-seconds between monotonic times t0 (its start) and t1 (now): what the
-        exporter's simulated NVML and the stand-in dcgm-exporter read from the channel, exactly."""
+        """Busy, SM-, tensor-, DRAM- and fp32/fp16/fp64-pipe-seconds between monotonic times t0 (its start) and t1
+        (now): what the exporter's simulated NVML and the stand-in dcgm-exporter read from the channel, exactly."""
         with self._history_lock:
             return self.history.activity(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
 
     def truth(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
         """The device's own account up to ``until`` (now): wall, busy, idle seconds per marked CPU phase,
         ``collective``, the seconds the stream spent in collectives (its idle wait there is not in ``idle``), and
-        ``sm``, ``tensor``, ``dram``: the SM-, tensor-pipe- and DRAM-seconds of its kernels (``sm / wall`` is the
+        ``sm``, ``tensor``, ``dram``, ``fp32``, ``fp16``, ``fp64``: the SM-, tensor-pipe-, DRAM- and fp-pipe-seconds
+        of its kernels (``sm / wall`` is the
         SM activity GPM and DCGM report over that window; ``sm / busy`` the mean share of SMs its kernels used).
 
         From ``since`` (the device's start) on; time before the first mark counts as ``other``.
@@ -167,7 +168,8 @@ class SimDevice:
                 idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b) - self.waits.busy(a, b)
             act = self.history.activity(begin, end)
             return {"wall": end - begin, "busy": act.busy, "sm": act.sm, "tensor": act.tensor, "dram": act.dram,
-                    "idle": idle, "cpu": cpu, "collective": self.collectives.busy(begin, end)}
+                    "fp32": act.fp32, "fp16": act.fp16, "fp64": act.fp64, "idle": idle, "cpu": cpu,
+                    "collective": self.collectives.busy(begin, end)}
 
     def close(self) -> None:
         """Stop the flusher and write what is left (also at exit)."""
@@ -428,7 +430,7 @@ def kernel_from_env() -> Kernel:
 
 def run_script(argv: list[str]) -> int:
     """``python -m gpu_exporter.simulate.device --uuid GPU-x [--dir DIR] [--truth FILE] [--sm S] [--tensor T]
-    [--dram D] -- script.py ARGS``."""
+    [--dram D] [--fp32 F] [--fp16 F] [--fp64 F] -- script.py ARGS``."""
     import argparse
     import json
     import runpy
@@ -439,7 +441,9 @@ def run_script(argv: list[str]) -> int:
     parser.add_argument("--uuid", required=True, help="the simulated GPU's UUID (a scenario GPU with device: true)")
     parser.add_argument("--dir", default=None, help=f"channel directory (default ${CHANNEL_ENV} or the temp dir)")
     parser.add_argument("--truth", default=None, help="write the device's own account (JSON) here at exit")
-    for share, what in (("sm", "SM activity"), ("tensor", "tensor pipe activity"), ("dram", "DRAM bandwidth")):
+    for share, what in (("sm", "SM activity"), ("tensor", "tensor pipe activity"), ("dram", "DRAM bandwidth"),
+                        ("fp32", "fp32 pipe activity"), ("fp16", "fp16 pipe activity"),
+                        ("fp64", "fp64 pipe activity")):
         parser.add_argument(f"--{share}", type=float, default=None,
                             help=f"the {what} (0-1) every operator runs at (default: ${KERNEL_ENV}, else "
                                  f"{getattr(Kernel(), share)})")
@@ -447,7 +451,7 @@ def run_script(argv: list[str]) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     ns = parser.parse_args(argv)
     try:
-        kernel = kernel_from_env().replace(ns.sm, ns.tensor, ns.dram)
+        kernel = kernel_from_env().replace(ns.sm, ns.tensor, ns.dram, fp32=ns.fp32, fp16=ns.fp16, fp64=ns.fp64)
     except ValueError as exc:
         parser.error(str(exc))
     device = OpsDevice(ns.uuid, ns.dir, kernel=kernel).start()

@@ -31,13 +31,17 @@ TRAINING_REFRESH_SECONDS = 0.02
 
 class Profile(NamedTuple):
     """What GPM and DCGM profiling report for a window, as ratios 0-1: ``busy`` (NVML's utilization, DCGM's
-    GR_ENGINE_ACTIVE), SM activity, SM occupancy, tensor pipe activity and DRAM bandwidth."""
+    GR_ENGINE_ACTIVE), SM activity, SM occupancy, tensor pipe activity, DRAM bandwidth, and the fp32, fp16 and
+    fp64 pipes' activity (DCGM's PIPE_FP*_ACTIVE)."""
 
     busy: float
     sm: float
     occupancy: float
     tensor: float
     dram: float
+    fp32: float = 0.0
+    fp16: float = 0.0
+    fp64: float = 0.0
 
 
 TrainingSource = Callable[[str], "Mapping[str, float] | str | None"]
@@ -227,19 +231,21 @@ class SimulatedNode:
 
         A device GPU's come from its job's kernels (the channel's SM/tensor/DRAM seconds over the window, taken
         :data:`SETTLE_SECONDS` behind like its samples); a pattern GPU's SM activity is its utilization pattern,
-        tensor activity that times ``gpm.tensor_factor`` and DRAM its memory-utilization pattern. Occupancy is SM
-        activity times ``gpm.occupancy_factor`` on both.
+        tensor activity that times ``gpm.tensor_factor`` and DRAM its memory-utilization pattern, and no fp pipe
+        activity (a pattern has no per-precision shares). Occupancy is SM activity times ``gpm.occupancy_factor`` on
+        both.
         """
         gpu = self._gpu(index)
         trace = self._traces.get(index)
         if trace is not None and mig_index is None:
             a, b = self.sample_time(index, t0), self.sample_time(index, t1)
-            busy, sm, tensor, dram = trace.activity(a, b).ratios(b - a)
-        else:
-            pattern = self.utilization_pattern(index) if mig_index is None or gpu.mig_instances is None \
-                else gpu.mig_instances[mig_index].utilization
-            busy = sm = mean(pattern, t0, t1)
-            tensor, dram = sm * gpu.gpm_tensor_factor, mean(gpu.memory_utilization, t0, t1)
+            act = trace.activity(a, b).ratios(b - a)
+            return Profile(act.busy, act.sm, act.sm * gpu.gpm_occupancy_factor, act.tensor, act.dram, act.fp32,
+                           act.fp16, act.fp64)
+        pattern = self.utilization_pattern(index) if mig_index is None or gpu.mig_instances is None \
+            else gpu.mig_instances[mig_index].utilization
+        busy = sm = mean(pattern, t0, t1)
+        tensor, dram = sm * gpu.gpm_tensor_factor, mean(gpu.memory_utilization, t0, t1)
         return Profile(busy, sm, sm * gpu.gpm_occupancy_factor, tensor, dram)
 
     def slot_count(self, t: float) -> int:

@@ -7,6 +7,9 @@ is optional)::
     cuda_version: "12.4"             # nvmlSystemGetCudaDriverVersion (returned as 12040)
     driver_missing: false            # true: nvmlInit fails with LIBRARY_NOT_FOUND
     seed: 0                          # seeds the deterministic noise
+    dcgm_pipe_fields: false          # true: the stand-in dcgm-exporter also serves DCGM_FI_PROF_PIPE_FP16/32/64_ACTIVE
+                                     # (a counters file that enables them; a device GPU's come from its kernels'
+                                     # fp32/fp16/fp64 shares, a pattern GPU's are 0)
     gpus:
       - name: "NVIDIA H100 80GB HBM3"
         architecture: hopper         # kepler maxwell pascal volta turing ampere ada hopper blackwell
@@ -373,7 +376,7 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     'GPU-'
     """
     top = _Reader(source, "", {} if data is None else data)
-    top.finish("seed", "driver_missing", "gpus", "cuda_version", "driver_version")
+    top.finish("seed", "driver_missing", "gpus", "cuda_version", "driver_version", "dcgm_pipe_fields")
     seed = top.integer("seed", 0)
     driver_missing = top.boolean("driver_missing", False)
     gpus = tuple(_parse_gpu(g, i, seed) for i, g in enumerate(top.items("gpus")))
@@ -392,7 +395,8 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     if not re.fullmatch(r"\d+\.\d+", cuda):
         raise top.fail(f"must look like 12.4, got {cuda!r}", "cuda_version")
     scenario = Scenario(source=source, gpus=gpus, driver_version=top.string("driver_version", "550.54.15"),
-                        cuda_version=cuda, driver_missing=driver_missing)
+                        cuda_version=cuda, driver_missing=driver_missing,
+                        dcgm_pipe_fields=top.boolean("dcgm_pipe_fields", False))
     top.finish()
     return scenario
 

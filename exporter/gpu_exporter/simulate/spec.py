@@ -134,6 +134,9 @@ class Scenario:
     driver_version: str
     cuda_version: str
     driver_missing: bool
+    dcgm_pipe_fields: bool = False
+    """Whether the stand-in dcgm-exporter serves DCGM_FI_PROF_PIPE_FP16/32/64_ACTIVE (its counters file enables
+    them; dcgm-exporter's default file does not)."""
 
     @property
     def cuda_version_number(self) -> int:
