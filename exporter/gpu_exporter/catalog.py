@@ -14,7 +14,9 @@ when a catalogued name appears as a string literal anywhere else in the Python s
 - :class:`RecordedSeries`: a series the shipped recording rules produce: written by hand in
   prometheus/templates/gpu-recording.rules.yml.in, or ``generated`` by ``monitoring/`` (the
   cause, projection, straggler, evidence, remedy and cost groups). The generators name the series
-  they record through these constants, and the Python that queries them does too.
+  they record through these constants, and the Python that queries them does too. They, and the
+  dcgm-exporter series the rules read (``DCGM``), are written in the sibling module
+  :mod:`gpu_exporter.catalog_records` and re-exported here: code imports this module only.
 - :func:`family` / :func:`recorded` look a name up; :meth:`MetricFamily.new` builds the
   prometheus_client family object for sources that yield those.
 
@@ -34,6 +36,58 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+# The rules' series (recorded, and dcgm-exporter's), written in catalog_records.py: re-exported, one a line.
+from gpu_exporter.catalog_records import CLUSTER_EXPORTER_SERIES_SUM as CLUSTER_EXPORTER_SERIES_SUM
+from gpu_exporter.catalog_records import DCGM as DCGM
+from gpu_exporter.catalog_records import DCGM_DRAM_ACTIVE as DCGM_DRAM_ACTIVE
+from gpu_exporter.catalog_records import DCGM_SM_ACTIVE as DCGM_SM_ACTIVE
+from gpu_exporter.catalog_records import DCGM_SM_OCCUPANCY as DCGM_SM_OCCUPANCY
+from gpu_exporter.catalog_records import DCGM_TENSOR_ACTIVE as DCGM_TENSOR_ACTIVE
+from gpu_exporter.catalog_records import DCGM_UUID_LABEL as DCGM_UUID_LABEL
+from gpu_exporter.catalog_records import EXPORTER_SERIES_COUNT as EXPORTER_SERIES_COUNT
+from gpu_exporter.catalog_records import GPU_BELOW_TARGET_BOOL as GPU_BELOW_TARGET_BOOL
+from gpu_exporter.catalog_records import GPU_BUSY_NOT_EFFECTIVE_RATIO as GPU_BUSY_NOT_EFFECTIVE_RATIO
+from gpu_exporter.catalog_records import GPU_HAS_WORK_BOOL as GPU_HAS_WORK_BOOL
+from gpu_exporter.catalog_records import GPU_IDLE_BELOW_TARGET_RATIO as GPU_IDLE_BELOW_TARGET_RATIO
+from gpu_exporter.catalog_records import GPU_MEMORY_USED_RATIO as GPU_MEMORY_USED_RATIO
+from gpu_exporter.catalog_records import GPU_SM_ACTIVE_AVG5M as GPU_SM_ACTIVE_AVG5M
+from gpu_exporter.catalog_records import GPU_UNDERUTILIZED_BOOL5M as GPU_UNDERUTILIZED_BOOL5M
+from gpu_exporter.catalog_records import GPU_USEFUL_UTILIZATION_AVG5M as GPU_USEFUL_UTILIZATION_AVG5M
+from gpu_exporter.catalog_records import GPU_UTILIZATION_AVG5M as GPU_UTILIZATION_AVG5M
+from gpu_exporter.catalog_records import GPU_WORKLOAD_INFO as GPU_WORKLOAD_INFO
+from gpu_exporter.catalog_records import MODEL_UTILIZATION_AVG5M as MODEL_UTILIZATION_AVG5M
+from gpu_exporter.catalog_records import NAMESPACE_UTILIZATION_AVG5M as NAMESPACE_UTILIZATION_AVG5M
+from gpu_exporter.catalog_records import NODE_GPU_FUNNEL_SUM as NODE_GPU_FUNNEL_SUM
+from gpu_exporter.catalog_records import NODE_IDLE_HOURS_INCREASE1H as NODE_IDLE_HOURS_INCREASE1H
+from gpu_exporter.catalog_records import NODE_UTILIZATION_AVG5M as NODE_UTILIZATION_AVG5M
+from gpu_exporter.catalog_records import PROCESS_CHILDREN_CPU_RATE5M as PROCESS_CHILDREN_CPU_RATE5M
+from gpu_exporter.catalog_records import PROCESS_CPU_RATE5M as PROCESS_CPU_RATE5M
+from gpu_exporter.catalog_records import PROCESS_HINT_VALUE as PROCESS_HINT_VALUE
+from gpu_exporter.catalog_records import PROCESS_MAIN_THREAD_STATE_SHARE5M as PROCESS_MAIN_THREAD_STATE_SHARE5M
+from gpu_exporter.catalog_records import PROCESS_READ_BYTES_RATE5M as PROCESS_READ_BYTES_RATE5M
+from gpu_exporter.catalog_records import RECORDED as RECORDED
+from gpu_exporter.catalog_records import RUN_TRAINING_CALLBACK_SHARE5M as RUN_TRAINING_CALLBACK_SHARE5M
+from gpu_exporter.catalog_records import (
+    RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION as RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION,
+)
+from gpu_exporter.catalog_records import RUN_TRAINING_CAUSE_SHARE as RUN_TRAINING_CAUSE_SHARE
+from gpu_exporter.catalog_records import RUN_TRAINING_CODE_SHARE5M as RUN_TRAINING_CODE_SHARE5M
+from gpu_exporter.catalog_records import RUN_TRAINING_HOST_FUNCTION_SHARE5M as RUN_TRAINING_HOST_FUNCTION_SHARE5M
+from gpu_exporter.catalog_records import RUN_TRAINING_LIVE_INFO as RUN_TRAINING_LIVE_INFO
+from gpu_exporter.catalog_records import RUN_TRAINING_PHASE_SHARE5M as RUN_TRAINING_PHASE_SHARE5M
+from gpu_exporter.catalog_records import RUN_TRAINING_RANK_WORLD_SIZE as RUN_TRAINING_RANK_WORLD_SIZE
+from gpu_exporter.catalog_records import RUN_TRAINING_REMEDY_BATCH_FACTOR as RUN_TRAINING_REMEDY_BATCH_FACTOR
+from gpu_exporter.catalog_records import RUN_TRAINING_REMEDY_BATCH_SIZE as RUN_TRAINING_REMEDY_BATCH_SIZE
+from gpu_exporter.catalog_records import RUN_TRAINING_REMEDY_NUM_WORKERS as RUN_TRAINING_REMEDY_NUM_WORKERS
+from gpu_exporter.catalog_records import RUN_TRAINING_STEP_SECONDS_AVG5M as RUN_TRAINING_STEP_SECONDS_AVG5M
+from gpu_exporter.catalog_records import (
+    RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS as RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS,
+)
+from gpu_exporter.catalog_records import RUN_USEFUL_UTILIZATION_AVG5M as RUN_USEFUL_UTILIZATION_AVG5M
+from gpu_exporter.catalog_records import RUN_USEFUL_UTILIZATION_LEVEL as RUN_USEFUL_UTILIZATION_LEVEL
+from gpu_exporter.catalog_records import ExternalSeries as ExternalSeries
+from gpu_exporter.catalog_records import RecordedSeries as RecordedSeries
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,17 +134,6 @@ class MetricFamily:
             return kind(self.base, self.help, value=value)
         return kind(self.base, self.help, labels=list(self.labels if labels is None else labels))
 
-
-@dataclass(frozen=True)
-class RecordedSeries:
-    """A series produced by a shipped recording rule (``level:metric:operation``), and what it holds.
-
-    ``generated``: recorded by a group that ``monitoring/`` generates, not by the template.
-    """
-
-    name: str
-    meaning: str
-    generated: bool = False
 
 
 # Label sets shared by many families.
@@ -366,165 +409,6 @@ PROCESS_START_TIME_SECONDS = _define(
 
 FAMILIES: tuple[MetricFamily, ...] = tuple(_FAMILIES)
 """Every family, in the order of docs/metrics.md's sections."""
-
-# -- recorded series (prometheus/templates/gpu-recording.rules.yml.in) ----------------------------
-
-_RECORDED: list[RecordedSeries] = []
-
-
-def _record(name: str, meaning: str, generated: bool = False) -> RecordedSeries:
-    entry = RecordedSeries(name, meaning, generated)
-    _RECORDED.append(entry)
-    return entry
-
-
-GPU_UTILIZATION_AVG5M = _record("gpu:gpu_utilization:avg5m", "Per-GPU mean utilization (0-1) over 5m.")
-GPU_MEMORY_USED_RATIO = _record("gpu:gpu_memory_used:ratio", "Share of the GPU's memory in use.")
-GPU_UNDERUTILIZED_BOOL5M = _record(
-    "gpu:gpu_underutilized:bool5m", "1 while the GPU's 5m mean is below the low-utilization threshold, else 0.")
-GPU_WORKLOAD_INFO = _record(
-    "gpu:gpu_workload:info", "One series per GPU with the namespace, pod, container and run it serves.")
-GPU_HAS_WORK_BOOL = _record(
-    "gpu:gpu_has_work:bool", "1 when the GPU has work (memory used, a process, or a live training run), else 0.")
-RUN_TRAINING_PHASE_SHARE5M = _record(
-    "run:gpu_training_phase:share5m", "Each phase's share (0-1) of a run's (per rank) time over 5m.")
-RUN_TRAINING_LIVE_INFO = _record(
-    "run:gpu_training_live:info",
-    "One series per live run (rank): one that reports a current phase; value 1, the labels of its phase series but "
-    "phase. Read once, joined by the useful utilization and the straggler and communication causes.")
-RUN_USEFUL_UTILIZATION_AVG5M = _record(
-    "run:gpu_useful_utilization:avg5m",
-    "The utilization a live run's GPU is judged at: min(GPU utilization, 1 - the run's communication share).")
-GPU_USEFUL_UTILIZATION_AVG5M = _record(
-    "gpu:gpu_useful_utilization:avg5m",
-    "Per-GPU useful utilization: the most useful of its live runs', or its utilization without a live run.")
-RUN_TRAINING_STEP_SECONDS_AVG5M = _record(
-    "run:gpu_training_step_seconds:avg5m", "Seconds per training step of each rank over 5m.")
-RUN_TRAINING_RANK_WORLD_SIZE = _record(
-    "run:gpu_training_rank:world_size", "One series per rank of a run, across nodes; value = the world size.")
-NODE_UTILIZATION_AVG5M = _record("node:gpu_utilization:avg5m", "Mean utilization of a node's GPUs over 5m.")
-MODEL_UTILIZATION_AVG5M = _record("model:gpu_utilization:avg5m", "Mean utilization per GPU model over 5m.")
-NAMESPACE_UTILIZATION_AVG5M = _record(
-    "namespace:gpu_utilization:avg5m", "Mean utilization of a namespace's GPUs over 5m.")
-NODE_IDLE_HOURS_INCREASE1H = _record(
-    "node:gpu_idle_hours:increase1h", "GPU-hours spent under-utilized in the last hour.")
-EXPORTER_SERIES_COUNT = _record(
-    "instance:gpu_exporter_series:count",
-    "Series each exporter's scrape target serves (scrape_samples_post_metric_relabeling), for the cardinality guard.")
-CLUSTER_EXPORTER_SERIES_SUM = _record(
-    "cluster:gpu_exporter_series:sum", "Series all GPU exporters of a cluster serve (the fleet's cardinality).")
-
-# Generated by monitoring/ (causes.py, evidence.py, remedies.py, cost.py) from the cause, hint and remedy tables.
-RUN_USEFUL_UTILIZATION_LEVEL = _record(
-    "run:gpu_useful_utilization:level",
-    "1 for a live run below target, with the level its useful utilization is at (level label: low, target); "
-    "recorded once, and every cause rule takes its level from it.", generated=True)
-RUN_TRAINING_CAUSE_SHARE = _record(
-    "run:gpu_training_cause:share",
-    "One series per cause that holds for a live run on a GPU below target (cause, code, level, remedy labels); "
-    "value = the share of the step the cause takes.", generated=True)
-RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION = _record(
-    "run:gpu_training_cause:projected_utilization",
-    "The utilization (0-1, an upper bound) the run's GPU could reach without the cause.", generated=True)
-RUN_TRAINING_CALLBACK_SHARE5M = _record(
-    "run:gpu_training_callback:share5m",
-    "The share (0-1) of a run's (per rank) time over 5m its biggest callback hook of its own takes (labels callback, "
-    "phase).", generated=True)
-RUN_TRAINING_CODE_SHARE5M = _record(
-    "run:gpu_training_code:share5m",
-    "The share (0-1) of a run's (per rank) time over 5m the training thread ran the framework's own code "
-    "(part=framework) or its own code inside compute (part=host).", generated=True)
-RUN_TRAINING_HOST_FUNCTION_SHARE5M = _record(
-    "run:gpu_training_host_function:share5m",
-    "The share (0-1) of a run's (per rank) time over 5m its biggest function of its own code takes inside compute "
-    "(label function).", generated=True)
-RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS = _record(
-    "run:gpu_training_straggler:projected_step_seconds",
-    "The run's step time if the straggler rank kept up: the waiting rank's step time without its wait.",
-    generated=True)
-PROCESS_CPU_RATE5M = _record(
-    "process:gpu_process_cpu:rate5m", "CPU cores used by each GPU process over 5m (1 = one whole core).",
-    generated=True)
-PROCESS_CHILDREN_CPU_RATE5M = _record(
-    "process:gpu_process_children_cpu:rate5m",
-    "CPU cores used by each GPU process's child processes (DataLoader workers) over 5m.", generated=True)
-PROCESS_READ_BYTES_RATE5M = _record(
-    "process:gpu_process_read_bytes:rate5m", "Bytes per second each GPU process reads from storage over 5m.",
-    generated=True)
-PROCESS_MAIN_THREAD_STATE_SHARE5M = _record(
-    "process:gpu_process_main_thread_state:share5m",
-    "Share (0-1) of the last 5m the GPU process's main thread spent in each state.", generated=True)
-PROCESS_HINT_VALUE = _record(
-    "process:gpu_process_hint:value",
-    "One series per evidence hint that holds for an uninstrumented GPU process (hint, code labels); "
-    "value = the evidence.", generated=True)
-RUN_TRAINING_REMEDY_NUM_WORKERS = _record(
-    "run:gpu_training_remedy:num_workers", "M1: the num_workers to try next, within the run's CPU cores.",
-    generated=True)
-RUN_TRAINING_REMEDY_BATCH_FACTOR = _record(
-    "run:gpu_training_remedy:batch_factor", "M3: the power of two the batch size can grow by in free memory.",
-    generated=True)
-RUN_TRAINING_REMEDY_BATCH_SIZE = _record(
-    "run:gpu_training_remedy:batch_size", "M3: the batch size to try next.", generated=True)
-GPU_BELOW_TARGET_BOOL = _record(
-    "gpu:gpu_below_target:bool",
-    "1 while the GPU has work and its useful utilization is below the target (what report --fleet counts as "
-    "below target), else 0.", generated=True)
-GPU_IDLE_BELOW_TARGET_RATIO = _record(
-    "gpu:gpu_idle_below_target:ratio",
-    "The idle share (1 - useful utilization) of a GPU below target, with its workload and the code of its main "
-    "cause where one is known (code label); summed over time: the GPU-hours lost.", generated=True)
-
-GPU_SM_ACTIVE_AVG5M = _record(
-    "gpu:gpu_sm_active:avg5m",
-    "Per-GPU effective utilization: the 5m mean SM activity (0-1) of the whole GPU, from GPM "
-    "(gpu_sm_active_ratio) where present, else from dcgm-exporter (DCGM_FI_PROF_SM_ACTIVE, joined by UUID); "
-    "label source = gpm or dcgm. No series without either.", generated=True)
-GPU_BUSY_NOT_EFFECTIVE_RATIO = _record(
-    "gpu:gpu_busy_not_effective:ratio",
-    "The utilization funnel's step busy -> effective by cause: busy utilization (at most 1) - SM activity of a GPU "
-    "with work and an SM source where a cause of its efficiency verdict holds (cause label; no series where none "
-    "holds: the total is node:gpu_funnel:sum's); summed over time: the GPU-hours between busy and effective by "
-    "cause (monitoring/funnel.py).", generated=True)
-NODE_GPU_FUNNEL_SUM = _record(
-    "node:gpu_funnel:sum",
-    "The utilization funnel of a node's GPUs with work, by step (step label): allocated (GPUs with work), busy "
-    "(their busy utilization, each at most 1), effective (their SM activity, each at most its busy utilization, where "
-    "a source reports it), busy_not_effective (busy - SM activity, at least 0, of those with an SM source) and unknown "
-    "(the busy utilization of those with none; no series without one); summed over time: the cost dashboard's "
-    "GPU-hours at each step (monitoring/funnel.py).", generated=True)
-
-RECORDED: tuple[RecordedSeries, ...] = tuple(_RECORDED)
-"""Every series the shipped recording rules produce, the template's and the generated ones."""
-
-
-# -- dcgm-exporter's series (not emitted by this exporter) ---------------------------------------
-# NVIDIA's dcgm-exporter serves the profiling fields of GPUs without GPM (A100 and older) as gauges 0-1 with
-# the labels gpu, UUID (the GPU UUID), pci_bus_id, device, modelName, Hostname and, when it maps pods,
-# pod / namespace / container (docs/dcgm-exporter.md). The effective-utilization rules (monitoring/efficiency.py)
-# and diagnose --dcgm-url read them by these names; the one place they are written.
-
-
-@dataclass(frozen=True)
-class ExternalSeries:
-    """A series another exporter serves that the shipped rules or diagnose read: its name and meaning."""
-
-    name: str
-    meaning: str
-
-
-DCGM_UUID_LABEL = "UUID"
-"""dcgm-exporter's label holding the GPU UUID (this exporter's ``uuid``)."""
-DCGM_SM_ACTIVE = ExternalSeries(
-    "DCGM_FI_PROF_SM_ACTIVE", "Share of time at least one warp was resident on an SM, averaged over the SMs (0-1).")
-DCGM_SM_OCCUPANCY = ExternalSeries(
-    "DCGM_FI_PROF_SM_OCCUPANCY", "Resident warps as a share of the theoretical maximum, over the SMs (0-1).")
-DCGM_TENSOR_ACTIVE = ExternalSeries(
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Share of cycles the tensor (HMMA / IMMA) pipe was active (0-1).")
-DCGM_DRAM_ACTIVE = ExternalSeries(
-    "DCGM_FI_PROF_DRAM_ACTIVE", "Share of cycles the device memory interface was sending or receiving (0-1).")
-DCGM: tuple[ExternalSeries, ...] = (DCGM_SM_ACTIVE, DCGM_SM_OCCUPANCY, DCGM_TENSOR_ACTIVE, DCGM_DRAM_ACTIVE)
-"""The dcgm-exporter series read (SM, occupancy, tensor pipe, DRAM activity)."""
 
 _BY_NAME: dict[str, MetricFamily] = {f.name: f for f in FAMILIES} | {f.base: f for f in FAMILIES}
 _RECORDED_BY_NAME: dict[str, RecordedSeries] = {r.name: r for r in RECORDED}
