@@ -195,7 +195,7 @@ def test_diagnose_from_prometheus_names_the_hook() -> None:
                                                0.63)],
     })
     t = load_thresholds()
-    (view,) = build_views(from_prometheus(prom, ""), t, 300.0)
+    (view,) = build_views(from_prometheus(prom, cluster_label=""), t, 300.0)
     verdict = judge(view, t)
     assert (verdict.name, verdict.code) == ("checkpoint", "CK"), verdict
     assert "`SaveEvery.on_step_end` takes 63% of the step" in verdict.reason, verdict.reason

@@ -18,6 +18,7 @@ from gpu_exporter.commands.fleet_render import render_json, render_text
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.fleet import LaunchRow, Point, Range, fleet
 from gpu_exporter.verdict.funnel import NO_CAUSE, Funnel, Slice, funnel
+from gpu_exporter.verdict.views import GpuKey
 from test_alerting_e2e import fast_rules
 from test_query import run_cli
 
@@ -53,7 +54,7 @@ def _point(rng: random.Random, k: int, uuid: str) -> Point:
 def _range(seed: int) -> Range:
     rng = random.Random(seed)
     points = [_point(rng, k, uuid) for k in range(1, POINTS + 1) for uuid in TRUTH]
-    run = LaunchRow("train", ["r1"], 0.0, STEP * POINTS, {}, {("0", "GPU-e"): STEP * POINTS})
+    run = LaunchRow("train", ["r1"], 0.0, STEP * POINTS, {}, {("0", GpuKey("", "GPU-e")): STEP * POINTS})
     run.points = [p for p in points if p.launch]
     return Range("http://prometheus:9090", 0.0, STEP * POINTS, STEP, 5 * STEP, points, [run], T.utilization_target,
                  T.utilization_low_threshold)

@@ -24,6 +24,7 @@ from gpu_exporter.commands.fleet_render import (
 from gpu_exporter.commands.fleet_sources import load_prices
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.fleet import NONE, UNJUDGED, LaunchRow, Point, Range, fleet, keep_launches, shares
+from gpu_exporter.verdict.views import GpuKey
 from test_query import run_cli
 
 T = load_thresholds(None)
@@ -45,8 +46,8 @@ def _range() -> Range:
                      ("train", "a") if 1 < k < 6 else None, starting=k == 1) for k in range(1, 11)]
     points += [_point(2.0 * k, "GPU-2", "not_instrumented", True, 0.4, None, A100, ("ml/serve-0",))
                for k in range(1, 11)]
-    rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", "GPU-1"): 9.0}),
-            LaunchRow("short", ["b"], 12.5, 13.5, {"team": "nlp"}, {("0", "GPU-2"): 1.0})]
+    rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", GpuKey("", "GPU-1")): 9.0}),
+            LaunchRow("short", ["b"], 12.5, 13.5, {"team": "nlp"}, {("0", GpuKey("", "GPU-2")): 1.0})]
     by_id = {("train", "a"): rows[0]}
     for p in points:
         if p.launch in by_id:
@@ -217,8 +218,8 @@ def test_two_clusters_with_one_gpu_uuid_keep_their_runs_and_time_apart() -> None
                      ("train", "a") if run else None, 2.0)
 
     points = [point(k, c) for c in ("a", "b") for k in range(1, 11)]
-    rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", "a/GPU-twin"): 9.0}),
-            LaunchRow("short", ["b"], 12.5, 13.5, {"team": "nlp"}, {("0", "b/GPU-twin"): 1.0})]
+    rows = [LaunchRow("train", ["a"], 1.0, 10.0, {"team": "vision"}, {("0", GpuKey("a", "GPU-twin")): 9.0}),
+            LaunchRow("short", ["b"], 12.5, 13.5, {"team": "nlp"}, {("0", GpuKey("b", "GPU-twin")): 1.0})]
     rows[0].points = [p for p in points if p.launch == ("train", "a")]
     r = Range("http://prometheus:9090", 0.0, 20.0, 2.0, 8.0, points, rows, T.utilization_target,
               T.utilization_low_threshold)

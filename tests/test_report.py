@@ -118,7 +118,7 @@ def test_a_launch_is_read_until_an_hour_after_the_next_launch_of_its_name() -> N
             return [({"run": run, "run_id": ident, "rank": "0", "uuid": "GPU-1"}, start)
                     for (run, ident), start in starts.items()]
 
-    found = report_sources.launches(Fake(), 10_000.0, "1d")  # type: ignore[arg-type]
+    found = report_sources.launches(Fake(), 10_000.0, "1d", cluster_label="")  # type: ignore[arg-type]
     assert [(x.run, x.run_id, x.until) for x in found] == [
         ("train", "a", 5600.0), ("eval", "x", float("inf")), ("train", "b", 12600.0), ("train", "c", float("inf"))]
 

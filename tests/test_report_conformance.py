@@ -32,6 +32,7 @@ from gpu_exporter.commands.report_sources import readings_over
 from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict.ladder import BY_ROW, LADDER
 from gpu_exporter.verdict.timeline import Timeline
+from gpu_exporter.verdict.views import GpuKey
 
 from testbed import run_prometheus
 
@@ -231,7 +232,8 @@ def test_report_and_diagnose_agree_on_every_row_at_one_moment(backfilled: tuple[
         series = report["series"]
         # The report's moments themselves (what it renders: report_sources.readings_over -> Timeline)
         grid = [start + k * STEP for k in range(SPAN // STEP + 1)]
-        timeline = Timeline.judge(readings_over(Prometheus(prom), grid, STEP, WINDOW, T.cluster_label, sorted(gpus)),
+        timeline = Timeline.judge(readings_over(Prometheus(prom), grid, STEP, WINDOW, T.cluster_label,
+                                                sorted(GpuKey(g.cluster, g.gpu_uuid) for g in gpus.values())),
                                   T, WINDOW, run)
         moments = {key: {m.time: m for m in ms} for key, ms in timeline.moments.items()}
         for when in (EARLIER, MOMENT):  # at EARLIER every run is live; at MOMENT each GPU is in its row's state

@@ -9,6 +9,7 @@ import json
 import pytest
 from gpu_exporter.commands import report_render as rp
 from gpu_exporter.verdict import timeline
+from gpu_exporter.verdict.views import GpuKey
 
 
 def sample() -> rp.Report:
@@ -33,7 +34,8 @@ def _span(cause: str, ranks: list[str]) -> rp.CauseSpan:
 
 
 def _share(span: rp.CauseSpan, deltas: dict[tuple[str, str], dict[str, float]], util: float) -> float | None:
-    return timeline.projection_share(span.cause, span.ranks, deltas, util)
+    keyed = {(rank, GpuKey("", uuid)): phases for (rank, uuid), phases in deltas.items()}
+    return timeline.projection_share(span.cause, span.ranks, keyed, util)
 
 
 def test_projection_share_is_the_main_causes_share_of_the_wall_time() -> None:

@@ -202,10 +202,10 @@ def _verdicts(readings: Any) -> dict[str, tuple[str, str, int]]:
 def test_fleet_mode_keeps_two_clusters_with_the_same_gpu_uuid_apart() -> None:
     prom: Any = FakePrometheus(_fleet())
     expected = {"eu": ("GPU-same", "healthy", 0), "us": ("GPU-same", "input_bound", 1)}
-    assert _verdicts(from_prometheus(prom, T.cluster_label)) == expected
-    assert _verdicts(from_prometheus_window(prom, 600.0, T.cluster_label)) == expected
+    assert _verdicts(from_prometheus(prom, cluster_label=T.cluster_label)) == expected
+    assert _verdicts(from_prometheus_window(prom, 600.0, cluster_label=T.cluster_label)) == expected
     # Keyed by uuid alone (the old behaviour) the two GPUs would share one key: the test can tell.
-    merged = build_views(from_prometheus(prom, ""), T, 300.0)
+    merged = build_views(from_prometheus(prom, cluster_label=""), T, 300.0)
     assert {judge(v, T).name for v in merged} == {"input_bound"}
 
 
@@ -215,10 +215,10 @@ def test_the_launches_are_read_only_when_asked_for() -> None:
     start = catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name
     answers = {**_fleet(), start: [(_gpu("us", run="r", rank="0", run_id="job-1"), 1000.0)]}
     asked: Any = FakePrometheus(answers)
-    readings = from_prometheus(asked, T.cluster_label)
+    readings = from_prometheus(asked, cluster_label=T.cluster_label)
     assert readings.launches == {("r", "0", "us/GPU-same"): ("job-1", 1000.0)}
     skipped: Any = FakePrometheus(answers)
-    fleet_wide = from_prometheus(skipped, T.cluster_label, launches=False)
+    fleet_wide = from_prometheus(skipped, cluster_label=T.cluster_label, launches=False)
     assert fleet_wide.launches == {} and not [e for e in skipped.asked if start in e]
     assert any(start in e for e in asked.asked)
     assert _verdicts(fleet_wide) == _verdicts(readings)
@@ -250,7 +250,7 @@ def test_a_busy_rank_waiting_in_collectives_is_judged_at_its_useful_utilization(
                         utilization={"GPU-0": 0.95, "GPU-1": 0.3}, memory_ratio={"GPU-0": 0.5, "GPU-1": 0.5},
                         phase_total={key("0"): {"compute": 35.0, "communication": 65.0},
                                      key("1"): {"data": 60.0, "compute": 35.0, "communication": 5.0}},
-                        live={key("0"), key("1")})
+                        live={key("0"), key("1")}, cluster_label="")
     waiting, straggler = build_views(readings, T, 300.0)
     verdict = judge(waiting, T)
     assert (verdict.name, verdict.level, verdict.title) == ("straggler", "target",
@@ -347,13 +347,13 @@ def test_a_window_read_from_raw_counters_says_the_evidence_of_an_uninstrumented_
     expected = {"us": ("not_instrumented", "M1", "not instrumented: likely input-bound (M1)", "main_busy"),
                 "eu": ("not_instrumented", "", "not instrumented", "")}
     prom: Any = FakePrometheus(_uninstrumented("600s"))
-    window = said(from_prometheus_window(prom, 600.0, T.cluster_label))
+    window = said(from_prometheus_window(prom, 600.0, cluster_label=T.cluster_label))
     assert {c: v[:4] for c, v in window.items()} == expected
     assert [(p.pid, p.name, p.cpu_cores, p.child_processes, dict(p.states)) for p in window["us"][4]] == [
         ("7", "python", 0.98, 0, {"running": 0.97, "sleeping": 0.03})]
     prom = FakePrometheus(_uninstrumented("300s"))
-    assert said(from_prometheus_window(prom, 300.0, T.cluster_label)) == said(
-        from_prometheus(prom, T.cluster_label)) == window
+    assert said(from_prometheus_window(prom, 300.0, cluster_label=T.cluster_label)) == said(
+        from_prometheus(prom, cluster_label=T.cluster_label)) == window
     # Each query is trimmed to the labels read (max by), the states' to (uuid, pid, state) and the cluster.
     assert "max by (uuid, pid, state, cluster) (rate(gpu_process_main_thread_state_seconds_total[300s]))" in prom.asked
 

@@ -153,13 +153,13 @@ def run(args: argparse.Namespace) -> int:
             ending = "" if at is None else f" ending {iso(at)}"
             if seconds == parse_duration(PROMETHEUS_WINDOW):
                 window = f"{PROMETHEUS_WINDOW}{ending} (recording rules)"
-                readings = from_prometheus(prom, thresholds.cluster_label,
+                readings = from_prometheus(prom, cluster_label=thresholds.cluster_label,
                                            launches=args.run_name is not None or args.run_id is not None,
                                            sm_active_low=thresholds.sm_active_low,
                                            utilization_target=thresholds.utilization_target)
             else:
                 window = f"{window}{ending} (the rules' signals over that window)"
-                readings = from_prometheus_window(prom, seconds, thresholds.cluster_label)
+                readings = from_prometheus_window(prom, seconds, cluster_label=thresholds.cluster_label)
             source = prom.base
         else:
             seconds, window = _window(args.window or DEFAULT_WINDOW_EXPORTER)

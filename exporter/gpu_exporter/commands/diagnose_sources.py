@@ -84,7 +84,7 @@ class _Fleet:
     def __init__(self, prom: Prometheus, cluster_label: str, exprs: Mapping[str, tuple[str, ...] | None],
                  live: str) -> None:
         self.prom = prom
-        self.keys = Keys(cluster_label)
+        self.keys = Keys(cluster_label=cluster_label)
         self.live = live
         """The expression with a series for each live run (:data:`_LIVE_NOW`, :data:`_LIVE_RULES`)."""
         self.sent = {expr: _sent(expr, labels, cluster_label)
@@ -152,7 +152,7 @@ def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
     return {name: _READ.get(name) for name in names}
 
 
-def from_prometheus_window(prom: Prometheus, seconds: float, cluster_label: str = "") -> Readings:
+def from_prometheus_window(prom: Prometheus, seconds: float, *, cluster_label: str) -> Readings:
     """Readings from Prometheus over any window ending at ``prom.at``: the recording rules' signals for it.
 
     ``rate(gpu_busy_seconds_total[W])`` is ``gpu:gpu_utilization:avg5m`` with the window W, the phases'
@@ -195,7 +195,7 @@ _RULES = tuple(m.name for m in (
 """The recording rules :func:`from_prometheus` reads."""
 
 
-def from_prometheus(prom: Prometheus, cluster_label: str = "", launches: bool = True,
+def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = True,
                     sm_active_low: float | None = None, utilization_target: float = 0.0) -> Readings:
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 

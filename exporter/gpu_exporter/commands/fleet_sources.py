@@ -46,7 +46,7 @@ KUBE_POD_OWNER = "kube_pod_owner"
 PyTorchJob or ReplicaSet that made the pod, which the kubelet's pod-resources API does not say."""
 
 
-def _launches(prom: Prometheus, start: float, end: float, now: float, cluster_label: str = "") -> list[LaunchRow]:
+def _launches(prom: Prometheus, start: float, end: float, now: float, *, cluster_label: str) -> list[LaunchRow]:
     """The launches with a run id that ran in [start, end], with each rank's wall time inside it (by rank and GPU
     key: ``cluster_label`` keeps two clusters' GPUs with one UUID apart); the ranks of one job that drew ids of
     their own (they started within SAME_JOB_SECONDS on other ranks) as one row."""
@@ -58,7 +58,8 @@ def _launches(prom: Prometheus, start: float, end: float, now: float, cluster_la
             continue
         a, b = max(start, launch.start), min(end, launch.end)
         whole = launch.start >= start and launch.end <= end
-        deltas = final if whole else sources.deltas(prom, launch.run, a, b, span, None, launch)
+        deltas = final if whole else sources.deltas(prom, launch.run, a, b, span, None, launch,
+                                                    cluster_label=cluster_label)
         walls = {key: sum(v for v in phases.values() if v > 0) for key, phases in deltas.items()}
         same = [row for row in rows if row.run == launch.run and not set(row.walls) & set(walls)
                 and launch.start - row.start <= SAME_JOB_SECONDS]
@@ -96,7 +97,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
             points.append(Point(ts, view.key, view.uuid, view.node, view.name, view.pods, verdict.name,
                                 verdict.title, verdict.code, verdict.below_target, view.utilization, verdict.remedy,
                                 launch, seconds_at[ts], not live and any(r.live for r in view.runs), view.sm_active))
-    rows = _launches(prom, start, end, now, t.cluster_label)
+    rows = _launches(prom, start, end, now, cluster_label=t.cluster_label)
     by_id = {(row.run, ident): row for row in rows for ident in row.run_ids}
     for point in points:
         if point.launch is not None and point.launch in by_id:
@@ -104,8 +105,9 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
     owners = pod_owners(prom, start, end)
     for row in rows:
         row.kube_owners = list(owners_of(row.owners(), owners))
-        if row.gpus:
-            util = sources.utilization(prom, row.gpus, max(start, row.start), min(end, row.end), t.cluster_label)
+        if row.gpu_keys:
+            util = sources.utilization(prom, row.gpu_keys, max(start, row.start), min(end, row.end),
+                                       cluster_label=t.cluster_label)
             row.utilization = sum(util.values()) / len(util) if util else None
     return Range(prom.base, start, end, step, window, points, rows, t.utilization_target,
                  t.utilization_low_threshold, owners)

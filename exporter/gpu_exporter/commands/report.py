@@ -60,7 +60,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     figure of the report."""
     if end <= start:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
-    deltas = sources.deltas(prom, run, start, end, lookback, final, launch, t.cluster_label)
+    deltas = sources.deltas(prom, run, start, end, lookback, final, launch, cluster_label=t.cluster_label)
     if not deltas:
         raise MetricsError(f"Prometheus at {prom.base} has no phase timers of run {run!r} between {iso(start)} "
                            f"and {iso(end)}")
@@ -69,6 +69,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     if wall <= 0:
         raise MetricsError(f"run {run!r} did not run between {iso(start)} and {iso(end)}")
     gpus = sorted({gpu for _, gpu in deltas if gpu})
+    names = [str(gpu) for gpu in gpus]
     totals: dict[str, float] = {}
     for phases in deltas.values():
         for p, v in phases.items():
@@ -76,7 +77,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     all_seconds = sum(totals.values())
     shares = {p: v / all_seconds for p, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
-    util = sources.utilization(prom, gpus, start, end, t.cluster_label) if gpus else {}
+    util = sources.utilization(prom, gpus, start, end, cluster_label=t.cluster_label) if gpus else {}
     mean_util = sum(util.values()) / len(util) if util else None
 
     step = step or max(MIN_STEP, (end - start) / POINTS)
@@ -85,7 +86,7 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     points = sources.readings_over(prom, grid, step, window, t.cluster_label, gpus) if gpus else ()
     timeline = Timeline.judge(points, t, window, run, launch.run_id.split(",") if launch else ())
     times = timeline.times()
-    moments = {gpu: series for gpu, series in timeline.series(times).items() if gpu in gpus}
+    moments = {gpu: series for gpu, series in timeline.series(times).items() if gpu in names}
     # Each GPU's hours below target: the share of its judged points whose verdict is below target, times the wall.
     below = 0.0
     for series in moments.values():
@@ -98,13 +99,13 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     verdicts = sorted((_verdict_span(v, hint, s, step) for (v, hint), s in timeline.verdicts().items()),
                       key=lambda v: -v.seconds)
     main = causes[0].cause if causes else None
-    ranks = [{"rank": rank, "uuid": gpu, "wall_seconds": round(walls[(rank, gpu)], 3),
+    ranks = [{"rank": rank, "uuid": str(gpu), "wall_seconds": round(walls[(rank, gpu)], 3),
               "utilization": None if gpu not in util else round(util[gpu], 4),
               "shares": {p: round(v / walls[(rank, gpu)], 4) for p, v in sorted(phases.items(), key=lambda kv: -kv[1])
                          if walls[(rank, gpu)] > 0}}
              for (rank, gpu), phases in sorted(deltas.items())]
     share = projection_share(causes[0].cause, causes[0].ranks, deltas, mean_util) if causes else None
-    return Report(run=run, source=prom.base, start=start, end=end, wall_seconds=wall, gpus=gpus, ranks=ranks,
+    return Report(run=run, source=prom.base, start=start, end=end, wall_seconds=wall, gpus=names, ranks=ranks,
                   mean_utilization=mean_util, shares=shares, gpu_hours=wall * max(len(gpus), 1) / 3600,
                   gpu_hours_below_target=below / 3600, causes=causes, main_cause=main,
                   projected_wall_seconds=None if share is None else wall * (1 - share), projection_share=share,
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsError("name the run: --run NAME (its latest launch) or --run-id ID (one launch); "
                               "--list lists the runs of a range, --fleet reports on all GPUs")
         launch, note = sources.pick_launch(prom, end if end is not None else now, args.lookback, args.run_name,
-                                           args.run_id, t.cluster_label)
+                                           args.run_id, cluster_label=t.cluster_label)
         if note is not None:
             sys.stderr.write(f"gpu-exporter: {note}\n")
         if launch is not None:  # the launch's own range; --from/--to narrow it
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             end = launch.end if end is None else min(end, launch.end)
         elif start is None or end is None:
             run_start, run_end, totals = sources.lifetime(prom, args.run_name, end if end is not None else now,
-                                                          args.lookback, t.cluster_label)
+                                                          args.lookback, cluster_label=t.cluster_label)
             final = totals if end is None else None
             start = run_start if start is None else start
             end = run_end if end is None else end

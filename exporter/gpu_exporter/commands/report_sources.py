@@ -1,7 +1,8 @@
 """``gpu-exporter report``'s sources: a run's launches, timers and busy time, and a range read point by point.
 
-A rank's key is (rank, GPU key): ``<cluster>/<uuid>`` where the series carry the thresholds' ``cluster_label``
-(:class:`~gpu_exporter.verdict.readings.Keys`), so two clusters' GPUs with one UUID stay apart. The points of a
+A rank's key is (rank, :class:`~gpu_exporter.verdict.views.GpuKey`): the GPU's cluster (where the series carry the
+thresholds' ``cluster_label``, :class:`~gpu_exporter.verdict.readings.Keys`) and uuid, so two clusters' GPUs with one
+UUID stay apart. The points of a
 range are the readings of ``diagnose --prometheus-url --window W --at T`` (:func:`readings_over`), answered by one
 range query per expression (:class:`Stepped`).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpu_exporter import catalog
 from gpu_exporter.commands.client_cli import iso
@@ -23,7 +24,7 @@ from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict.launches import SAME_JOB_SECONDS
 from gpu_exporter.verdict.readings import Keys
 from gpu_exporter.verdict.samples import Labels
-from gpu_exporter.verdict.views import Readings
+from gpu_exporter.verdict.views import GpuKey, Readings
 
 _PHASES = catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name
 _LAST_PUSH = catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS.name
@@ -38,19 +39,19 @@ MIN_STEP = 15.0
 WINDOW_STEPS = 4
 """Each point's rate window is this many steps, so it always spans several scrapes."""
 
-RankKey = tuple[str, str]
+RankKey = tuple[str, GpuKey]
 """(rank, GPU key) of one process of the run."""
 Totals = dict[RankKey, dict[str, float]]
 
 
-def _key(labels: Labels, cluster_label: str = "") -> RankKey:
-    return labels.get("rank", ""), Keys(cluster_label).gpu(labels)
+def _key(labels: Labels, *, cluster_label: str) -> RankKey:
+    return labels.get("rank", ""), Keys(cluster_label=cluster_label).key(labels)
 
 
 _quote = json.dumps
 
 
-def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, cluster_label: str = "",
+def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, *, cluster_label: str,
                   launch: Launch | None = None) -> Totals:
     """Each rank's phase seconds at ``when``: the last within ``lookback``, or only ``launch``'s own samples (none
     before its start)."""
@@ -60,12 +61,12 @@ def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, cluste
     expr = (f"last_over_time({_PHASES}{{run={_quote(run)}}}[{lookback}])" if launch is None
             else launch.only(f"{_PHASES}{{run={_quote(run)}}}"))
     for labels, value in prom.at_time(when).query(expr):
-        out.setdefault(_key(labels, cluster_label), {})[labels.get("phase", OTHER)] = value
+        out.setdefault(_key(labels, cluster_label=cluster_label), {})[labels.get("phase", OTHER)] = value
     return out
 
 
-def lifetime(prom: Prometheus, run: str, now: float, lookback: str,
-             cluster_label: str = "") -> tuple[float, float, Totals]:
+def lifetime(prom: Prometheus, run: str, now: float, lookback: str, *,
+             cluster_label: str) -> tuple[float, float, Totals]:
     """(start, end, final phase seconds per rank) of ``run``: its last push, minus the wall time its phase
     timers add up to (the phases add up to wall time)."""
     pushes = prom.at_time(now).query(f"max_over_time({_LAST_PUSH}{{run={_quote(run)}}}[{lookback}])")
@@ -73,7 +74,7 @@ def lifetime(prom: Prometheus, run: str, now: float, lookback: str,
         raise MetricsError(f"Prometheus at {prom.base} holds no training run {run!r} in the last {lookback}: "
                            f"check the name ({_LAST_PUSH}{{run=...}}) or widen --lookback")
     end = max(value for _, value in pushes)
-    totals = _phase_totals(prom, now, run, lookback, cluster_label)
+    totals = _phase_totals(prom, now, run, lookback, cluster_label=cluster_label)
     wall = max((sum(v for v in phases.values() if v > 0) for phases in totals.values()), default=0.0)
     return end - wall, end, totals
 
@@ -97,7 +98,7 @@ class Launch:
     tags: tuple[tuple[str, str], ...] = ()
     until: float = math.inf
     """An hour after the next launch of the name started: its own samples all lie before (reads stop there)."""
-    cluster_label: str = ""
+    cluster_label: str = field(kw_only=True)
     """The label its GPU keys were made with (``Keys``)."""
 
     @property
@@ -113,11 +114,11 @@ class Launch:
         return f"({expr}) and on(run, rank, uuid{cluster}) {self.info}"
 
     def key(self, labels: Labels) -> RankKey:
-        return _key(labels, self.cluster_label)
+        return _key(labels, cluster_label=self.cluster_label)
 
 
-def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None, run_id: str | None = None,
-             cluster_label: str = "") -> list[Launch]:
+def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None, run_id: str | None = None, *,
+             cluster_label: str) -> list[Launch]:
     """The launches of run name ``run`` or of ``run_id`` seen in ``lookback`` before ``at``, oldest first
     (only those whose library sent a run id)."""
     sel = ", ".join(f"{k}={_quote(v)}" for k, v in (("run", run), ("run_id", run_id)) if v is not None)
@@ -127,7 +128,7 @@ def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
         if not ident:
             continue
         start, keys = found.setdefault((labels.get("run", ""), ident), (value, set()))
-        keys.add(_key(labels, cluster_label))
+        keys.add(_key(labels, cluster_label=cluster_label))
         found[(labels.get("run", ""), ident)] = (min(start, value), keys)
     tags: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
     if found:
@@ -143,11 +144,11 @@ def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None,
             for launch, next_one in zip(ordered, later, strict=True)]
 
 
-def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None, run_id: str | None,
-                cluster_label: str = "") -> tuple[Launch | None, str | None]:
+def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None, run_id: str | None, *,
+                cluster_label: str) -> tuple[Launch | None, str | None]:
     """(the launch to report, a one-line note when the name was reused), or (None, None) for a run whose
     library sent no run id (then the whole name is reported, as before run ids). MetricsError when none."""
-    found = launches(prom, at, lookback, run, run_id, cluster_label)
+    found = launches(prom, at, lookback, run, run_id, cluster_label=cluster_label)
     if run_id is not None:
         if not found:
             raise MetricsError(f"Prometheus at {prom.base} holds no training run with run id {run_id!r}"
@@ -209,28 +210,29 @@ def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, 
 
 
 def deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str, final: Totals | None,
-           launch: Launch | None = None, cluster_label: str = "") -> Totals:
+           launch: Launch | None = None, *, cluster_label: str) -> Totals:
     """Phase seconds of each rank between ``start`` and ``end`` (0 before the run began); ``final``: the
     run's last totals, for a range that ends with the run (its last push may be scraped after ``end``).
     With ``launch``, only that launch's own samples count (its counters start at 0: nothing of an
     earlier launch of the name is subtracted)."""
     cluster_label = launch.cluster_label if launch else cluster_label
     after = final if final is not None else _phase_totals(prom, end, run, promql_duration(max(end - start, 1.0)),
-                                                          cluster_label, launch)
-    before = _phase_totals(prom, start, run, lookback, cluster_label, launch) if start < end else {}
+                                                          cluster_label=cluster_label, launch=launch)
+    before = (_phase_totals(prom, start, run, lookback, cluster_label=cluster_label, launch=launch) if start < end
+              else {})
     return {key: {p: max(v - before.get(key, {}).get(p, 0.0), 0.0) for p, v in phases.items()}
             for key, phases in after.items()}
 
 
-def utilization(prom: Prometheus, gpus: Sequence[str], start: float, end: float,
-                cluster_label: str = "") -> dict[str, float]:
+def utilization(prom: Prometheus, gpus: Sequence[GpuKey], start: float, end: float, *,
+                cluster_label: str) -> dict[GpuKey, float]:
     """Mean utilization (0-1) of each GPU (by GPU key) over the range: its busy seconds between its first and last
     sample in the range (the counter only grows), over the range's seconds."""
-    keys = Keys(cluster_label)
-    uuids = sorted({gpu.rpartition("/")[2] for gpu in gpus})
+    keys = Keys(cluster_label=cluster_label)
+    uuids = sorted({gpu.uuid for gpu in gpus})
     sel = f"{_BUSY}{{uuid=~{_quote('|'.join(uuids))}}}[{promql_duration(max(end - start, 1.0))}]"
     by = f"uuid, {cluster_label}" if cluster_label else "uuid"
-    found = {keys.gpu(labels): value for labels, value in
+    found = {keys.key(labels): value for labels, value in
              prom.at_time(end).query(f"max by ({by}) (max_over_time({sel}) - min_over_time({sel}))")}
     span = max(end - start, 1e-9)
     return {gpu: min(1.0, max(0.0, value / span)) for gpu, value in found.items() if gpu in gpus}
@@ -277,13 +279,13 @@ def _ms(ts: float) -> int:
 
 
 def readings_over(prom: Prometheus, times: Sequence[float], step: float, window: float, cluster_label: str,
-                  gpus: Sequence[str] = ()) -> Iterator[tuple[float, Readings]]:
+                  gpus: Sequence[GpuKey] = ()) -> Iterator[tuple[float, Readings]]:
     """(time, the readings of ``diagnose --prometheus-url --window W --at T``) at every point T of ``times`` (a grid
     ``step`` apart) where Prometheus holds GPUs; only the series of ``gpus`` (GPU keys)
     when given (a run's report need not read a fleet)."""
-    uuids = _quote("|".join(sorted({gpu.rpartition("/")[2] for gpu in gpus})))
+    uuids = _quote("|".join(sorted({gpu.uuid for gpu in gpus})))
     stepped = Stepped(prom, times, step, only=f"{catalog.GPU_INFO.name}{{uuid=~{uuids}}}" if gpus else "")
     for ts in times:
         at = stepped.at_time(ts)
         if at.query(catalog.GPU_INFO.name):
-            yield ts, from_prometheus_window(at, window, cluster_label)
+            yield ts, from_prometheus_window(at, window, cluster_label=cluster_label)

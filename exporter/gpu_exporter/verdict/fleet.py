@@ -27,6 +27,7 @@ from typing import Any
 from gpu_exporter.verdict.funnel import Funnel, Slice
 from gpu_exporter.verdict.funnel import funnel as funnel_of
 from gpu_exporter.verdict.ladder import VERDICT_TITLES
+from gpu_exporter.verdict.views import GpuKey
 
 TEAM_TAG = "team"
 """The run tag whose value names a run's team (``GPU_EXPORTER_TAGS="team=vision"``)."""
@@ -77,8 +78,8 @@ class LaunchRow:
     start: float
     end: float
     tags: dict[str, str]
-    walls: dict[tuple[str, str], float]
-    """Wall seconds of each (rank, GPU key) inside the range (its phase timers); the GPU key is ``uuid``, or
+    walls: dict[tuple[str, GpuKey], float]
+    """Wall seconds of each (rank, GPU key) inside the range (its phase timers); the GPU key's text is ``uuid``, or
     ``cluster/uuid`` with the thresholds' ``cluster_label`` (verdict.readings.Keys), as a Point's ``gpu``."""
     points: list[Point] = field(default_factory=list)
     utilization: float | None = None
@@ -94,13 +95,18 @@ class LaunchRow:
         return max(self.walls.values(), default=0.0)
 
     def wall_on(self, gpu: str) -> float:
-        """Its ranks' wall seconds on the GPU of key ``gpu`` in the range."""
-        return sum(w for (_, on), w in self.walls.items() if on == gpu)
+        """Its ranks' wall seconds on the GPU whose key's text is ``gpu`` (a Point's ``gpu``) in the range."""
+        return sum(w for (_, on), w in self.walls.items() if str(on) == gpu)
+
+    @property
+    def gpu_keys(self) -> list[GpuKey]:
+        """The keys of its GPUs (two clusters' GPUs with one UUID are two)."""
+        return sorted({gpu for _, gpu in self.walls if gpu})
 
     @property
     def gpus(self) -> list[str]:
-        """The keys of its GPUs (two clusters' GPUs with one UUID are two)."""
-        return sorted({gpu for _, gpu in self.walls if gpu})
+        """The text of its GPUs' keys, as printed."""
+        return [str(gpu) for gpu in self.gpu_keys]
 
     @property
     def ranks(self) -> list[str]:

@@ -33,7 +33,7 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
     With thresholds ``t`` the causes of each live run are found here (exporter readings) or
     taken from the recording rules (Prometheus readings).
     """
-    keys = Keys(readings.cluster_label)
+    keys = Keys(cluster_label=readings.cluster_label)
     runs: dict[str, list[RunView]] = {}
     memory = {gpu: used / readings.memory_total[gpu] for gpu, used in readings.memory_used.items()
               if readings.memory_total.get(gpu)}

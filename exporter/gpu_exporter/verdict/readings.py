@@ -18,7 +18,7 @@ from gpu_exporter.verdict import evidence, remedies
 from gpu_exporter.verdict.callbacks import window_callbacks
 from gpu_exporter.verdict.code import window_code
 from gpu_exporter.verdict.samples import Labels, Snapshot
-from gpu_exporter.verdict.views import Process, Readings, RunKey, gpu_key
+from gpu_exporter.verdict.views import GpuKey, Process, Readings, RunKey, gpu_key
 
 STALE_SECONDS = 30.0
 """A run that has not pushed for this long (or two windows, if longer) is not live."""
@@ -32,20 +32,26 @@ INSTANT = tuple(f.name for f in (
 """The series read as they are (no window): names, memory, processes, pods, run totals and sizes, launches."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Keys:
-    """How a sample's labels name its GPU: ``uuid``, or ``<cluster>/<uuid>`` with a ``cluster_label``.
+    """How a sample's labels name its GPU (:class:`~gpu_exporter.verdict.views.GpuKey`): its ``uuid``, and its
+    ``cluster_label``'s value where one is configured ("" for one node); :meth:`gpu` is the key's text.
 
-    >>> Keys("cluster").gpu({"cluster": "eu", "uuid": "GPU-1"}), Keys("").gpu({"cluster": "eu", "uuid": "GPU-1"})
-    ('eu/GPU-1', 'GPU-1')
+    >>> Keys(cluster_label="cluster").gpu({"cluster": "eu", "uuid": "GPU-1"})
+    'eu/GPU-1'
+    >>> Keys(cluster_label="").key({"cluster": "eu", "uuid": "GPU-1"})
+    GpuKey(cluster='', uuid='GPU-1')
     """
 
-    cluster_label: str = ""
+    cluster_label: str
+
+    def key(self, labels: Labels) -> GpuKey:
+        uuid = labels.get("uuid", "")
+        cluster = labels.get(self.cluster_label, "") if self.cluster_label and uuid else ""
+        return GpuKey(cluster, uuid)
 
     def gpu(self, labels: Labels) -> str:
-        uuid = labels.get("uuid", "")
-        cluster = labels.get(self.cluster_label, "") if self.cluster_label else ""
-        return gpu_key(cluster, uuid)
+        return str(self.key(labels))
 
     def relabel(self, pairs: Iterable[tuple[Labels, float]]) -> Pairs:
         """``pairs`` with ``uuid`` set to the GPU key, so key-blind readers (evidence, remedies) keep clusters apart."""
@@ -108,8 +114,8 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
     A run is live when it reports a current phase (it has not finished) and pushed within
     ``max(STALE_SECONDS, 2 x window)`` of the second reading.
     """
-    keys = Keys()
-    readings = instant(Readings(), ((name, cur.series(name)) for name in INSTANT), keys)
+    keys = Keys(cluster_label="")
+    readings = instant(Readings(cluster_label=keys.cluster_label), ((name, cur.series(name)) for name in INSTANT), keys)
     elapsed = cur.at - prev.at
     before = keys.per_gpu(prev.series(catalog.GPU_BUSY_SECONDS_TOTAL.name))
     for uuid, after in keys.per_gpu(cur.series(catalog.GPU_BUSY_SECONDS_TOTAL.name)).items():
@@ -172,7 +178,7 @@ def _activity(readings: Readings, source: str, per_gpu: Iterable[dict[str, float
 def gpm(readings: Readings, snapshot: Snapshot) -> Readings:
     """The whole GPU's GPM gauges (``mig_uuid=""``) of an exporter's reading: each the mean over the exporter's last
     GPM sample."""
-    keys = Keys(readings.cluster_label)
+    keys = Keys(cluster_label=readings.cluster_label)
     _activity(readings, "gpm", (keys.per_gpu((labels, value) for labels, value in snapshot.series(family.name)
                                              if not labels.get("mig_uuid")) for family in GPM_GAUGES))
     return readings

@@ -19,9 +19,9 @@ from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, compute_sm
 from gpu_exporter.verdict.join import build_views, select
 from gpu_exporter.verdict.ladder import judge
-from gpu_exporter.verdict.views import GpuView, Readings, RunKey, Verdict
+from gpu_exporter.verdict.views import GpuKey, GpuView, Readings, RunKey, Verdict
 
-Totals = Mapping[tuple[str, str], Mapping[str, float]]
+Totals = Mapping[tuple[str, GpuKey], Mapping[str, float]]
 """Phase seconds of each (rank, GPU key) of a run."""
 K = TypeVar("K", str, tuple[str, str])
 """A span's key: a cause, or a verdict with its evidence hint."""

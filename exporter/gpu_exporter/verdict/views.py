@@ -56,14 +56,38 @@ class Process:
     memory_bytes: float
 
 
+@dataclass(frozen=True)
+class GpuKey:
+    """A GPU's key: its cluster (the ``cluster_label``'s value in a fleet; "" for one node) and its UUID, so two
+    clusters' GPUs with one UUID stay apart. Its text (``str``) is ``uuid``, or ``<cluster>/<uuid>``: what reports
+    print and readings are keyed by; keys sort by their text. False without a UUID.
+
+    >>> str(GpuKey("eu", "GPU-1")), str(GpuKey("", "GPU-1")), GpuKey("eu", "GPU-1").uuid
+    ('eu/GPU-1', 'GPU-1', 'GPU-1')
+    >>> sorted([GpuKey("b", "GPU-1"), GpuKey("a-b", "GPU-2")]), bool(GpuKey("eu", ""))
+    ([GpuKey(cluster='a-b', uuid='GPU-2'), GpuKey(cluster='b', uuid='GPU-1')], False)
+    """
+
+    cluster: str
+    uuid: str
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.uuid}" if self.cluster and self.uuid else self.uuid
+
+    def __bool__(self) -> bool:
+        return bool(self.uuid)
+
+    def __lt__(self, other: GpuKey) -> bool:
+        return str(self) < str(other)
+
+
 def gpu_key(cluster: str, uuid: str) -> str:
-    """A GPU's key: ``uuid``, or ``<cluster>/<uuid>`` in a fleet read with a ``cluster_label``, so two clusters'
-    GPUs with one UUID stay apart.
+    """The text of a GPU's :class:`GpuKey`, as readings are keyed.
 
     >>> gpu_key("eu", "GPU-1"), gpu_key("", "GPU-1")
     ('eu/GPU-1', 'GPU-1')
     """
-    return f"{cluster}/{uuid}" if cluster and uuid else uuid
+    return str(GpuKey(cluster, uuid))
 
 
 @dataclass(frozen=True)
@@ -101,7 +125,7 @@ class GpuView:
 
     @property
     def key(self) -> str:
-        """The GPU's key (:func:`gpu_key`), as its readings were keyed."""
+        """The text of the GPU's key (:func:`gpu_key`), as its readings were keyed."""
         return gpu_key(self.cluster, self.uuid)
 
 
@@ -163,7 +187,7 @@ class Readings:
     """Each run's biggest function of its own code over the window: (file.py:line:name, share; verdict/code.py)."""
     launches: dict[RunKey, tuple[str, float]] = field(default_factory=dict)
     """(run id, start time) of each run key (gpu_training_run_start_timestamp_seconds; verdict/launches.py)."""
-    cluster_label: str = ""
+    cluster_label: str = field(kw_only=True)
     """The label the GPU keys were made with (verdict.readings.Keys); "" for one node."""
     sm_active: dict[str, tuple[float, str]] = field(default_factory=dict)
     """The whole GPU's SM activity and its source ("gpm" or "dcgm") per GPU key."""
