@@ -11,7 +11,9 @@ at any time in the last ``alert_hold`` (:func:`held`: the cause's series of ``gp
 recorded only where the condition holds), the hysteresis of the other causes' alerts: a GPU whose SM activity, DRAM
 or utilization hovers at a line stays firing instead of flapping between pending and resolved. Tensor and DRAM
 activity are read inline (no recorded series: the fleet's series budget). Each alert makes one join for the
-workload's labels.
+workload's labels. GpuTensorCoresIdle's text names the FP32 pipe's activity where dcgm-exporter serves
+``DCGM_FI_PROF_PIPE_FP32_ACTIVE`` (:data:`FP32`, read from the raw series when the text is rendered: no recorded
+series, and nothing where the field is absent).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ BUSY = (f'{{{{ with printf "clamp_max(max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG
         f'{GPU_SEL[1]} | query }}}}'
         "{{ . | first | value | humanizePercentage }}{{ end }}")
 """The GPU's busy utilization (NVML) now, in the alert's text."""
+FP32 = (f'{{{{ with printf "max(avg_over_time({m.DCGM_FP32_ACTIVE.name}{{{C}=%q,{m.DCGM_UUID_LABEL}=%q}}[5m]))" '
+        f'{GPU_SEL[1]} | query }}}}'
+        ", and its FP32 pipe {{ . | first | value | humanizePercentage }} active (DCGM){{ end }}")
+"""The GPU's 5m mean FP32 pipe activity from dcgm-exporter, in the text of tensor cores idle; nothing where
+dcgm-exporter does not serve the field (its default counters file)."""
 
 
 def records() -> list[Record]:
@@ -53,7 +60,7 @@ def _alert(cause: GpuCause) -> Alert:
     reading = "{{ $value | humanizePercentage }}"
     tensor = cause.keys[0] == "tensor_idle_ratio"
     now = f"its SMs are {reading} active ({{{{ $labels.source }}}})" + (
-        " but its tensor pipe below ${tensor_idle_ratio|percent}" if tensor else "")
+        f" but its tensor pipe below ${{tensor_idle_ratio|percent}}{FP32}" if tensor else "")
     line = ("Tensor pipe activity below ${tensor_idle_ratio|percent} while the SMs are at least "
             "${sm_active_low|percent} active means fp32 math." if tensor else
             "Effective utilization (SM activity) below ${sm_active_low|percent} is likely ineffective use.")

@@ -7,15 +7,16 @@ Four loops (tests/async_loops.py, plan ``healthy_item``: kernels queued back to 
 GPU) run side by side, each with its kernels' shares in ``$GPU_SIM_KERNEL`` (gpu_exporter.simulate.device.Kernel:
 SM activity, tensor pipe, DRAM while a kernel runs). The GPUs' SM, tensor and DRAM activity come from the
 work the loops queued, read by the simulated GPM (node ``n-gpm``, tests/scenarios/efficiency-e2e-gpm.yaml) or,
-for the GPU whose scenario says ``gpm: false`` (node ``n-dcgm``), by the stand-in dcgm-exporter only.
+for the GPU whose scenario says ``gpm: false`` (node ``n-dcgm``), by the stand-in dcgm-exporter only, which serves
+its FP32 pipe too (``dcgm_pipe_fields: true``): the text of tensor cores idle names it, the others' never do.
 
 ==============  ======  ===============================  ==================================================
-GPU             node    kernel (SM, tensor, DRAM)        expected
+GPU             node    kernel (SM, tensor, DRAM, FP32)  expected
 ==============  ======  ===============================  ==================================================
 GPU-eff-small   n-gpm   0.25, 0.3, 0.1; 10% memory used  batch too small for the SMs (M3), GpuSmBatchTooSmall
 GPU-eff-dram    n-gpm   0.3, 0.2, 0.8                    memory-bound kernels (MB), GpuMemoryBoundKernels
 GPU-eff-healthy n-gpm   0.9, 0.6, 0.3                    healthy, no alert
-GPU-eff-fp32    n-dcgm  0.8, 0.0, 0.3 (dcgm-exporter)    tensor cores idle (TC), GpuTensorCoresIdle; without
+GPU-eff-fp32    n-dcgm  0.8, 0.0, 0.3, 0.4 (dcgm-exp.)   tensor cores idle (TC), GpuTensorCoresIdle; without
                                                          --dcgm-url diagnose says "SM activity unknown"
 ==============  ======  ===============================  ==================================================
 
@@ -27,6 +28,7 @@ them).
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 import time
@@ -51,7 +53,7 @@ LOOP = {  # uuid -> (node, run, $GPU_SIM_KERNEL)
     "GPU-eff-small": ("n-gpm", "eff-small", "sm=0.25,tensor=0.3,dram=0.1"),
     "GPU-eff-dram": ("n-gpm", "eff-dram", "sm=0.3,tensor=0.2,dram=0.8"),
     "GPU-eff-healthy": ("n-gpm", "eff-healthy", "sm=0.9,tensor=0.6,dram=0.3"),
-    "GPU-eff-fp32": ("n-dcgm", "eff-fp32", "sm=0.8,tensor=0,dram=0.3"),
+    "GPU-eff-fp32": ("n-dcgm", "eff-fp32", "sm=0.8,tensor=0,dram=0.3,fp32=0.4"),
 }
 EXPECTED = {  # uuid -> (verdict, title, the source of its SM activity, the alerts that fire for it)
     "GPU-eff-small": ("sm_batch_too_small", "batch too small for the SMs (M3)", "gpm",
@@ -115,6 +117,13 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
         labels = alert["metric"]
         node, run, _ = LOOP[labels["uuid"]]
         assert (labels["severity"], labels["node"], labels["run"]) == ("info", node, run), labels
+    # Tensor cores idle names dcgm-exporter's FP32 pipe (its raw series, read as the text renders), ~0.4 x busy.
+    texts = {a["labels"]["uuid"]: a["annotations"]["description"]
+             for a in json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]
+             if a["state"] == "firing" and a["labels"]["alertname"] == "GpuTensorCoresIdle"}
+    fp32 = re.search(r"its tensor pipe below \d+%, and its FP32 pipe ([\d.]+)% active \(DCGM\): its math runs on "
+                     r"the fp32 pipes", texts["GPU-eff-fp32"])
+    assert fp32 and 0.3 <= float(fp32.group(1)) / 100 <= 0.41, texts
     # The recorded effective utilization: GPM on n-gpm, dcgm-exporter (joined by UUID) on n-dcgm, beside busy.
     sm = {r["metric"]["uuid"]: (r["metric"]["source"], float(r["value"][1]))
           for r in promql(prom, "gpu:gpu_sm_active:avg5m")}
@@ -145,6 +154,13 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
     for uuid, (verdict, title, source, _) in EXPECTED.items():
         for path, gpus in (("url", by_url), ("prometheus", by_prom)):
             got = gpus[uuid]
+            if uuid == "GPU-eff-fp32":  # dcgm-exporter's FP32 pipe: the evidence of fp32 math, in reason and line
+                assert got["fp32_active"] == pytest.approx(0.4 * got["utilization"], abs=0.06), (path, got)
+                assert re.search(r"but its tensor pipe only 0% and its FP32 pipe \d+% \(DCGM\): its math runs on "
+                                 r"the fp32 pipes", got["verdict"]["reason"]), (path, got["verdict"])
+                assert ", FP32 pipe " in got["verdict"]["effective"], (path, got["verdict"])
+            else:  # no FP32 field for a GPU dcgm-exporter does not serve: nothing said
+                assert got["fp32_active"] is None and "FP32" not in json.dumps(got["verdict"]), (path, got)
             assert (got["verdict"]["verdict"], got["verdict"]["title"], got["sm_source"]) == (verdict, title, source), (
                 path, uuid, got["verdict"], got["sm_active"], got["tensor_active"], got["dram_active"])
             assert got["sm_active"] == pytest.approx(SM[uuid] * got["utilization"], abs=0.1), (path, uuid, got)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Literal
 from gpu_exporter.catalog_records import CLUSTER_EXPORTER_SERIES_SUM as CLUSTER_EXPORTER_SERIES_SUM
 from gpu_exporter.catalog_records import DCGM as DCGM
 from gpu_exporter.catalog_records import DCGM_DRAM_ACTIVE as DCGM_DRAM_ACTIVE
+from gpu_exporter.catalog_records import DCGM_FP32_ACTIVE as DCGM_FP32_ACTIVE
 from gpu_exporter.catalog_records import DCGM_SM_ACTIVE as DCGM_SM_ACTIVE
 from gpu_exporter.catalog_records import DCGM_SM_OCCUPANCY as DCGM_SM_OCCUPANCY
 from gpu_exporter.catalog_records import DCGM_TENSOR_ACTIVE as DCGM_TENSOR_ACTIVE

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "INEFFECTIVE", "MEMORY", "SM", "SOURCES", "TENSOR",
            "UNKNOWN", "Activity", "GpuCause", "GpuFinding", "compute_sm", "dram_query", "effective_line",
-           "find_efficiency", "for_cluster", "sm_query", "tensor_query"]
+           "find_efficiency", "for_cluster", "fp32_query", "sm_query", "tensor_query"]
 
 C = "${cluster_label}"
 SOURCES = {"gpm": "GPM", "dcgm": "DCGM"}
@@ -85,6 +85,13 @@ def dram_query(window: str = "5m") -> str:
             f"{_dcgm(m.DCGM_DRAM_ACTIVE, window)}")
 
 
+def fp32_query(window: str = "5m") -> str:
+    """FP32 pipe activity over ``window`` {cluster, uuid}: dcgm-exporter's ``DCGM_FI_PROF_PIPE_FP32_ACTIVE`` only
+    (this exporter reads no fp32 pipe from GPM), so no series where its counters file leaves the field out (the
+    default). Evidence in the text of tensor cores idle, never part of a condition."""
+    return _dcgm(m.DCGM_FP32_ACTIVE, window)
+
+
 def for_cluster(expr: str, cluster_label: str) -> str:
     """A fragment as sent to Prometheus by diagnose: the thresholds' ``cluster_label`` in place of its placeholder."""
     return expr.replace(C, cluster_label)
@@ -117,6 +124,8 @@ class Activity:
     dram: float | None = None
     memory: float | None = None
     source: str | None = None
+    fp32: float | None = None
+    """FP32 pipe activity, from dcgm-exporter where it serves the field (evidence for tensor cores idle)."""
 
 
 @dataclass(frozen=True)
@@ -247,8 +256,15 @@ class TensorIdle(GpuCause):
         return f"(\n{textwrap.indent(TENSOR, '  ')}\n)", f"and on ({C}, uuid)\n  {SM} >= ${{sm_active_low}}"
 
     def reason(self, a: Activity) -> str:
+        """With dcgm-exporter's FP32 pipe field, its reading is the evidence that the math runs in fp32.
+
+        >>> TENSOR_IDLE.reason(Activity(0.97, 0.78, 0.0, 0.3, 0.6, "dcgm", 0.31))
+        'its SMs are 78% active (DCGM) but its tensor pipe only 0% and its FP32 pipe 31% (DCGM): its math runs on \
+the fp32 pipes and the tensor cores idle.'
+        """
+        fp32 = f" and its FP32 pipe {pct(a.fp32)} (DCGM)" if a.fp32 is not None else ""
         return (f"its SMs are {pct(a.sm or 0.0)} active ({SOURCES.get(a.source or '', a.source)}) but its tensor "
-                f"pipe only {pct(a.tensor or 0.0)}: {self.doing}.")
+                f"pipe only {pct(a.tensor or 0.0)}{fp32}: {self.doing}.")
 
 
 class Ineffective(GpuCause):
@@ -310,6 +326,7 @@ the line, the fallback only when no other holds."""
 
 EFFICIENCY_BY_ID: dict[str, GpuCause] = {c.cause: c for c in EFFICIENCY}
 INEFFECTIVE = EFFICIENCY_BY_ID["ineffective"]
+TENSOR_IDLE = EFFICIENCY_BY_ID["tensor_cores_idle"]
 
 
 def find_efficiency(a: Activity, t: Thresholds) -> GpuFinding | None:
@@ -337,18 +354,23 @@ def compute_sm(sm: float, shares: Mapping[str, float]) -> float | None:
 
 
 def effective_line(busy: float | None, sm: float | None, source: str | None, tensor: float | None = None,
-                   dram: float | None = None, shares: Mapping[str, float] | None = None) -> str:
-    """The effective-use line of a verdict: SM activity beside busy utilization, or :data:`UNKNOWN`.
+                   dram: float | None = None, shares: Mapping[str, float] | None = None, *,
+                   fp32: float | None = None) -> str:
+    """The effective-use line of a verdict: SM activity beside busy utilization, or :data:`UNKNOWN`; the pipes
+    known (the FP32 pipe only where dcgm-exporter serves it).
 
     >>> effective_line(0.96, 0.25, "dcgm", 0.0, 0.1, {"compute": 0.9, "data": 0.1})
     'effective utilization (SM activity, DCGM) 25% while 96% busy; tensor pipe 0%, DRAM 10%; compute phase (90% of \
 the step) 28% SM activity'
+    >>> effective_line(0.96, 0.8, "dcgm", 0.0, 0.3, fp32=0.4)
+    'effective utilization (SM activity, DCGM) 80% while 96% busy; tensor pipe 0%, FP32 pipe 40%, DRAM 30%'
     """
     if sm is None:
         return UNKNOWN
     busy_text = f" while {pct(busy)} busy" if busy is not None else ""
     parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) {pct(sm)}{busy_text}"]
-    pipes = [f"{name} {pct(v)}" for name, v in (("tensor pipe", tensor), ("DRAM", dram)) if v is not None]
+    pipes = [f"{name} {pct(v)}" for name, v in (("tensor pipe", tensor), ("FP32 pipe", fp32), ("DRAM", dram))
+             if v is not None]
     if pipes:
         parts.append(", ".join(pipes))
     in_compute = compute_sm(sm, shares or {})

@@ -79,7 +79,8 @@ def _activity(readings: Readings, gpu: str) -> dict[str, Any]:
     """The GpuView fields of the GPU's SM, tensor and DRAM activity (None: unknown)."""
     sm = readings.sm_active.get(gpu)
     return {"sm_active": sm[0] if sm else None, "sm_source": sm[1] if sm else None,
-            "tensor_active": readings.tensor_active.get(gpu), "dram_active": readings.dram_active.get(gpu)}
+            "tensor_active": readings.tensor_active.get(gpu), "dram_active": readings.dram_active.get(gpu),
+            "fp32_active": readings.fp32_active.get(gpu)}
 
 
 def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | None, t: Thresholds,

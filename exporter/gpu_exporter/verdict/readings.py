@@ -186,9 +186,12 @@ def gpm(readings: Readings, snapshot: Snapshot) -> Readings:
 
 def dcgm(readings: Readings, snapshot: Snapshot) -> Readings:
     """dcgm-exporter's profiling fields (its ``UUID`` label is the GPU's uuid) for the GPUs GPM did not fill: each
-    the mean over dcgm-exporter's last collection interval."""
-    _activity(readings, "dcgm", ({gpu_key("", labels.get(catalog.DCGM_UUID_LABEL, "")): value
-                                  for labels, value in snapshot.series(field.name)
-                                  if labels.get(catalog.DCGM_UUID_LABEL)} for field in DCGM_FIELDS))
+    the mean over dcgm-exporter's last collection interval. Its FP32 pipe field, where served, for every GPU."""
+    def per_gpu(name: str) -> dict[str, float]:
+        return {gpu_key("", labels.get(catalog.DCGM_UUID_LABEL, "")): value
+                for labels, value in snapshot.series(name) if labels.get(catalog.DCGM_UUID_LABEL)}
+
+    _activity(readings, "dcgm", (per_gpu(field.name) for field in DCGM_FIELDS))
+    readings.fp32_active.update(per_gpu(catalog.DCGM_FP32_ACTIVE.name))
     return readings
 
