@@ -153,7 +153,7 @@ def accuracy(seconds: float, repeats: int) -> list[tuple[str, float, float, floa
                             x = torch.from_numpy(data).float() * (1.0 + augment(data))
                             t1 = time.perf_counter()
                             opt.zero_grad()
-                            model(x).square().mean().backward()  # type: ignore[no-untyped-call]
+                            model(x).square().mean().backward()
                             opt.step()
                             host, torch_s = host + t1 - t0, torch_s + time.perf_counter() - t1
                         s.stop()
