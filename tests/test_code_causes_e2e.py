@@ -138,7 +138,8 @@ def lightning_job(url: str, seconds: float) -> None:
 
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
             x, _ = batch
-            return self.net(x).square().mean()
+            loss: torch.Tensor = self.net(x).square().mean()
+            return loss
 
         def on_train_batch_end(self, *args: object) -> None:
             if time.monotonic() > self.end:
