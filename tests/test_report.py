@@ -198,7 +198,10 @@ def test_range_and_bad_input(recorded: tuple[str, dict[str, Any], Path]) -> None
     half = json.loads(run_cli("report", "--prometheus-url", prom, "--run", "mixed", "--step", "1s",
                               f"--from={start}", f"--to={_plus(start, whole['wall_seconds'] / 2)}",
                               "--output", "json").stdout)
-    assert half["wall_seconds"] == pytest.approx(whole["wall_seconds"] / 2, rel=0.15)
+    # The report reads each rank's timers at the last sample at or before --to: the rank pushes every 0.5 s and
+    # Prometheus scrapes every 1 s, so that sample lags --to by up to 1.5 s (more when the machine is loaded: the
+    # pushes and scrapes slip), and never leads it. Before --from (the run's start) there is no sample.
+    assert whole["wall_seconds"] / 2 - 2.5 <= half["wall_seconds"] <= whole["wall_seconds"] / 2 + 0.1, half
     assert half["shares"]["data"] == pytest.approx(whole["shares"]["data"], abs=0.08)
     missing = run_cli("report", "--prometheus-url", prom, "--run", "nope")
     assert (missing.returncode, missing.stderr) == (2, f"gpu-exporter: error: Prometheus at {prom} holds no training "
