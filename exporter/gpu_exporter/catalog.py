@@ -37,58 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-# The rules' series (recorded, and dcgm-exporter's), written in catalog_records.py: re-exported, one a line.
-from gpu_exporter.catalog_records import CLUSTER_EXPORTER_SERIES_SUM as CLUSTER_EXPORTER_SERIES_SUM
-from gpu_exporter.catalog_records import DCGM as DCGM
-from gpu_exporter.catalog_records import DCGM_DRAM_ACTIVE as DCGM_DRAM_ACTIVE
-from gpu_exporter.catalog_records import DCGM_FP32_ACTIVE as DCGM_FP32_ACTIVE
-from gpu_exporter.catalog_records import DCGM_SM_ACTIVE as DCGM_SM_ACTIVE
-from gpu_exporter.catalog_records import DCGM_SM_OCCUPANCY as DCGM_SM_OCCUPANCY
-from gpu_exporter.catalog_records import DCGM_TENSOR_ACTIVE as DCGM_TENSOR_ACTIVE
-from gpu_exporter.catalog_records import DCGM_UUID_LABEL as DCGM_UUID_LABEL
-from gpu_exporter.catalog_records import EXPORTER_SERIES_COUNT as EXPORTER_SERIES_COUNT
-from gpu_exporter.catalog_records import GPU_BELOW_TARGET_BOOL as GPU_BELOW_TARGET_BOOL
-from gpu_exporter.catalog_records import GPU_BUSY_NOT_EFFECTIVE_RATIO as GPU_BUSY_NOT_EFFECTIVE_RATIO
-from gpu_exporter.catalog_records import GPU_HAS_WORK_BOOL as GPU_HAS_WORK_BOOL
-from gpu_exporter.catalog_records import GPU_IDLE_BELOW_TARGET_RATIO as GPU_IDLE_BELOW_TARGET_RATIO
-from gpu_exporter.catalog_records import GPU_MEMORY_USED_RATIO as GPU_MEMORY_USED_RATIO
-from gpu_exporter.catalog_records import GPU_SM_ACTIVE_AVG5M as GPU_SM_ACTIVE_AVG5M
-from gpu_exporter.catalog_records import GPU_UNDERUTILIZED_BOOL5M as GPU_UNDERUTILIZED_BOOL5M
-from gpu_exporter.catalog_records import GPU_USEFUL_UTILIZATION_AVG5M as GPU_USEFUL_UTILIZATION_AVG5M
-from gpu_exporter.catalog_records import GPU_UTILIZATION_AVG5M as GPU_UTILIZATION_AVG5M
-from gpu_exporter.catalog_records import GPU_WORKLOAD_INFO as GPU_WORKLOAD_INFO
-from gpu_exporter.catalog_records import MODEL_UTILIZATION_AVG5M as MODEL_UTILIZATION_AVG5M
-from gpu_exporter.catalog_records import NAMESPACE_UTILIZATION_AVG5M as NAMESPACE_UTILIZATION_AVG5M
-from gpu_exporter.catalog_records import NODE_GPU_FUNNEL_SUM as NODE_GPU_FUNNEL_SUM
-from gpu_exporter.catalog_records import NODE_IDLE_HOURS_INCREASE1H as NODE_IDLE_HOURS_INCREASE1H
-from gpu_exporter.catalog_records import NODE_UTILIZATION_AVG5M as NODE_UTILIZATION_AVG5M
-from gpu_exporter.catalog_records import PROCESS_CHILDREN_CPU_RATE5M as PROCESS_CHILDREN_CPU_RATE5M
-from gpu_exporter.catalog_records import PROCESS_CPU_RATE5M as PROCESS_CPU_RATE5M
-from gpu_exporter.catalog_records import PROCESS_HINT_VALUE as PROCESS_HINT_VALUE
-from gpu_exporter.catalog_records import PROCESS_MAIN_THREAD_STATE_SHARE5M as PROCESS_MAIN_THREAD_STATE_SHARE5M
-from gpu_exporter.catalog_records import PROCESS_READ_BYTES_RATE5M as PROCESS_READ_BYTES_RATE5M
-from gpu_exporter.catalog_records import RECORDED as RECORDED
-from gpu_exporter.catalog_records import RUN_TRAINING_CALLBACK_SHARE5M as RUN_TRAINING_CALLBACK_SHARE5M
-from gpu_exporter.catalog_records import (
-    RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION as RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION,
-)
-from gpu_exporter.catalog_records import RUN_TRAINING_CAUSE_SHARE as RUN_TRAINING_CAUSE_SHARE
-from gpu_exporter.catalog_records import RUN_TRAINING_CODE_SHARE5M as RUN_TRAINING_CODE_SHARE5M
-from gpu_exporter.catalog_records import RUN_TRAINING_HOST_FUNCTION_SHARE5M as RUN_TRAINING_HOST_FUNCTION_SHARE5M
-from gpu_exporter.catalog_records import RUN_TRAINING_LIVE_INFO as RUN_TRAINING_LIVE_INFO
-from gpu_exporter.catalog_records import RUN_TRAINING_PHASE_SHARE5M as RUN_TRAINING_PHASE_SHARE5M
-from gpu_exporter.catalog_records import RUN_TRAINING_RANK_WORLD_SIZE as RUN_TRAINING_RANK_WORLD_SIZE
-from gpu_exporter.catalog_records import RUN_TRAINING_REMEDY_BATCH_FACTOR as RUN_TRAINING_REMEDY_BATCH_FACTOR
-from gpu_exporter.catalog_records import RUN_TRAINING_REMEDY_BATCH_SIZE as RUN_TRAINING_REMEDY_BATCH_SIZE
-from gpu_exporter.catalog_records import RUN_TRAINING_REMEDY_NUM_WORKERS as RUN_TRAINING_REMEDY_NUM_WORKERS
-from gpu_exporter.catalog_records import RUN_TRAINING_STEP_SECONDS_AVG5M as RUN_TRAINING_STEP_SECONDS_AVG5M
-from gpu_exporter.catalog_records import (
-    RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS as RUN_TRAINING_STRAGGLER_PROJECTED_STEP_SECONDS,
-)
-from gpu_exporter.catalog_records import RUN_USEFUL_UTILIZATION_AVG5M as RUN_USEFUL_UTILIZATION_AVG5M
-from gpu_exporter.catalog_records import RUN_USEFUL_UTILIZATION_LEVEL as RUN_USEFUL_UTILIZATION_LEVEL
-from gpu_exporter.catalog_records import ExternalSeries as ExternalSeries
-from gpu_exporter.catalog_records import RecordedSeries as RecordedSeries
+# The rules' series (recorded, and dcgm-exporter's), written in catalog_records.py: every public name of that
+# module is re-exported here, so code imports this module only.
+from gpu_exporter.catalog_records import *  # noqa: F403
+from gpu_exporter.catalog_records import RECORDED, RecordedSeries
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
