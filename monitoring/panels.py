@@ -14,7 +14,6 @@ comes from the one config (:class:`Config`, read from ``exporter/gpu_exporter/th
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -339,8 +338,3 @@ def panel_id(board: dict[str, Any], title: str) -> int:
         if panel["title"] == title:
             return int(panel["id"])
     raise KeyError(f"no panel titled {title!r}")
-
-
-def squash(expr: str) -> str:
-    """Whitespace-insensitive form of a PromQL expression, for comparisons."""
-    return re.sub(r"\s+", "", expr)
