@@ -138,10 +138,29 @@ def table(figs: Sequence[Figures]) -> str:
     return "\n".join(lines)
 
 
+def _one_line(expr: str, limit: int = 400) -> str:
+    """A panel's PromQL on one line (its whitespace runs as one space), cut at ``limit`` characters."""
+    line = " ".join(expr.split()).replace("`", "'")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def slowest_panels(f: Figures, count: int = 3) -> str:
+    """The ``count`` slowest panel queries of a size, instant and as a 5-minute range, by dashboard and panel, then
+    the PromQL of the slowest of each (figures written before 2026-12-07 hold no PromQL)."""
+    parts = []
+    for index, kind in ((0, "instant"), (1, "5 min range")):
+        slow = sorted(f.queries, key=lambda q: q[index], reverse=True)[:count]
+        parts.append(f"slowest {kind} queries: " + "; ".join(f"{q[2]}/{q[3]} {q[index] * 1000:.0f} ms" for q in slow))
+    for index, kind in ((0, "instant"), (1, "range")):
+        slowest = max(f.queries, key=lambda q: q[index], default=None)
+        if slowest is not None and len(slowest) > 5:
+            parts.append(f"the slowest {kind} panel, {slowest[2]}/{slowest[3]}: `{_one_line(str(slowest[5]))}`")
+    return "; ".join(parts)
+
+
 def details(figs: Sequence[Figures]) -> str:
     out = []
     for f in figs:
-        slow = sorted(f.queries, reverse=True)[:3]
         out.append(
             f"- {f.gpus:,} GPUs ({f.nodes} nodes, {f.runs} training runs): scrape every {f.scrape_interval:g} s, "
             f"rule groups every {'/'.join(sorted({f'{v:g}' for v in f.intervals.values()})) or '?'} s, "
@@ -150,8 +169,8 @@ def details(figs: Sequence[Figures]) -> str:
             f"{f.load[0]:.1f} -> {f.load[1]:.1f} on {os.cpu_count()} CPUs; evaluations missed: {f.missed:g}; "
             f"ALERTS series: {f.alert_series:g}; recorded series not per GPU or run: {f.recorded_other_series:g}; "
             f"simulator CPU {f.simulator_cpu_seconds * 1000:.0f} ms/s; diagnose exit status {f.diagnose_status}; "
-            "slowest instant queries: " + "; ".join(f"{d}/{t} {s * 1000:.0f} ms" for s, _, d, t, _ in slow)
-            + "; slowest rules: " + ", ".join(f"{n} ({g}) {s * 1000:.0f} ms" for s, g, n in f.slowest_rules))
+            + slowest_panels(f) + "; slowest rules: "
+            + ", ".join(f"{n} ({g}) {s * 1000:.0f} ms" for s, g, n in f.slowest_rules))
     return "\n".join(out)
 
 

@@ -79,8 +79,9 @@ class Figures:
     missed: float = 0.0
     rss_bytes: float = 0.0
     heap_bytes: float = 0.0
-    queries: list[tuple[float, float, str, str, int]] = field(default_factory=list)
-    """(wall seconds instant, wall seconds range over 5m, dashboard, panel, result series)"""
+    queries: list[tuple[float, float, str, str, int, str]] = field(default_factory=list)
+    """(wall seconds instant, wall seconds range over 5m, dashboard, panel, result series, the PromQL sent); figures
+    written before 2026-12-07 have no PromQL (five fields)"""
     diagnose_seconds: float = 0.0
     """The median wall time of ``rounds`` fresh ``diagnose --prometheus-url`` processes over the whole fleet."""
     rounds: int = 1
@@ -256,7 +257,7 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
                                                               picked(prom)):
             instant, size = timed_query(prom, expr)
             ranged, _ = timed_query(prom, expr, range_seconds=300)
-            figures.queries.append((instant, ranged, dashboard, title, size))
+            figures.queries.append((instant, ranged, dashboard, title, size, expr))
     if diagnose:
         runs = [timed_command(prom) for _ in range(rounds)]
         figures.diagnose_seconds, figures.diagnose_status = statistics.median(t for t, _ in runs), runs[-1][1]

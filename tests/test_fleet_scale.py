@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import fleet, fleet_measure, fleet_sim
+from bench import fleet, fleet_doc, fleet_measure, fleet_sim
 from testbed import http_get, promql, run_prometheus, wait_until
 
 NODES = 25  # 200 GPUs
@@ -56,6 +56,21 @@ def evaluated_rules(prom: str) -> list[dict[str, Any]] | None:
 
 
 @pytest.mark.slow
+def test_report_names_the_slowest_range_and_instant_panels() -> None:
+    figures = fleet_measure.Figures(nodes=1, gpus=8, runs=0, scrape_interval=15, seconds=60, load=(0.0, 0.0), queries=[
+        (0.30, 0.40, "gpu-node", "SM activity source", 8, "max by (uuid) (\n  gpu:gpu_sm_active:avg5m\n)"),
+        (0.10, 5.30, "gpu-training", "Straggler", 16, "run:gpu_training_straggler:wait"),
+        (0.20, 0.10, "gpu-fleet", "Busy", 1, "sum(gpu:gpu_utilization:avg5m)")])
+    text = fleet_doc.details([figures])
+    assert "slowest 5 min range queries: gpu-training/Straggler 5300 ms; gpu-node/SM activity source 400 ms" in text
+    assert "slowest instant queries: gpu-node/SM activity source 300 ms; gpu-fleet/Busy 200 ms" in text
+    assert "the slowest range panel, gpu-training/Straggler: `run:gpu_training_straggler:wait`" in text
+    assert "the slowest instant panel, gpu-node/SM activity source: `max by (uuid) ( gpu:gpu_sm_active:avg5m )`" in text
+    older = fleet_measure.Figures(nodes=1, gpus=8, runs=0, scrape_interval=15, seconds=60, load=(0.0, 0.0),
+                                  queries=[(0.1, 0.2, "gpu-fleet", "Busy", 1)])  # type: ignore[list-item]
+    assert "the slowest" not in fleet_doc.details([older]) and "gpu-fleet/Busy 200 ms" in fleet_doc.details([older])
+
+
 def test_rule_groups_and_series_within_budget_at_200_gpus(tmp_path: Path) -> None:
     sim = fleet_sim.Fleet(NODES)
     server = fleet_sim.serve(sim)
