@@ -44,11 +44,8 @@ from prometheus_client.core import Metric
 from . import catalog
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
 from .exposition import render
-from .ingest_schema import ALLOCATOR_FIELDS, Entry, Key, parse_snapshot
-from .ingest_schema import EXPORTED_CODE as EXPORTED_CODE  # the snapshot schema's names, re-exported
-from .ingest_schema import MAX_CLOCK_SKEW_SECONDS as MAX_CLOCK_SKEW_SECONDS
-from .ingest_schema import Rejected as Rejected
-from .ingest_schema import parse_context as parse_context
+from .ingest_schema import ALLOCATOR_FIELDS, MAX_CLOCK_SKEW_SECONDS, Entry, Key, Rejected, parse_snapshot
+from .ingest_schema import parse_context as parse_context  # re-exported: the schema's one public check of a context
 from .training.protocol import TAG_LABEL_PREFIX
 from .verdict import remedies
 

@@ -44,10 +44,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpu_exporter.config import DEFAULTS
 from gpu_exporter.exposition import CONTENT_TYPE_LATEST, Body, ScrapeForecast, Source
-from gpu_exporter.server_limits import LOG_EVERY_SECONDS as LOG_EVERY_SECONDS  # the bounds' names, re-exported
-from gpu_exporter.server_limits import REJECT_REASONS as REJECT_REASONS
 from gpu_exporter.server_limits import LimitedServer
-from gpu_exporter.server_limits import Limits as Limits
+from gpu_exporter.server_limits import Limits as Limits  # re-exported for the app
 from gpu_exporter.training.protocol import INGEST_PATH as INGEST_PATH  # one definition, shared with the library
 
 if TYPE_CHECKING:
