@@ -29,12 +29,13 @@ import functools
 import re
 import sys
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from time import perf_counter
 from typing import Any
 
-from .hooks import MethodTimer, PhaseStack
+from .hooks import MethodTimer, PhaseStack, set_on_instance, start_run, timed_call, undo_all
 from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, MAX_LABEL_LENGTH
-from .run import Phase
+from .run import Phase, Run
 
 SAVE_METHODS = ("save_pretrained",)
 """Methods of a model whose calls write a checkpoint (Hugging Face ``PreTrainedModel.save_pretrained``)."""
@@ -108,9 +109,7 @@ class CallbackTimer:
             inherited = base is not None and getattr(type(obj), hook, None) is getattr(base, hook, None)
             if not callable(method) or inherited:
                 continue
-            saved = vars(obj).get(hook, _MISSING)
-            object.__setattr__(obj, hook, self._timed(method, hook_name(obj, hook)))
-            self._undo.append(functools.partial(_put_back, obj, hook, saved))
+            self._undo.append(set_on_instance(obj, hook, self._timed(method, hook_name(obj, hook))))
 
     def _timed(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
         account = self.hooks.setdefault(name, _Hook())
@@ -155,7 +154,7 @@ class CallbackTimer:
             for function in SAFETENSORS_FUNCTIONS:
                 original = getattr(module, function, None)
                 if callable(original):
-                    setattr(module, function, _within(original, timer))
+                    setattr(module, function, timed_call(original, timer))
                     self._undo.append(functools.partial(setattr, module, function, original))
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -165,25 +164,54 @@ class CallbackTimer:
                 for seconds, name, saves in hooks[:MAX_CALLBACKS]]
 
     def undo(self) -> None:
-        undo, self._undo = self._undo, []
-        for fn in reversed(undo):
-            fn()
+        undo_all(self._undo)
         self._active.clear()
 
 
-_MISSING = object()
+class FrameworkCallback:
+    """What the Lightning and Transformers callbacks share: the run (given, or started and then owned), its
+    :class:`PhaseStack`, the undo of every hook and wrapper, and the job's own callbacks timed by name."""
 
+    _base: type | None = None
+    """The framework's ``Callback`` class (set when the class is built): a hook a callback leaves as is is not timed."""
 
-def _put_back(obj: Any, name: str, saved: Any) -> None:
-    if saved is _MISSING:
-        vars(obj).pop(name, None)
-    else:
-        object.__setattr__(obj, name, saved)
+    def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
+        super().__init__()
+        self.name, self._given_run, self._options = name, run, options
+        self.run: Run | None = None
+        self._owns_run = False
+        self._undo: list[Callable[[], None]] = []
+        self._stack: PhaseStack
 
+    def _start(self, rank: Any) -> Run:
+        """The run at the framework's start of training (``rank``: its rank unless a run was given)."""
+        options = dict(self._options)
+        if self._given_run is None:
+            options.setdefault("rank", rank)
+        run, self._owns_run = start_run(self.name, self._given_run, options)
+        self.run, self._stack = run, PhaseStack(run)
+        return run
 
-def _within(function: Callable[..., Any], timer: Any) -> Callable[..., Any]:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        with timer:
-            return function(*args, **kwargs)
-    timed.__wrapped__ = function  # type: ignore[attr-defined]
-    return timed
+    def _time_callbacks(self, callbacks: list[Any], hooks: Iterable[str], checkpoint: Phase,
+                        models: Iterable[Any]) -> AbstractContextManager[Any]:
+        """Time ``hooks`` of the job's ``callbacks`` by name (:class:`CallbackTimer`) and the ``save_pretrained`` of
+        ``models``; returns the ``checkpoint`` context, which tells the timer of each save."""
+        stack = self._stack
+        if not callbacks:
+            return stack.timed(checkpoint)
+        timer = CallbackTimer(stack, checkpoint, callbacks_phase(stack.run))
+        timed = stack.timed(checkpoint, timer.saving)
+        for callback in callbacks:
+            timer.wrap(callback, hooks, self._base)
+        timer.time_saves(models, timed)
+        self._undo.append(timer.undo)
+        stack.run.callback_report = timer.snapshot
+        return timed
+
+    def close(self) -> None:
+        """Remove every hook and wrapper, back to ``other``; close the run if this callback started it."""
+        undo_all(self._undo)
+        if self.run is not None:
+            self._stack.base(self.run.other_phase)
+            if self._owns_run:
+                self.run.close()

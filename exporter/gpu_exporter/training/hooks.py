@@ -38,6 +38,7 @@ Importing this module imports nothing heavy; torch is imported by :func:`watch` 
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import threading
@@ -103,16 +104,11 @@ def time_forward(modules: Iterable[Any], stack: PhaseStack, phase: Phase) -> Cal
     def post(module: Any, args: Any, output: Any) -> None:
         stack.pop()
 
-    handles = []
+    undo = []
     for module in modules:
-        handles.append(module.register_forward_pre_hook(pre, prepend=True))
-        handles.append(module.register_forward_hook(post, always_call=True))
-
-    def undo() -> None:
-        for handle in handles:
-            handle.remove()
-
-    return undo
+        undo.append(module.register_forward_pre_hook(pre, prepend=True).remove)
+        undo.append(module.register_forward_hook(post, always_call=True).remove)
+    return functools.partial(undo_all, undo)
 
 
 def model_parts(model: Any) -> list[Any]:
@@ -149,12 +145,11 @@ def time_optimizer_step(optimizer: Any, stack: PhaseStack, phase: Phase, *,
     handles = []
     for opt in _as_list(optimizer):
         if pre:
-            handles.append(opt.register_step_pre_hook(open_step))
-        handles.append(opt.register_step_post_hook(close_step))
+            handles.append(opt.register_step_pre_hook(open_step).remove)
+        handles.append(opt.register_step_post_hook(close_step).remove)
 
     def undo() -> None:
-        for handle in handles:
-            handle.remove()
+        undo_all(handles)
         state[0] = False
 
     return open_step, undo
@@ -252,31 +247,35 @@ class MethodTimer:
     """
 
     def __init__(self, obj: Any, phase: AbstractContextManager[Any], names: Iterable[str] = METRIC_METHODS) -> None:
-        self._obj = obj
-        self._saved: list[tuple[str, Any]] = []
-        for name in names:
-            method = getattr(obj, name, None)
-            if not callable(method):
-                continue
-            self._saved.append((name, vars(obj).get(name, _MISSING)))
-            object.__setattr__(obj, name, _timed_call(method, phase))
-        if not self._saved:
+        self._undo = [set_on_instance(obj, name, timed_call(method, phase)) for name in names
+                      if callable(method := getattr(obj, name, None))]
+        if not self._undo:
             raise TypeError(f"training.watch: metrics= takes objects with update/compute/forward methods (a "
                             f"torchmetrics metric), not {type(obj).__name__}; time a plain function with "
                             "`with watcher.run.phase('metrics'):`")
 
     def undo(self) -> None:
-        for name, saved in self._saved:
-            _restore(self._obj, name, saved)
-        self._saved = []
+        undo_all(self._undo)
 
 
 def do_nothing() -> None:
     """An undo that has nothing to undo."""
 
 
+def undo_all(undo: list[Callable[[], None]]) -> None:
+    """Call every function of ``undo``, the last added first, leaving the list empty."""
+    while undo:
+        undo.pop()()
+
+
+def set_on_instance(obj: Any, name: str, value: Any) -> Callable[[], None]:
+    """Set attribute ``name`` on the instance ``obj`` only; returns the undo that puts back what it had (or nothing)."""
+    saved = vars(obj).get(name, _MISSING)
+    object.__setattr__(obj, name, value)
+    return functools.partial(_restore, obj, name, saved)
+
+
 def _restore(obj: Any, name: str, saved: Any) -> None:
-    """Put back instance attribute ``name`` as it was (``_MISSING``: there was none)."""
     if saved is _MISSING:
         vars(obj).pop(name, None)
     else:
@@ -286,7 +285,8 @@ def _restore(obj: Any, name: str, saved: Any) -> None:
 _MISSING = object()
 
 
-def _timed_call(method: Callable[..., Any], phase: AbstractContextManager[Any]) -> Callable[..., Any]:
+def timed_call(method: Callable[..., Any], phase: AbstractContextManager[Any]) -> Callable[..., Any]:
+    """``method`` with each call inside ``phase``."""
     def timed(*args: Any, **kwargs: Any) -> Any:
         with phase:
             return method(*args, **kwargs)
@@ -405,9 +405,7 @@ class Watch:
                     if opened and not (is_grad_enabled() and model.training):
                         compute.close()
 
-            saved = vars(model).get("forward", _MISSING)
-            object.__setattr__(model, "forward", timed_forward)
-            self._undo.append(lambda: _restore(model, "forward", saved))
+            self._undo.append(set_on_instance(model, "forward", timed_forward))
             enable_distributed(run, model)
 
         def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
@@ -422,9 +420,7 @@ class Watch:
 
     def close(self) -> None:
         """Remove every hook, restore the loader and ``torch.save``, and close the run if watch started it."""
-        undo, self._undo = self._undo, []
-        for fn in reversed(undo):
-            fn()
+        undo_all(self._undo)
         if self._owns_run:
             self.run.close()
 

@@ -48,16 +48,14 @@ from collections.abc import Callable
 from typing import Any
 
 from . import context as _context
-from .callbacks import CallbackTimer, callbacks_phase
+from .callbacks import FrameworkCallback
 from .hooks import (
     MethodTimer,
-    PhaseStack,
     SaveTimer,
     batch_len,
     do_nothing,
     enable_distributed,
     model_parts,
-    start_run,
     time_forward,
     time_optimizer_step,
     time_overridden,
@@ -77,7 +75,7 @@ LOG_METHODS = ("log", "log_dict")
 """Methods of the LightningModule timed as ``metrics`` (the job's logging, also from a callback)."""
 
 
-class CallbackMixin:
+class CallbackMixin(FrameworkCallback):
     """The callback's behaviour, independent of the Lightning package it is mixed into."""
 
     # Per-batch hooks this callback does not use: Lightning skips a hook that is not callable, so
@@ -85,47 +83,28 @@ class CallbackMixin:
     on_before_zero_grad = on_before_backward = on_after_backward = None
     on_validation_batch_start = on_validation_batch_end = on_test_batch_start = on_test_batch_end = None
     on_predict_batch_start = on_predict_batch_end = None
-    _base: type | None = None
-    """The package's ``Callback`` class (set by :func:`callback_class`): a hook a callback leaves as is is not timed."""
 
     def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
-        super().__init__()
-        self.name, self._given_run, self._options = name, run, options
-        self.run: Run | None = None
-        self._stack: PhaseStack
+        super().__init__(name, run=run, **options)
         self._compute: Phase
         self._metrics: Phase
         self._data: Phase
-        self._owns_run = False
-        self._undo: list[Callable[[], None]] = []
         self._open_update: Callable[[], None] = do_nothing
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        options = dict(self._options)
-        if self._given_run is None:
-            options.setdefault("rank", trainer.global_rank)
-        run, self._owns_run = start_run(self.name, self._given_run, options)
-        self.run = run
-        self._stack = stack = PhaseStack(run)
+        run = self._start(trainer.global_rank)
+        stack = self._stack
         self._compute, self._metrics, self._data = run.phase(COMPUTE), run.phase(METRICS), run.phase(DATA)
         compute, metrics = stack.timed(self._compute), stack.timed(self._metrics)
-        checkpoint_phase = run.phase(CHECKPOINT)
         other = stack.timed(run.other_phase)
         undo = self._undo
         own = [c for c in getattr(trainer, "callbacks", ()) if c is not self
                and not any(c is k for k in getattr(trainer, "checkpoint_callbacks", ()))]
-        hooks = CallbackTimer(stack, checkpoint_phase, callbacks_phase(run)) if own else None
-        checkpoint = stack.timed(checkpoint_phase, None if hooks is None else hooks.saving)
+        checkpoint = self._time_callbacks(own, TRAINING_HOOKS, run.phase(CHECKPOINT), model_parts(pl_module))
         undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
         undo.append(SaveTimer(checkpoint).undo)
         for callback in getattr(trainer, "checkpoint_callbacks", ()):  # their deciding and pruning too
             undo.append(MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
-        if hooks is not None:
-            for callback in own:
-                hooks.wrap(callback, TRAINING_HOOKS, self._base)
-            hooks.time_saves(model_parts(pl_module), checkpoint)
-            undo.append(hooks.undo)
-            run.callback_report = hooks.snapshot
         undo.append(MethodTimer(pl_module, metrics, LOG_METHODS).undo)
         for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
             undo.append(MethodTimer(metric, metrics).undo)
@@ -179,15 +158,8 @@ class CallbackMixin:
         self.close()
 
     def close(self) -> None:
-        """Remove every hook and wrapper; close the run if this callback started it."""
-        undo, self._undo = self._undo, []
-        for fn in reversed(undo):
-            fn()
         self._open_update = do_nothing
-        if self.run is not None:
-            self._stack.base(self.run.other_phase)
-            if self._owns_run:
-                self.run.close()
+        super().close()
 
 
 def _module_base(pl_module: Any) -> type | None:

@@ -365,11 +365,8 @@ class Run:
         ('data', False)
         """
         if self._current is not phase:
-            other = self._other
-            while (current := self._current) is not other:
-                current._depth = 0
-                current.__exit__(None, None, None)
-            if phase is not other:
+            self.close_phases()
+            if phase is not self._other:
                 phase.__enter__()
 
     def _add_phase(self, name: str) -> Phase:

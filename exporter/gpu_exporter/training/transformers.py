@@ -35,19 +35,16 @@ imports transformers, when ``GpuExporterCallback`` is first used.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from .callbacks import CallbackTimer, callbacks_phase
+from .callbacks import FrameworkCallback
 from .hooks import (
     LoaderTimer,
     MethodTimer,
-    PhaseStack,
     SaveTimer,
     batch_len,
     enable_distributed,
     model_parts,
-    start_run,
     time_forward,
     time_optimizer_step,
     time_overridden,
@@ -66,19 +63,13 @@ SAVE_HOOKS: tuple[str, ...] = ("on_save",)
 """Hooks of the other callbacks timed as ``checkpoint``."""
 
 
-class CallbackMixin:
+class CallbackMixin(FrameworkCallback):
     """The callback's behaviour; mixed into ``transformers.TrainerCallback`` on first use."""
 
-    _base: type | None = None
-
     def __init__(self, name: str | None = None, *, run: Run | None = None, **options: Any) -> None:
-        self.name, self._given_run, self._options = name, run, options
-        self.run: Run | None = None
-        self._owns_run = False
+        super().__init__(name, run=run, **options)
         self._samples = 0
-        self._undo: list[Callable[[], None]] = []
         self._phases: dict[str, Phase] = {}
-        self._stack: PhaseStack
 
     def _switch(self, phase: str | None) -> None:
         """Close whatever phase is open and open ``phase`` (None: back to ``other``)."""
@@ -91,25 +82,21 @@ class CallbackMixin:
         self._samples += batch_len(batch)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        options = dict(self._options)
-        if self._given_run is None:
-            options.setdefault("rank", args.process_index)
-        run, self._owns_run = start_run(self.name, self._given_run, options)
-        self.run = run
-        self._stack = stack = PhaseStack(run)
+        run = self._start(args.process_index)
+        stack = self._stack
         self._phases = {p: run.phase(p) for p in (COMPUTE, METRICS, CHECKPOINT)}
         compute, metrics = stack.timed(self._phases[COMPUTE]), stack.timed(self._phases[METRICS])
         undo = self._undo
         trainer = _find_trainer()
         callbacks = [c for c in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()) if c is not self]
-        hooks = CallbackTimer(stack, self._phases[CHECKPOINT], callbacks_phase(run)) if callbacks else None
-        checkpoint = stack.timed(self._phases[CHECKPOINT], None if hooks is None else hooks.saving)
+        model = kwargs.get("model")
+        checkpoint = self._time_callbacks(callbacks, TRAINING_HOOKS, self._phases[CHECKPOINT],
+                                          [m for m in (model, getattr(model, "module", None)) if m is not None])
         other = stack.timed(run.other_phase)
         loader = kwargs.get("train_dataloader")
         if loader is not None:
             undo.append(LoaderTimer(loader, run.phase(DATA), self._count).undo)
         undo.append(SaveTimer(checkpoint).undo)
-        model = kwargs.get("model")
         undo.append(time_forward(model_parts(model), stack, self._phases[COMPUTE]))
         undo.append(time_optimizer_step(kwargs.get("optimizer"), stack, self._phases[COMPUTE])[1])
         if trainer is not None:
@@ -122,12 +109,6 @@ class CallbackMixin:
         for callback in callbacks:
             for names, timer in timed:
                 undo.append(time_overridden(callback, names, self._base, timer))
-        if hooks is not None:
-            for callback in callbacks:
-                hooks.wrap(callback, TRAINING_HOOKS, self._base)
-            hooks.time_saves([m for m in (model, getattr(model, "module", None)) if m is not None], checkpoint)
-            undo.append(hooks.undo)
-            run.callback_report = hooks.snapshot
         for metric in torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
             undo.append(MethodTimer(metric, metrics).undo)
         enable_distributed(run, model)
@@ -155,14 +136,6 @@ class CallbackMixin:
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Remove every hook and wrapper, restore the DataLoader; close the run if this callback started it."""
-        self._switch(None)
-        undo, self._undo = self._undo, []
-        for fn in reversed(undo):
-            fn()
-        if self.run is not None and self._owns_run:
-            self.run.close()
 
 
 def _find_trainer(depth: int = 12) -> Any:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, ClassVar
 from gpu_exporter import catalog as m
 from gpu_exporter.training.protocol import COMPUTE
 from gpu_exporter.verdict.alerts import runbook_anchor
+from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.levels import threshold
 
 if TYPE_CHECKING:
@@ -107,11 +108,6 @@ DRAM = dram_query()
 """The GPU's DRAM activity (5m mean), read inline."""
 MEMORY = f"max by ({C}, uuid) ({m.GPU_MEMORY_USED_RATIO.name})"
 """The GPU's share of memory used."""
-
-
-def pct(ratio: float) -> str:
-    """``0.254 -> "25%"``."""
-    return f"{ratio * 100:.0f}%"
 
 
 @dataclass(frozen=True)
