@@ -29,11 +29,6 @@ from gpu_exporter.config import DURATION_EXAMPLES, SETTINGS, ConfigError, load_c
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"gpu-exporter: error: {message}", file=sys.stderr)
-    return code
-
-
 def _packaged_scenarios() -> list[str]:
     """simulate.scenario.packaged_scenarios without importing the simulation (serve must not load it)."""
     return sorted(p.stem for p in (Path(__file__).parent / "simulate" / "scenarios").glob("*.yaml"))
@@ -101,6 +96,8 @@ def setup_logging(level: str, style: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gpu_exporter.commands.client_cli import EXIT_NO_DRIVER, fail
+
     flags: dict[str, Any] = {s.key: getattr(args, s.attr, None) for s in SETTINGS}
     if args.simulate is not None:
         flags["simulate.enabled"] = True
@@ -108,11 +105,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, flags=flags)
     except ConfigError as err:
-        return _fail(str(err), 2)
+        return fail(str(err))
     setup_logging(config.log_level, config.log_format)
 
     from gpu_exporter.app import Exporter
-    from gpu_exporter.commands.client_cli import EXIT_NO_DRIVER
     from gpu_exporter.nvml import DriverNotFound
     from gpu_exporter.server import AddressInUse
 
@@ -131,11 +127,11 @@ def _serve(args: argparse.Namespace) -> int:
         exporter = Exporter(config)
         exporter.start(before_serving=handle_signals)
     except DriverNotFound as err:
-        return _fail(str(err), EXIT_NO_DRIVER)
+        return fail(str(err), EXIT_NO_DRIVER)
     except AddressInUse as err:
-        return _fail(str(err), 1)
+        return fail(str(err), 1)
     except ValueError as err:  # a bad scenario or web config file
-        return _fail(str(err), 2)
+        return fail(str(err))
     try:
         stop.wait()
     finally:

@@ -51,7 +51,6 @@ REFRESH_SECONDS = 1.0
 RECORD_SECONDS = WINDOW_SECONDS / 10
 """Between views, the poller's readings are kept at most this often (the window's oldest is then
 at most this much younger than :data:`WINDOW_SECONDS`)."""
-"""The status is recomputed at most this often; viewers in between get the cached answer."""
 POLL_MILLISECONDS = 2000
 """How often the page's script polls :data:`STATUS_PATH`."""
 
