@@ -71,6 +71,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -111,7 +112,7 @@ def _labels(pairs: list[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
 
 
-class DcgmExporter:
+class DcgmExporter(AbstractContextManager["DcgmExporter"]):
     """The stand-in serving in this process (a thread); made by :func:`serve`."""
 
     def __init__(self, scenario: Scenario | str | Path | None = None, port: int = 0, *, host: str = "127.0.0.1",
@@ -190,9 +191,6 @@ class DcgmExporter:
         self._thread.join(timeout=5.0)
         self.node.close()
 
-    def __enter__(self) -> DcgmExporter:
-        return self
-
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
@@ -206,7 +204,7 @@ def serve(scenario: Scenario | str | Path | None = None, port: int = 0, *, host:
                         pods=pods, clock=clock)
 
 
-class DcgmProcess:
+class DcgmProcess(AbstractContextManager["DcgmProcess"]):
     """The stand-in in a subprocess; made by :func:`spawn`."""
 
     def __init__(self, process: subprocess.Popen[str], url: str) -> None:
@@ -225,9 +223,6 @@ class DcgmProcess:
                 self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
-
-    def __enter__(self) -> DcgmProcess:
-        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

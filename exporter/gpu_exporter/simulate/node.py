@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
@@ -48,7 +49,7 @@ TrainingSource = Callable[[str], "Mapping[str, float] | str | None"]
 """``fn(uuid)``: the cumulative phase seconds of the newest live run on the GPU (or its current phase)."""
 
 
-class SimulatedNode:
+class SimulatedNode(AbstractContextManager["SimulatedNode"]):
     """A simulated GPU node; created by :func:`gpu_exporter.simulate.install`.
 
     Tests and demos use it to move through failure modes, e.g. ``node.lose_gpu(1)``. It reads the job side's
@@ -77,9 +78,6 @@ class SimulatedNode:
         self._last_phases: dict[int, dict[str, float]] = {}
         self._refresher: threading.Thread | None = None
         self._closed = threading.Event()
-
-    def __enter__(self) -> SimulatedNode:
-        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -354,7 +354,7 @@ class StepCounter:
             self.step()
 
 
-class Watch:
+class Watch(AbstractContextManager["Watch"]):
     """The hooks :func:`watch` put on a model, optimizer and loader; ``close()`` removes them all.
 
     ``run`` is the :class:`Run` they report to (``run.phase("metrics")`` marks more metrics time).
@@ -423,9 +423,6 @@ class Watch:
         undo_all(self._undo)
         if self._owns_run:
             self.run.close()
-
-    def __enter__(self) -> Watch:
-        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -34,6 +34,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -205,7 +206,7 @@ class _EventPhase(Phase):
             run._gpu.mark(run._current, run._since)  # type: ignore[union-attr]
 
 
-class Run:
+class Run(AbstractContextManager["Run"]):
     """Timing state of one training process (one run, one rank); create it with ``training.start``.
 
     ``Run`` itself does no I/O; ``start()`` attaches the background pusher. Example::
@@ -285,9 +286,6 @@ class Run:
     def pusher(self) -> Pusher | None:
         """The pusher :meth:`attach` started; None before, after ``close()`` and in a forked child."""
         return self._pusher
-
-    def __enter__(self) -> Run:
-        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
