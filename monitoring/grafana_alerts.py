@@ -5,7 +5,7 @@ The problem: the Grafana rules must fire exactly when the Prometheus ones do. So
 takes its parts from the same model object (:class:`monitoring.model.Alert`) the Prometheus alert of
 the same name is written from: the query without its comparison, the comparison and its threshold
 key (compared in a Grafana threshold expression), ``for``, labels, summary and runbook; the panel it
-points at is the :class:`~monitoring.dashboards.PanelKey` its dashboard's builder titles it with, found in the
+points at is the :class:`~monitoring.dashboards.shared.PanelKey` its dashboard's builder titles it with, found in the
 dashboards' models. Nothing is re-parsed or cut out of generated text. Example::
 
     python -m monitoring          # rewrites grafana/provisioning/alerting/gpu-utilization.yml too

@@ -31,14 +31,10 @@ from monitoring.dashboards.fleet_cost import cost
 from monitoring.dashboards.fleet_overview import fleet
 from monitoring.dashboards.health import exporter_health
 from monitoring.dashboards.node import node_detail
-from monitoring.dashboards.shared import GPU_TABLE_LINK, RUN_TABLE_LINK, PanelKey, cause_runbooks, gpu_link
 from monitoring.dashboards.training import training_run
 from monitoring.model import Model
 from monitoring.panels import Config, model, render
 from monitoring.paths import DASHBOARD_DIR
-
-__all__ = ["DASHBOARDS", "GPU_TABLE_LINK", "RUN_TABLE_LINK", "PanelKey", "build", "cause_runbooks", "cost",
-           "exporter_health", "fleet", "generate", "gpu_link", "node_detail", "training_run"]
 
 DASHBOARDS: dict[str, Callable[[Config], dash.Dashboard]] = {
     "gpu-fleet-overview.json": fleet,
