@@ -34,7 +34,7 @@ from time import perf_counter
 from typing import Any
 
 from .hooks import MethodTimer, PhaseStack, set_on_instance, start_run, timed_call, undo_all
-from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, MAX_LABEL_LENGTH
+from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, MAX_LABEL_LENGTH, OTHER
 from .run import Phase, Run
 
 SAVE_METHODS = ("save_pretrained",)
@@ -208,10 +208,14 @@ class FrameworkCallback:
         stack.run.callback_report = timer.snapshot
         return timed
 
+    def _switch(self, phase: str | None) -> None:
+        """Close whatever phase is open and open ``phase`` (None: back to ``other``); nothing before the run starts."""
+        if self.run is not None:
+            self._stack.base(self.run.phase(phase or OTHER))
+
     def close(self) -> None:
         """Remove every hook and wrapper, back to ``other``; close the run if this callback started it."""
         undo_all(self._undo)
-        if self.run is not None:
-            self._stack.base(self.run.other_phase)
-            if self._owns_run:
-                self.run.close()
+        self._switch(None)
+        if self.run is not None and self._owns_run:
+            self.run.close()

@@ -124,12 +124,10 @@ class CallbackMixin(FrameworkCallback):
             _context.note_loader(run, loader)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.run is not None:
-            self._stack.base(self._data)
+        self._switch(DATA)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.run is not None:
-            self._stack.base(self.run.other_phase)
+        self._switch(None)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._open_update()
@@ -140,8 +138,7 @@ class CallbackMixin(FrameworkCallback):
             self._stack.base(self._data)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.run is not None:
-            self._stack.base(self.run.other_phase)
+        self._switch(None)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:

@@ -71,13 +71,6 @@ class CallbackMixin(FrameworkCallback):
         self._samples = 0
         self._phases: dict[str, Phase] = {}
 
-    def _switch(self, phase: str | None) -> None:
-        """Close whatever phase is open and open ``phase`` (None: back to ``other``)."""
-        run = self.run
-        if run is None:
-            return
-        self._stack.base(run.other_phase if phase is None else self._phases[phase])
-
     def _count(self, batch: Any) -> None:
         self._samples += batch_len(batch)
 
