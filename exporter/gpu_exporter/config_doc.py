@@ -140,23 +140,34 @@ def outputs() -> dict[Path, str]:
     return {DOC: markdown(), SAMPLE: sample_yaml()}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, allow_abbrev=False,
-                                     description="Write docs/configuration.md and examples/gpu-exporter.yaml from "
-                                                 "the exporter's settings.")
+def check_flag(prog: str, description: str, argv: list[str] | None) -> bool:
+    """Whether a generator's command line (``prog``: its only flag is ``--check``) asks to check only."""
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description=description)
     parser.add_argument("--check", action="store_true", help="only report files that are out of date (exit 1)")
-    args = parser.parse_args(argv)
+    return bool(parser.parse_args(argv).check)
+
+
+def write_or_check(outputs: dict[Path, str], root: Path, command: str, check: bool) -> int:
+    """The generators' one last step (this module's and ``python -m monitoring``'s): write each file of ``outputs``
+    that differs from its text, or with ``check`` only name it; the exit status (1: ``check`` found one)."""
+    stale = [path for path, text in outputs.items() if not path.exists() or path.read_text() != text]
+    for path in stale:
+        if check:
+            print(f"out of date: {path.relative_to(root)} (run {command})")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(outputs[path])
+            print(f"wrote {path.relative_to(root)}")
+    return 1 if stale and check else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    check = check_flag(COMMAND, "Write docs/configuration.md and examples/gpu-exporter.yaml from the exporter's "
+                                "settings.", argv)
     if not (ROOT / "docs").is_dir():
         print(f"error: {ROOT} is no source checkout (no docs/): run {COMMAND} from one", file=sys.stderr)
         return 2
-    stale = {path: text for path, text in outputs().items() if not path.exists() or path.read_text() != text}
-    for path, text in stale.items():
-        if args.check:
-            print(f"out of date: {path.relative_to(ROOT)} (run {COMMAND})")
-        else:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(ROOT)}")
-    return 1 if stale and args.check else 0
+    return write_or_check(outputs(), ROOT, COMMAND, check)
 
 
 if __name__ == "__main__":
