@@ -29,11 +29,14 @@ import pynvml
 
 log = logging.getLogger(__name__)
 
-_ERROR_NAMES = {
-    getattr(pynvml, name): name[len("NVML_ERROR_"):].lower()
-    for name in dir(pynvml)
-    if name.startswith("NVML_ERROR_") and isinstance(getattr(pynvml, name), int)
-}
+
+def _named(prefix: str, skip: str = "") -> dict[int, str]:
+    """pynvml's integer constants ``prefix<NAME>`` (but ``skip``) by value: ``<name>`` in lower case."""
+    return {getattr(pynvml, name): name[len(prefix):].lower() for name in dir(pynvml)
+            if name.startswith(prefix) and name != skip and isinstance(getattr(pynvml, name), int)}
+
+
+_ERROR_NAMES = _named("NVML_ERROR_")
 _UNSUPPORTED = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
 _DRIVER_GONE = {
     pynvml.NVML_ERROR_UNINITIALIZED,
@@ -45,12 +48,7 @@ _DRIVER_GONE = {
 # an event wait that timed out: not an error.
 _NO_DATA = {pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NO_DATA, pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_TIMEOUT}
 
-_ARCHITECTURES = {
-    getattr(pynvml, name): name[len("NVML_DEVICE_ARCH_"):].lower()
-    for name in dir(pynvml)
-    if name.startswith("NVML_DEVICE_ARCH_") and name != "NVML_DEVICE_ARCH_UNKNOWN"
-    and isinstance(getattr(pynvml, name), int)
-}
+_ARCHITECTURES = _named("NVML_DEVICE_ARCH_", skip="NVML_DEVICE_ARCH_UNKNOWN")
 
 
 def error_name(code: int) -> str:
