@@ -21,7 +21,7 @@ from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
 from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.readings import Keys
 from gpu_exporter.verdict.signals import RunSignals
-from gpu_exporter.verdict.views import GpuView, Readings, RunKey, RunView
+from gpu_exporter.verdict.views import GpuView, Readings, RunKey, RunView, evolve
 
 SM_BATCH = EFFICIENCY_BY_ID["sm_batch_too_small"].cause
 """The SM form of M3, whose remedy is the batch suggestion too."""
@@ -124,7 +124,7 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
                                          readings.memory_total.get(gpu), t.remedy_memory_target_ratio)
         if text:
             changes["suggestions"] = {**changes.get("suggestions", {}), SM_BATCH: text}
-    return replace(run, **changes) if changes else run
+    return evolve(run, **changes) if changes else run
 
 
 def unjoined_runs(readings: Readings) -> list[tuple[str, str]]:

@@ -68,7 +68,7 @@ from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, HINTS_BY_ID
 from gpu_exporter.verdict.kinds import Cause, Finding
 from gpu_exporter.verdict.levels import BY_LEVEL, LEVELS, LOW, TARGET, level, threshold, useful_text, useful_utilization
 from gpu_exporter.verdict.promql import AT_TARGET, cause_share, efficiency_held
-from gpu_exporter.verdict.views import GpuView, RunView, Verdict
+from gpu_exporter.verdict.views import GpuView, RunView, Verdict, evolve
 
 INSTRUMENT_SNIPPET = """\
 from gpu_exporter import training
@@ -370,7 +370,7 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
     facts = Facts(view, util, lvl, live, found, efficiency)
     for row in LADDER:
         if row.holds(facts, t):
-            return replace(row.say(row, facts, t), effective=effective_line(
+            return evolve(row.say(row, facts, t), effective=effective_line(
                 util, view.sm_active, view.sm_source, view.tensor_active, view.dram_active,
                 live[0].shares if live else None, fp32=view.fp32_active))
     raise AssertionError("the last row of the ladder always holds")  # pragma: no cover

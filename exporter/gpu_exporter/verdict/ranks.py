@@ -17,13 +17,14 @@ as the rules keep them. Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.training.protocol import COMMUNICATION
 from gpu_exporter.verdict.causes import cause_order
 from gpu_exporter.verdict.format import pct, seconds
 from gpu_exporter.verdict.kinds import Finding
+from gpu_exporter.verdict.views import evolve
 
 if TYPE_CHECKING:
     from gpu_exporter.verdict.views import GpuView, RunView, Verdict
@@ -69,16 +70,16 @@ def name_straggler_causes(views: Sequence[GpuView]) -> list[GpuView]:
             return f
         straggler, util = by_rank.get((cluster, run, f.straggler), (None, None))
         if straggler is None:  # its snapshots carry no GPU UUID: its own cause is not judged here
-            return replace(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
+            return evolve(f, straggler_cause=f"rank {f.straggler}'s own cause is unknown here (it reports from no "
                                               "GPU read here)")
         # Its own cause: not what every rank pays (CM) nor a wait (ST), the same as the alert's text.
         own = sorted((g for g in straggler.findings if not g.cause.run_wide), key=cause_order)
-        return replace(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
+        return evolve(f, straggler_cause=own_cause(f.straggler, own[0] if own else None, util))
 
     def renamed(v: GpuView) -> GpuView:
         if not any(f.cause.waits for r in v.runs for f in r.findings):
             return v
-        return replace(v, runs=tuple(replace(r, findings=tuple(named(f, v.cluster, r.run) for f in r.findings))
+        return evolve(v, runs=tuple(evolve(r, findings=tuple(named(f, v.cluster, r.run) for f in r.findings))
                                      for r in v.runs))
 
     return [renamed(v) for v in views]

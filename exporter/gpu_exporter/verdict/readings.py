@@ -51,7 +51,13 @@ class Keys:
         return GpuKey(cluster, uuid)
 
     def gpu(self, labels: Labels) -> str:
-        return str(self.key(labels))
+        """``str(self.key(labels))`` without the key: a fleet-wide diagnose asks this about 22 times a GPU."""
+        uuid = labels.get("uuid", "")
+        if self.cluster_label and uuid:
+            cluster = labels.get(self.cluster_label, "")
+            if cluster:
+                return f"{cluster}/{uuid}"
+        return uuid
 
     def relabel(self, pairs: Iterable[tuple[Labels, float]]) -> Pairs:
         """``pairs`` with ``uuid`` set to the GPU key, so key-blind readers (evidence, remedies) keep clusters apart."""

@@ -13,7 +13,9 @@ same way); :attr:`GpuView.uuid` is always the plain UUID.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cache
+from typing import Any, TypeVar
 
 from gpu_exporter.verdict import remedies
 from gpu_exporter.verdict.hints import Hint, ProcessSignals
@@ -22,6 +24,35 @@ from gpu_exporter.verdict.samples import Labels
 
 RunKey = tuple[str, str, str]
 """(run, rank, GPU key)."""
+
+_Frozen = TypeVar("_Frozen")
+
+
+@cache
+def _names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def evolve(obj: _Frozen, **changes: Any) -> _Frozen:
+    """``dataclasses.replace(obj, **changes)`` for the verdict's frozen dataclasses (no ``__post_init__``, every field
+    an ``__init__`` argument), without ``replace``'s call of ``__init__`` through every field: a copy of the fields
+    with ``changes`` set. A fleet-wide diagnose makes about three a GPU (the join, the ladder, the straggler names).
+
+    >>> from dataclasses import replace
+    >>> v = RunView("r", "0", {}, 0.0, False, None, 0.0, 0.0, live=False)
+    >>> evolve(v, live=True) == replace(v, live=True), evolve(v, live=True) is not v, v.live
+    (True, True, False)
+    >>> evolve(v, nope=1)
+    Traceback (most recent call last):
+    TypeError: RunView has no field nope
+    """
+    cls: type = type(obj)
+    unknown = changes.keys() - _names(cls)
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no field {', '.join(sorted(unknown))}")
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
 
 
 @dataclass(frozen=True)
