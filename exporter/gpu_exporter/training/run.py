@@ -279,7 +279,8 @@ class Run(AbstractContextManager["Run"]):
         atexit.register(self.close)
         pusher.start()
         if rate:  # whose code runs in compute/other (causes FO, HW): training/sampler.py
-            self._sampler = _sampler.StackSampler(self._thread, lambda: self._current.name, rate)
+            self._sampler = _sampler.StackSampler(self._thread, lambda: self._current.name, rate,
+                                                  self.cpu_phase_seconds)
             self._sampler.start()
 
     @property

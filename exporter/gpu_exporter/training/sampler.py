@@ -19,11 +19,22 @@ is not plain library code (:func:`classify`):
   host work inside the step (cause HW); the function is kept by name (``train.py:88:augment``).
 
 Other library frames (numpy, the standard library, torchvision, this package) belong to whoever
-called them, so a numpy augmentation called from ``train.py`` is the job's host work. Each sample
-counts the time since the previous one (at most :data:`MAX_GAP` seconds), so a late wake-up under
-load does not lose time. ``host`` and ``torch`` count in ``compute`` only, ``framework`` in both phases; in ``other``
-a torch frame belongs to its caller too (Lightning's loop detaching and cloning the loss between the hooks is the
-framework's overhead, not the model's compute).
+called them, so a numpy augmentation called from ``train.py`` is the job's host work. How long each phase took
+comes from the run's phase timers, only its split from the stacks: each wake-up counts the seconds the timers
+measured in ``compute`` and ``other`` since the previous one (at most :data:`MAX_GAP` each, so a process stopped
+for a while does not credit its last frame), split by the phase's mix, the classes of its recent stacks
+(:data:`MIX_DECAY`; a phase's seconds wait until one of its stacks is read). ``host`` and ``torch`` count in
+``compute`` only, ``framework`` in both phases; in ``other`` a torch frame belongs to its caller too (Lightning's
+loop detaching and cloning the loss between the hooks is the framework's overhead, not the model's compute).
+
+Why the timers: a stack is read where the training thread lets go of the GIL (below), mostly inside a torch
+operator, so where each stack counted the wall time since the previous one, the time of short Python stretches
+went to the next operator's phase whenever the sampler's thread woke at once (an idle machine). A Lightning loop
+around a one-weight model on the simulated GPU (1,000 steps/s, ``other`` 36-37% of the step by the timers) read
+16-20% in ``other`` and 60-66% in ``compute``, FO below its 20% line; on a loaded machine (the training thread on
+a core 13-55% of the time) the wake-ups fell at random and it read 30-36%. Counted by the timers it reads 36% on
+both. The stack is read first after the wake-up (a lock's timeout, no Python in between), so the sampler waits
+for the GIL once. Inside a phase the split still leans to the operators (below).
 
 Reading a stack needs the GIL. A torch operator lets go of it at once, Python only at the interpreter's switch
 interval, so a stretch of Python shorter than the interval ends before the sampler gets its turn, and the sample
@@ -42,12 +53,13 @@ Cost: the measured figure is in docs/benchmarks.md ("Stack sampler"); ``GPU_EXPO
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from time import perf_counter
 from types import FrameType
@@ -77,6 +89,18 @@ PYTHON_SWITCH_INTERVAL = 0.005
 _switch_lock = threading.Lock()
 _switch_users = 0
 """Samplers running with the lowered switch interval (the last one to stop restores the default)."""
+
+SAMPLED_PHASES = ("compute", "other")
+"""The phases whose stacks are read (module docstring)."""
+
+MIX_DECAY = 0.98
+"""Each stack read in a phase weighs this much less in the phase's mix than the next: the last ~50 count."""
+
+MIX_FLOOR = 0.01
+"""A key of a phase's mix that weighs less than this is dropped."""
+
+Key = tuple[str, str]
+"""A stack's (class, function label): ``("host", "train.py:88:augment")``, ``("torch", "")``, ``("", "")``."""
 
 MAX_FUNCTIONS = 2000
 """Distinct functions of the job's own code kept; beyond that new ones are counted as ``host`` only."""
@@ -153,21 +177,26 @@ def rate_from_env(environ: dict[str, str] | None = None) -> float:
 class StackSampler:
     """Samples one thread's stack while ``phase()`` names ``compute`` or ``other`` (module docstring).
 
-    ``phase`` is read from the sampler thread: the name of the run's current phase. ``snapshot()`` (any
-    thread) gives the cumulative seconds per class and the biggest functions of the job's own code.
+    ``phase`` is read from the sampler thread: the name of the run's current phase; ``phase_seconds`` (from the
+    sampler thread too) the run's seconds per phase so far by its timers (``Run.cpu_phase_seconds``), which each
+    sample counts (module docstring); without it a sample counts the wall time since the previous one. ``snapshot()``
+    (any thread) gives the cumulative seconds per class and the biggest functions of the job's own code.
     """
 
-    def __init__(self, thread_id: int, phase: Callable[[], str], rate: float = DEFAULT_HZ) -> None:
+    def __init__(self, thread_id: int, phase: Callable[[], str], rate: float = DEFAULT_HZ,
+                 phase_seconds: Callable[[], Mapping[str, float]] | None = None) -> None:
         if not 0 < rate <= MAX_HZ:
             raise ValueError(f"training: the stack sampling rate must be above 0 and at most {MAX_HZ:g}, not {rate}")
         self._target = thread_id
         self._phase = phase
+        self._phase_seconds = phase_seconds
         self._interval = 1.0 / rate
         self._seconds = dict.fromkeys(CODE_PARTS, 0.0)
         self._functions: dict[str, float] = {}
         self._classes: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stopped = threading.Lock()
+        self._stopped.acquire()  # held until stop(): the sampler thread waits on it between samples (no Python)
         self._thread = threading.Thread(target=self._loop, name="gpu-exporter-stack-sampler", daemon=True)
         self._switched = False
         self.samples = 0
@@ -184,7 +213,8 @@ class StackSampler:
 
     def stop(self) -> None:
         global _switch_users
-        self._stop.set()
+        with contextlib.suppress(RuntimeError):  # stopped already
+            self._stopped.release()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         with _switch_lock:
@@ -195,22 +225,46 @@ class StackSampler:
                     sys.setswitchinterval(PYTHON_SWITCH_INTERVAL)
 
     def _loop(self) -> None:
+        target, frames, phase_of, clock = self._target, sys._current_frames, self._phase, self._phase_seconds
+        stopped, interval = self._stopped.acquire, self._interval
         last = perf_counter()
-        wait, interval = self._stop.wait, self._interval
-        while not wait(interval):
+        before = clock() if clock is not None else {}
+        mixes: dict[str, dict[Key, float]] = {name: {} for name in SAMPLED_PHASES}
+        pending = dict.fromkeys(SAMPLED_PHASES, 0.0)  # a phase's seconds not counted yet (none of its stacks read)
+        while not stopped(True, interval):
+            frame = frames().get(target)  # first: the one wait for the GIL after the wake-up (module docstring)
+            phase = phase_of()
+            if frame is None:  # the training thread is gone
+                return
             now = perf_counter()
             gap, last = min(now - last, MAX_GAP), now
-            phase = self._phase()
-            if phase == "compute" or phase == "other":
-                frame = sys._current_frames().get(self._target)
-                if frame is None:  # the training thread is gone
-                    return
-                self.sample(frame, gap, phase == "compute")
-                del frame
+            key = self.key(frame, phase == "compute") if phase in mixes else None
+            del frame
+            if key is not None:
+                self.samples += 1
+            if clock is None:
+                if key is not None:
+                    self._credit({key: 1.0}, gap)
+                continue
+            if key is not None:
+                mix = mixes[phase]
+                for k in list(mix):
+                    mix[k] *= MIX_DECAY
+                    if mix[k] < MIX_FLOOR:
+                        del mix[k]
+                mix[key] = mix.get(key, 0.0) + 1.0
+            seconds = clock()
+            for name, mix in mixes.items():  # a phase gains at most the (capped) wall time since the last wake-up
+                pending[name] += min(max(seconds.get(name, 0.0) - before.get(name, 0.0), 0.0), gap)
+                if mix and pending[name] > 0:
+                    self._credit(mix, pending[name])
+                    pending[name] = 0.0
+            before = seconds
 
-    def sample(self, frame: FrameType | None, seconds: float, in_compute: bool) -> None:
-        """Count ``seconds`` for the innermost classified frame of the stack that ends at ``frame`` (outside compute,
-        torch's frames are passed over too: an operator the framework calls between the phases is its bookkeeping)."""
+    def key(self, frame: FrameType | None, in_compute: bool) -> Key:
+        """(class, function label) of the innermost classified frame of the stack that ends at ``frame``: class ""
+        (not counted) for none, or outside compute for anything but the framework's (there torch's frames are passed
+        over: an operator the framework calls between the phases is its bookkeeping); the label for ``host`` only."""
         classes = self._classes
         while frame is not None:
             code = frame.f_code
@@ -221,16 +275,22 @@ class StackSampler:
                 break
             frame = frame.f_back
         else:
-            return
+            return ("", "")
         if not in_compute and part != "framework":
-            return
+            return ("", "")
+        return (part, function_label(code.co_filename, code.co_firstlineno, code.co_name) if part == "host" else "")
+
+    def _credit(self, mix: Mapping[Key, float], seconds: float) -> None:
+        """Count ``seconds`` of one phase, split by the weights of ``mix`` (its recent stacks' keys)."""
+        total = sum(mix.values())
         with self._lock:
-            self.samples += 1
-            self._seconds[part] += seconds
-            if part == "host":
-                label = function_label(code.co_filename, code.co_firstlineno, code.co_name)
-                if label in self._functions or len(self._functions) < MAX_FUNCTIONS:
-                    self._functions[label] = self._functions.get(label, 0.0) + seconds
+            for (part, label), weight in mix.items():
+                if not part:
+                    continue
+                share = seconds * weight / total
+                self._seconds[part] += share
+                if label and (label in self._functions or len(self._functions) < MAX_FUNCTIONS):
+                    self._functions[label] = self._functions.get(label, 0.0) + share
 
     def snapshot(self) -> dict[str, Any]:
         """The snapshot's ``code`` field: seconds per class and the biggest functions of the job's own code
