@@ -167,8 +167,7 @@ class SimDevice:
                 cpu[what] = cpu.get(what, 0.0) + (b - a)
                 idle[what] = idle.get(what, 0.0) + (b - a) - self.history.busy(a, b) - self.waits.busy(a, b)
             act = self.history.activity(begin, end)
-            return {"wall": end - begin, "busy": act.busy, "sm": act.sm, "tensor": act.tensor, "dram": act.dram,
-                    "fp32": act.fp32, "fp16": act.fp16, "fp64": act.fp64, "idle": idle, "cpu": cpu,
+            return {"wall": end - begin, **act._asdict(), "idle": idle, "cpu": cpu,
                     "collective": self.collectives.busy(begin, end)}
 
     def close(self) -> None:
@@ -199,7 +198,6 @@ class DeviceEvent:
         self._device = device
         self.time: float | None = None
         """Monotonic seconds at which the event completed (None until the stream reaches it)."""
-        self._after = -1
 
     def record(self) -> None:
         self._device._record(self)
@@ -246,8 +244,6 @@ class AsyncDevice(SimDevice):
         self._placed = 0
         self._collectives = 0
         self.group, self.rank, self.world, self.wait_busy = group, rank, world, wait_busy
-        self.synchronize_calls = 0
-        """How often the job waited for the whole queue (``torch.cuda.synchronize()``, ``.item()``)."""
         self.torch_synchronize_calls = 0
         """How often ``torch.cuda.synchronize()`` was called (simulate/torch_cuda.py installs it)."""
         super().__init__(uuid, directory, kernel=kernel)
@@ -279,7 +275,6 @@ class AsyncDevice(SimDevice):
 
     def synchronize(self) -> None:
         """Block until everything queued so far has run (``torch.cuda.synchronize()``)."""
-        self.synchronize_calls += 1
         self.record().synchronize()
 
     def free_and_retry(self, seconds: float) -> None:
