@@ -181,13 +181,7 @@ class Chunks:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.busies: list[float] = []
-        self.sms: list[float] = []
-        self.tensors: list[float] = []
-        self.drams: list[float] = []
-        self.fp32s: list[float] = []
-        self.fp16s: list[float] = []
-        self.fp64s: list[float] = []
-        self._shares = (self.sms, self.tensors, self.drams, self.fp32s, self.fp16s, self.fp64s)
+        self._shares: tuple[list[float], ...] = tuple([] for _ in fields(Kernel))
         """The columns of a kernel's share-seconds, in :class:`Kernel`'s (and a channel line's) order."""
 
     def add(self, start: float, end: float, busy: float | None = None, *, kernel: Kernel | None = None,
