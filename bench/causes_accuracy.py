@@ -23,7 +23,7 @@ more, each case is judged once per path, at the same moment:
 
 The raw results go to a JSON file; bench/causes_doc.py makes the document (precision and recall per cause and
 path) from it. With ``--update-docs`` they are docs/accuracy.json and docs/accuracy.md, and the README's line is
-regenerated; else a new temporary folder (printed). About 14 minutes on 2 cores (seven waves of about 2).
+regenerated; else a new temporary folder (printed). About 18 minutes on 2 cores (eight waves of about 2).
 """
 
 from __future__ import annotations

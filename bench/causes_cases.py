@@ -22,8 +22,14 @@ tensor_cores_idle      a busy GPU whose kernels run on the SMs without the tenso
 memory_bound           a busy GPU whose kernels wait on DRAM (sm=0.3, dram=0.8)
 allocator (M4)         every step's first kernel misses the caching allocator: cache freed (stream drained), retry
 checkpoint (CK)        state_dict copied to the CPU and written / ModelCheckpoint / a callback's ``torch.save``
-callback_bound (CB)    not injected: no job of the tests' loops has a callback whose work is neither a metric
-                       (a callback updating a torchmetrics metric is M2 by the table) nor a checkpoint (CK)
+                       then 100 ms more on the file in the same hook (Lightning and the Trainer)
+callback_bound (CB)    a callback of the job's own spends 50 ms a step in Python that is neither a metric (a
+                       callback updating a torchmetrics metric is M2 by the table) nor a checkpoint (Lightning's
+                       ``on_train_batch_end``, the Trainer's ``on_step_end``: bench/causes_loops.py ``callback_work``)
+framework_overhead     a one-weight model in batches of 4 under Lightning or the Trainer: the framework's own
+(FO)                   Python between its few operators (bench/causes_loops.py ``tiny``)
+host_work (HW)         the model's forward first augments the batch for 50 ms in numpy and Python on the host,
+                       inside compute (plain loop, Lightning, Trainer: bench/causes_loops.py ``augment``)
 straggler (ST)         rank 0 of a 2-rank job whose rank 1 loads slowly (rank 1's own case is M1)
 communication_bound    both ranks spend most of the step in all-reduces alike
 healthy                GPU-bound loops (default kernels: sm 0.9, tensor 0.6, dram 0.3); the ops-mode ones compute
@@ -42,13 +48,15 @@ TESTS = REPO / "tests"
 LOOPS = REPO / "bench" / "causes_loops.py"
 
 CAUSES = ("input_bound", "metrics_bound", "batch_too_small", "sm_batch_too_small", "tensor_cores_idle",
-          "memory_bound", "allocator", "checkpoint", "callback_bound", "straggler", "communication_bound", "healthy")
+          "memory_bound", "allocator", "checkpoint", "callback_bound", "framework_overhead", "host_work", "straggler",
+          "communication_bound", "healthy")
 """Every cause the bench injects, in the order the document lists them (``healthy``: none injected)."""
 KERNELS = {"tensor_cores_idle": "sm=0.9,tensor=0,dram=0.2", "memory_bound": "sm=0.3,tensor=0.1,dram=0.8",
            "sm_batch_too_small": "sm=0.25,tensor=0.15,dram=0.1"}
 """The kernel shares (``$GPU_SIM_KERNEL``) of the GPU-level causes: a healthy loop whose kernels use the GPU so."""
-SMALL, PAIR, HALF, LARGE = 4, 6, 30, 60
-"""GiB of the 80 used on a GPU: a small batch's, a DDP rank's (as tests/scenarios/ddp-e2e.yaml), a loop's, a
+SMALL, PAIR, HALF, FULL, LARGE = 4, 6, 30, 48, 60
+"""GiB of the 80 used on a GPU: a small batch's, a DDP rank's (as tests/scenarios/ddp-e2e.yaml), a loop's, a loop's
+whose batch cannot simply grow (the FO and HW jobs, as tests/scenarios/code-causes.yaml: M3 does not apply), a
 GPU-bound loop's."""
 
 SHAPES = {"loop-async": "plain loop, async CUDA stream (tests/async_loops.py)",
@@ -109,8 +117,7 @@ def _integration(shape: str, loop: str, cause: str, memory: float, seconds: floa
     name = name or loop
     uuid, run = _uuid(shape, name), f"{shape}-{name}".replace("_", "-")
     integration = "watch" if shape == "loop-watch" else shape
-    return Job([sys.executable, str(LOOPS), "integration", integration, loop, "{url}", uuid, str(seconds),
-                "{tmp}/" + run + ".json", run],
+    return Job([sys.executable, str(LOOPS), "integration", integration, loop, "{url}", uuid, str(seconds), run],
                [Case(shape, cause, uuid, run, memory)], {"GPU_SIM_KERNEL": kernel} if kernel else {})
 
 
@@ -129,6 +136,17 @@ def _framework(shape: str, seconds: float) -> tuple[list[Job], list[Job]]:
     bound += [_integration(shape, "gpu_bound", cause, SMALL if cause == "sm_batch_too_small" else LARGE, seconds,
                            kernel, name=cause) for cause, kernel in KERNELS.items()]
     return idle, bound
+
+
+def _own_code(seconds: float) -> list[Job]:
+    """The causes of the job's own code and the framework's (CB, FO, HW) and the Trainer's saving callback (CK):
+    one wave, so that it can run on its own (``--wave own-code``)."""
+    return [_integration("loop-watch", "augment", "host_work", FULL, seconds),
+            *(_integration(shape, loop, cause, memory, seconds)
+              for shape in ("lightning", "transformers")
+              for loop, cause, memory in (("augment", "host_work", FULL), ("callback_work", "callback_bound", HALF),
+                                          ("tiny", "framework_overhead", FULL))),
+            _integration("transformers", "callback_save", "checkpoint", HALF, seconds)]
 
 
 def waves(seconds: float) -> dict[str, list[Job]]:
@@ -160,7 +178,8 @@ def waves(seconds: float) -> dict[str, list[Job]]:
     lightning, lightning_bound = _framework("lightning", seconds)
     transformers, transformers_bound = _framework("transformers", seconds)
     return {"async": loop, "watch+ddp": watch + ddp, "watch-bound": watch_bound, "lightning": lightning,
-            "lightning-bound": lightning_bound, "transformers": transformers, "transformers-bound": transformers_bound}
+            "lightning-bound": lightning_bound, "transformers": transformers, "transformers-bound": transformers_bound,
+            "own-code": _own_code(seconds)}
 
 
 def scenario(cases: list[Case]) -> str:

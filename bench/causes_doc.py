@@ -31,11 +31,12 @@ BEGIN, END = "<!-- bench.causes_accuracy: begin -->\n", "<!-- bench.causes_accur
 GOAL = 0.9
 CODES = {"input_bound": "M1", "metrics_bound": "M2", "batch_too_small": "M3 launch", "sm_batch_too_small": "M3 SM",
          "tensor_cores_idle": "TC", "memory_bound": "MB", "allocator": "M4", "checkpoint": "CK", "callback_bound": "CB",
-         "straggler": "ST", "communication_bound": "CM", "healthy": "none"}
-NOT_COVERED = ("callback-bound (CB), in every shape: no job of the tests' loops has a callback of its own whose work "
-               "is neither a metric (a callback updating a torchmetrics metric is metrics-bound, M2, by the cause "
-               "table: the Lightning and Trainer `callback_metric` cases) nor a checkpoint (CK: the Lightning "
-               "`callback_save` case); its row reads 0 cases. The allocator (M4) only in the plain async loop: the "
+         "framework_overhead": "FO", "host_work": "HW", "straggler": "ST", "communication_bound": "CM",
+         "healthy": "none"}
+NOT_COVERED = ("callback-bound (CB) and framework overhead (FO) only under Lightning and the Trainer, where a job has "
+               "callbacks of its own and a framework's loop (a plain loop has neither; the bench has no DDP job under "
+               "a framework). Host work in the step (HW) not in DDP: the DDP jobs are the tests' gloo and async "
+               "loops, none with an augmentation of its own. The allocator (M4) only in the plain async loop: the "
                "ops-mode jobs run on the CPU, whose allocator never retries. The launch-bound form of M3 only in "
                "plain loops (the Lightning and Trainer jobs have no launch-bound plan). ST and CM only in DDP, where "
                "they apply. The fallback \"busy but ineffective\" (SM activity low, no cause found) is no injected "
@@ -180,7 +181,11 @@ def render(results: dict[str, Any]) -> str:
         "is injected: bench/causes_cases.py. The GPU-level causes (TC, MB, the SM form of M3) run a GPU-bound loop "
         "whose kernels use the GPU so (`GPU_SIM_KERNEL`); the ops-mode GPU-bound jobs compute 1 s a step on "
         "384x384 matrices (bench/causes_loops.py), since the tests' healthy plan left its GPU 83-86% busy in a "
-        "trial at this load, on the 85% target line rather than clearly above it. The paths:\n\n",
+        "trial at this load, on the 85% target line rather than clearly above it. The causes of the job's own code "
+        "and the framework's run in a wave of their own (`own-code`; `--wave own-code` runs it alone): a callback of "
+        "the job's own spending 50 ms a step in Python that is neither a metric nor a checkpoint (CB), a one-weight "
+        "model in batches of 4 under Lightning or the Trainer (FO), 50 ms of numpy and Python augmentation in the "
+        "model's forward (HW), and the Trainer's callback that saves and then works on the file (CK). The paths:\n\n",
         "- `alerts`: the cause alerts firing for the GPU in Prometheus (several may fire on one GPU, each counts; "
         "none firing names `healthy`);\n",
         f"- `diagnose --url`: diagnose reading the exporter over a {300 // scale} s window (`--window`);\n",

@@ -1,6 +1,6 @@
 """docs/accuracy.md and the README's accuracy line against the cause-accuracy bench's stored results
 (docs/accuracy.json): no bench run here (``python -m bench.causes_accuracy --update-docs`` makes them; it takes
-about 14 minutes and is not part of the test suite)."""
+about 18 minutes and is not part of the test suite)."""
 
 from __future__ import annotations
 
