@@ -433,18 +433,17 @@ def _patch_init(cls: type, before: Callable[[dict[str, Any]], None] | None,
     if getattr(original, "__gpu_exporter_auto__", False):
         return
 
+    def attach(step: Callable[[Any], None] | None, arg: Any) -> None:
+        try:
+            if step is not None:
+                step(arg)
+        except Exception as err:
+            _failed(f"attaching the {label} callback", err)
+
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if before is not None:
-            try:
-                before(kwargs)
-            except Exception as err:
-                _failed(f"attaching the {label} callback", err)
+        attach(before, kwargs)
         original(self, *args, **kwargs)
-        if after is not None:
-            try:
-                after(self)
-            except Exception as err:
-                _failed(f"attaching the {label} callback", err)
+        attach(after, self)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     __init__.__gpu_exporter_auto__ = True  # type: ignore[attr-defined]
