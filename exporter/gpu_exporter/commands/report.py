@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from typing import Any
 
 from gpu_exporter.commands import fleet
@@ -70,10 +71,9 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
         raise MetricsError(f"run {run!r} did not run between {iso(start)} and {iso(end)}")
     gpus = sorted({gpu for _, gpu in deltas if gpu})
     names = [str(gpu) for gpu in gpus]
-    totals: dict[str, float] = {}
+    totals: Counter[str] = Counter()
     for phases in deltas.values():
-        for p, v in phases.items():
-            totals[p] = totals.get(p, 0.0) + v
+        totals.update(phases)
     all_seconds = sum(totals.values())
     shares = {p: v / all_seconds for p, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
