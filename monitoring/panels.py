@@ -267,13 +267,13 @@ def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataq
 # ------------------------------------------------------------------------------------------ dashboard
 
 
-def variable(cfg: Config, name: str, label: str, metric: str, *parents: str, multi: bool = True
-             ) -> dash.QueryVariable:
-    """A query variable ``label_values(metric{cluster, parents...}, name)``; multi-value ones offer All
-    (``.*``, which also matches series without the label)."""
-    source = cfg.sel(metric, *parents)
+def variable(cfg: Config, name: str, label: str, metric: str, *parents: str, multi: bool = True,
+             values: str = "") -> dash.QueryVariable:
+    """A query variable ``label_values(metric{cluster, parents...}, name)`` (or of ``values``, a whole
+    ``label_values(...)``); multi-value ones offer All (``.*``, which also matches series without the label)."""
+    query = values or f"label_values({cfg.sel(metric, *parents)}, {name})"
     var = (dash.QueryVariable(name).label(label).datasource(DATASOURCE)
-           .query({"query": f"label_values({source}, {name})", "refId": f"{name}-variable", "qryType": 1})
+           .query({"query": query, "refId": f"{name}-variable", "qryType": 1})
            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
            .multi(multi).include_all(multi))
     return var.all_value(".*") if multi else var
@@ -291,12 +291,9 @@ def dashboard(cfg: Config, uid: str, title: str, description: str, time_from: st
               variables: Sequence[dash.QueryVariable | dash.TextBoxVariable]) -> dash.Dashboard:
     """A dashboard with the shared frame: tag, links to its siblings, the data source and cluster
     variables (cluster values from ``gpu_exporter_build_info``), then ``variables``."""
-    cluster = (dash.QueryVariable("cluster").label("Cluster").datasource(DATASOURCE)
-               .query({"query": f"label_values({catalog.GPU_EXPORTER_BUILD_INFO.name}, {cfg.cluster})",
-                       "refId": "cluster-variable", "qryType": 1})
-               .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
-               .multi(True).include_all(True).all_value(".*")
-               .description(f"Values of the {cfg.cluster} label; All also matches series without it."))
+    cluster = variable(cfg, "cluster", "Cluster", "",
+                       values=f"label_values({catalog.GPU_EXPORTER_BUILD_INFO.name}, {cfg.cluster})").description(
+        f"Values of the {cfg.cluster} label; All also matches series without it.")
     board = (dash.Dashboard(title).uid(uid).description(description).tags([TAG]).editable()
              .tooltip(dm.DashboardCursorSync.CROSSHAIR).timezone("browser").refresh("30s")
              .time(f"now-{time_from}", "now")
