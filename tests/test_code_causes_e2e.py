@@ -180,6 +180,9 @@ def test_a_lightning_loop_around_a_tiny_model_is_framework_overhead(exporter: tu
     assert verdict["verdict"] == "framework_overhead", (verdict, run)
     assert gpu["utilization"] < 0.85
     assert run["causes"][0]["code"] == "FO", run["causes"]
+    idle = verdict["idle"]  # the idle time in compute and between the phases: FO's reading is its explained part
+    assert idle["sampled"] and idle["framework"] == pytest.approx(min(run["causes"][0]["value"], idle["idle"]),
+                                                                  abs=1e-3), (idle, run["causes"])
 
 
 if __name__ == "__main__":

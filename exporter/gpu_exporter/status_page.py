@@ -96,7 +96,8 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
             "verdict": {"verdict": verdict.name, "title": verdict.title, "code": verdict.code,
                         "level": verdict.level, "reason": verdict.reason, "remedy": verdict.remedy,
                         "runbook": verdict.runbook, "below_target": verdict.below_target,
-                        "effective": verdict.effective, "worth": verdict.worth},
+                        "effective": verdict.effective, "worth": verdict.worth,
+                        "idle": None if verdict.idle is None else verdict.idle.text()},
         })
     return {
         "generated_at": cur.wall,

@@ -35,6 +35,8 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
         out.write(f"  utilization  {util} over {window} (target {pct(t.utilization_target)}, alert below "
                   f"{pct(t.utilization_low_threshold)}), memory {memory} used, {procs}\n")
         out.write(f"  effective    {verdict.effective}\n")
+        if verdict.idle is not None:
+            out.write(f"  idle         {verdict.idle.text()}\n")
         for pod in view.pods:
             out.write(f"  pod          {pod}\n")
         for r in view.runs:

@@ -42,6 +42,7 @@ _READ: dict[str, tuple[str, ...]] = {
     catalog.RUN_TRAINING_CAUSE_PROJECTED_UTILIZATION.name: (*_RUN, "cause"),
     catalog.RUN_TRAINING_CAUSE_SHARE.name: (*_RUN, "cause", "level", STRAGGLER_LABEL),
     catalog.RUN_TRAINING_CALLBACK_SHARE5M.name: (*_RUN, "callback", "phase"),
+    catalog.RUN_TRAINING_CODE_SHARE5M.name: (*_RUN, "part"),
     catalog.GPU_POD_INFO.name: ("uuid", "namespace", "pod"),
     catalog.GPU_PROCESS_MEMORY_USED_BYTES.name: (*_PROCESS, "process_name"),
     **dict.fromkeys((m.name for m in (catalog.PROCESS_CPU_RATE5M, catalog.PROCESS_CHILDREN_CPU_RATE5M,
@@ -219,7 +220,8 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     names = tuple(name for name in INSTANT if name not in skip)
     tensor, dram, fp32 = (for_cluster(q(), cluster_label) for q in (tensor_query, dram_query, fp32_query))
     fleet = _Fleet(prom, cluster_label, {**_reads((*names, *_RULES, *evidence.SERIES, catalog.GPU_SM_ACTIVE_AVG5M.name,
-                                                   catalog.RUN_TRAINING_CALLBACK_SHARE5M.name)),
+                                                   catalog.RUN_TRAINING_CALLBACK_SHARE5M.name,
+                                                   catalog.RUN_TRAINING_CODE_SHARE5M.name)),
                                          tensor: None, dram: None, fp32: None},
                    _LIVE_RULES)
     utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
@@ -235,6 +237,8 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     projections = {(*keys.run(labels), labels.get("cause", "")): value for labels, value in projected}
     readings.callbacks = {keys.run(labels): (labels.get("callback", ""), labels.get("phase", ""), value)
                           for labels, value in fleet.raw(catalog.RUN_TRAINING_CALLBACK_SHARE5M.name)}
+    for labels, value in fleet.raw(catalog.RUN_TRAINING_CODE_SHARE5M.name):  # the idle time's split (verdict/code.py)
+        readings.code.setdefault(keys.run(labels), {})[labels.get("part", "")] = value
     readings.findings = {}
     for labels, value in causes:
         cause = BY_ID.get(labels.get("cause", ""))

@@ -19,10 +19,11 @@ alert's text (a lookup of the recorded share).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_exporter import catalog
+from gpu_exporter.training.protocol import COMPUTE, OTHER
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.kinds import HIDDEN, Cause, Finding, Found
 from gpu_exporter.verdict.levels import threshold
@@ -32,7 +33,8 @@ from gpu_exporter.verdict.signals import RunSignals
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["FUNCTION_RECORDS", "RECORDS", "CodeShare", "FrameworkOverhead", "HostWork", "function_text", "window_code"]
+__all__ = ["FUNCTION_RECORDS", "RECORDS", "CodeShare", "FrameworkOverhead", "HostWork", "IdleSplit", "function_text",
+           "idle_split", "window_code"]
 
 CODE_SHARE = catalog.RUN_TRAINING_CODE_SHARE5M.name
 FUNCTION_SHARE = catalog.RUN_TRAINING_HOST_FUNCTION_SHARE5M.name
@@ -158,3 +160,62 @@ def window_code(run_key: Callable[[Labels], Any], prev: Iterable[tuple[Labels, f
         if total > 0 and delta >= 0 and delta / total > functions.get(key, ("", -1.0))[1]:
             functions[key] = (name, min(delta / total, 1.0))
     return shares, functions
+
+
+@dataclass(frozen=True)
+class IdleSplit:
+    """The GPU's idle time in ``compute`` and between the phases (``other``, where a framework runs its loop), and
+    what explains it, each a share of the step: framework overhead (FO's reading), host work inside compute (HW's),
+    launch overhead (M3: the rest of the idle time inside compute, where the run has M3), and the rest, for which no
+    cause is known. ``sampled`` is False where the run sends no stack sampler readings (FO and HW then read 0)."""
+
+    idle: float
+    framework: float
+    host: float
+    launch: float
+    unexplained: float
+    sampled: bool = True
+
+    @property
+    def explained(self) -> float:
+        """The share of the step the named parts explain."""
+        return self.idle - self.unexplained
+
+    def text(self) -> str:
+        """The verdict's line.
+
+        >>> IdleSplit(0.5, 0.3, 0.1, 0.0, 0.1).text()
+        'GPU idle 50% of the step in compute and between the phases, 80% of it explained: framework overhead (FO) \
+30%, host work (HW) 10%, launch overhead (M3) 0%; no cause known for 10%'
+        """
+        if self.idle <= 0:
+            return "GPU idle 0% of the step in compute and between the phases"
+        parts = (f"framework overhead (FO) {pct(self.framework)}, host work (HW) {pct(self.host)}, launch overhead "
+                 f"(M3) {pct(self.launch)}")
+        missing = "" if self.sampled else " (no stack samples from the job: FO and HW unmeasured)"
+        return (f"GPU idle {pct(self.idle)} of the step in compute and between the phases, "
+                f"{pct(self.explained / self.idle)} of it explained: {parts}; no cause known for "
+                f"{pct(self.unexplained)}{missing}")
+
+
+def idle_split(utilization: float, shares: Mapping[str, float], code: Mapping[str, float] | None,
+               launch_bound: bool) -> IdleSplit:
+    """The GPU's idle time in ``compute`` and ``other`` (their shares less ``utilization``), split by what explains
+    it: the framework's code (``code["framework"]``), the job's own inside compute (``code["host"]``), and where
+    the run is ``launch_bound`` (it has M3), the idle time inside compute left after those, at most the idle time
+    left; the rest has no known cause. Every part is capped by the idle time left before it.
+
+    >>> s = idle_split(0.15, {"compute": 0.4, "other": 0.35, "data": 0.25}, {"framework": 0.36, "host": 0.0}, False)
+    >>> round(s.idle, 2), round(s.framework, 2), round(s.launch, 2), round(s.unexplained, 2)
+    (0.6, 0.36, 0.0, 0.24)
+    >>> round(idle_split(0.15, {"compute": 0.4, "other": 0.35}, {"framework": 0.36}, True).launch, 2)
+    0.24
+    """
+    compute, other = shares.get(COMPUTE, 0.0), shares.get(OTHER, 0.0)
+    idle = max(0.0, compute + other - utilization)
+    framework = min(max((code or {}).get("framework", 0.0), 0.0), idle)
+    host = min(max((code or {}).get("host", 0.0), 0.0), idle - framework)
+    launch = 0.0
+    if launch_bound:
+        launch = max(0.0, min(compute - utilization - host, idle - framework - host))
+    return IdleSplit(idle, framework, host, launch, max(0.0, idle - framework - host - launch), code is not None)

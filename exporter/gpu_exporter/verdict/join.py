@@ -101,7 +101,7 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
     """``run`` with its causes (a live run) and the concrete remedies its reported context allows for them
     (gpu_exporter.verdict.remedies), in one copy."""
     key = (run.run, run.rank, gpu)
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {"code": readings.code[key]} if key in readings.code else {}
     if run.live:
         changes["findings"] = tuple(_findings(readings, key, run, memory, t, window_seconds, communication))
     batch = run.batch_size

@@ -61,7 +61,8 @@ from gpu_exporter.verdict.alerts import (
     Compared,
     runbook_anchor,
 )
-from gpu_exporter.verdict.causes import CAUSES, cause_order
+from gpu_exporter.verdict.causes import BATCH_CAUSE, CAUSES, cause_order
+from gpu_exporter.verdict.code import IdleSplit, idle_split
 from gpu_exporter.verdict.efficiency import EFFICIENCY, Activity, GpuCause, GpuFinding, effective_line, find_efficiency
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, HINTS_BY_ID
@@ -275,6 +276,15 @@ def _suggested(run: RunView, verdict: Verdict) -> Verdict:
     return replace(verdict, remedy=f"{text}.\n{verdict.remedy}", suggestion=text)
 
 
+def _idle_split(f: Facts) -> IdleSplit | None:
+    """Below target, the first live run's split of the GPU's idle time in compute and between the phases (how much of
+    it FO, HW and M3 explain; gpu_exporter.verdict.code.idle_split)."""
+    if f.level is None or f.utilization is None or not f.live or not f.live[0].shares:
+        return None
+    run = f.live[0]
+    return idle_split(f.utilization, run.shares, run.code, any(x.cause.cause == BATCH_CAUSE for x in run.findings))
+
+
 def _cause_row(cause: Cause) -> Row:
     def holds(f: Facts, t: Thresholds) -> bool:
         return bool(f.found) and f.found[0][0].cause is cause
@@ -372,5 +382,5 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
         if row.holds(facts, t):
             return evolve(row.say(row, facts, t), effective=effective_line(
                 util, view.sm_active, view.sm_source, view.tensor_active, view.dram_active,
-                live[0].shares if live else None, fp32=view.fp32_active))
+                live[0].shares if live else None, fp32=view.fp32_active), idle=_idle_split(facts))
     raise AssertionError("the last row of the ladder always holds")  # pragma: no cover

@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 from gpu_exporter.verdict import remedies
+from gpu_exporter.verdict.code import IdleSplit
 from gpu_exporter.verdict.hints import Hint, ProcessSignals
 from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.samples import Labels
@@ -76,6 +77,9 @@ class RunView:
     """Concrete remedy per cause id, from the run's reported context (gpu_exporter.verdict.remedies)."""
     source: str = ""
     """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.collectors.stacks)."""
+    code: dict[str, float] | None = None
+    """The shares of the step the job's stack sampler read in the framework's and the job's own code (verdict/code.py);
+    None without its readings."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,9 @@ class Verdict:
     worth: float | None = None
     """An efficiency verdict's worth: the share of the GPU between busy and effective (busy - SM activity);
     times hours, the GPU-hours it is worth."""
+    idle: IdleSplit | None = None
+    """Below target with a live run: the GPU's idle time in compute and between the phases, and how much of it FO, HW
+    and M3 explain (gpu_exporter.verdict.code.idle_split)."""
 
 
 @dataclass
