@@ -8,8 +8,6 @@ from gpu_exporter import catalog
 from gpu_exporter.collectors.base import Families, PollContext, PollingCollector
 from gpu_exporter.nvml import Gpu
 
-_MIB = 1024 * 1024
-
 
 class DeviceCollector(PollingCollector):
     """Everything NVML reports about a GPU as a whole, except utilization."""
