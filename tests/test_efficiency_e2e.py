@@ -8,7 +8,8 @@ GPU) run side by side, each with its kernels' shares in ``$GPU_SIM_KERNEL`` (gpu
 SM activity, tensor pipe, DRAM while a kernel runs). The GPUs' SM, tensor and DRAM activity come from the
 work the loops queued, read by the simulated GPM (node ``n-gpm``, tests/scenarios/efficiency-e2e-gpm.yaml) or,
 for the GPU whose scenario says ``gpm: false`` (node ``n-dcgm``), by the stand-in dcgm-exporter only, which serves
-its FP32 pipe too (``dcgm_pipe_fields: true``): the text of tensor cores idle names it, the others' never do.
+its fp pipes too (``dcgm_pipe_fields: true``): the text of tensor cores idle names the busiest (FP32 or FP64), the
+others' never do.
 
 ==============  ======  ===============================  ==================================================
 GPU             node    kernel (SM, tensor, DRAM, FP32)  expected
@@ -18,6 +19,8 @@ GPU-eff-dram    n-gpm   0.3, 0.2, 0.8                    memory-bound kernels (M
 GPU-eff-healthy n-gpm   0.9, 0.6, 0.3                    healthy, no alert
 GPU-eff-fp32    n-dcgm  0.8, 0.0, 0.3, 0.4 (dcgm-exp.)   tensor cores idle (TC), GpuTensorCoresIdle; without
                                                          --dcgm-url diagnose says "SM activity unknown"
+GPU-eff-fp64    n-dcgm  0.8, 0.0, 0.3, 0.02; FP64 0.4    tensor cores idle (TC), its reason names float64
+
 ==============  ======  ===============================  ==================================================
 
 The rules are the shipped files shrunk 60-fold (tests/e2e.py: ``[5m]`` -> ``[5s]``, ``for: 10m`` -> ``10s``).
@@ -54,6 +57,7 @@ LOOP = {  # uuid -> (node, run, $GPU_SIM_KERNEL)
     "GPU-eff-dram": ("n-gpm", "eff-dram", "sm=0.3,tensor=0.2,dram=0.8"),
     "GPU-eff-healthy": ("n-gpm", "eff-healthy", "sm=0.9,tensor=0.6,dram=0.3"),
     "GPU-eff-fp32": ("n-dcgm", "eff-fp32", "sm=0.8,tensor=0,dram=0.3,fp32=0.4"),
+    "GPU-eff-fp64": ("n-dcgm", "eff-fp64", "sm=0.8,tensor=0,dram=0.3,fp32=0.02,fp64=0.4"),
 }
 EXPECTED = {  # uuid -> (verdict, title, the source of its SM activity, the alerts that fire for it)
     "GPU-eff-small": ("sm_batch_too_small", "batch too small for the SMs (M3)", "gpm",
@@ -62,8 +66,10 @@ EXPECTED = {  # uuid -> (verdict, title, the source of its SM activity, the aler
     "GPU-eff-healthy": ("healthy", "healthy", "gpm", set()),
     "GPU-eff-fp32": ("tensor_cores_idle", "tensor cores idle (TC)", "dcgm",
                      {("GpuTensorCoresIdle", "tensor_cores_idle")}),
+    "GPU-eff-fp64": ("tensor_cores_idle", "tensor cores idle (TC)", "dcgm",
+                     {("GpuTensorCoresIdle", "tensor_cores_idle")}),
 }
-SM = {"GPU-eff-small": 0.25, "GPU-eff-dram": 0.3, "GPU-eff-healthy": 0.9, "GPU-eff-fp32": 0.8}
+SM = {"GPU-eff-small": 0.25, "GPU-eff-dram": 0.3, "GPU-eff-healthy": 0.9, "GPU-eff-fp32": 0.8, "GPU-eff-fp64": 0.8}
 """Each loop's kernel SM share: the GPU's SM activity, times its busy share (~0.97-1)."""
 
 
@@ -158,9 +164,16 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
                 assert got["fp32_active"] == pytest.approx(0.4 * got["utilization"], abs=0.06), (path, got)
                 assert re.search(r"but its tensor pipe only 0% and its FP32 pipe \d+% \(DCGM\): its math runs on "
                                  r"the fp32 pipes", got["verdict"]["reason"]), (path, got["verdict"])
-                assert ", FP32 pipe " in got["verdict"]["effective"], (path, got["verdict"])
+                assert ", FP32 pipe " in got["verdict"]["effective"] and got["fp64_active"] == 0.0, (path, got)
+            elif uuid == "GPU-eff-fp64":  # the FP64 pipe carries the math: float64, check the dtype
+                assert got["fp64_active"] == pytest.approx(0.4 * got["utilization"], abs=0.06), (path, got)
+                assert re.search(r"but its tensor pipe only 0% and its FP64 pipe \d+% \(DCGM\): its math runs in "
+                                 r"float64 and the tensor cores idle: check the tensors' dtype",
+                                 got["verdict"]["reason"]), (path, got["verdict"])
+                assert re.search(r", FP32 pipe \d+%, FP16 pipe 0%, FP64 pipe \d+%", got["verdict"]["effective"]), got
             else:  # no FP32 field for a GPU dcgm-exporter does not serve: nothing said
-                assert got["fp32_active"] is None and "FP32" not in json.dumps(got["verdict"]), (path, got)
+                assert (got["fp32_active"], got["fp16_active"], got["fp64_active"]) == (None, None, None), (path, got)
+                assert not re.search("FP32|FP16|FP64", json.dumps(got["verdict"])), (path, got)
             assert (got["verdict"]["verdict"], got["verdict"]["title"], got["sm_source"]) == (verdict, title, source), (
                 path, uuid, got["verdict"], got["sm_active"], got["tensor_active"], got["dram_active"])
             assert got["sm_active"] == pytest.approx(SM[uuid] * got["utilization"], abs=0.1), (path, uuid, got)
@@ -171,9 +184,11 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
                 assert got["verdict"]["code"] and got["verdict"]["remedy"] and got["verdict"]["runbook"], got
                 assert got["verdict"]["worth"] == pytest.approx(got["utilization"] - got["sm_active"], abs=1e-6)
     # Without --dcgm-url the GPM-less GPU's SM activity is unknown: healthy by NVML, never called effective.
-    (alone,) = json.loads(without.stdout)["gpus"]
-    assert (alone["verdict"]["verdict"], alone["sm_active"]) == ("healthy", None)
-    assert alone["verdict"]["effective"].startswith("SM activity unknown: enable GPM")
+    alone_gpus = json.loads(without.stdout)["gpus"]
+    assert len(alone_gpus) == 2, alone_gpus
+    for alone in alone_gpus:
+        assert (alone["verdict"]["verdict"], alone["sm_active"], alone["fp64_active"]) == ("healthy", None, None)
+        assert alone["verdict"]["effective"].startswith("SM activity unknown: enable GPM")
     assert "effective    effective utilization (SM activity, GPM) " in text.stdout, text.stdout
     assert "verdict      batch too small for the SMs (M3): " in text.stdout and "worth        " in text.stdout
     assert "effective    effective utilization (SM activity, DCGM) " in dcgm_text.stdout, dcgm_text.stdout

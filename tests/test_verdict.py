@@ -160,7 +160,7 @@ class FakePrometheus:
         """The table's answer; ``max by (a, b) (X)`` as Prometheus gives it: X's, with only labels a and b."""
         self.asked.append(expr)
         by = re.fullmatch(r"max by \(([^)]*)\) \((.*)\)", expr)
-        if by is None:
+        if by is None or expr in self.answers:  # an inline fragment (efficiency's) is answered whole
             return [(dict(labels), value) for labels, value in self.answers.get(expr, [])]
         kept = by.group(1).split(", ")
         return [({k: v for k, v in labels.items() if k in kept}, value)
@@ -389,3 +389,72 @@ def test_a_busy_gpu_is_judged_by_its_sm_activity_and_never_called_effective_with
     assert (healthy.name, healthy.worth) == ("healthy", None) and "SMs are 90% active" in healthy.reason
     unknown = judge(view(None, source=None, tensor=None, dram=None), T)
     assert unknown.name == "healthy" and unknown.effective == UNKNOWN and "effective" not in unknown.reason
+
+
+def test_tensor_cores_idle_names_the_dcgm_fp_pipe_that_carries_the_math() -> None:
+    """dcgm-exporter's fp pipe fields, read by the node path (verdict.readings.dcgm) beside its SM, tensor and DRAM
+    fields: the busiest pipe is the evidence in the reason of tensor cores idle and says what the math does (fp64:
+    check the dtype; fp16: half precision on the CUDA cores), every pipe served is in the effective line and the
+    view; a GPU without the fields reads as before. Only evidence: the verdict is TC either way."""
+    from gpu_exporter.verdict import readings as node_readings
+    from gpu_exporter.verdict.samples import Snapshot
+    from gpu_exporter.verdict.views import Readings, gpu_key
+
+    pipes = {"fp64": (0.02, 0.0, 0.4), "fp16": (0.05, 0.45, 0.0), "fp32": (0.4, 0.0, 0.0), "none": None}
+    info = [{"uuid": f"GPU-{name}", "gpu": str(i), "name": "NVIDIA A100", "node": "n1"}
+            for i, name in enumerate(pipes)]
+    readings = Readings(info=info, cluster_label="")
+    series: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for i, (name, fp) in enumerate(pipes.items()):
+        readings.utilization[gpu_key("", f"GPU-{name}")] = 0.96
+        readings.memory_ratio[gpu_key("", f"GPU-{name}")] = 0.6
+        fields = [catalog.DCGM_SM_ACTIVE, catalog.DCGM_TENSOR_ACTIVE, catalog.DCGM_DRAM_ACTIVE]
+        values = [0.78, 0.0, 0.3]
+        if fp is not None:
+            fields += [catalog.DCGM_FP32_ACTIVE, catalog.DCGM_FP16_ACTIVE, catalog.DCGM_FP64_ACTIVE]
+            values += fp
+        for field, value in zip(fields, values, strict=True):
+            series.setdefault(field.name, []).append(({"UUID": f"GPU-{name}", "gpu": str(i)}, value))
+    node_readings.dcgm(readings, Snapshot(series, at=0.0, wall=0.0))
+    judged = {v.uuid: (v, judge(v, T)) for v in build_views(readings, T, 300.0)}
+    assert {u: verdict.name for u, (_, verdict) in judged.items()} == dict.fromkeys(judged, "tensor_cores_idle")
+
+    view, fp64 = judged["GPU-fp64"]
+    assert (view.fp32_active, view.fp16_active, view.fp64_active) == (0.02, 0.0, 0.4)
+    assert ("its tensor pipe only 0% and its FP64 pipe 40% (DCGM): its math runs in float64 and the tensor cores "
+            "idle: check the tensors' dtype first (numpy arrays default to float64 and torch.from_numpy keeps it)"
+            in fp64.reason), fp64.reason
+    assert "tensor pipe 0%, FP32 pipe 2%, FP16 pipe 0%, FP64 pipe 40%, DRAM 30%" in fp64.effective, fp64.effective
+    _, fp16 = judged["GPU-fp16"]
+    assert ("its FP16 pipe 45% (DCGM): its half-precision math runs on the CUDA cores and the tensor cores idle "
+            "(elementwise fp16 ops, or matmul shapes the tensor cores cannot take)" in fp16.reason), fp16.reason
+    assert "FP16 pipe 45%" in fp16.effective and "float64" not in fp16.reason
+    _, fp32 = judged["GPU-fp32"]
+    assert "its FP32 pipe 40% (DCGM): its math runs on the fp32 pipes and the tensor cores idle" in fp32.reason
+    view, none = judged["GPU-none"]
+    assert (view.fp32_active, view.fp16_active, view.fp64_active) == (None, None, None)
+    assert "pipe only 0%: its math runs on the fp32 pipes" in none.reason and "FP" not in none.reason + none.effective
+
+
+def test_diagnose_prometheus_reads_the_dcgm_fp_pipes_per_cluster() -> None:
+    """The Prometheus paths send each fp pipe's query (verdict.efficiency.FP_PIPES, dcgm-exporter's field by UUID)
+    beside the tensor and DRAM ones: the same GPU in two clusters gets its own pipes, and the busiest names the math."""
+    from gpu_exporter.verdict.efficiency import DRAM, FP_PIPES, TENSOR, for_cluster
+
+    fp = {"us": {"fp32": 0.01, "fp16": 0.0, "fp64": 0.38}, "eu": {"fp32": 0.41, "fp16": 0.0, "fp64": 0.0}}
+    answers: dict[str, list[tuple[dict[str, str], float]]] = {
+        "gpu_info": [(_gpu(c, name="A100"), 1.0) for c in fp],
+        "gpu:gpu_utilization:avg5m": [(_gpu(c), 0.96) for c in fp],
+        "gpu:gpu_memory_used:ratio": [(_gpu(c), 0.6) for c in fp],
+        catalog.GPU_SM_ACTIVE_AVG5M.name: [(_gpu(c, source="dcgm"), 0.78) for c in fp],
+        for_cluster(TENSOR, T.cluster_label): [(_gpu(c), 0.0) for c in fp],
+        for_cluster(DRAM, T.cluster_label): [(_gpu(c), 0.3) for c in fp],
+        **{for_cluster(p.query(), T.cluster_label): [(_gpu(c), fp[c][p.key]) for c in fp] for p in FP_PIPES}}
+    prom: Any = FakePrometheus(answers)
+    views = {v.cluster: v for v in build_views(from_prometheus(prom, cluster_label=T.cluster_label), T, 300.0)}
+    assert {c: (v.fp32_active, v.fp16_active, v.fp64_active) for c, v in views.items()} == {
+        c: (p["fp32"], p["fp16"], p["fp64"]) for c, p in fp.items()}
+    us, eu = judge(views["us"], T), judge(views["eu"], T)
+    assert (us.name, eu.name) == ("tensor_cores_idle", "tensor_cores_idle")
+    assert "its FP64 pipe 38% (DCGM): its math runs in float64" in us.reason, us.reason
+    assert "its FP32 pipe 41% (DCGM): its math runs on the fp32 pipes" in eu.reason, eu.reason

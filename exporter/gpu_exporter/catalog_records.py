@@ -191,6 +191,11 @@ DCGM_DRAM_ACTIVE = ExternalSeries(
     "DCGM_FI_PROF_DRAM_ACTIVE", "Share of cycles the device memory interface was sending or receiving (0-1).")
 DCGM_FP32_ACTIVE = ExternalSeries(
     "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Share of cycles the fp32 pipes were active (0-1); not in the default counters.")
+DCGM_FP16_ACTIVE = ExternalSeries(
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Share of cycles the fp16 pipes were active (0-1); not in the default counters.")
+DCGM_FP64_ACTIVE = ExternalSeries(
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Share of cycles the fp64 pipes were active (0-1); not in the default counters.")
 DCGM: tuple[ExternalSeries, ...] = (DCGM_SM_ACTIVE, DCGM_SM_OCCUPANCY, DCGM_TENSOR_ACTIVE, DCGM_DRAM_ACTIVE,
-                                    DCGM_FP32_ACTIVE)
-"""The dcgm-exporter series read (SM, occupancy, tensor pipe, DRAM activity; fp32 pipe where served)."""
+                                    DCGM_FP32_ACTIVE, DCGM_FP16_ACTIVE, DCGM_FP64_ACTIVE)
+"""The dcgm-exporter series read (SM, occupancy, tensor pipe, DRAM activity; fp32, fp16, fp64 pipes where
+served)."""

@@ -21,7 +21,7 @@ from gpu_exporter.verdict import evidence
 from gpu_exporter.verdict.callbacks import hook_for
 from gpu_exporter.verdict.causes import BATCH_CAUSE, BY_ID, CONTEXT_CAUSES
 from gpu_exporter.verdict.code import window_code
-from gpu_exporter.verdict.efficiency import dram_query, for_cluster, fp32_query, sm_query, tensor_query
+from gpu_exporter.verdict.efficiency import FP_PIPES, dram_query, for_cluster, sm_query, tensor_query
 from gpu_exporter.verdict.kinds import LABEL as STRAGGLER_LABEL
 from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.levels import BY_LEVEL
@@ -137,17 +137,18 @@ class _Fleet:
         return readings
 
 
-def _activity(fleet: _Fleet, readings: Readings, sm: str, tensor: str, dram: str, fp32: str) -> None:
-    """The GPUs' SM activity (with its source), tensor, DRAM and FP32 pipe activity from the answers to ``sm``,
-    ``tensor``, ``dram`` and ``fp32`` (the recorded series and the rules' inline fragments, or the same over another
-    window; the FP32 pipe only where dcgm-exporter serves it)."""
+def _activity(fleet: _Fleet, readings: Readings, sm: str, tensor: str, dram: str, fp: dict[str, str]) -> None:
+    """The GPUs' SM activity (with its source), tensor, DRAM and fp pipe activity from the answers to ``sm``,
+    ``tensor``, ``dram`` and ``fp`` (each pipe's query by its key; the recorded series and the rules' inline
+    fragments, or the same over another window; the fp pipes only where dcgm-exporter serves them)."""
     keys = fleet.keys
     for labels, value in fleet.raw(sm):
         if math.isfinite(value):
             readings.sm_active[keys.gpu(labels)] = (value, labels.get("source", ""))
     readings.tensor_active = {g: v for g, v in keys.per_gpu(fleet.raw(tensor)).items() if math.isfinite(v)}
     readings.dram_active = {g: v for g, v in keys.per_gpu(fleet.raw(dram)).items() if math.isfinite(v)}
-    readings.fp32_active = {g: v for g, v in keys.per_gpu(fleet.raw(fp32)).items() if math.isfinite(v)}
+    readings.fp_active = {pipe: {g: v for g, v in keys.per_gpu(fleet.raw(query)).items() if math.isfinite(v)}
+                          for pipe, query in fp.items()}
 
 
 def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
@@ -170,13 +171,14 @@ def from_prometheus_window(prom: Prometheus, seconds: float, *, cluster_label: s
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_RETRIES_TOTAL),
         ("increase", catalog.GPU_TRAINING_ALLOCATOR_OOMS_TOTAL)))
     process_rates = {expr: _READ[name] for name, expr in zip(evidence.WINDOWED, evidence.rates(w), strict=True)}
-    sm, tensor, dram, fp32 = (for_cluster(q(w), cluster_label) for q in (sm_query, tensor_query, dram_query,
-                                                                         fp32_query))
+    sm, tensor, dram = (for_cluster(q(w), cluster_label) for q in (sm_query, tensor_query, dram_query))
+    fp = {pipe.key: for_cluster(pipe.query(w), cluster_label) for pipe in FP_PIPES}
     code, functions = (f"increase({metric.name}[{w}])" for metric in (  # the stack sampler's (verdict/code.py)
         catalog.GPU_TRAINING_CODE_SECONDS_TOTAL, catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL))
     fleet = _Fleet(prom, cluster_label, {**_reads((*INSTANT, catalog.GPU_PROCESS_CHILD_PROCESSES.name)), busy: _GPU,
                                          phases: (*_RUN, "phase"), retries: _RUN, ooms: _RUN, **process_rates,
-                                         sm: None, tensor: None, dram: None, fp32: None, code: (*_RUN, "part"),
+                                         sm: None, tensor: None, dram: None, **dict.fromkeys(fp.values()),
+                                         code: (*_RUN, "part"),
                                          functions: (*_RUN, "function")},
                    _LIVE_NOW)
     keys = fleet.keys
@@ -188,7 +190,7 @@ def from_prometheus_window(prom: Prometheus, seconds: float, *, cluster_label: s
     readings.code, readings.host_functions = window_code(keys.run, (), fleet.raw(code), (), fleet.raw(functions),
                                                          readings.phase_window)
     readings.evidence = evidence.from_window(fleet.query, w)
-    _activity(fleet, readings, sm, tensor, dram, fp32)
+    _activity(fleet, readings, sm, tensor, dram, fp)
     return readings
 
 
@@ -218,11 +220,12 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     if not launches:
         skip.add(catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.name)
     names = tuple(name for name in INSTANT if name not in skip)
-    tensor, dram, fp32 = (for_cluster(q(), cluster_label) for q in (tensor_query, dram_query, fp32_query))
+    tensor, dram = (for_cluster(q(), cluster_label) for q in (tensor_query, dram_query))
+    fp = {pipe.key: for_cluster(pipe.query(), cluster_label) for pipe in FP_PIPES}
     fleet = _Fleet(prom, cluster_label, {**_reads((*names, *_RULES, *evidence.SERIES, catalog.GPU_SM_ACTIVE_AVG5M.name,
                                                    catalog.RUN_TRAINING_CALLBACK_SHARE5M.name,
                                                    catalog.RUN_TRAINING_CODE_SHARE5M.name)),
-                                         tensor: None, dram: None, fp32: None},
+                                         tensor: None, dram: None, **dict.fromkeys(fp.values())},
                    _LIVE_RULES)
     utilization, memory, shares, step, projected, causes = (fleet.raw(name) for name in _RULES)
     if not utilization:
@@ -250,7 +253,7 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
             straggler=labels.get(STRAGGLER_LABEL, ""), step_seconds=readings.step_seconds.get(key),
             callback=hook_for(cause.phase, readings.callbacks.get(key))))
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
-    _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram, fp32)
+    _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram, fp)
     with_cause = {keys.run(labels) for labels, _ in causes}
     low = [] if sm_active_low is None else [  # the SM form of M3's batch suggestion reads the run's context too
         ({**labels, "cause": BATCH_CAUSE}, 0.0) for labels, _ in fleet.raw(fleet.live)

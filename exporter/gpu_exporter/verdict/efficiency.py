@@ -46,9 +46,9 @@ from gpu_exporter.verdict.levels import threshold
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "INEFFECTIVE", "MEMORY", "SM", "SOURCES", "TENSOR",
-           "UNKNOWN", "Activity", "GpuCause", "GpuFinding", "compute_sm", "dram_query", "effective_line",
-           "find_efficiency", "for_cluster", "fp32_query", "sm_query", "tensor_query"]
+__all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "FP_PIPES", "INEFFECTIVE", "MEMORY", "SM", "SOURCES", "TENSOR",
+           "UNKNOWN", "Activity", "FpPipe", "GpuCause", "GpuFinding", "compute_sm", "dram_query", "effective_line",
+           "find_efficiency", "for_cluster", "sm_query", "tensor_query"]
 
 C = "${cluster_label}"
 SOURCES = {"gpm": "GPM", "dcgm": "DCGM"}
@@ -86,11 +86,38 @@ def dram_query(window: str = "5m") -> str:
             f"{_dcgm(m.DCGM_DRAM_ACTIVE, window)}")
 
 
-def fp32_query(window: str = "5m") -> str:
-    """FP32 pipe activity over ``window`` {cluster, uuid}: dcgm-exporter's ``DCGM_FI_PROF_PIPE_FP32_ACTIVE`` only
-    (this exporter reads no fp32 pipe from GPM), so no series where its counters file leaves the field out (the
-    default). Evidence in the text of tensor cores idle, never part of a condition."""
-    return _dcgm(m.DCGM_FP32_ACTIVE, window)
+@dataclass(frozen=True)
+class FpPipe:
+    """One of dcgm-exporter's fp pipe fields (``DCGM_FI_PROF_PIPE_FP32_ACTIVE`` and its FP16 and FP64 siblings):
+    evidence in the text of tensor cores idle, never part of a condition. ``doing``: what the math does where this
+    pipe carries the most of it (None: the cause's own ``doing``, fp32 math). Only dcgm-exporter's: this exporter
+    reads no fp pipe from GPM (they would cost series per GPU against the fleet's series budget), so no series where
+    the counters file leaves the fields out (its default)."""
+
+    name: str
+    series: m.ExternalSeries
+    doing: str | None = None
+
+    @property
+    def key(self) -> str:
+        """``"fp32"``: the name of its reading (``Activity.fp32``, ``GpuView.fp32_active``, the JSON's)."""
+        return self.name.lower()
+
+    def query(self, window: str = "5m") -> str:
+        """The pipe's activity over ``window`` {cluster, uuid} from dcgm-exporter."""
+        return _dcgm(self.series, window)
+
+
+FP_PIPES: tuple[FpPipe, ...] = (
+    FpPipe("FP32", m.DCGM_FP32_ACTIVE),
+    FpPipe("FP16", m.DCGM_FP16_ACTIVE,
+           "its half-precision math runs on the CUDA cores and the tensor cores idle (elementwise fp16 ops, or "
+           "matmul shapes the tensor cores cannot take)"),
+    FpPipe("FP64", m.DCGM_FP64_ACTIVE,
+           "its math runs in float64 and the tensor cores idle: check the tensors' dtype first (numpy arrays "
+           "default to float64 and torch.from_numpy keeps it)"),
+)
+"""The fp pipes, in the order a tie names them (fp32 first) and the effective line lists them."""
 
 
 def for_cluster(expr: str, cluster_label: str) -> str:
@@ -122,6 +149,15 @@ class Activity:
     source: str | None = None
     fp32: float | None = None
     """FP32 pipe activity, from dcgm-exporter where it serves the field (evidence for tensor cores idle)."""
+    fp16: float | None = None
+    """FP16 pipe activity, the same way."""
+    fp64: float | None = None
+    """FP64 pipe activity, the same way."""
+
+    def pipes(self) -> dict[FpPipe, float]:
+        """The fp pipes served (:data:`FP_PIPES`' order) and their activity; empty without dcgm-exporter's fields."""
+        known = {"fp32": self.fp32, "fp16": self.fp16, "fp64": self.fp64}
+        return {p: v for p in FP_PIPES if (v := known[p.key]) is not None}
 
 
 @dataclass(frozen=True)
@@ -252,15 +288,22 @@ class TensorIdle(GpuCause):
         return f"(\n{textwrap.indent(TENSOR, '  ')}\n)", f"and on ({C}, uuid)\n  {SM} >= ${{sm_active_low}}"
 
     def reason(self, a: Activity) -> str:
-        """With dcgm-exporter's FP32 pipe field, its reading is the evidence that the math runs in fp32.
+        """With dcgm-exporter's fp pipe fields, the busiest pipe (:data:`FP_PIPES`) is the evidence of the precision
+        the math runs in, and says what it does.
 
         >>> TENSOR_IDLE.reason(Activity(0.97, 0.78, 0.0, 0.3, 0.6, "dcgm", 0.31))
         'its SMs are 78% active (DCGM) but its tensor pipe only 0% and its FP32 pipe 31% (DCGM): its math runs on \
 the fp32 pipes and the tensor cores idle.'
+        >>> TENSOR_IDLE.reason(Activity(0.97, 0.78, 0.0, 0.3, 0.6, "dcgm", 0.02, 0.0, 0.4))
+        "its SMs are 78% active (DCGM) but its tensor pipe only 0% and its FP64 pipe 40% (DCGM): its math runs in \
+float64 and the tensor cores idle: check the tensors' dtype first (numpy arrays default to float64 and \
+torch.from_numpy keeps it)."
         """
-        fp32 = f" and its FP32 pipe {pct(a.fp32)} (DCGM)" if a.fp32 is not None else ""
+        pipes = a.pipes()
+        pipe = max(pipes, key=pipes.__getitem__) if pipes else None  # the first of the busiest
+        evidence = f" and its {pipe.name} pipe {pct(pipes[pipe])} (DCGM)" if pipe else ""
         return (f"its SMs are {pct(a.sm or 0.0)} active ({SOURCES.get(a.source or '', a.source)}) but its tensor "
-                f"pipe only {pct(a.tensor or 0.0)}{fp32}: {self.doing}.")
+                f"pipe only {pct(a.tensor or 0.0)}{evidence}: {pipe.doing if pipe and pipe.doing else self.doing}.")
 
 
 class Ineffective(GpuCause):
@@ -351,24 +394,25 @@ def compute_sm(sm: float, shares: Mapping[str, float]) -> float | None:
 
 def effective_line(busy: float | None, sm: float | None, source: str | None, tensor: float | None = None,
                    dram: float | None = None, shares: Mapping[str, float] | None = None, *,
-                   fp32: float | None = None) -> str:
+                   pipes: Mapping[FpPipe, float] | None = None) -> str:
     """The effective-use line of a verdict: SM activity beside busy utilization, or :data:`UNKNOWN`; the pipes
-    known (the FP32 pipe only where dcgm-exporter serves it).
+    known (the fp pipes, :meth:`Activity.pipes`, only where dcgm-exporter serves them).
 
     >>> effective_line(0.96, 0.25, "dcgm", 0.0, 0.1, {"compute": 0.9, "data": 0.1})
     'effective utilization (SM activity, DCGM) 25% while 96% busy; tensor pipe 0%, DRAM 10%; compute phase (90% of \
 the step) 28% SM activity'
-    >>> effective_line(0.96, 0.8, "dcgm", 0.0, 0.3, fp32=0.4)
-    'effective utilization (SM activity, DCGM) 80% while 96% busy; tensor pipe 0%, FP32 pipe 40%, DRAM 30%'
+    >>> effective_line(0.96, 0.8, "dcgm", 0.0, 0.3, pipes=Activity(0.96, 0.8, fp32=0.4, fp64=0.05).pipes())
+    'effective utilization (SM activity, DCGM) 80% while 96% busy; tensor pipe 0%, FP32 pipe 40%, FP64 pipe 5%, DRAM \
+30%'
     """
     if sm is None:
         return UNKNOWN
     busy_text = f" while {pct(busy)} busy" if busy is not None else ""
     parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) {pct(sm)}{busy_text}"]
-    pipes = [f"{name} {pct(v)}" for name, v in (("tensor pipe", tensor), ("FP32 pipe", fp32), ("DRAM", dram))
-             if v is not None]
-    if pipes:
-        parts.append(", ".join(pipes))
+    known = [("tensor pipe", tensor), *((f"{p.name} pipe", v) for p, v in (pipes or {}).items()), ("DRAM", dram)]
+    said = [f"{name} {pct(v)}" for name, v in known if v is not None]
+    if said:
+        parts.append(", ".join(said))
     in_compute = compute_sm(sm, shares or {})
     if in_compute is not None and shares is not None:
         parts.append(f"compute phase ({pct(shares[COMPUTE])} of the step) {pct(in_compute)} SM activity")

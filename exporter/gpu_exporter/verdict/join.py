@@ -17,7 +17,7 @@ from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.training.protocol import COMPUTE
 from gpu_exporter.verdict import evidence, ranks, remedies
 from gpu_exporter.verdict.causes import cause_order, find_causes
-from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
+from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, FP_PIPES
 from gpu_exporter.verdict.kinds import Finding
 from gpu_exporter.verdict.readings import Keys
 from gpu_exporter.verdict.signals import RunSignals
@@ -76,11 +76,11 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
 
 
 def _activity(readings: Readings, gpu: str) -> dict[str, Any]:
-    """The GpuView fields of the GPU's SM, tensor and DRAM activity (None: unknown)."""
+    """The GpuView fields of the GPU's SM, tensor, DRAM and fp pipe activity (None: unknown)."""
     sm = readings.sm_active.get(gpu)
     return {"sm_active": sm[0] if sm else None, "sm_source": sm[1] if sm else None,
             "tensor_active": readings.tensor_active.get(gpu), "dram_active": readings.dram_active.get(gpu),
-            "fp32_active": readings.fp32_active.get(gpu)}
+            **{f"{pipe.key}_active": readings.fp_active.get(pipe.key, {}).get(gpu) for pipe in FP_PIPES}}
 
 
 def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | None, t: Thresholds,

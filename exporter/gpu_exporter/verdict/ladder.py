@@ -306,7 +306,7 @@ def _efficiency_row(cause: GpuCause) -> Row:
 def _activity(view: GpuView) -> Activity:
     """The GPU's SM, tensor and DRAM activity beside its busy utilization (verdict/efficiency.py)."""
     return Activity(view.utilization or 0.0, view.sm_active, view.tensor_active, view.dram_active,
-                    view.memory_used_ratio, view.sm_source, view.fp32_active)
+                    view.memory_used_ratio, view.sm_source, view.fp32_active, view.fp16_active, view.fp64_active)
 
 
 def _has_work(f: Facts, t: Thresholds) -> bool:
@@ -382,5 +382,5 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
         if row.holds(facts, t):
             return evolve(row.say(row, facts, t), effective=effective_line(
                 util, view.sm_active, view.sm_source, view.tensor_active, view.dram_active,
-                live[0].shares if live else None, fp32=view.fp32_active), idle=_idle_split(facts))
+                live[0].shares if live else None, pipes=_activity(view).pipes()), idle=_idle_split(facts))
     raise AssertionError("the last row of the ladder always holds")  # pragma: no cover

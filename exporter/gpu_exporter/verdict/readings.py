@@ -17,6 +17,7 @@ from gpu_exporter.training.protocol import OTHER
 from gpu_exporter.verdict import evidence, remedies
 from gpu_exporter.verdict.callbacks import window_callbacks
 from gpu_exporter.verdict.code import window_code
+from gpu_exporter.verdict.efficiency import FP_PIPES
 from gpu_exporter.verdict.samples import Labels, Snapshot
 from gpu_exporter.verdict.views import GpuKey, Process, Readings, RunKey, gpu_key
 
@@ -192,12 +193,13 @@ def gpm(readings: Readings, snapshot: Snapshot) -> Readings:
 
 def dcgm(readings: Readings, snapshot: Snapshot) -> Readings:
     """dcgm-exporter's profiling fields (its ``UUID`` label is the GPU's uuid) for the GPUs GPM did not fill: each
-    the mean over dcgm-exporter's last collection interval. Its FP32 pipe field, where served, for every GPU."""
+    the mean over dcgm-exporter's last collection interval. Its fp pipe fields, where served, for every GPU."""
     def per_gpu(name: str) -> dict[str, float]:
         return {gpu_key("", labels.get(catalog.DCGM_UUID_LABEL, "")): value
                 for labels, value in snapshot.series(name) if labels.get(catalog.DCGM_UUID_LABEL)}
 
     _activity(readings, "dcgm", (per_gpu(field.name) for field in DCGM_FIELDS))
-    readings.fp32_active.update(per_gpu(catalog.DCGM_FP32_ACTIVE.name))
+    for pipe in FP_PIPES:
+        readings.fp_active.setdefault(pipe.key, {}).update(per_gpu(pipe.series.name))
     return readings
 

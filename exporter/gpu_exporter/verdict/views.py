@@ -156,6 +156,10 @@ class GpuView:
     """DRAM bandwidth / activity (0-1); None when unknown."""
     fp32_active: float | None = None
     """FP32 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP32_ACTIVE; None where it is not served."""
+    fp16_active: float | None = None
+    """FP16 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP16_ACTIVE; None where it is not served."""
+    fp64_active: float | None = None
+    """FP64 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP64_ACTIVE; None where it is not served."""
     sm_source: str | None = None
     """Where the SM activity came from: ``"gpm"`` (NVML GPM, Hopper and newer) or ``"dcgm"`` (dcgm-exporter); None
     when unknown."""
@@ -235,5 +239,6 @@ class Readings:
     """Tensor pipe activity per GPU key (the same source as the SM activity)."""
     dram_active: dict[str, float] = field(default_factory=dict)
     """DRAM activity per GPU key (the same source as the SM activity)."""
-    fp32_active: dict[str, float] = field(default_factory=dict)
-    """FP32 pipe activity per GPU key, dcgm-exporter's only (where its counters file has the field)."""
+    fp_active: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The fp pipes' activity per pipe (``"fp32"``, ``"fp16"``, ``"fp64"``: verdict.efficiency.FP_PIPES) and GPU key,
+    dcgm-exporter's only (where its counters file has the fields)."""
