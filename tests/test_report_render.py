@@ -1,5 +1,6 @@
 """``gpu-exporter report`` without Prometheus: the projection formula (verdict/timeline.py), cause stretches,
-durations and the four renderings of one report (commands/report_render.py; the end-to-end test with a real
+durations, the idle time's split over a run (timeline.idle_over, from readings judged point by point) and the four
+renderings of one report (commands/report_render.py; the end-to-end test with a real
 run is tests/test_report.py)."""
 
 from __future__ import annotations
@@ -8,8 +9,13 @@ import json
 
 import pytest
 from gpu_exporter.commands import report_render as rp
+from gpu_exporter.thresholds import load_thresholds
 from gpu_exporter.verdict import timeline
-from gpu_exporter.verdict.views import GpuKey
+from gpu_exporter.verdict.code import IdleSplit
+from gpu_exporter.verdict.views import GpuKey, Readings
+
+RUN = ("lightning-tiny", "0", "GPU-0")
+SHARES = {"compute": 0.40, "other": 0.35, "data": 0.25}  # a Lightning loop around a tiny model (test_idle_split's)
 
 
 def sample() -> rp.Report:
@@ -73,3 +79,55 @@ def test_every_format_says_the_same_figures() -> None:
     assert page.count("<svg") == 3 and page.count("<polyline") == 1 and page.count("<polygon") == 3
     for remote in ("<script", "<link", "<img", "src=", "href=", "url(", "@import"):
         assert remote not in page, remote
+
+
+def _point(utilization: float, code: dict[str, float] | None) -> Readings:
+    """One point of a range: what diagnose --prometheus-url --window W --at T reads for the run (half the memory used:
+    no M3)."""
+    readings = Readings(info=[{"uuid": "GPU-0", "gpu": "0"}], utilization={"GPU-0": utilization},
+                        memory_ratio={"GPU-0": 0.5}, phase_total={RUN: {p: s * 100 for p, s in SHARES.items()}},
+                        live={RUN}, cluster_label="")
+    if code is not None:
+        readings.code[RUN] = code
+    return readings
+
+
+def _idle(points: list[tuple[float, Readings]]) -> tuple[IdleSplit, float] | None:
+    line = timeline.Timeline.judge(points, load_thresholds(), 60.0, RUN[0])
+    return timeline.idle_over(line.series(line.times()), 15.0)
+
+
+def test_the_idle_time_explained_over_a_run_is_the_time_weighted_mean_of_its_points_splits() -> None:
+    points = [(15.0, _point(0.15, {"framework": 0.36, "host": 0.05})),
+              (30.0, _point(0.25, {"framework": 0.20, "host": 0.10})),
+              (45.0, _point(0.95, {"framework": 0.05, "host": 0.0}))]  # healthy: no split
+    found = _idle(points)
+    assert found is not None
+    split, seconds = found
+    assert seconds == 30.0  # the two points below target, 15 s each
+    # idle = compute + other - busy: 0.60 (FO 0.36, HW 0.05, 0.19 unknown) and 0.50 (FO 0.20, HW 0.10, 0.20 unknown)
+    assert split.sampled and (round(split.idle, 4), round(split.framework, 4), round(split.host, 4), split.launch,
+                              round(split.unexplained, 4)) == (0.55, 0.28, 0.075, 0.0, 0.195), split
+    # no sampler readings at any point: FO and HW unmeasured, all the idle time without a known cause
+    found = _idle([(15.0, _point(0.15, None)), (30.0, _point(0.25, None))])
+    assert found is not None and not found[0].sampled and round(found[0].unexplained, 4) == 0.55, found
+    assert found[0].text().endswith("(no stack samples from the job: FO and HW unmeasured)")
+    assert _idle([(15.0, _point(0.95, {"framework": 0.05}))]) is None  # never below target
+
+
+def test_every_format_says_the_idle_split_and_a_run_without_one_says_nothing_new() -> None:
+    r = sample()
+    assert "idle time" not in rp.render_text(r) + rp.render_markdown(r) + rp.render_html(r)
+    assert json.loads(rp.render_json(r))["idle"] is None
+    split = IdleSplit(0.6, 0.36, 0.05, 0.0, 0.19)
+    r.idle = (split, 3600.0)
+    line = ("GPU idle 60% of the step in compute and between the phases, 68% of it explained: framework overhead (FO) "
+            "36%, host work (HW) 5%, launch overhead (M3) 0%; no cause known for 19%; the mean over 1.0 h of GPU time "
+            "below target")
+    assert r.idle_text() == line
+    assert f"\nidle time               {line}\n" in rp.render_text(r)
+    assert f"| idle time | {line} |" in rp.render_markdown(r)
+    assert f"<tr><th>idle time</th><td>{line}</td></tr>" in rp.render_html(r)
+    assert json.loads(rp.render_json(r))["idle"] == {"idle": 0.6, "framework": 0.36, "host": 0.05, "launch": 0.0,
+                                                     "unexplained": 0.19, "sampled": True, "gpu_seconds": 3600.0,
+                                                     "text": line}

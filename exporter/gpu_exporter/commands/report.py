@@ -6,8 +6,10 @@ GPU-hours, mean utilization, phase shares; every point of the range judged as ``
 RUN --window W --at T`` judges it (W: ``WINDOW_STEPS`` steps; :class:`gpu_exporter.verdict.timeline.Timeline`
 over :func:`~gpu_exporter.commands.report_sources.readings_over`), so it says every verdict of the ladder on the
 same GPU keys (cluster and uuid), and when each cause applied to a live rank; GPU-hours below target (per GPU: the
-share of its points judged below target, times the wall time); and the wall time without the main cause
-(:func:`~gpu_exporter.verdict.timeline.projection_share`, docs/cli.md). Renderings: text, Markdown, JSON and a
+share of its points judged below target, times the wall time); the wall time without the main cause
+(:func:`~gpu_exporter.verdict.timeline.projection_share`, docs/cli.md); and how much of the GPUs' idle time in
+compute and between the phases FO, HW and M3 explained (:func:`~gpu_exporter.verdict.timeline.idle_over`: the mean of
+the points' own splits). Renderings: text, Markdown, JSON and a
 self-contained HTML page (:mod:`~gpu_exporter.commands.report_render`). Example::
 
     $ gpu-exporter report --prometheus-url http://prometheus:9090 --run resnet50 --from=-8h --to=-2h
@@ -42,7 +44,7 @@ from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
 from gpu_exporter.verdict.hints import HINTS_BY_ID
 from gpu_exporter.verdict.ladder import VERDICT_TITLES
-from gpu_exporter.verdict.timeline import Span, Timeline, effective, projection_share
+from gpu_exporter.verdict.timeline import Span, Timeline, effective, idle_over, projection_share
 
 
 def _verdict_span(verdict: str, hint: str, span: Span, step: float) -> CauseSpan:
@@ -116,7 +118,8 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
                   tags=dict(launch.tags) if launch else {}, verdicts=verdicts,
                   verdict_series={gpu: [m.verdict.name if m else None for m in ms] for gpu, ms in moments.items()},
                   effective=effective(moments, wall),
-                  sm_activity={gpu: [m.view.sm_active if m else None for m in ms] for gpu, ms in moments.items()})
+                  sm_activity={gpu: [m.view.sm_active if m else None for m in ms] for gpu, ms in moments.items()},
+                  idle=idle_over(moments, step))
 
 
 # --- command line ------------------------------------------------------------------------------------

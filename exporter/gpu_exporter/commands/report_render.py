@@ -13,6 +13,7 @@ from typing import Any
 from gpu_exporter.commands.client_cli import fail, iso
 from gpu_exporter.training.protocol import CHECKPOINT, COMMUNICATION, COMPUTE, DATA, METRICS, OTHER
 from gpu_exporter.verdict.causes import BY_ID
+from gpu_exporter.verdict.code import IdleSplit
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, SOURCES, UNKNOWN
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.timeline import Effective
@@ -76,6 +77,17 @@ class Report:
     """Effective utilization (SM activity) beside busy, and the GPU-hours between them (verdict.timeline)."""
     sm_activity: dict[str, list[float | None]] = field(default_factory=dict)
     """Each GPU's SM activity at each of ``times`` (None: unknown)."""
+    idle: tuple[IdleSplit, float] | None = None
+    """How much of the GPUs' idle time in compute and between the phases FO, HW and M3 explained, the mean of the
+    points' splits, and the GPU-seconds it covers (verdict.timeline.idle_over); None: no point below target with a
+    live run."""
+
+    def idle_text(self) -> str:
+        """The split's own line (gpu_exporter.verdict.code.IdleSplit.text) and the GPU time it covers."""
+        if self.idle is None:
+            return ""
+        split, seconds = self.idle
+        return f"{split.text()}; the mean over {duration(seconds)} of GPU time below target"
 
     def effective_text(self) -> str:
         """``"25% SM activity (GPM) beside 96% busy; compute phase 27%"``, or the unknown line."""
@@ -112,6 +124,9 @@ class Report:
             "main_cause": self.main_cause, "projection_share": _round(self.projection_share),
             "projected_wall_seconds": _round(self.projected_wall_seconds),
             "projection": self.projection_text(), "step_seconds": self.step,
+            "idle": None if self.idle is None else {
+                **{k: v if isinstance(v, bool) else round(v, 4) for k, v in vars(self.idle[0]).items()},
+                "gpu_seconds": round(self.idle[1], 3), "text": self.idle_text()},
             "verdicts": [{"verdict": v.cause, "code": v.code, "title": v.title, "seconds": round(v.seconds, 3),
                           "applied": [[iso(a), iso(b)] for a, b in v.intervals], "gpus": v.ranks}
                          for v in self.verdicts],
@@ -156,6 +171,7 @@ def _rows(r: Report) -> list[tuple[str, str]]:
         ("GPU-hours below target", f"{r.gpu_hours_below_target:.3f} (below {pct(r.target)})"),
         *([("verdicts", ", ".join(f"{v.title} {duration(v.seconds)}" for v in r.verdicts))] if r.verdicts else []),
         ("projection", r.projection_text()),
+        *([("idle time", r.idle_text())] if r.idle is not None else []),
         ("effective utilization", r.effective_text()),
         *([("GPU-hours busy, not effective", f"{r.effective.lost:.3f} (busy - SM activity)")]
           if r.effective is not None and r.effective.sm is not None else []),

@@ -3,7 +3,8 @@
 Each point's :class:`~gpu_exporter.verdict.views.Readings` (those of ``diagnose --prometheus-url --window W --at
 T``: commands/report_sources.py) are joined, narrowed to one run as ``diagnose --run`` / ``--run-id`` narrow them,
 and judged (:func:`judged`): a :class:`Moment` per GPU key (cluster and uuid) and point. :class:`Timeline` gives the
-spans of each verdict and cause, :func:`projection_share` the share of the wall time a cause took.
+spans of each verdict and cause, :func:`projection_share` the share of the wall time a cause took, :func:`idle_over`
+how much of the GPUs' idle time in compute and between the phases FO, HW and M3 explained.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gpu_exporter.thresholds import Thresholds
 from gpu_exporter.training.protocol import COMMUNICATION
 from gpu_exporter.verdict import launches
 from gpu_exporter.verdict.causes import BY_ID
+from gpu_exporter.verdict.code import IdleSplit
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID, compute_sm
 from gpu_exporter.verdict.join import build_views, select
 from gpu_exporter.verdict.ladder import judge
@@ -166,6 +168,22 @@ def effective(series: Mapping[str, Sequence[Moment | None]], wall: float) -> Eff
     return Effective(sum(sms) / len(sms) if sms else None, sum(busys) / len(busys) if busys else None,
                      tuple(sorted(sources - {""})), sum(computes) / len(computes) if computes else None,
                      lost / 3600, {k: v / 3600 for k, v in worth.items()})
+
+
+def idle_over(series: Mapping[str, Sequence[Moment | None]], step: float) -> tuple[IdleSplit, float] | None:
+    """How much of the GPUs' idle time in compute and between the phases FO, HW and M3 explained over a range, and
+    the GPU-seconds that covers: the mean of the moments' own splits (each verdict's ``idle``: below target with a
+    live run, gpu_exporter.verdict.code.idle_split), each moment standing for the ``step`` before it, so weighted by
+    time. Sampled where some moment had the stack sampler's readings (none: FO and HW unmeasured); None where no
+    moment has a split."""
+    splits = [m.verdict.idle for ms in series.values() for m in ms if m is not None and m.verdict.idle is not None]
+    if not splits:
+        return None
+    def mean(part: str) -> float:
+        return sum(float(getattr(s, part)) for s in splits) / len(splits)
+
+    return (IdleSplit(mean("idle"), mean("framework"), mean("host"), mean("launch"), mean("unexplained"),
+                      any(s.sampled for s in splits)), len(splits) * step)
 
 
 def _spans(found: Iterable[tuple[K, float, str]]) -> dict[K, Span]:
