@@ -11,15 +11,15 @@ at any time in the last ``alert_hold`` (:func:`held`: the cause's series of ``gp
 recorded only where the condition holds), the hysteresis of the other causes' alerts: a GPU whose SM activity, DRAM
 or utilization hovers at a line stays firing instead of flapping between pending and resolved. Tensor and DRAM
 activity are read inline (no recorded series: the fleet's series budget). Each alert makes one join for the
-workload's labels. GpuTensorCoresIdle's text names the FP32 pipe's activity where dcgm-exporter serves
-``DCGM_FI_PROF_PIPE_FP32_ACTIVE`` (:data:`FP32`, read from the raw series when the text is rendered: no recorded
-series, and nothing where the field is absent).
+workload's labels. GpuTensorCoresIdle's text names the busiest of the FP32, FP16 and FP64 pipes where dcgm-exporter
+serves ``DCGM_FI_PROF_PIPE_FP*_ACTIVE`` (:func:`_pipes`, read from the raw series when the text is rendered: no
+recorded series, and nothing where the fields are absent), and what the math does there.
 """
 
 from __future__ import annotations
 
 from gpu_exporter import catalog as m
-from gpu_exporter.verdict.efficiency import EFFICIENCY, SM, SM_RECORD, GpuCause
+from gpu_exporter.verdict.efficiency import EFFICIENCY, FP_PIPES, SM, SM_RECORD, GpuCause
 from gpu_exporter.verdict.promql import AT_TARGET as AT_TARGET  # monitoring.funnel's too
 from gpu_exporter.verdict.promql import GPU_SEL, C, efficiency_held
 
@@ -36,11 +36,19 @@ BUSY = (f'{{{{ with printf "clamp_max(max by ({C}, uuid) ({m.GPU_UTILIZATION_AVG
         f'{GPU_SEL[1]} | query }}}}'
         "{{ . | first | value | humanizePercentage }}{{ end }}")
 """The GPU's busy utilization (NVML) now, in the alert's text."""
-FP32 = (f'{{{{ with printf "max(avg_over_time({m.DCGM_FP32_ACTIVE.name}{{{C}=%q,{m.DCGM_UUID_LABEL}=%q}}[5m]))" '
-        f'{GPU_SEL[1]} | query }}}}'
-        ", and its FP32 pipe {{ . | first | value | humanizePercentage }} active (DCGM){{ end }}")
-"""The GPU's 5m mean FP32 pipe activity from dcgm-exporter, in the text of tensor cores idle; nothing where
-dcgm-exporter does not serve the field (its default counters file)."""
+def _pipes(doing: str) -> str:
+    """The text after the tensor pipe in tensor cores idle: the busiest of dcgm-exporter's fp pipes
+    (:data:`~gpu_exporter.verdict.efficiency.FP_PIPES`, one query, read when the text renders) and what the math does
+    where it carries the most (the table's words, as diagnose says them); ``doing`` alone where dcgm-exporter serves
+    no fp pipe field (its default counters file)."""
+    each = " or ".join(f'label_replace(max(avg_over_time({p.series.name}{{{C}=%q,{m.DCGM_UUID_LABEL}=%q}}[5m])), '
+                       f'\\"pipe\\", \\"{p.name}\\", \\"\\", \\"\\")' for p in FP_PIPES)
+    args = " ".join(GPU_SEL[1] for _ in FP_PIPES)
+    what = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $pipe "{p.name}" }}}}{p.doing}'
+                   for i, p in enumerate(q for q in FP_PIPES if q.doing)) + f"{{{{ else }}}}{doing}{{{{ end }}}}"
+    return (f'{{{{ with printf "topk(1, {each})" {args} | query }}}}{{{{ $pipe := . | first | label "pipe" }}}}'
+            f", and its {{{{ $pipe }}}} pipe {{{{ . | first | value | humanizePercentage }}}} active (DCGM): {what}"
+            f"{{{{ else }}}}: {doing}{{{{ end }}}}")
 
 
 def records() -> list[Record]:
@@ -60,12 +68,14 @@ def _alert(cause: GpuCause) -> Alert:
     reading = "{{ $value | humanizePercentage }}"
     tensor = cause.keys[0] == "tensor_idle_ratio"
     now = f"its SMs are {reading} active ({{{{ $labels.source }}}})" + (
-        f" but its tensor pipe below ${{tensor_idle_ratio|percent}}{FP32}" if tensor else "")
+        f" but its tensor pipe below ${{tensor_idle_ratio|percent}}{_pipes(cause.doing)}" if tensor
+        else f": {cause.doing}")
     line = ("Tensor pipe activity below ${tensor_idle_ratio|percent} while the SMs are at least "
-            "${sm_active_low|percent} active means fp32 math." if tensor else
+            "${sm_active_low|percent} active means the math runs on the CUDA cores, not the tensor cores."
+            if tensor else
             "Effective utilization (SM activity) below ${sm_active_low|percent} is likely ineffective use.")
     description = (f"{WHO} is busy ({BUSY} utilization, at or above the ${{utilization_target|percent}} target) but "
-                   f"{now}: {cause.doing}. {line} Cause: {cause.label}, held within the last ${{alert_hold}}. "
+                   f"{now}. {line} Cause: {cause.label}, held within the last ${{alert_hold}}. "
                    f"{cause.advice}")
     summary = f"A busy GPU is not used effectively, cause {cause.label}."
     return Alert(ALERTS.format(cause=cause.cause), cause.alert, SM, "cause_for",

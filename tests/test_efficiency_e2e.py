@@ -123,13 +123,18 @@ def test_each_gpu_gets_its_efficiency_verdict_from_alerts_diagnose_and_the_repor
         labels = alert["metric"]
         node, run, _ = LOOP[labels["uuid"]]
         assert (labels["severity"], labels["node"], labels["run"]) == ("info", node, run), labels
-    # Tensor cores idle names dcgm-exporter's FP32 pipe (its raw series, read as the text renders), ~0.4 x busy.
+    # Tensor cores idle names dcgm-exporter's busiest fp pipe (its raw series, read as the text renders): FP32 here,
+    # ~0.4 x busy ...
     texts = {a["labels"]["uuid"]: a["annotations"]["description"]
              for a in json.loads(http_get(prom + "/api/v1/alerts"))["data"]["alerts"]
              if a["state"] == "firing" and a["labels"]["alertname"] == "GpuTensorCoresIdle"}
     fp32 = re.search(r"its tensor pipe below \d+%, and its FP32 pipe ([\d.]+)% active \(DCGM\): its math runs on "
                      r"the fp32 pipes", texts["GPU-eff-fp32"])
     assert fp32 and 0.3 <= float(fp32.group(1)) / 100 <= 0.41, texts
+    # ... and on the float64 GPU the busiest pipe, FP64, with what the math does there (the table's words).
+    fp64 = re.search(r"its tensor pipe below \d+%, and its FP64 pipe ([\d.]+)% active \(DCGM\): its math runs in "
+                     r"float64 and the tensor cores idle: check the tensors' dtype first", texts["GPU-eff-fp64"])
+    assert fp64 and 0.3 <= float(fp64.group(1)) / 100 <= 0.41 and "FP32" not in texts["GPU-eff-fp64"], texts
     # The recorded effective utilization: GPM on n-gpm, dcgm-exporter (joined by UUID) on n-dcgm, beside busy.
     sm = {r["metric"]["uuid"]: (r["metric"]["source"], float(r["value"][1]))
           for r in promql(prom, "gpu:gpu_sm_active:avg5m")}
