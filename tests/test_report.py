@@ -159,11 +159,16 @@ def test_report_figures_match_the_runs_own_timers(recorded: tuple[str, dict[str,
     assert doc["projected_wall_seconds"] == pytest.approx(doc["wall_seconds"] * (1 - doc["shares"]["data"]), rel=1e-3)
     assert doc["projected_wall_seconds"] == pytest.approx(wall * (1 - data), abs=0.05 * wall)
     assert doc["projection"].endswith("if loading overlapped compute (input-bound (M1))")
-    # The idle time in compute and between the phases, split as each point's verdict splits it (the ranks' stack
-    # samplers sent their readings): the parts add up to it, over every point of both GPUs (all below target).
+    # The idle time in compute and between the phases, split as each point's verdict splits it: the parts add up to
+    # it, over every point of both GPUs (all below target).
     idle = doc["idle"]
-    assert idle["sampled"] and idle["gpu_seconds"] >= wall and idle["idle"] == pytest.approx(
+    assert idle["gpu_seconds"] >= wall and idle["idle"] == pytest.approx(
         idle["framework"] + idle["host"] + idle["launch"] + idle["unexplained"], abs=1e-3), idle
+    # The ranks' compute is nearly all torch operators: on a quiet machine their samplers see no framework or host
+    # code, and the exporter exports only parts above 0 s, so the report has no readings and says so (a loaded
+    # machine lets some reads land in the loop's Python).
+    if not idle["sampled"]:
+        assert idle["framework"] == idle["host"] == 0 and "FO and HW unmeasured" in idle["text"], idle
     _keep("report.json", result.stdout)
 
 
