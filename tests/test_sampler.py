@@ -157,8 +157,10 @@ def test_each_phase_counts_the_seconds_its_timers_measured(tmp_path: Path) -> No
     assert s.samples >= 20, s.samples
     assert snap["framework"] <= seconds["other"] + 1e-9, (snap, seconds)  # never more than the timers measured
     assert snap["torch"] + snap["host"] <= seconds["compute"] + 1e-9, (snap, seconds)
-    # all of ``other`` but the loop's own line between the phases (host: not counted there) and the last wake-up
-    assert snap["framework"] >= 0.8 * seconds["other"] - 2 / 200, (snap, seconds)
+    # most of ``other`` (the old counting read 6-9% on an idle machine): not the loop's own line between the phases
+    # (host: not counted there) nor the last wake-up, and the stacks that land in neither class move with the
+    # scheduling (90-100% in four runs alone; 70% once in a quiet run of the whole suite)
+    assert snap["framework"] >= 0.5 * seconds["other"] - 2 / 200, (snap, seconds)
     assert snap["torch"] >= 0.8 * seconds["compute"] - 2 / 200, (snap, seconds)
 
 
