@@ -12,6 +12,7 @@ module level or inside a function, is an edge of one graph. The checks:
   module (an explicit allow-list holds the ones not yet removed);
 - each package imports only what the ``Project imports:`` line of its ``__init__`` docstring names;
 - ``gpu_exporter.simulate`` keeps its two sides apart (the exporter's and the job's, see its docstring).
+- no module compares a cause by its id (`== cause`): each kind of cause owns what differs;
 - a phase name is written once, in ``gpu_exporter.training.protocol``: other modules of ``gpu_exporter`` use its
   constants (an allow-list holds the literals that mean something else, and the ones not yet moved).
 
@@ -356,3 +357,22 @@ def test_phase_names_are_written_once() -> None:
         "\n  ".join(new)
     assert phase_literals('"""data"""\nx = "data"\ndef f():\n    """compute"""\n    return {"other": 1}\n',
                           names) == [(2, "data"), (5, "other")]  # the scan finds literals, not docstrings
+
+
+def cause_id_comparisons(source: str) -> list[int]:
+    """Lines where a cause's id (a name or attribute ``cause``) is compared with ``==`` or ``!=``."""
+    def is_cause(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "cause") or \
+            (isinstance(node, ast.Attribute) and node.attr == "cause")
+
+    return sorted(node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+                  and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops)
+                  and any(is_cause(side) for side in (node.left, *node.comparators)))
+
+
+def test_no_module_dispatches_on_a_cause_id() -> None:
+    """Each kind of cause owns what differs between causes (gpu_exporter.verdict.kinds): no module asks which
+    cause it holds by comparing its id (``if cause == WORKERS_CAUSE``, ``x.cause.cause == "batch_too_small"``)."""
+    found = [f"{module}:{line}" for module, path in KNOWN.items() for line in cause_id_comparisons(path.read_text())]
+    assert not found, "a cause compared by its id; give its kind the behaviour instead:\n  " + "\n  ".join(found)
+    assert cause_id_comparisons("if f.cause.cause == B:\n    pass\nok = cause != 'x'\nfine = kind == 'x'\n") == [1, 3]

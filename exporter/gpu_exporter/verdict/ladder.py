@@ -61,12 +61,12 @@ from gpu_exporter.verdict.alerts import (
     Compared,
     runbook_anchor,
 )
-from gpu_exporter.verdict.causes import BATCH_CAUSE, CAUSES, cause_order
+from gpu_exporter.verdict.causes import CAUSES, cause_order
 from gpu_exporter.verdict.code import IdleSplit, idle_split
 from gpu_exporter.verdict.efficiency import EFFICIENCY, Activity, GpuCause, GpuFinding, effective_line, find_efficiency
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT, HINTS, HINTS_BY_ID
-from gpu_exporter.verdict.kinds import Cause, Finding
+from gpu_exporter.verdict.kinds import Cause, Finding, Launch
 from gpu_exporter.verdict.levels import BY_LEVEL, LEVELS, LOW, TARGET, level, threshold, useful_text, useful_utilization
 from gpu_exporter.verdict.promql import AT_TARGET, cause_share, efficiency_held
 from gpu_exporter.verdict.views import GpuView, RunView, Verdict, evolve
@@ -282,7 +282,7 @@ def _idle_split(f: Facts) -> IdleSplit | None:
     if f.level is None or f.utilization is None or not f.live or not f.live[0].shares:
         return None
     run = f.live[0]
-    return idle_split(f.utilization, run.shares, run.code, any(x.cause.cause == BATCH_CAUSE for x in run.findings))
+    return idle_split(f.utilization, run.shares, run.code, any(isinstance(x.cause, Launch) for x in run.findings))
 
 
 def _cause_row(cause: Cause) -> Row:
