@@ -181,20 +181,7 @@ def check_callbacks(doc: object, max_length: int = MAX_LABEL_LENGTH) -> str | No
     >>> check_callbacks([{"name": "a b", "seconds": 1, "phase": "callbacks"}])
     "callback 'a b' may only contain A-Za-z0-9_.:/@+-"
     """
-    if not isinstance(doc, list) or len(doc) > MAX_CALLBACKS:
-        return f"callbacks must be a list of at most {MAX_CALLBACKS} objects"
-    for item in doc:
-        if not isinstance(item, dict):
-            return "callbacks must be a list of objects"
-        name, seconds, phase = item.get("name"), item.get("seconds"), item.get("phase")
-        problem = check_label("callback", name, max_length) if isinstance(name, str) else "callback name must be text"
-        if problem is not None:
-            return problem
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
-            return f"callback {name} seconds must be a finite number >= 0"
-        if phase not in CALLBACK_PHASES:
-            return f"callback {name} phase must be one of {', '.join(CALLBACK_PHASES)}"
-    return None
+    return _check_items(doc, "callbacks", "callback", MAX_CALLBACKS, max_length, CALLBACK_PHASES)
 
 
 CODE_PARTS = ("torch", "framework", "host")
@@ -218,19 +205,31 @@ def check_code(doc: object, max_length: int = MAX_LABEL_LENGTH) -> str | None:
     if not isinstance(doc, dict):
         return "code must be an object"
     for part in CODE_PARTS:
-        value = doc.get(part)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        if not _is_seconds(doc.get(part)):
             return f"code {part} seconds must be a finite number >= 0"
-    functions = doc.get("functions")
-    if not isinstance(functions, list) or len(functions) > MAX_CODE_FUNCTIONS:
-        return f"code functions must be a list of at most {MAX_CODE_FUNCTIONS} objects"
-    for item in functions:
+    return _check_items(doc.get("functions"), "code functions", "function", MAX_CODE_FUNCTIONS, max_length)
+
+
+def _is_seconds(value: object) -> bool:
+    """A finite number >= 0 (a bool is no number here)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value < float("inf")
+
+
+def _check_items(items: object, field: str, kind: str, most: int, max_length: int,
+                 phases: tuple[str, ...] | None = None) -> str | None:
+    """Why ``items`` is not a list of at most ``most`` objects ``{"name": label, "seconds": number >= 0}`` (each
+    with a ``"phase"`` of ``phases`` too, when given), or None; ``field`` and ``kind`` name them in the reason."""
+    if not isinstance(items, list) or len(items) > most:
+        return f"{field} must be a list of at most {most} objects"
+    for item in items:
         if not isinstance(item, dict):
-            return "code functions must be a list of objects"
-        name, seconds = item.get("name"), item.get("seconds")
-        problem = check_label("function", name, max_length) if isinstance(name, str) else "function name must be text"
+            return f"{field} must be a list of objects"
+        name = item.get("name")
+        problem = check_label(kind, name, max_length) if isinstance(name, str) else f"{kind} name must be text"
         if problem is not None:
             return problem
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
-            return f"function {name} seconds must be a finite number >= 0"
+        if not _is_seconds(item.get("seconds")):
+            return f"{kind} {name} seconds must be a finite number >= 0"
+        if phases is not None and item.get("phase") not in phases:
+            return f"{kind} {name} phase must be one of {', '.join(phases)}"
     return None
