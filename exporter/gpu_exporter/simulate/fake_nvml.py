@@ -72,11 +72,12 @@ class _Status(Exception):
         self.code = code
 
 
-def _symbol(*names: str, device: bool = True, locked: bool = True) -> Callable[[F], F]:
-    """Mark a method as the C functions ``names``; ``device``: its first argument is a device handle."""
+def _symbol(*names: str, device: bool = True, locked: bool = True, whole: bool = False) -> Callable[[F], F]:
+    """Mark a method as the C functions ``names``; ``device``: its first argument is a device handle; ``whole``:
+    a whole GPU's only (a MIG device handle gets NOT_SUPPORTED)."""
 
     def mark(fn: F) -> F:
-        fn.__dict__["nvml_symbol"] = (names, device, locked)
+        fn.__dict__["nvml_symbol"] = (names, device, locked, whole)
         return fn
 
     return mark
@@ -94,10 +95,6 @@ class _Target:
     def mig(self) -> MigInstanceSpec | None:
         return None if self.mig_index is None or self.gpu.mig_instances is None \
             else self.gpu.mig_instances[self.mig_index]
-
-    def require_full_gpu(self) -> None:
-        if self.mig_index is not None:
-            raise _Status(ERROR_NOT_SUPPORTED)
 
 
 @dataclass
@@ -160,9 +157,9 @@ class FakeNvmlLibrary:
         self._functions: dict[str, Callable[..., int]] = {}
         for attr in dir(type(self)):
             method = getattr(self, attr)
-            names, device, locked = getattr(method, "nvml_symbol", ((), True, True))
+            names, device, locked, whole = getattr(method, "nvml_symbol", ((), True, True, False))
             for name in names:
-                self._functions[name] = self._wrap(method, name, device, locked)
+                self._functions[name] = self._wrap(method, name, device, locked, whole)
 
     def __getattr__(self, name: str) -> Callable[..., int]:
         try:
@@ -172,7 +169,8 @@ class FakeNvmlLibrary:
 
     # --- dispatch --------------------------------------------------------------------------
 
-    def _wrap(self, method: Callable[..., int], name: str, device: bool, locked: bool) -> Callable[..., int]:
+    def _wrap(self, method: Callable[..., int], name: str, device: bool, locked: bool,
+              whole: bool) -> Callable[..., int]:
         node = self.node
 
         def call(*args: Any) -> int:
@@ -183,7 +181,10 @@ class FakeNvmlLibrary:
                 with node.lock if locked else contextlib.nullcontext():
                     self._check_loaded(name)
                     if device:
-                        return method(self._resolve(args[0], name), *args[1:])
+                        dev = self._resolve(args[0], name)
+                        if whole and dev.mig_index is not None:
+                            raise _Status(ERROR_NOT_SUPPORTED)
+                        return method(dev, *args[1:])
                     return method(*args)
             except _Status as status:
                 return status.code
@@ -293,9 +294,8 @@ class FakeNvmlLibrary:
                     return _write_pointer(ref, self._handle(gpu.index, i))
         return ERROR_NOT_FOUND
 
-    @_symbol("nvmlDeviceGetIndex")
+    @_symbol("nvmlDeviceGetIndex", whole=True)
     def index(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         return _write_value(ref, dev.gpu.index)
 
     @_symbol("nvmlDeviceGetName")
@@ -326,25 +326,22 @@ class FakeNvmlLibrary:
 
     # --- MIG -------------------------------------------------------------------------------
 
-    @_symbol("nvmlDeviceGetMigMode")
+    @_symbol("nvmlDeviceGetMigMode", whole=True)
     def mig_mode(self, dev: _Target, current: Any, pending: Any) -> int:
-        dev.require_full_gpu()
         if dev.gpu.architecture_id < ARCH_AMPERE:
             return ERROR_NOT_SUPPORTED
         mode = int(dev.gpu.mig_instances is not None)
         _out(current).value = mode
         return _write_value(pending, mode)
 
-    @_symbol("nvmlDeviceGetMaxMigDeviceCount")
+    @_symbol("nvmlDeviceGetMaxMigDeviceCount", whole=True)
     def max_mig_devices(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         if dev.gpu.architecture_id < ARCH_AMPERE:
             return ERROR_NOT_SUPPORTED
         return _write_value(ref, MAX_MIG_DEVICES if dev.gpu.mig_instances is not None else 0)
 
-    @_symbol("nvmlDeviceGetMigDeviceHandleByIndex")
+    @_symbol("nvmlDeviceGetMigDeviceHandleByIndex", whole=True)
     def mig_handle(self, dev: _Target, index: Any, ref: Any) -> int:
-        dev.require_full_gpu()
         if dev.gpu.mig_instances is None:
             return ERROR_INVALID_ARGUMENT
         i = _value(index)
@@ -448,19 +445,16 @@ class FakeNvmlLibrary:
 
     # --- power, thermals, clocks, PCIe -------------------------------------------------------
 
-    @_symbol("nvmlDeviceGetPowerUsage")
+    @_symbol("nvmlDeviceGetPowerUsage", whole=True)
     def power_usage(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         return _write_value(ref, round(1000 * dev.gpu.power_watts.at(self._busy(dev))))
 
-    @_symbol("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+    @_symbol("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit", whole=True)
     def power_limit(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         return _write_value(ref, round(1000 * dev.gpu.power_limit_watts))
 
-    @_symbol("nvmlDeviceGetTotalEnergyConsumption")
+    @_symbol("nvmlDeviceGetTotalEnergyConsumption", whole=True)
     def energy(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         if dev.gpu.architecture_id < 5:
             return ERROR_NOT_SUPPORTED  # Volta and newer only
         power = dev.gpu.power_watts
@@ -476,43 +470,38 @@ class FakeNvmlLibrary:
         self._busy_so_far[index] = (t, busy)
         return busy
 
-    @_symbol("nvmlDeviceGetTemperature")
+    @_symbol("nvmlDeviceGetTemperature", whole=True)
     def temperature(self, dev: _Target, sensor: Any, ref: Any) -> int:
-        dev.require_full_gpu()
         if _value(sensor) != 0:
             return ERROR_INVALID_ARGUMENT
         return _write_value(ref, round(dev.gpu.temperature_celsius.at(self._busy(dev))))
 
     @staticmethod
     def _clock_level(dev: _Target, clock_type: Any) -> Level:
-        dev.require_full_gpu()
         kind = _value(clock_type)
         if kind not in (CLOCK_SM, CLOCK_MEM):
             raise _Status(ERROR_NOT_SUPPORTED)
         return dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
 
-    @_symbol("nvmlDeviceGetClockInfo")
+    @_symbol("nvmlDeviceGetClockInfo", whole=True)
     def clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
         return _write_value(ref, round(self._clock_level(dev, clock_type).at(self._busy(dev))))
 
-    @_symbol("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+    @_symbol("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons", whole=True)
     def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         names = dev.gpu.clock_event_reasons
         if names is None:
             names = ("gpu_idle",) if self._busy(dev) < 0.05 else ()
         return _write_value(ref, sum(CLOCK_EVENT_REASONS[name] for name in set(names)))  # distinct bits: sum is OR
 
-    @_symbol("nvmlDeviceGetFanSpeed")
+    @_symbol("nvmlDeviceGetFanSpeed", whole=True)
     def fan_speed(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         if dev.gpu.fan_percent is None:
             return ERROR_NOT_SUPPORTED
         return _write_value(ref, round(dev.gpu.fan_percent.at(self._busy(dev))))
 
-    @_symbol("nvmlDeviceGetPcieThroughput")
+    @_symbol("nvmlDeviceGetPcieThroughput", whole=True)
     def pcie_throughput(self, dev: _Target, counter: Any, ref: Any) -> int:
-        dev.require_full_gpu()
         which = _value(counter)
         if which not in (0, 1):
             return ERROR_INVALID_ARGUMENT
@@ -526,14 +515,13 @@ class FakeNvmlLibrary:
         _out(major).value, _out(minor).value = COMPUTE_CAPABILITY[dev.gpu.architecture]
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetMaxClockInfo")
+    @_symbol("nvmlDeviceGetMaxClockInfo", whole=True)
     def max_clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
         level = self._clock_level(dev, clock_type)
         return _write_value(ref, round(max(level.idle, level.busy)))
 
-    @_symbol("nvmlDeviceGetPerformanceState")
+    @_symbol("nvmlDeviceGetPerformanceState", whole=True)
     def performance_state(self, dev: _Target, ref: Any) -> int:
-        dev.require_full_gpu()
         return _write_value(ref, 0 if self._busy(dev) >= 0.05 else 8)  # P0 busy, P8 idle
 
     @_symbol("nvmlDeviceGetPersistenceMode")
@@ -544,9 +532,8 @@ class FakeNvmlLibrary:
     def zero(self, dev: _Target, ref: Any) -> int:
         return _write_value(ref, 0)  # NVML_COMPUTEMODE_DEFAULT; display off
 
-    @_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization")
+    @_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization", whole=True)
     def encoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
-        dev.require_full_gpu()
         _out(ref).value, _out(period).value = 0, 167_000
         return SUCCESS
 
@@ -622,9 +609,8 @@ class FakeNvmlLibrary:
     def supported_event_types(self, dev: _Target, ref: Any) -> int:
         return _write_value(ref, SUPPORTED_EVENT_TYPES)
 
-    @_symbol("nvmlDeviceRegisterEvents")
+    @_symbol("nvmlDeviceRegisterEvents", whole=True)
     def register_events(self, dev: _Target, event_types: Any, event_set: Any) -> int:
-        dev.require_full_gpu()
         events = self._event_set(event_set)
         types = _value(event_types)
         if types & ~SUPPORTED_EVENT_TYPES:
@@ -712,9 +698,8 @@ class FakeNvmlLibrary:
     def gpm_sample_get(self, dev: _Target, sample: Any) -> int:
         return self._gpm_record(dev, dev.mig_index, sample)
 
-    @_symbol("nvmlGpmMigSampleGet")
+    @_symbol("nvmlGpmMigSampleGet", whole=True)
     def gpm_mig_sample_get(self, dev: _Target, gpu_instance_id: Any, sample: Any) -> int:
-        dev.require_full_gpu()
         wanted = _value(gpu_instance_id)
         for i, inst in enumerate(dev.gpu.mig_instances or ()):
             if inst.gpu_instance_id == wanted:
