@@ -26,7 +26,6 @@ machine where an empty method call took 2.5 µs), once per hook and step.
 from __future__ import annotations
 
 import functools
-import re
 import sys
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -34,7 +33,7 @@ from time import perf_counter
 from typing import Any
 
 from .hooks import MethodTimer, PhaseStack, set_on_instance, start_run, timed_call, undo_all
-from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, MAX_LABEL_LENGTH, OTHER
+from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, OTHER, to_label
 from .run import Phase, Run
 
 SAVE_METHODS = ("save_pretrained",)
@@ -50,7 +49,7 @@ def hook_name(obj: Any, hook: str) -> str:
     >>> hook_name(SaveEvery(), "on_step_end")
     'SaveEvery.on_step_end'
     """
-    return re.sub(r"[^A-Za-z0-9_.:/@+-]", "_", f"{type(obj).__name__}.{hook}")[:MAX_LABEL_LENGTH]
+    return to_label(f"{type(obj).__name__}.{hook}")
 
 
 class _Hook:

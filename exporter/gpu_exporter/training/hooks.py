@@ -39,7 +39,6 @@ Importing this module imports nothing heavy; torch is imported by :func:`watch` 
 from __future__ import annotations
 
 import functools
-import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -52,7 +51,7 @@ from .identity import default_run_name, resolve_run_id
 from .loaders import LoaderTimer as LoaderTimer  # re-exported: a building block (docs/training.md)
 from .loaders import TimedIterator as TimedIterator
 from .phase_stack import PhaseStack as PhaseStack
-from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
+from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS, to_label
 from .run import Phase, Run
 from .session import start, watch_distributed
 
@@ -68,7 +67,7 @@ def default_name(script: str | None = None) -> str:
     """
     if script is None:
         script = sys.argv[0] if sys.argv else ""
-    return re.sub(r"[^A-Za-z0-9_.:/@+-]", "_", Path(script).stem)[:128] or "training"
+    return to_label(Path(script).stem) or "training"
 
 
 def batch_len(batch: Any) -> int:

@@ -33,11 +33,10 @@ Standard library only. Example::
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Mapping
 
-from .protocol import LABEL_CHARS, MAX_LABEL_LENGTH, check_label, check_tags
+from .protocol import MAX_LABEL_LENGTH, check_label, check_tags, to_label
 
 RUN_ID_ENV = "GPU_EXPORTER_RUN_ID"
 """The operator's override of the run id (wins over torchrun's and Slurm's)."""
@@ -48,14 +47,6 @@ TORCHRUN_DEFAULT = "none"
 
 _launch_id: str | None = None
 """This process's launch id, drawn on first use (reset in a forked child: a new process, a new launch)."""
-
-_UNSAFE = re.compile(f"[^{LABEL_CHARS}]")
-
-
-def _clean(value: str) -> str:
-    """``value`` in the label charset and length (an id from the environment is not ours to refuse)."""
-    return _UNSAFE.sub("_", value.strip())[:MAX_LABEL_LENGTH]
-
 
 def check_labels(name: str, rank: str, uuid: str | None) -> None:
     """Raise ValueError (``training.start: ...``) unless the run name, the rank and a given uuid are valid labels.
@@ -86,16 +77,16 @@ def resolve_run_id(given: str | None = None, env: Mapping[str, str] | None = Non
         return given, "argument"
     environ = os.environ if env is None else env
     override = environ.get(RUN_ID_ENV, "").strip()
-    if override:
-        return _clean(override), RUN_ID_ENV
+    if override:  # an id from the environment is not ours to refuse: made a label
+        return to_label(override), RUN_ID_ENV
     torchrun = environ.get("TORCHELASTIC_RUN_ID", "").strip()
     if torchrun and torchrun != TORCHRUN_DEFAULT:
-        return _clean(torchrun), "TORCHELASTIC_RUN_ID"
+        return to_label(torchrun), "TORCHELASTIC_RUN_ID"
     slurm = environ.get("SLURM_JOB_ID", "").strip()
     if slurm:
         restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
         suffix = f"-r{restarts}" if restarts not in ("", "0") else ""
-        return _clean(f"slurm-{slurm}{suffix}"), "SLURM_JOB_ID"
+        return to_label(f"slurm-{slurm}{suffix}"), "SLURM_JOB_ID"
     global _launch_id
     if _launch_id is None:
         _launch_id = f"launch-{uuid.uuid4().hex[:12]}"

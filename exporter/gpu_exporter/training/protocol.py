@@ -110,6 +110,14 @@ def check_label(kind: str, value: str, max_length: int = MAX_LABEL_LENGTH) -> st
         return f"{kind} {value[:40]!r} may only contain {LABEL_CHARS}"
     return None
 
+
+_NOT_LABEL = re.compile(f"[^{LABEL_CHARS}]")
+
+
+def to_label(text: str) -> str:
+    """``text`` in the label charset (any other character becomes ``_``), cut to :data:`MAX_LABEL_LENGTH`."""
+    return _NOT_LABEL.sub("_", text)[:MAX_LABEL_LENGTH]
+
 CONTEXT_FIELDS: dict[str, str] = {
     "num_workers": "count", "pin_memory": "bool", "prefetch_factor": "count", "persistent_workers": "bool",
     "loader_batch_size": "count", "cpu_cores": "number", "gpu_memory_used_bytes": "number",

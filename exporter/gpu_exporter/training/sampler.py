@@ -65,7 +65,7 @@ from time import perf_counter
 from types import FrameType
 from typing import Any
 
-from .protocol import CODE_PARTS, MAX_CODE_FUNCTIONS
+from .protocol import CODE_PARTS, MAX_CODE_FUNCTIONS, to_label
 
 ENV = "GPU_EXPORTER_STACK_SAMPLING_HZ"
 """Environment variable: samples per second (0 turns the sampler off)."""
@@ -112,7 +112,6 @@ SIMULATED_DEVICE = re.compile(r"[/\\]gpu_exporter[/\\]simulate[/\\]")
 torch.cuda: its frames count as ``torch`` (the CPU cost of a simulated launch is launch overhead, M3, not the
 job's host work)."""
 FRAMEWORK = re.compile(r"[/\\](lightning|pytorch_lightning|lightning_fabric|transformers|accelerate)[/\\]")
-_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.:/@+-]")
 _PACKAGE = str(Path(__file__).resolve().parent.parent)  # gpu_exporter itself: library code
 
 
@@ -152,7 +151,7 @@ def function_label(filename: str, first_line: int, name: str) -> str:
     >>> function_label("/home/me/train.py", 88, "<lambda>")
     'train.py:88:_lambda_'
     """
-    return _NOT_LABEL.sub("_", f"{os.path.basename(filename)}:{first_line}:{name}")[:128]
+    return to_label(f"{os.path.basename(filename)}:{first_line}:{name}")
 
 
 def rate_from_env(environ: dict[str, str] | None = None) -> float:
