@@ -41,13 +41,11 @@ Python API, for tests::
     proc = spawn("node.yaml", interval=1.0)                   # a subprocess (its own python); same arguments
     proc.url; proc.close()
 
-``serve(scenario=None, port=0, *, host="127.0.0.1", hostname=None, interval=30.0, directory=None, pods=None,
-clock=None) -> DcgmExporter`` (``.url``, ``.port``, ``.node``, ``.render()``, ``.close()``; a context manager)
-and ``spawn(scenario, port=0, *, host=..., hostname=..., interval=..., directory=..., pods=..., timeout=30.0)
--> DcgmProcess`` (``.url``, ``.port``, ``.process``, ``.close()``; a context manager). ``scenario`` is a path, a
-packaged scenario's name, or a loaded :class:`Scenario`; ``directory`` the channel directory (default
-``$GPU_SIM_DEVICE_DIR``); ``pods`` maps a GPU UUID to ``(namespace, pod, container)``; ``clock`` returns
-``time.monotonic``-scale seconds (the channel's clock).
+``serve`` makes a :class:`DcgmExporter` (``.url``, ``.port``, ``.node``, ``.render()``), ``spawn`` a
+:class:`DcgmProcess` (``.url``, ``.port``, ``.process``); both stop with ``.close()`` or at the end of ``with``.
+``scenario`` is a path, a packaged scenario's name, or a loaded :class:`Scenario`; ``directory`` the channel
+directory (default ``$GPU_SIM_DEVICE_DIR``); ``pods`` maps a GPU UUID to ``(namespace, pod, container)``;
+``clock`` returns ``time.monotonic``-scale seconds (the channel's clock).
 
 >>> from gpu_exporter.simulate.scenario import parse_scenario
 >>> one = parse_scenario({"gpus": [{"name": "NVIDIA A100-SXM4-80GB", "architecture": "ampere",
@@ -196,12 +194,8 @@ class DcgmExporter(AbstractContextManager["DcgmExporter"]):
         self.close()
 
 
-def serve(scenario: Scenario | str | Path | None = None, port: int = 0, *, host: str = "127.0.0.1",
-          hostname: str | None = None, interval: float = DEFAULT_INTERVAL, directory: str | Path | None = None,
-          pods: Pods | None = None, clock: Callable[[], float] | None = None) -> DcgmExporter:
-    """Serve the stand-in in this process (a daemon thread) until ``.close()``; see the module docstring."""
-    return DcgmExporter(scenario, port, host=host, hostname=hostname, interval=interval, directory=directory,
-                        pods=pods, clock=clock)
+serve = DcgmExporter
+"""Serve the stand-in in this process (a daemon thread) until ``.close()``; see the module docstring."""
 
 
 class DcgmProcess(AbstractContextManager["DcgmProcess"]):
