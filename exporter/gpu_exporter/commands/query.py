@@ -295,15 +295,11 @@ def format_rows(fields: Sequence[Field], prev: Snapshot | None, cur: Snapshot, g
     chosen from) prints its identity fields from ``first`` and ``[GPU is lost]`` elsewhere."""
     present = {labels.get("uuid") for labels, _ in cur.series(catalog.GPU_INFO.name)}
     count = len(present)
-    lines = []
-    for index, uuid in gpus:
-        if uuid in present:
-            lines.append(_cells(fields, GpuRow(index, uuid, prev, cur, count, fresh), units))
-        else:
-            known = first if first is not None else (prev or cur)
-            lost = GpuRow(index, uuid, None, Snapshot(known.samples, at=cur.at, wall=cur.wall), count, False)
-            lines.append(_cells(fields, lost, units, lost=True))
-    return lines
+    known = first if first is not None else (prev or cur)
+    gone = Snapshot(known.samples, at=cur.at, wall=cur.wall)
+    return [_cells(fields, GpuRow(index, uuid, prev, cur, count, fresh), units) if uuid in present
+            else _cells(fields, GpuRow(index, uuid, None, gone, count, False), units, lost=True)
+            for index, uuid in gpus]
 
 
 def format_apps(fields: Sequence[Field], cur: Snapshot, gpus: Sequence[tuple[str, str]], units: bool) -> list[str]:
