@@ -135,8 +135,7 @@ class SimDevice:
 
     def busy_seconds(self, t0: float | None = None, t1: float | None = None) -> float:
         """Seconds the device was busy between monotonic times t0 (its start) and t1 (now)."""
-        with self._history_lock:
-            return self.history.busy(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
+        return self.activity(t0, t1).busy
 
     def activity(self, t0: float | None = None, t1: float | None = None) -> Activity:
         """Busy, SM-, tensor-, DRAM- and fp32/fp16/fp64-pipe-seconds between monotonic times t0 (its start) and t1
