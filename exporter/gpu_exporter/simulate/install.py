@@ -30,28 +30,28 @@ def install(scenario: Scenario | str | Path | None = None, *,
     loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     node = SimulatedNode(loaded, clock, on_exit=uninstall)
     with pynvml.libLoadLock:
-        current = pynvml.nvmlLib
-        if current is not None and not isinstance(current, FakeNvmlLibrary):
+        if pynvml.nvmlLib is not None and installed() is None:
             raise RuntimeError("the real NVML library is already loaded in this process; "
                                "install the simulation before the first nvmlInit")
-        if isinstance(current, FakeNvmlLibrary):
-            current.node.close()
-        pynvml.nvmlLib = FakeNvmlLibrary(node)
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        pynvml._nvmlLib_refcount = 0
+        _replace(FakeNvmlLibrary(node))
     return node
 
 
 def uninstall() -> None:
     """Remove the simulation: pynvml returns to "library not loaded" (no-op when none is installed)."""
     with pynvml.libLoadLock:
-        current = pynvml.nvmlLib
-        if not isinstance(current, FakeNvmlLibrary):
-            return
-        current.node.close()
-        pynvml.nvmlLib = None
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        pynvml._nvmlLib_refcount = 0
+        if installed() is not None:
+            _replace(None)
+
+
+def _replace(library: FakeNvmlLibrary | None) -> None:
+    """Make ``library`` pynvml's (with ``libLoadLock`` held), closing the node of the simulation it replaces."""
+    node = installed()
+    if node is not None:
+        node.close()
+    pynvml.nvmlLib = library
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    pynvml._nvmlLib_refcount = 0
 
 
 def installed() -> SimulatedNode | None:
