@@ -109,11 +109,15 @@ class _Reader:
         value = self.data.get(key)
         return default if value is None else value
 
-    def number(self, key: str, default: float | None = None, lo: float | None = 0.0,
-               hi: float | None = None) -> float:
+    def required(self, key: str, default: Any = None) -> Any:
         value = self.raw(key, default)
         if value is None:
             raise self.fail("is required", key)
+        return value
+
+    def number(self, key: str, default: float | None = None, lo: float | None = 0.0,
+               hi: float | None = None) -> float:
+        value = self.required(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(f"must be a number, got {_show(value)}", key)
         if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -125,17 +129,13 @@ class _Reader:
         return self.number(key, default, 0.0, 1.0)
 
     def integer(self, key: str, default: int | None = None, lo: int = 0) -> int:
-        value = self.raw(key, default)
-        if value is None:
-            raise self.fail("is required", key)
+        value = self.required(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise self.fail(f"must be an integer >= {lo}, got {_show(value)}", key)
         return value
 
     def string(self, key: str, default: str | None = None) -> str:
-        value = self.raw(key, default)
-        if value is None:
-            raise self.fail("is required", key)
+        value = self.required(key, default)
         if not isinstance(value, str | int | float) or isinstance(value, bool) or str(value) == "":
             raise self.fail(f"must be a non-empty string, got {_show(value)}", key)
         return str(value)
