@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from time import perf_counter
 from typing import Any
 
-from .hooks import MethodTimer, PhaseStack, set_on_instance, start_run, timed_call, undo_all
+from .hooks import MethodTimer, PhaseStack, overridden, set_on_instance, start_run, timed_call, undo_all
 from .protocol import CALLBACK_PHASE, CHECKPOINT, MAX_CALLBACKS, OTHER, to_label
 from .run import Phase, Run
 
@@ -103,12 +103,8 @@ class CallbackTimer:
 
     def wrap(self, obj: Any, names: Iterable[str], base: type | None) -> None:
         """Time each hook of ``names`` that ``obj``'s class overrides (differs from ``base``'s)."""
-        for hook in names:
-            method = getattr(obj, hook, None)
-            inherited = base is not None and getattr(type(obj), hook, None) is getattr(base, hook, None)
-            if not callable(method) or inherited:
-                continue
-            self._undo.append(set_on_instance(obj, hook, self._timed(method, hook_name(obj, hook))))
+        for hook in overridden(obj, names, base):
+            self._undo.append(set_on_instance(obj, hook, self._timed(getattr(obj, hook), hook_name(obj, hook))))
 
     def _timed(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
         account = self.hooks.setdefault(name, _Hook())

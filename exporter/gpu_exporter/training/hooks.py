@@ -187,10 +187,15 @@ def torchmetrics_in(objects: Iterable[Any]) -> list[Any]:
 
 def time_overridden(obj: Any, names: Iterable[str], base: type | None, timer: AbstractContextManager[Any]
                     ) -> Callable[[], None]:
-    """Time calls of the hooks ``names`` that ``obj``'s class overrides (differs from ``base``'s); returns undo."""
-    own = [n for n in names if callable(getattr(obj, n, None))
-           and (base is None or getattr(type(obj), n, None) is not getattr(base, n, None))]
+    """Time calls of the hooks ``names`` that ``obj``'s class overrides (:func:`overridden`); returns undo."""
+    own = overridden(obj, names, base)
     return MethodTimer(obj, timer, own).undo if own else do_nothing
+
+
+def overridden(obj: Any, names: Iterable[str], base: type | None) -> list[str]:
+    """The methods of ``names`` that ``obj`` has and its class overrides (differs from ``base``'s; all, without one)."""
+    return [n for n in names if callable(getattr(obj, n, None))
+            and (base is None or getattr(type(obj), n, None) is not getattr(base, n, None))]
 
 
 class SaveTimer:
