@@ -104,15 +104,17 @@ def shipped_rules() -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted(RULES.glob("*.yml"))}
 
 
-def dashboard_queries(variables: Mapping[str, str],
-                      single: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+def dashboard_queries(variables: Mapping[str, str], single: Mapping[str, str] | None = None,
+                      dashboards: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
     """(dashboard, panel title, PromQL) for every panel query, with Grafana's variables replaced. A dashboard
     variable that takes one value (no multi-value, no All: the node of the node detail, the run of the
     training run) gets its value from ``single`` when it has one, as a user picks one; else from ``variables``.
-    A textbox variable (the cost dashboard's ``$price``) keeps its default text unless ``variables`` has it."""
+    A textbox variable (the cost dashboard's ``$price``) keeps its default text unless ``variables`` has it.
+    ``dashboards``: {file name: JSON text} to read instead of grafana/dashboards (another revision's)."""
     out = []
-    for path in sorted(DASHBOARDS.glob("*.json")):
-        doc = json.loads(path.read_text())
+    files = dashboards or {path.name: path.read_text() for path in DASHBOARDS.glob("*.json")}
+    for name in sorted(files):
+        path, doc = Path(name), json.loads(files[name])
         listed = doc.get("templating", {}).get("list", [])
         one = {v["name"] for v in listed
                if v.get("type") == "query" and not v.get("multi") and not v.get("includeAll")}

@@ -1,7 +1,8 @@
 """bench.fleet_scale's A/B runs: the shipped rules against other rules (``--annotations-ab``: the same without
 annotations; ``--ab-revision REV``: as committed at git REV) on two servers scraping one fleet side by side
 (Prometheus, or VictoriaMetrics + vmalert with ``--victoriametrics``), and fleet-wide diagnose of this tree
-against git REV's (``--diagnose-ab REV``). Side by side, the machine's load is the same for both; each prints a
+against git REV's (``--diagnose-ab REV``), and the dashboards' changed panel queries against git REV's on one
+Prometheus (``--panels-ab REV``). Side by side, the machine's load is the same for both; each prints a
 markdown table.
 """
 
@@ -27,11 +28,13 @@ from bench.fleet_measure import (
     ROUNDS,
     RULE_INTERVAL,
     TARGET_GPUS,
+    picked,
     prometheus_config,
     sample_rule_groups,
     scalar,
     simulator,
     timed_command,
+    timed_query,
 )
 from bench.fleet_vm import sample_vmalert, store_cpu, stored_series, victoriametrics
 from testbed import promql, run_prometheus, wait_until
@@ -132,6 +135,57 @@ def diagnose_ab(sizes: Sequence[int], revision: str, rounds: int = ROUNDS, scrap
     for (command, name), values in times.items():
         lines.append(f"| {command} | {name} | " + " | ".join(f"{v:.2f}" for v in values)
                      + (f" | ~{extrapolated(gpus, values):.1f} |" if line else " |"))
+    return "\n".join(lines)
+
+
+def dashboards_at(revision: str) -> dict[str, str]:
+    """The dashboards of grafana/dashboards as committed at git ``revision`` ({file name: JSON text})."""
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{revision}:{fleet.DASHBOARDS.relative_to(REPO)}"],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
+    return {name: subprocess.run(["git", "show", f"{revision}:{fleet.DASHBOARDS.relative_to(REPO)}/{name}"],
+                                 cwd=REPO, check=True, capture_output=True, text=True).stdout
+            for name in names if name.endswith(".json")}
+
+
+def panels_ab(nodes: int, revision: str, rounds: int = ROUNDS, scrape_interval: float = 15.0,
+              warmup: float = 300.0) -> str:
+    """The panel queries that differ between this tree's dashboards and git ``revision``'s, timed side by side on
+    one Prometheus with this tree's rules (a query of ``revision`` that reads a recorded series works on this tree's
+    as long as the series keeps the labels it reads): once every GPU has its SM activity and ``warmup`` seconds
+    more (the 5-minute range full), each query instant and as a 5-minute range at a 15 s step, ``rounds`` times in
+    turn (the order swapped every round); the median wall time of each as a table."""
+    variables = fleet.grafana_variables(rate_interval="1m")
+    with simulator(nodes) as (hostport, _), \
+            run_prometheus(prometheus_config(nodes, hostport, scrape_interval), files=fleet.shipped_rules(),
+                           ready_timeout=60, rule_intervals=True) as prom:
+        count = nodes * fleet_sim.GPUS_PER_NODE
+        sm = catalog.GPU_SM_ACTIVE_AVG5M.name
+        wait_until(lambda: len(promql(prom, sm)) >= count // 2, 300 + count * 0.05, interval=5,
+                   what=f"{sm} for the GPUs with a source")
+        time.sleep(warmup)
+        single = picked(prom)
+        ours = {(d, t, i): e for i, (d, t, e) in enumerate(fleet.dashboard_queries(variables, single))}
+        theirs = {(d, t, i): e for i, (d, t, e) in enumerate(fleet.dashboard_queries(variables, single,
+                                                                                      dashboards_at(revision)))}
+        changed = sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k])
+        times: dict[tuple[tuple[str, str, int], str, str], list[float]] = {}
+        sizes: dict[tuple[tuple[str, str, int], str], int] = {}
+        for round_ in range(rounds):
+            for key in changed:
+                for name, expr in [("this tree", ours[key]), (revision, theirs[key])][::1 if round_ % 2 == 0 else -1]:
+                    for kind, span in (("instant", 0.0), ("range", 300.0)):
+                        took, sizes[key, name] = timed_query(prom, expr, span)
+                        times.setdefault((key, name, kind), []).append(took)
+    lines = [f"{count:,} GPUs, scrape {scrape_interval:g} s; the panel queries that differ, median of {rounds} "
+             f"(wall, ms)", "",
+             f"| panel | instant, this tree | instant, {revision} | 5-min range, this tree | 5-min range, {revision} "
+             "| series, this tree / REV |", "|---|---|---|---|---|---|"]
+    for key in changed:
+        med = {(n, k): statistics.median(times[(key, n, k)]) * 1000 for n in ("this tree", revision)
+               for k in ("instant", "range")}
+        lines.append(f"| {key[0]} / {key[1]} | {med['this tree', 'instant']:,.0f} | {med[revision, 'instant']:,.0f} "
+                     f"| {med['this tree', 'range']:,.0f} | {med[revision, 'range']:,.0f} "
+                     f"| {sizes[key, 'this tree']} / {sizes[key, revision]} |")
     return "\n".join(lines)
 
 

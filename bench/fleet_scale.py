@@ -15,6 +15,7 @@ training runs with causes), and checks the budgets of docs/fleet.md::
     python -m bench.fleet_scale --victoriametrics --nodes 124 --seconds 180      # in VictoriaMetrics + vmalert
     python -m bench.fleet_scale --victoriametrics --ab-revision HEAD~1 --nodes 124   # the same, side by side
     python -m bench.fleet_scale --diagnose-ab HEAD~1                 # fleet-wide diagnose against an older one
+    python -m bench.fleet_scale --panels-ab HEAD~1 --nodes 250 --scrape-interval 15 --warmup 300  # changed panels
 
 Each size runs its own Prometheus (Debian's 2.42), scraping every ``--scrape-interval`` (5 s by
 default, so the rate windows fill fast: a 5m window then holds 3x the samples of a 15 s scrape,
@@ -43,7 +44,7 @@ if str(REPO / "exporter") not in sys.path:  # a plain checkout: the package's so
     sys.path.insert(0, str(REPO / "exporter"))
 
 from bench import fleet_sim  # noqa: E402
-from bench.fleet_ab import diagnose_ab, rules_ab, rules_at, rules_without_annotations, victoriametrics_ab  # noqa: E402
+from bench.fleet_ab import diagnose_ab, panels_ab, rules_ab, rules_at, rules_without_annotations, victoriametrics_ab  # noqa: E402
 from bench.fleet_doc import DOC, budget_misses, report, section, update_docs  # noqa: E402
 from bench.fleet_measure import ROUNDS, Figures, measure  # noqa: E402
 from bench.fleet_vm import measure_victoriametrics  # noqa: E402
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                              "with --ab-revision or --annotations-ab, two VictoriaMetrics + vmalert pairs side by side")
     parser.add_argument("--diagnose-ab", metavar="REV",
                         help="instead: fleet-wide diagnose of this tree and of git REV, side by side at each --nodes")
+    parser.add_argument("--panels-ab", metavar="REV",
+                        help="instead: the dashboards' panel queries that differ from git REV's, timed side by side "
+                             "on one Prometheus (the first --nodes) with this tree's rules")
     parser.add_argument("--from-json", type=Path, help="print the report of figures --json wrote, measure nothing")
     parser.add_argument("--update-docs", action="store_true",
                         help=f"replace the fleet-scale section of {DOC.relative_to(REPO)}")
@@ -91,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.diagnose_ab:
         print(diagnose_ab(args.nodes, args.diagnose_ab, args.rounds, args.scrape_interval))
+        return 0
+    if args.panels_ab:
+        print(panels_ab(args.nodes[0], args.panels_ab, args.rounds, args.scrape_interval, args.warmup))
         return 0
     if args.victoriametrics:
         print(measure_victoriametrics(args.nodes[0], args.seconds, args.scrape_interval))

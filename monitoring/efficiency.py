@@ -56,8 +56,9 @@ def records() -> list[Record]:
     return [Record(RECORDING, SM, SM_RECORD, comment=wrap(
         "Effective utilization: the 5m mean SM activity of the whole GPU (0-1), from GPM (the exporter's "
         f"{m.GPU_SM_ACTIVE_RATIO.name}, mig_uuid=\"\") where present, else from dcgm-exporter "
-        f"({m.DCGM_SM_ACTIVE.name}, its {m.DCGM_UUID_LABEL} label as uuid); label source = gpm or dcgm. No series "
-        "without either (diagnose then says SM activity unknown)."))]
+        f"({m.DCGM_SM_ACTIVE.name}, its {m.DCGM_UUID_LABEL} label as uuid, node and gpu from "
+        f"{m.GPU_INFO.name}); label source = gpm or dcgm. No series without either (diagnose then says SM activity "
+        "unknown). Labels cluster, node, gpu, uuid: the dashboards select it by node with no join."))]
 
 
 def _alert(cause: GpuCause) -> Alert:

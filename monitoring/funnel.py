@@ -123,18 +123,20 @@ def records() -> list[Record]:
 # ------------------------------------------------------------------------------------------- panels
 
 
-def sourced(cfg: Config, series: str) -> str:
+def sourced(cfg: Config, series: str, *labels: str) -> str:
     """``series`` (per GPU, with cluster and uuid) with the ``source`` of each GPU's SM activity: gpm, dcgm, or
-    :data:`UNKNOWN` where no source reports it."""
-    # both sides only of the GPUs of ``series`` (a node detail's one node, not the whole fleet's gpu_info)
-    known = f"group by ({cfg.cluster}, uuid, source) ({cfg.sel(SM)} and {cfg.on('uuid')} {series})"
+    :data:`UNKNOWN` where no source reports it. ``labels``: the variables ``series`` is selected by (``node``...),
+    which select the SM activity too."""
+    # both sides only of the GPUs of ``series`` (a node detail's one node, not the whole fleet's)
+    known = f"group by ({cfg.cluster}, uuid, source) ({cfg.sel(SM, *labels)} and {cfg.on('uuid')} {series})"
     every = f"group by ({cfg.cluster}, uuid) ({series})"
     return (f"{series} * {cfg.on('uuid')} group_left (source) ({known} or {cfg.on('uuid')} "
             f'label_replace({every}, "source", "{UNKNOWN}", "", ""))')
 
 
 def on_nodes(cfg: Config, series: str, *labels: str) -> str:
-    """``series`` (cluster, uuid) of the GPUs of the ``node`` (and ``labels``) variables, with node and gpu."""
+    """``series`` (cluster, uuid) of the GPUs of the ``node`` (and ``labels``) variables, with node and gpu (for
+    dcgm-exporter's raw fields; the recorded SM activity carries both already)."""
     gpus = f"max {cfg.by('node', 'gpu', 'uuid')} ({cfg.sel(m.GPU_INFO.name, 'node', *labels)})"
     return f"{series} * {cfg.on('uuid')} group_left (node, gpu) {gpus}"
 
@@ -158,7 +160,7 @@ def _per_gpu(cfg: Config, expr: str) -> str:
 def fleet_row(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
     """The fleet overview's row: effective utilization beside busy, and the GPUs whose SM activity is unknown."""
     c, low = cfg.cluster, f"{cfg.num('sm_active_low') * 100:g}%"
-    busy, sm = cfg.sel(BUSY, "node"), on_nodes(cfg, cfg.sel(SM))
+    busy, sm = cfg.sel(BUSY, "node"), cfg.sel(SM, "node")
     gpus = f"group {cfg.by('uuid')} ({cfg.sel(m.GPU_INFO.name, 'node')})"
     legend = f"{{{{{c}}}}} {{{{node}}}} GPU {{{{gpu}}}}"
     return (board.with_row(dash.Row("Effective utilization (SM activity)"))
@@ -170,19 +172,19 @@ def fleet_row(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
                 "GPUs with SM activity unknown",
                 "Selected GPUs with no SM activity source (no GPM, no dcgm-exporter profiling fields): their "
                 "effective use is unknown, never assumed good.",
-                query(f"count({gpus} unless {cfg.on('uuid')} {cfg.sel(SM)}) or vector(0)"),
+                query(f"count({gpus} unless {cfg.on('uuid')} {sm}) or vector(0)"),
                 thresholds=steps(("green", None), ("orange", 1))))
             .with_panel(timeseries(
                 "Busy vs effective utilization by GPU (5m mean)",
                 f"Each GPU's busy utilization (dashed) and its SM activity (solid, with its source). {SOURCE_TEXT}",
                 [query(sm, f"{legend} effective ({{{{source}}}})"),
-                 query(f"{busy} and {cfg.on('uuid')} {cfg.sel(SM)}", f"{legend} busy")],
+                 query(f"{busy} and {cfg.on('uuid')} {sm}", f"{legend} busy")],
                 unit="percentunit", w=10, dashed=".* busy"))
             .with_panel(table_panel(
                 "Effective utilization by GPU",
                 f"Busy and effective utilization (5m) of every selected GPU, lowest effective first; source "
                 f"'{UNKNOWN}' where nothing reports SM activity. {SOURCE_TEXT}",
-                [table_query(_per_gpu(cfg, sourced(cfg, busy))), table_query(_per_gpu(cfg, sm))],
+                [table_query(_per_gpu(cfg, sourced(cfg, busy, "node"))), table_query(_per_gpu(cfg, sm))],
                 unit="percentunit", w=6, hide=("uuid",),
                 order=(c, "node", "gpu", "source", "Value #A", "Value #B"),
                 rename={"Value #A": "Busy", "Value #B": "Effective", "source": "Source"},
@@ -193,7 +195,7 @@ def node_panels(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
     """The node detail's panels: busy against effective utilization per GPU, the source, tensor and DRAM activity
     (GPM's whole-GPU gauges, else dcgm-exporter's fields)."""
     busy = cfg.sel(BUSY, "node", "gpu")
-    sm = on_nodes(cfg, cfg.sel(SM), "gpu")
+    sm = cfg.sel(SM, "node", "gpu")
 
     def activity(gpm: str, dcgm: str) -> str:
         dcgm_uuid = f'label_join({cfg.sel(dcgm)}, "uuid", "", "{m.DCGM_UUID_LABEL}")'  # no $1: Grafana's variable
@@ -212,7 +214,7 @@ def node_panels(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
                 f"Where each GPU's SM activity comes from: gpm (NVML GPM, in this exporter), dcgm (the cluster's "
                 f"dcgm-exporter) or {UNKNOWN} (neither: enable GPM on Hopper and newer, or DCGM profiling).",
                 [table_query(f"max {cfg.by('node', 'gpu', 'source')} "
-                             f"({sourced(cfg, cfg.sel(m.GPU_INFO.name, 'node', 'gpu'))})")],
+                             f"({sourced(cfg, cfg.sel(m.GPU_INFO.name, 'node', 'gpu'), 'node', 'gpu')})")],
                 w=4, h=7, merge=False, hide=("Value",), rename={"source": "Source"}))
             .with_panel(timeseries(
                 "Tensor and DRAM activity",

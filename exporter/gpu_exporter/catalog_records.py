@@ -144,8 +144,8 @@ GPU_IDLE_BELOW_TARGET_RATIO = _record(
 GPU_SM_ACTIVE_AVG5M = _record(
     "gpu:gpu_sm_active:avg5m",
     "Per-GPU effective utilization: the 5m mean SM activity (0-1) of the whole GPU, from GPM "
-    "(gpu_sm_active_ratio) where present, else from dcgm-exporter (DCGM_FI_PROF_SM_ACTIVE, joined by UUID); "
-    "label source = gpm or dcgm. No series without either.", generated=True)
+    "(gpu_sm_active_ratio) where present, else from dcgm-exporter (DCGM_FI_PROF_SM_ACTIVE, joined by UUID, with node "
+    "and gpu from gpu_info); label source = gpm or dcgm. No series without either.", generated=True)
 GPU_BUSY_NOT_EFFECTIVE_RATIO = _record(
     "gpu:gpu_busy_not_effective:ratio",
     "The utilization funnel's step busy -> effective by cause: busy utilization (at most 1) - SM activity of a GPU "

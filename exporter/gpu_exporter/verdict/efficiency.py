@@ -69,10 +69,16 @@ def _dcgm(dcgm: m.ExternalSeries, window: str) -> str:
 
 
 def sm_query(window: str = "5m") -> str:
-    """SM activity over ``window`` {cluster, uuid, source}: GPM wins, else DCGM, else nothing (with ``5m``: the
-    recording rule of ``gpu:gpu_sm_active:avg5m``; diagnose --window computes it for any other window)."""
-    return (f'label_replace(\n  {_gpm(m.GPU_SM_ACTIVE_RATIO, window)},\n  "source", "gpm", "", ""\n)\n'
-            f'or on ({C}, uuid)\nlabel_replace(\n  {_dcgm(m.DCGM_SM_ACTIVE, window)},\n  "source", "dcgm", "", ""\n)\n')
+    """SM activity over ``window`` {cluster, node, gpu, uuid, source}: GPM wins, else DCGM, else nothing (with
+    ``5m``: the recording rule of ``gpu:gpu_sm_active:avg5m``; diagnose --window computes it for any other window).
+    It carries the GPU's ``node`` and ``gpu`` so that dashboards need no join with ``gpu_info`` at every step: GPM's
+    own, and for DCGM ``gpu_info``'s, joined once here with ``gpu_info`` as the many side (a UUID seen on two nodes
+    gives two series, never a many-to-many error that would drop every GPU's)."""
+    gpm = f'max by ({C}, node, gpu, uuid) (avg_over_time({m.GPU_SM_ACTIVE_RATIO.name}{{mig_uuid=""}}[{window}]))'
+    dcgm = (f'group by ({C}, node, gpu, uuid) ({m.GPU_INFO.name})\n    * on ({C}, uuid) group_left ()\n  '
+            f'{_dcgm(m.DCGM_SM_ACTIVE, window)}')
+    return (f'label_replace(\n  {gpm},\n  "source", "gpm", "", ""\n)\n'
+            f'or on ({C}, uuid)\nlabel_replace(\n  {dcgm},\n  "source", "dcgm", "", ""\n)\n')
 
 
 def tensor_query(window: str = "5m") -> str:
@@ -126,7 +132,7 @@ def for_cluster(expr: str, cluster_label: str) -> str:
 
 
 SM_RECORD = sm_query()
-"""The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, uuid, source}: GPM wins, else DCGM, else nothing."""
+"""The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, node, gpu, uuid, source}: GPM wins, else DCGM, else nothing."""
 SM = m.GPU_SM_ACTIVE_AVG5M.name
 """The GPU's effective utilization (5m mean SM activity), recorded."""
 TENSOR = tensor_query()
