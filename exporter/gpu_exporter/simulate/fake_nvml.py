@@ -396,14 +396,12 @@ class FakeNvmlLibrary:
         _out(value_type).value = VALUE_TYPE_UNSIGNED_INT
         counter = _out(count)
         if buffer is None:
-            counter.value = len(slots)
-            return SUCCESS
+            return _write_value(count, len(slots))
         slots = slots[: min(counter.value, len(buffer))]
         for i, slot in enumerate(slots):
             buffer[i].timeStamp = self.node.slot_timestamp(slot)
             buffer[i].sampleValue.uiVal = round(100 * self.node.slot_mean(pattern, slot))
-        counter.value = len(slots)
-        return SUCCESS
+        return _write_value(count, len(slots))
 
     @_symbol("nvmlDeviceGetUtilizationRates")
     def utilization_rates(self, dev: _Target, ref: Any) -> int:
@@ -553,8 +551,7 @@ class FakeNvmlLibrary:
             buffer[i].usedGpuMemory = int(p.memory_gib * GIB)
             buffer[i].gpuInstanceId = NO_INSTANCE if inst is None else inst.gpu_instance_id
             buffer[i].computeInstanceId = NO_INSTANCE if inst is None else inst.compute_instance_id
-        counter.value = len(procs)
-        return SUCCESS
+        return _write_value(count, len(procs))
 
     @_symbol("nvmlDeviceGetComputeRunningProcesses_v3")
     def compute_processes(self, dev: _Target, count: Any, buffer: Any) -> int:
@@ -570,8 +567,7 @@ class FakeNvmlLibrary:
         procs = dev.gpu.processes
         counter = _out(count)
         if not procs:
-            counter.value = 0
-            return SUCCESS  # what drivers do with no processes (pynvml then raises NVMLError(0))
+            return _write_value(count, 0)  # what drivers do with no processes (pynvml then raises NVMLError(0))
         slots = self.node.recent_slots(dev.t, _value(last_seen))
         if not slots:
             return ERROR_NOT_FOUND
@@ -588,8 +584,7 @@ class FakeNvmlLibrary:
             buffer[i].memUtil = round(100 * (mem_share if p.memory_utilization is None
                                              else p.memory_utilization))
             buffer[i].encUtil = buffer[i].decUtil = 0
-        counter.value = len(procs)
-        return SUCCESS
+        return _write_value(count, len(procs))
 
     # --- events ----------------------------------------------------------------------------
 
