@@ -9,7 +9,6 @@ statuses and the one-line error (:func:`fail`), and the garbage-collector pause 
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
 import functools
 import gc
@@ -21,7 +20,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpu_exporter.commands.client_http import Connection, MetricsError, tls_context
+from gpu_exporter.commands.client_http import Connection, MetricsError, basic_auth, tls_context
 
 EXIT_NO_DRIVER = 1
 """The exit status of every command that finds no NVIDIA driver (serve, query, diagnose)."""
@@ -120,9 +119,7 @@ def connection(args: argparse.Namespace, url: str, url_flag: str,
         raise MetricsError(f"{' and '.join(given)} exclude each other: give one kind of credentials")
     headers = {}
     if get("username"):
-        password = _secret(str(get("password_file")), "password")
-        credentials = f"{get('username')}:{password}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+        headers["Authorization"] = basic_auth(get("username"), _secret(str(get("password_file")), "password"))
     elif get("bearer_token_file"):
         headers["Authorization"] = "Bearer " + _secret(str(get("bearer_token_file")), "bearer token")
     elif not in_url and env.get(BEARER_TOKEN_ENV, "").strip():

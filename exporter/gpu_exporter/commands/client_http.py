@@ -67,9 +67,12 @@ def tls_context(ca_file: str | None, insecure: bool, cert_file: str | None = Non
 
 
 def _reason(err: OSError | ssl.SSLError) -> str:
-    if isinstance(err, ssl.SSLError):
-        return str(err.reason or err)
-    return str(err.strerror or err)
+    return str((err.reason if isinstance(err, ssl.SSLError) else err.strerror) or err)
+
+
+def basic_auth(user: str, password: str) -> str:
+    """The ``Authorization`` header of HTTP basic auth."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,8 @@ def fetch(url: str, what: str, timeout: float, conn: Connection | None = None, f
     if form is not None:
         headers["Content-Type"] = "application/x-www-form-urlencoded"
     if parts.username is not None:
-        credentials = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        headers["Authorization"] = basic_auth(urllib.parse.unquote(parts.username),
+                                              urllib.parse.unquote(parts.password or ""))
         url = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
     shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
     try:
