@@ -117,19 +117,14 @@ class Report:
             "shares": {p: round(v, 4) for p, v in self.shares.items()},
             "gpu_hours_below_target": round(self.gpu_hours_below_target, 6),
             "utilization_target": self.target,
-            "causes": [{"cause": c.cause, "code": c.code, "title": c.title, "seconds": round(c.seconds, 3),
-                        "applied": [[iso(a), iso(b)] for a, b in c.intervals], "ranks": c.ranks,
-                        "remedy": c.remedy}
-                       for c in self.causes],
+            "causes": [{"cause": c.cause, **_span(c), "ranks": c.ranks, "remedy": c.remedy} for c in self.causes],
             "main_cause": self.main_cause, "projection_share": _round(self.projection_share),
             "projected_wall_seconds": _round(self.projected_wall_seconds),
             "projection": self.projection_text(), "step_seconds": self.step,
             "idle": None if self.idle is None else {
                 **{k: v if isinstance(v, bool) else round(v, 4) for k, v in vars(self.idle[0]).items()},
                 "gpu_seconds": round(self.idle[1], 3), "text": self.idle_text()},
-            "verdicts": [{"verdict": v.cause, "code": v.code, "title": v.title, "seconds": round(v.seconds, 3),
-                          "applied": [[iso(a), iso(b)] for a, b in v.intervals], "gpus": v.ranks}
-                         for v in self.verdicts],
+            "verdicts": [{"verdict": v.cause, **_span(v), "gpus": v.ranks} for v in self.verdicts],
             "effective_utilization": None if self.effective is None or self.effective.sm is None else {
                 "sm_activity": _round(self.effective.sm), "busy_utilization": _round(self.effective.busy),
                 "sources": list(self.effective.sources), "compute_phase_sm_activity": _round(self.effective.compute),
@@ -143,8 +138,18 @@ class Report:
         }
 
 
+def _span(c: CauseSpan) -> dict[str, Any]:
+    """What a cause's and a verdict's JSON share: code, title, seconds and the stretches it applied in."""
+    return {"code": c.code, "title": c.title, "seconds": round(c.seconds, 3),
+            "applied": [[iso(a), iso(b)] for a, b in c.intervals]}
+
+
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _known(share: float | None) -> str:
+    return "unknown" if share is None else pct(share)
 
 
 def duration(seconds: float) -> str:
@@ -166,7 +171,7 @@ def _rows(r: Report) -> list[tuple[str, str]]:
         ("wall time", duration(r.wall_seconds)),
         ("GPUs", f"{len(r.gpus)} ({', '.join(r.gpus)})" if r.gpus else "none joined (no GPU UUID)"),
         ("GPU-hours", f"{r.gpu_hours:.3f}"),
-        ("mean utilization", pct(r.mean_utilization) if r.mean_utilization is not None else "unknown"),
+        ("mean utilization", _known(r.mean_utilization)),
         ("phase shares", _shares(r.shares)),
         ("GPU-hours below target", f"{r.gpu_hours_below_target:.3f} (below {pct(r.target)})"),
         *([("verdicts", ", ".join(f"{v.title} {duration(v.seconds)}" for v in r.verdicts))] if r.verdicts else []),
@@ -193,9 +198,8 @@ def render_text(r: Report) -> str:
               for c in r.causes] or ["no cause of the table applied"]
     lines.append("causes" + " " * (width - 4) + ("\n" + " " * (width + 2)).join(causes))
     for rank in r.ranks:
-        util = pct(rank["utilization"]) if rank["utilization"] is not None else "unknown"
         lines.append(f"rank {rank['rank']} on {rank['uuid'] or '(no GPU UUID)'}: {duration(rank['wall_seconds'])}, "
-                     f"utilization {util}, " + _shares(rank["shares"]))
+                     f"utilization {_known(rank['utilization'])}, " + _shares(rank["shares"]))
     return "\n".join(lines) + "\n"
 
 
@@ -206,8 +210,7 @@ def render_markdown(r: Report) -> str:
     out += [f"| {c.title} | {duration(c.seconds)} | {', '.join(f'{iso(a)} .. {iso(b)}' for a, b in c.intervals[:5])}"
             f"{' ...' if len(c.intervals) > 5 else ''} | {c.remedy} |" for c in r.causes] or ["| none | | | |"]
     out += ["", "| rank | GPU | wall time | utilization | phases |", "|---|---|---|---|---|"]
-    out += [f"| {k['rank']} | {k['uuid']} | {duration(k['wall_seconds'])} | "
-            f"{pct(k['utilization']) if k['utilization'] is not None else 'unknown'} | "
+    out += [f"| {k['rank']} | {k['uuid']} | {duration(k['wall_seconds'])} | {_known(k['utilization'])} | "
             + _shares(k["shares"]) + " |" for k in r.ranks]
     return "\n".join(out) + "\n"
 
@@ -304,8 +307,7 @@ def render_html(r: Report) -> str:
                      f"<td>{html.escape(c.remedy)}</td></tr>" for c in r.causes) \
         or '<tr><td colspan="4">No cause of the table applied.</td></tr>'
     ranks = "".join(f"<tr><td>{html.escape(k['rank'])}</td><td>{html.escape(k['uuid'])}</td>"
-                    f"<td>{duration(k['wall_seconds'])}</td>"
-                    f"<td>{pct(k['utilization']) if k['utilization'] is not None else 'unknown'}</td>"
+                    f"<td>{duration(k['wall_seconds'])}</td><td>{_known(k['utilization'])}</td>"
                     f"<td>{html.escape(_shares(k['shares']))}</td></tr>"
                     for k in r.ranks)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
