@@ -86,9 +86,9 @@ NAMES: tuple[str, ...] = tuple(name for name, r in REGISTRY.items() if r.switch)
 """Names accepted by ``collectors.disabled``."""
 
 
-def polling_classes(disabled: set[str] | frozenset[str] = frozenset()) -> list[Any]:
-    """The polling collector classes not in ``disabled``, in registry order."""
-    return [r.load() for r in REGISTRY.values() if r.polling and r.name not in disabled]
+def polling_classes() -> list[Any]:
+    """The polling collector classes, in registry order (the app leaves out the disabled ones)."""
+    return [r.load() for r in REGISTRY.values() if r.polling]
 
 
 def build_sources(assembly: Assembly, disabled: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
