@@ -143,7 +143,6 @@ class DcgmExporter(AbstractContextManager["DcgmExporter"]):
 
         self._server = ThreadingHTTPServer((host, port), _Handler)
         self._server.daemon_threads = True
-        self.host = host
         self.port: int = self._server.server_address[1]
         self.url = f"http://{host}:{self.port}/metrics"
         self._thread = threading.Thread(target=self._server.serve_forever, name="dcgm-exporter-stand-in", daemon=True)
