@@ -149,9 +149,7 @@ def svg_bars(title: str, rows: Sequence[tuple[str, Tally]], w: int = 900) -> str
     h = 40 + 22 * max(len(rows), 1)
     scale = max([t.gpu_hours for _, t in rows] + [1e-12])
     left, right = 260, w - 120
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
-             f'aria-label="{html.escape(title)}">',
-             f'<text x="0" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>']
+    parts = render.svg_open(w, h, title)
     for i, (name, t) in enumerate(rows):
         y = 28 + 22 * i
         parts.append(f'<text x="0" y="{y + 13}" font-size="11">{html.escape(name[:40])}</text>')

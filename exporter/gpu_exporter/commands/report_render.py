@@ -215,11 +215,16 @@ def render_markdown(r: Report) -> str:
     return "\n".join(out) + "\n"
 
 
+def svg_open(w: int, h: int, title: str, x: int = 0) -> list[str]:
+    """The opening tag of a ``w`` by ``h`` plot of either report, and its ``title`` in bold at ``x``."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
+            f'aria-label="{html.escape(title)}">',
+            f'<text x="{x}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>']
+
+
 def _svg_frame(w: int, h: int, pad: int, start: float, end: float, title: str) -> list[str]:
     span = max(end - start, 1e-9)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-             f'role="img" aria-label="{html.escape(title)}">',
-             f'<text x="{pad}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
+    parts = [*svg_open(w, h, title, pad),
              f'<rect x="{pad}" y="24" width="{w - 2 * pad}" height="{h - 54}" fill="#fafafa" stroke="#ccc"/>']
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         x = pad + frac * (w - 2 * pad)
@@ -281,13 +286,9 @@ def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
 
 
 def svg_causes(r: Report, w: int = 900, pad: int = 50) -> str:
-    rows = r.causes or []
-    h = 40 + 22 * max(len(rows), 1)
     span = max(r.end - r.start, 1e-9)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
-             'aria-label="When each cause applied">',
-             '<text x="0" y="16" font-size="14" font-weight="bold">When each cause applied</text>']
-    for i, c in enumerate(rows):
+    parts = svg_open(w, 40 + 22 * max(len(r.causes), 1), "When each cause applied")
+    for i, c in enumerate(r.causes):
         y = 28 + 22 * i
         parts.append(f'<text x="0" y="{y + 13}" font-size="11">{html.escape(c.code)}</text>')
         for a, b in c.intervals:
@@ -295,7 +296,7 @@ def svg_causes(r: Report, w: int = 900, pad: int = 50) -> str:
             x1 = pad + (min(b, r.end) - r.start) / span * (w - 2 * pad)
             parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="16" fill="#e76f51">'
                          f'<title>{html.escape(c.title)}: {iso(a)} .. {iso(b)}</title></rect>')
-    if not rows:
+    if not r.causes:
         parts.append('<text x="0" y="44" font-size="12">No cause of the table applied.</text>')
     return "\n".join([*parts, "</svg>"])
 
