@@ -78,17 +78,24 @@ def batch_len(batch: Any) -> int:
     >>> batch_len((T(), T())), batch_len({"input_ids": T()}), batch_len("text")
     (32, 32, 0)
     """
-    for _ in range(3):
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else 0
-        if isinstance(batch, (tuple, list)) and batch:
-            batch = batch[0]
-        elif isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        else:
-            return 0
-    return 0
+    shape = getattr(first_of(batch, lambda b: getattr(b, "shape", None) is not None, 3), "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else 0
+
+
+def first_of(value: Any, found: Callable[[Any], bool], levels: int) -> Any:
+    """``value`` if ``found(value)``, else the first such object down the first items of its tuples, lists and
+    dicts (the values), ``levels`` objects deep at most; None if there is none.
+
+    >>> first_of({"a": [7, 1]}, lambda x: x == 7, 3), first_of([[7]], lambda x: x == 7, 2)
+    (7, None)
+    """
+    for _ in range(levels):
+        if found(value):
+            return value
+        if not isinstance(value, (tuple, list, dict)) or not value:
+            return None
+        value = next(iter(value.values())) if isinstance(value, dict) else value[0]
+    return None
 
 
 def time_forward(modules: Iterable[Any], stack: PhaseStack, phase: Phase) -> Callable[[], None]:

@@ -55,6 +55,7 @@ from .hooks import (
     batch_len,
     do_nothing,
     enable_distributed,
+    first_of,
     model_parts,
     time_forward,
     time_optimizer_step,
@@ -171,16 +172,7 @@ def first_loader(loaders: Any) -> Any:
     >>> type(first_loader({"a": [L()]})).__name__
     'L'
     """
-    for _ in range(4):  # nested lists/dicts, a few levels at most
-        if loaders is None or hasattr(loaders, "num_workers"):
-            return loaders
-        if isinstance(loaders, dict):
-            loaders = next(iter(loaders.values()), None)
-        elif isinstance(loaders, (list, tuple)):
-            loaders = loaders[0] if loaders else None
-        else:
-            return None
-    return None
+    return first_of(loaders, lambda x: hasattr(x, "num_workers"), 4)  # nested lists/dicts, a few levels at most
 
 
 @functools.cache
