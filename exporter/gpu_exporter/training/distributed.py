@@ -197,8 +197,7 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
         with run.phase(COMMUNICATION):
             return original(*args, **kwargs)
 
-    timed.__gpu_exporter_original__ = original  # type: ignore[attr-defined]
-    return timed
+    return timed  # functools.wraps set timed.__wrapped__ = original
 
 
 def _ddp_hook(run: TimedRun, dist: Any) -> Callable[[Any, Any], Any]:
