@@ -69,9 +69,8 @@ CHECKPOINT_HOOKS = ("on_train_batch_end", "on_train_epoch_end", "on_validation_e
 """Hooks of ``trainer.checkpoint_callbacks`` (ModelCheckpoint) timed as ``checkpoint``."""
 TRAINING_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_train_epoch_start", "on_train_epoch_end",
                   "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
-"""Hooks of the other callbacks timed one by one by name (training/callbacks.py): ``checkpoint`` when the hook
-writes one, else ``callbacks``, less what they call that is counted as another phase (a forward, a torchmetrics
-metric, ``log``); their validation hooks are in the validation's ``metrics``."""
+"""Hooks of the other callbacks timed one by one by name (module docstring, training/callbacks.py); their
+validation hooks are in the validation's ``metrics``."""
 LOG_METHODS = ("log", "log_dict")
 """Methods of the LightningModule timed as ``metrics`` (the job's logging, also from a callback)."""
 

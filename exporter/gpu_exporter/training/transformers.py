@@ -55,8 +55,7 @@ from .run import Phase, Run
 
 TRAINING_HOOKS: tuple[str, ...] = ("on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
                                    "on_pre_optimizer_step", "on_optimizer_step", "on_step_end")
-"""Hooks of the other callbacks timed one by one by name (training/callbacks.py): ``checkpoint`` when the hook
-writes one, else ``callbacks``, less what they call that is counted as another phase (a forward, a metric)."""
+"""Hooks of the other callbacks timed one by one by name (module docstring, training/callbacks.py)."""
 METRIC_HOOKS: tuple[str, ...] = ("on_log", "on_evaluate", "on_predict", "on_prediction_step")
 """Hooks of the other callbacks timed as ``metrics`` (logging, evaluation results)."""
 SAVE_HOOKS: tuple[str, ...] = ("on_save",)
