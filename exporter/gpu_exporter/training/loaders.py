@@ -10,6 +10,7 @@ still open, times ``next()`` as ``data`` and reports each batch. ``training.hook
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,21 +46,15 @@ class TimedIterator:
         return getattr(self._it, name)
 
 
-_timed_classes: dict[type, type] = {}
-
-
+@functools.cache
 def _timed_class(cls: type) -> type:
     """A subclass of loader class ``cls`` whose ``__iter__`` returns a timed iterator (one per class)."""
-    timed = _timed_classes.get(cls)
-    if timed is None:
-        def __iter__(self: Any) -> Iterator[Any]:
-            hooks = self.__dict__["_gpu_exporter_data"]
-            return TimedIterator(cls.__iter__(self), *hooks)  # type: ignore[attr-defined]
+    def __iter__(self: Any) -> Iterator[Any]:
+        hooks = self.__dict__["_gpu_exporter_data"]
+        return TimedIterator(cls.__iter__(self), *hooks)  # type: ignore[attr-defined]
 
-        timed = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
-                                            "__qualname__": cls.__qualname__})
-        _timed_classes[cls] = timed
-    return timed
+    return type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
 
 
 class LoaderTimer:
@@ -78,13 +73,13 @@ class LoaderTimer:
         if "_gpu_exporter_data" in vars(target):
             raise ValueError("training.watch: this loader is already watched")
         self._target = target
-        self._cls = type(target)
+        self._cls: type = type(target)
         _context.note_loader(phase.run, target)  # num_workers, pin_memory, ... for concrete remedies
         object.__setattr__(target, "_gpu_exporter_data", (phase, on_batch))
-        object.__setattr__(target, "__class__", _timed_class(self._cls))
+        object.__setattr__(target, "__class__", _timed_class(self._cls))  # type: ignore[arg-type]  # a class hashes
 
     def undo(self) -> None:
         target = self._target
-        if type(target) is _timed_classes.get(self._cls):
+        if type(target) is _timed_class(self._cls):
             object.__setattr__(target, "__class__", self._cls)
         vars(target).pop("_gpu_exporter_data", None)
