@@ -77,7 +77,7 @@ class _Hook:
         self.saves += 1
 
 
-def callbacks_phase(run: Any) -> Phase:
+def callbacks_phase(run: Run) -> Phase:
     """The run's ``callbacks`` phase, or ``other`` when the run has no room for another custom phase
     (``max_custom_phases``): the hooks are still timed and named, and training never fails for it.
 
@@ -86,10 +86,9 @@ def callbacks_phase(run: Any) -> Phase:
     ('callbacks', 'other')
     """
     try:
-        phase: Phase = run.phase(CALLBACK_PHASE)
+        return run.phase(CALLBACK_PHASE)
     except ValueError:
-        phase = run.other_phase
-    return phase
+        return run.other_phase
 
 
 class CallbackTimer:
