@@ -64,7 +64,8 @@ _reporting: weakref.WeakSet[Run] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     """Forked children (DataLoader workers) inherit the runs but must never report as the parent."""
     for run in list(_reporting):
-        run._forked()
+        run._closed = True
+        run._pusher = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -315,11 +316,6 @@ class Run(AbstractContextManager["Run"]):
             self._sampler.stop()
         if pusher is not None and os.getpid() == self._pid:
             pusher.stop()
-
-    def _forked(self) -> None:
-        """In a forked child: this copy of the run must never report as the parent."""
-        self._closed = True
-        self._pusher = None
 
     @property
     def current_phase(self) -> Phase:
