@@ -106,7 +106,15 @@ def shipped_rules() -> dict[str, str]:
 
 def dashboard_queries(variables: Mapping[str, str], single: Mapping[str, str] | None = None,
                       dashboards: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
-    """(dashboard, panel title, PromQL) for every panel query, with Grafana's variables replaced. A dashboard
+    """(dashboard, panel title, PromQL) of :func:`panel_queries`."""
+    return [(dashboard, title, expr) for dashboard, title, expr, _ in panel_queries(variables, single, dashboards)]
+
+
+def panel_queries(variables: Mapping[str, str], single: Mapping[str, str] | None = None,
+                  dashboards: Mapping[str, str] | None = None) -> list[tuple[str, str, str, bool]]:
+    """(dashboard, panel title, PromQL, instant) for every panel query, with Grafana's variables replaced;
+    ``instant``: the target is an instant query (``"instant": true`` and not ``"range": true``: a table's), which
+    Grafana never asks for as a range. A dashboard
     variable that takes one value (no multi-value, no All: the node of the node detail, the run of the
     training run) gets its value from ``single`` when it has one, as a user picks one; else from ``variables``.
     A textbox variable (the cost dashboard's ``$price``) keeps its default text unless ``variables`` has it.
@@ -133,7 +141,8 @@ def dashboard_queries(variables: Mapping[str, str], single: Mapping[str, str] | 
                 unresolved = re.findall(r"\$\{?\w+", expr)
                 if unresolved:
                     raise ValueError(f"{path.name} {panel.get('title')!r}: no value for {unresolved} in {expr!r}")
-                out.append((path.stem, str(panel.get("title")), expr))
+                instant = bool(target.get("instant")) and not target.get("range")
+                out.append((path.stem, str(panel.get("title")), expr, instant))
     return out
 
 

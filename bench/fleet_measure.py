@@ -253,10 +253,11 @@ def measure_prometheus(prom: str, figures: Figures, hostport: str, seconds: floa
     figures.recorded_other_series = recorded - figures.recorded_run_series - figures.recorded_gpu_series
     figures.runs = int(scalar(prom, f"count(count by (run) ({catalog.GPU_TRAINING_STEPS_TOTAL.name})) or vector(0)"))
     if queries:
-        for dashboard, title, expr in fleet.dashboard_queries(fleet.grafana_variables(rate_interval="1m"),
-                                                              picked(prom)):
+        for dashboard, title, expr, instant_only in fleet.panel_queries(fleet.grafana_variables(rate_interval="1m"),
+                                                                        picked(prom)):
             instant, size = timed_query(prom, expr)
-            ranged, _ = timed_query(prom, expr, range_seconds=300)
+            # a table's target is an instant query: Grafana never asks for it as a range (0: not timed so)
+            ranged = 0.0 if instant_only else timed_query(prom, expr, range_seconds=300)[0]
             figures.queries.append((instant, ranged, dashboard, title, size, expr))
     if diagnose:
         runs = [timed_command(prom) for _ in range(rounds)]

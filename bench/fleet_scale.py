@@ -23,7 +23,8 @@ which can only overstate the rules' cost) and evaluating each group at its shipp
 (``rule_interval`` in thresholds.yml: every minute). After the first rule results appear and
 ``--warmup`` seconds more, it samples ``prometheus_rule_group_last_duration_seconds`` of each group
 once per evaluation for ``--seconds``, then reads the series counts, Prometheus' memory, runs every
-panel query of the dashboards (instant, and as a range over the last 5 minutes at a 15 s step) and
+panel query of the dashboards (instant, and as a range over the last 5 minutes at a 15 s step unless Grafana
+asks it only as an instant query, as a table's) and
 ``gpu-exporter diagnose --prometheus-url`` over the whole fleet. The 10,000-GPU column is extrapolated: a straight line
 through the two largest measured sizes (the measured slope), marked ``~``.
 

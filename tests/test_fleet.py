@@ -78,6 +78,15 @@ def test_dashboard_queries_have_every_variable_resolved() -> None:
         fleet.dashboard_queries({})
 
 
+def test_a_tables_queries_are_instant_and_a_time_series_are_not() -> None:
+    """The bench times as a 5-minute range only the queries Grafana asks a range of: not a table's."""
+    kinds = {(dashboard, title): instant for dashboard, title, _, instant in fleet.panel_queries(
+        fleet.grafana_variables())}
+    assert kinds["gpu-fleet-overview", "Effective utilization by GPU"] is True  # a table
+    assert kinds["gpu-fleet-overview", "Busy vs effective utilization by GPU (5m mean)"] is False  # a time series
+    assert 0 < sum(kinds.values()) < len(kinds)
+
+
 def firing(url: str, alertname: str) -> list[dict[str, Any]]:
     """Firing alerts named ``alertname`` of a Prometheus or a vmalert (same API path)."""
     alerts: list[dict[str, Any]] = json.loads(http_get(url + "/api/v1/alerts"))["data"]["alerts"] or []
