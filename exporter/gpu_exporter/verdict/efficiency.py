@@ -132,7 +132,8 @@ def for_cluster(expr: str, cluster_label: str) -> str:
 
 
 SM_RECORD = sm_query()
-"""The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, node, gpu, uuid, source}: GPM wins, else DCGM, else nothing."""
+"""The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, node, gpu, uuid, source}: GPM wins, else DCGM, else
+nothing."""
 SM = m.GPU_SM_ACTIVE_AVG5M.name
 """The GPU's effective utilization (5m mean SM activity), recorded."""
 TENSOR = tensor_query()
