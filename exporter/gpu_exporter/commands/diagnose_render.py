@@ -117,16 +117,19 @@ def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_
         "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
         "distributed_runs": ranks.to_doc(ranks.distributed_runs(results)),
     }
-    out.write(_dumps(doc))
+    write_json(doc, out)
 
 
-def _dumps(doc: dict[str, Any]) -> str:
-    """``doc`` as JSON with a key per line and each item of a list at the top on a line of its own (a GPU a line).
+def write_json(doc: dict[str, Any], out: TextIO) -> None:
+    """Write ``doc`` as JSON with a key per line and each item of a list at the top on a line of its own (a GPU a
+    line), piece by piece.
 
     ``json.dumps`` with ``indent`` runs Python's pure-Python encoder: 0.4 s of a fleet-wide diagnose at 992 GPUs.
-    Without it, the C encoder writes each line.
+    Without it, one C encoder writes each line. Written to ``out`` line by line rather than joined first: at 10,000
+    GPUs (25 MB) the joins and concatenations of the whole text took 0.15 s of the 0.4 s render.
 
-    >>> print(_dumps({"a": 1, "gpus": [{"uuid": "GPU-1"}, {"uuid": "GPU-2"}], "none": []}), end="")
+    >>> import sys
+    >>> write_json({"a": 1, "gpus": [{"uuid": "GPU-1"}, {"uuid": "GPU-2"}], "none": []}, sys.stdout)
     {
       "a": 1,
       "gpus": [
@@ -136,8 +139,13 @@ def _dumps(doc: dict[str, Any]) -> str:
       "none": []
     }
     """
-    def value(v: Any) -> str:
-        if isinstance(v, list) and v:
-            return "[\n" + ",\n".join(f"    {json.dumps(item, default=_fields)}" for item in v) + "\n  ]"
-        return json.dumps(v, default=_fields)
-    return "{\n" + ",\n".join(f"  {json.dumps(key)}: {value(v)}" for key, v in doc.items()) + "\n}\n"
+    encode = json.JSONEncoder(default=_fields).encode
+    for i, (key, value) in enumerate(doc.items()):
+        out.write(f"{',' if i else '{'}\n  {encode(key)}: ")
+        if isinstance(value, list) and value:
+            for j, item in enumerate(value):
+                out.write(f"{',' if j else '['}\n    {encode(item)}")
+            out.write("\n  ]")
+        else:
+            out.write(encode(value))
+    out.write("\n}\n")
