@@ -31,7 +31,7 @@ from gpu_exporter.verdict.readings import from_snapshots
 from gpu_exporter.verdict.samples import Snapshot
 from gpu_exporter.verdict.signals import RunSignals
 from gpu_exporter.verdict.views import GpuView, Process, RunView
-from test_query import run_cli
+from test_query import run_cli, run_cli_closed
 
 from testbed import REPO, free_port, http_get, run_exporter, wait_until
 
@@ -134,6 +134,15 @@ def test_one_gpu_per_verdict_json(node: str) -> None:
         assert v["below_target"] is (verdict not in ("healthy", "unused", "unknown"))
         if verdict not in ("healthy", "unused", "unknown"):
             assert v["remedy"] and v["runbook"].startswith(RUNBOOKS + "#"), v
+
+
+@pytest.mark.slow  # end-to-end: real processes
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_a_reader_that_went_away_is_no_traceback(node: str, output: str) -> None:
+    """``diagnose ... | head`` where head quit first: the exit status a shell gives a program SIGPIPE ended, and
+    nothing on stderr but the wait for the second reading."""
+    status, err = run_cli_closed("diagnose", "--url", node, "--window", "1", "--output", output)
+    assert status == 141 and err == f"diagnose: second reading of {node}/metrics in 1s ...\n", err
 
 
 @pytest.mark.slow  # end-to-end: real processes

@@ -61,6 +61,17 @@ def run_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[st
                           timeout=timeout, check=False)
 
 
+def run_cli_closed(*args: str, timeout: float = 60.0) -> tuple[int, str]:
+    """Run ``gpu-exporter <args>`` with its output's reader gone before it writes (``| head`` that already quit):
+    its exit status and stderr."""
+    proc = subprocess.Popen(gpu_exporter_cmd(*args), env=exporter_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
 ALL_FIELDS = ("timestamp,count,index,name,uuid,pci.bus_id,driver_version,utilization.gpu,utilization.memory,"
               "memory.total,memory.reserved,memory.used,memory.free,power.draw,power.limit,temperature.gpu,"
               "clocks.sm,clocks.mem,fan.speed")
@@ -166,6 +177,11 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
+def test_a_reader_that_went_away_ends_the_loop_quietly_with_a_sigpipe_status() -> None:
+    status, err = run_cli_closed("query", "--simulate", "-lms", "50", "--count", "1000")
+    assert (status, err) == (141, "")
 
 
 @pytest.mark.parametrize(("url", "message"), [

@@ -14,6 +14,7 @@ import argparse
 import difflib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -191,8 +192,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list.insert(0, "serve")
     command = args_list[0] if args_list[0] in command_names() else None
     args = build_parser(command).parse_args(args_list)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return closed_output()
     return code
+
+
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
+"""The exit status when the reader of the output went away (``| head``): a shell's for a program SIGPIPE ended."""
+
+
+def closed_output() -> int:
+    """Quietly stop a command whose output's reader went away: no traceback, and stdout pointed at /dev/null so
+    the interpreter's last flush at exit does not fail again. Returns :data:`EXIT_OUTPUT_CLOSED`."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OUTPUT_CLOSED
 
 
 if __name__ == "__main__":

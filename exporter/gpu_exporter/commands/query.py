@@ -443,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(err), EXIT_NO_DRIVER)
     except (MetricsError, UsageError) as err:
         return fail(str(err))
-    except (KeyboardInterrupt, BrokenPipeError):
+    except KeyboardInterrupt:
         with contextlib.suppress(BrokenPipeError):
             sys.stdout.flush()
         return 0
