@@ -224,6 +224,39 @@ def test_the_launches_are_read_only_when_asked_for() -> None:
     assert _verdicts(fleet_wide) == _verdicts(readings)
 
 
+def test_from_prometheus_a_gpu_level_cause_is_the_one_the_rules_found() -> None:
+    """diagnose --prometheus-url takes the GPU-level cause the recording rules found (gpu:gpu_busy_not_effective:ratio,
+    what the alerts hold), as it takes the run causes: here the rules found memory-bound while the 5m DRAM mean diagnose
+    reads beside it is below the line (a GPU whose kernels turned memory-bound a minute ago, or rules whose windows
+    differ from diagnose's 5m). Over any other window (--window) diagnose judges with the table itself."""
+    from gpu_exporter.verdict.efficiency import dram_query, for_cluster, sm_query, tensor_query
+
+    gpu = _gpu("eu")
+    busy, sm, tensor, dram = 0.96, 0.3, 0.2, 0.3  # SM low, DRAM below dram_bound_ratio, memory used: ineffective here
+    answers = {
+        "gpu_info": [(_gpu("eu", name="H100"), 1.0)],
+        "gpu:gpu_utilization:avg5m": [(gpu, busy)], "rate(gpu_busy_seconds_total[600s])": [(gpu, busy)],
+        "gpu:gpu_memory_used:ratio": [(gpu, 0.6)],
+        "gpu_process_memory_used_bytes": [(_gpu("eu", pid="7", process_name="python"), 2.0 ** 35)],
+        "gpu:gpu_sm_active:avg5m": [({**gpu, "source": "gpm"}, sm)],
+        for_cluster(tensor_query(), T.cluster_label): [(gpu, tensor)],
+        for_cluster(dram_query(), T.cluster_label): [(gpu, dram)],
+        for_cluster(sm_query("600s"), T.cluster_label): [({**gpu, "source": "gpm"}, sm)],
+        for_cluster(tensor_query("600s"), T.cluster_label): [(gpu, tensor)],
+        for_cluster(dram_query("600s"), T.cluster_label): [(gpu, dram)],
+    }
+    recorded = {**answers, catalog.GPU_BUSY_NOT_EFFECTIVE_RATIO.name: [({**gpu, "cause": "memory_bound"}, busy - sm)]}
+    for fleet, window, verdict in ((recorded, None, "memory_bound"), (answers, None, "ineffective"),
+                                   (recorded, 600.0, "ineffective")):
+        prom: Any = FakePrometheus(fleet)
+        readings = (from_prometheus(prom, cluster_label=T.cluster_label) if window is None
+                    else from_prometheus_window(prom, window, cluster_label=T.cluster_label))
+        (view,) = build_views(readings, T, 300.0)
+        got = judge(view, T)
+        assert (got.name, view.dram_active) == (verdict, dram), (window, got)
+        assert got.worth is not None and abs(got.worth - (busy - sm)) < 1e-9
+
+
 def test_below_target_verdicts_link_the_alert_that_speaks_at_their_level() -> None:
     from gpu_exporter.verdict.views import GpuView, Process
 

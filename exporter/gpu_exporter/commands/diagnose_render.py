@@ -97,7 +97,7 @@ def _without(value: Any, *names: str) -> dict[str, Any]:
 
 
 def _gpu_doc(view: GpuView, verdict: Verdict) -> dict[str, Any]:
-    doc = _without(view, "runs", "process_list")
+    doc = _without(view, "runs", "process_list", "efficiency_recorded")  # the verdict names it
     doc["process_list"] = [vars(p) for p in view.process_list]  # the encoder's default (_fields) per process costs more
     doc["runs"] = [{**_without(r, "findings"), "causes": [_finding_doc(f) for f in r.findings]} for r in view.runs]
     doc["verdict"] = {"verdict": verdict.name, **_without(verdict, "name")}

@@ -55,6 +55,7 @@ _READ: dict[str, tuple[str, ...]] = {
                                       catalog.GPU_PROCESS_MAIN_THREAD_STATE_SECONDS_TOTAL)), (*_PROCESS, "state")),
     catalog.PROCESS_HINT_VALUE.name: (*_PROCESS, "hint"),
     catalog.GPU_SM_ACTIVE_AVG5M.name: ("uuid", "source"),
+    catalog.GPU_BUSY_NOT_EFFECTIVE_RATIO.name: ("uuid", "cause"),
 }
 """The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies), besides
 the cluster label; a rate of a counter keeps the counter's (evidence.rates). Prometheus drops the others
@@ -206,7 +207,8 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     """Readings from Prometheus: the recording rules generated from the cause table, instant values.
 
     Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
-    ``prom.at``); names, processes, pods and batch sizes from the exporter's instant series. Every
+    ``prom.at``), the GPU-level causes first from them (``gpu:gpu_busy_not_effective:ratio``; the efficiency table
+    judges the others here); names, processes, pods and batch sizes from the exporter's instant series. Every
     query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
     they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
     With ``sm_active_low`` the live runs that may get the batch suggestion of the SM form of M3
@@ -223,6 +225,7 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     tensor, dram = (for_cluster(q(), cluster_label) for q in (tensor_query, dram_query))
     fp = {pipe.key: for_cluster(pipe.query(), cluster_label) for pipe in FP_PIPES}
     fleet = _Fleet(prom, cluster_label, {**_reads((*names, *_RULES, *evidence.SERIES, catalog.GPU_SM_ACTIVE_AVG5M.name,
+                                                   catalog.GPU_BUSY_NOT_EFFECTIVE_RATIO.name,
                                                    catalog.RUN_TRAINING_CALLBACK_SHARE5M.name,
                                                    catalog.RUN_TRAINING_CODE_SHARE5M.name)),
                                          tensor: None, dram: None, **dict.fromkeys(fp.values())},
@@ -254,6 +257,8 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
             callback=hook_for(cause.phase, readings.callbacks.get(key))))
     readings.evidence, readings.hints = evidence.from_series(fleet.query)
     _activity(fleet, readings, catalog.GPU_SM_ACTIVE_AVG5M.name, tensor, dram, fp)
+    readings.efficiency = {keys.gpu(labels): labels.get("cause", "")  # the GPU-level causes as the rules found them
+                           for labels, _ in fleet.raw(catalog.GPU_BUSY_NOT_EFFECTIVE_RATIO.name)}
     with_cause = {keys.run(labels) for labels, _ in causes}
     low = [] if sm_active_low is None else [  # the SM form of M3's batch suggestion reads the run's context too
         ({**labels, "cause": BATCH_CAUSE}, 0.0) for labels, _ in fleet.raw(fleet.live)

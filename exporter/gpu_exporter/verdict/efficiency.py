@@ -375,18 +375,27 @@ INEFFECTIVE = EFFICIENCY_BY_ID["ineffective"]
 TENSOR_IDLE = EFFICIENCY_BY_ID["tensor_cores_idle"]
 
 
-def find_efficiency(a: Activity, t: Thresholds) -> GpuFinding | None:
+def find_efficiency(a: Activity, t: Thresholds, recorded: str = "") -> GpuFinding | None:
     """The first cause of :data:`EFFICIENCY` that holds for a GPU at or above the target with work, or None.
 
-    Mirrors the generated PromQL (tests/test_causes_conformance.py checks it); None without an SM source.
+    Mirrors the generated PromQL (tests/test_causes_conformance.py checks it); None without an SM source. A cause the
+    recording rules found (``recorded``: diagnose --prometheus-url) comes first, so diagnose names what the alerts
+    name: the rules read the tensor and DRAM activity over their own windows, diagnose over 5m.
+
+    >>> from gpu_exporter.thresholds import load_thresholds
+    >>> dram_low = Activity(0.96, 0.3, 0.2, 0.3, 0.6, "gpm")
+    >>> find_efficiency(dram_low, load_thresholds()).cause.cause
+    'ineffective'
+    >>> find_efficiency(dram_low, load_thresholds(), recorded="memory_bound").cause.cause
+    'memory_bound'
     """
     if a.sm is None:
         return None
-    for cause in EFFICIENCY:
-        if cause.holds(a, t):
-            value = cause.value(a)
-            return GpuFinding(cause, a.sm if value is None else value, a.sm, a.busy)
-    return None
+    cause = EFFICIENCY_BY_ID.get(recorded) or next((c for c in EFFICIENCY if c.holds(a, t)), None)
+    if cause is None:
+        return None
+    value = cause.value(a)
+    return GpuFinding(cause, a.sm if value is None else value, a.sm, a.busy)
 
 
 def compute_sm(sm: float, shares: Mapping[str, float]) -> float | None:

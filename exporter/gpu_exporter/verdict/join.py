@@ -76,9 +76,11 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
 
 
 def _activity(readings: Readings, gpu: str) -> dict[str, Any]:
-    """The GpuView fields of the GPU's SM, tensor, DRAM and fp pipe activity (None: unknown)."""
+    """The GpuView fields of the GPU's SM, tensor, DRAM and fp pipe activity (None: unknown) and the GPU-level cause
+    the rules found."""
     sm = readings.sm_active.get(gpu)
     return {"sm_active": sm[0] if sm else None, "sm_source": sm[1] if sm else None,
+            "efficiency_recorded": readings.efficiency.get(gpu, ""),
             "tensor_active": readings.tensor_active.get(gpu), "dram_active": readings.dram_active.get(gpu),
             **{f"{pipe.key}_active": readings.fp_active.get(pipe.key, {}).get(gpu) for pipe in FP_PIPES}}
 

@@ -376,7 +376,8 @@ def judge(view: GpuView, t: Thresholds) -> Verdict:
     live = tuple(r for r in view.runs if r.live)
     found = tuple(sorted(((f, r) for r in live for f in r.findings), key=lambda fr: cause_order(fr[0])))
     lvl = None if util is None else level(useful_utilization(util, *(r.shares for r in live)), t)
-    efficiency = find_efficiency(_activity(view), t) if util is not None and lvl is None else None
+    efficiency = (find_efficiency(_activity(view), t, view.efficiency_recorded) if util is not None and lvl is None
+                  else None)
     facts = Facts(view, util, lvl, live, found, efficiency)
     for row in LADDER:
         if row.holds(facts, t):

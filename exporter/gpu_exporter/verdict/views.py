@@ -163,6 +163,9 @@ class GpuView:
     sm_source: str | None = None
     """Where the SM activity came from: ``"gpm"`` (NVML GPM, Hopper and newer) or ``"dcgm"`` (dcgm-exporter); None
     when unknown."""
+    efficiency_recorded: str = ""
+    """The GPU-level cause the recording rules found (``gpu:gpu_busy_not_effective:ratio``'s cause label, read by
+    diagnose --prometheus-url); "" where they found none or were not read (verdict.efficiency.find_efficiency)."""
 
     @property
     def key(self) -> str:
@@ -239,6 +242,8 @@ class Readings:
     """Tensor pipe activity per GPU key (the same source as the SM activity)."""
     dram_active: dict[str, float] = field(default_factory=dict)
     """DRAM activity per GPU key (the same source as the SM activity)."""
+    efficiency: dict[str, str] = field(default_factory=dict)
+    """The GPU-level cause the recording rules found per GPU key (verdict.efficiency; from Prometheus)."""
     fp_active: dict[str, dict[str, float]] = field(default_factory=dict)
     """The fp pipes' activity per pipe (``"fp32"``, ``"fp16"``, ``"fp64"``: verdict.efficiency.FP_PIPES) and GPU key,
     dcgm-exporter's only (where its counters file has the fields)."""
