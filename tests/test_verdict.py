@@ -296,7 +296,8 @@ def test_a_busy_rank_waiting_in_collectives_is_judged_at_its_useful_utilization(
     readings.phase_total[key("1")] = {"compute": 95.0, "communication": 5.0}
     readings.utilization["GPU-1"] = 0.95
     healthy = judge(build_views(readings, T, 300.0)[0], T)
-    assert (healthy.name, healthy.reason) == ("healthy", "95% utilization, at or above the 85% target.")
+    assert (healthy.name, healthy.reason) == ("healthy", "95% utilization, at or above the 85% target; how well its "
+                                              "kernels use the SMs is unknown (no SM activity source).")
     # 95% busy with a quarter of the step in collectives and no cause: below target, saying why.
     readings.phase_total[key("0")] = {"compute": 75.0, "communication": 25.0}
     readings.phase_total[key("1")] = {"compute": 75.0, "communication": 25.0}

@@ -420,11 +420,19 @@ the step) 28% SM activity'
     >>> effective_line(0.96, 0.8, "dcgm", 0.0, 0.3, pipes=Activity(0.96, 0.8, fp32=0.4, fp64=0.05).pipes())
     'effective utilization (SM activity, DCGM) 80% while 96% busy; tensor pipe 0%, FP32 pipe 40%, FP64 pipe 5%, DRAM \
 30%'
+
+    Effective utilization is never more than the busy one: SM activity read a little above it (GPM's or DCGM's
+    samples and NVML's busy time cover slightly different moments) is said as the busy utilization.
+
+    >>> effective_line(0.84, 0.85, "gpm")
+    'effective utilization (SM activity, GPM) 84% while 84% busy'
     """
     if sm is None:
         return UNKNOWN
     busy_text = f" while {pct(busy)} busy" if busy is not None else ""
-    parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) {pct(sm)}{busy_text}"]
+    effective = sm if busy is None else min(sm, busy)
+    parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) {pct(effective)}"
+             f"{busy_text}"]
     known = [("tensor pipe", tensor), *((f"{p.name} pipe", v) for p, v in (pipes or {}).items()), ("DRAM", dram)]
     said = [f"{name} {pct(v)}" for name, v in known if v is not None]
     if said:

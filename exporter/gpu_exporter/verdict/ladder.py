@@ -167,7 +167,8 @@ def _unknown(row: Row, f: Facts, t: Thresholds) -> Verdict:
 
 def _healthy(row: Row, f: Facts, t: Thresholds) -> Verdict:
     if f.view.sm_active is None:  # busy, never called effective: the effective-use line says SM activity unknown
-        return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target.")
+        return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target; "
+                       "how well its kernels use the SMs is unknown (no SM activity source).")
     return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target, and its "
                    f"SMs are {pct(f.view.sm_active)} active.")
 
