@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import yaml
 from gpu_exporter.thresholds import read_thresholds_file
-from gpu_exporter.verdict.causes import CAUSES
+from gpu_exporter.verdict.alerts import TRAINING_BELOW_TARGET
+from gpu_exporter.verdict.causes import BY_ID, CAUSES
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 
-from testbed import free_port, http_get, run_prometheus, wait_until
+from testbed import free_port, http_get, run_alertmanager, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"
@@ -111,7 +112,7 @@ def test_kubernetes_relabeling_keeps_exporter_pods_and_sets_node(tmp_path: Path)
 def test_alertmanager_config_is_valid() -> None:
     proc = run([str(amtool), "check-config", str(AM_CONFIG)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
+    assert "6 inhibit rules" in proc.stdout and "4 receivers" in proc.stdout
 
 
 @needs_amtool
@@ -157,3 +158,38 @@ def test_alertmanager_groups_inhibits_and_reads_secrets_from_files() -> None:
     for secret in ("credentials_file:", "api_url_file:", "auth_password_file:"):
         assert secret in text
     assert not re.search(r"^\s*(api_url|auth_password|credentials):", text, flags=re.M)
+
+
+@pytest.mark.slow  # a real Alertmanager
+def test_the_allocators_alert_holds_back_the_batch_too_small_alert_of_the_same_rank() -> None:
+    """A real Alertmanager with the shipped inhibit rules (and a receiver that drops everything): while M4's alert
+    (GpuMemoryAllocatorThrashing; GpuTrainingBelowTarget cause=allocator up to the target) holds for a run's rank,
+    the same rank's M3 alert is inhibited; M3 of another rank on the same GPU, and M4 itself, are not."""
+    import urllib.request
+
+    shipped = yaml.safe_load(AM_CONFIG.read_text())
+    config = {"route": {"receiver": "drop"}, "receivers": [{"name": "drop"}], "inhibit_rules": shipped["inhibit_rules"]}
+    m3, m4 = BY_ID["batch_too_small"], BY_ID["allocator"]
+    rank = {"uuid": "GPU-1", "run": "r", "rank": "0"}
+    alerts = {  # name -> labels
+        "m4": {"alertname": m4.alert, "severity": BY_LEVEL[LOW].severity, **rank},
+        "m3": {"alertname": m3.alert, "severity": BY_LEVEL[LOW].severity, **rank},
+        "m3 other rank": {"alertname": m3.alert, "severity": BY_LEVEL[LOW].severity, **rank, "rank": "1"},
+        "m4 target": {"alertname": TRAINING_BELOW_TARGET, "cause": m4.cause, **rank, "run": "t"},
+        "m3 target": {"alertname": TRAINING_BELOW_TARGET, "cause": m3.cause, **rank, "run": "t"},
+    }
+
+    def state(url: str) -> dict[str, bool] | None:
+        with urllib.request.urlopen(url + "/api/v2/alerts", timeout=10) as response:
+            listed = {tuple(sorted(a["labels"].items())): bool(a["status"]["inhibitedBy"]) for a in json.load(response)}
+        found = {name: listed.get(tuple(sorted(labels.items()))) for name, labels in alerts.items()}
+        return found if None not in found.values() and found["m3"] and found["m3 target"] else None
+
+    with run_alertmanager(yaml.safe_dump(config)) as url:
+        body = json.dumps([{"labels": labels} for labels in alerts.values()]).encode()
+        request = urllib.request.Request(url + "/api/v2/alerts", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        inhibited = wait_until(lambda: state(url), 30, what="the two M3 alerts of the rank with M4 inhibited")
+    assert inhibited == {"m4": False, "m3": True, "m3 other rank": False, "m4 target": False, "m3 target": True}
