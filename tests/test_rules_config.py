@@ -182,8 +182,11 @@ def test_the_allocators_alert_holds_back_the_batch_too_small_alert_of_the_same_r
     def state(url: str) -> dict[str, bool] | None:
         with urllib.request.urlopen(url + "/api/v2/alerts", timeout=10) as response:
             listed = {tuple(sorted(a["labels"].items())): bool(a["status"]["inhibitedBy"]) for a in json.load(response)}
-        found = {name: listed.get(tuple(sorted(labels.items()))) for name, labels in alerts.items()}
-        return found if None not in found.values() and found["m3"] and found["m3 target"] else None
+        keys = {name: tuple(sorted(labels.items())) for name, labels in alerts.items()}
+        if not all(key in listed for key in keys.values()):
+            return None
+        found = {name: listed[key] for name, key in keys.items()}
+        return found if found["m3"] and found["m3 target"] else None
 
     with run_alertmanager(yaml.safe_dump(config)) as url:
         body = json.dumps([{"labels": labels} for labels in alerts.values()]).encode()
