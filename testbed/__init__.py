@@ -19,8 +19,10 @@ from testbed.servers import (
     RULE_FILES,
     SRC,
     Process,
+    alertmanager_alerts,
     at_server_interval,
     exporter_env,
+    post_alerts,
     promql,
     run_alertmanager,
     run_exporter,
@@ -31,6 +33,7 @@ from testbed.servers import (
     scrape_config,
 )
 
-__all__ = ["REPO", "RULE_FILES", "SRC", "Process", "at_server_interval", "closed_url", "exporter_env", "free_port",
-           "http_get", "http_status", "promql", "run_alertmanager", "run_exporter", "run_prometheus", "run_server",
-           "run_victoriametrics", "run_vmalert", "scrape_config", "wait_until"]
+__all__ = ["REPO", "RULE_FILES", "SRC", "Process", "alertmanager_alerts", "at_server_interval", "closed_url",
+           "exporter_env", "free_port", "http_get", "http_status", "post_alerts", "promql", "run_alertmanager",
+           "run_exporter", "run_prometheus", "run_server", "run_victoriametrics", "run_vmalert", "scrape_config",
+           "wait_until"]

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,20 @@ def run_vmalert(rule_files: dict[str, str], datasource_url: str, remote_write_ur
         f"-remoteWrite.url={remote_write_url}", f"-notifier.url={notifier_url}",
         f"-evaluationInterval={evaluation_interval}", f"-httpListenAddr=127.0.0.1:{port}"],
         dict(rule_files), ready_timeout, rule_intervals)
+
+
+def post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
+    """Post alerts (their labels) to the Alertmanager at ``url``, as Prometheus does."""
+    request = urllib.request.Request(url + "/api/v2/alerts", data=json.dumps([{"labels": labels} for labels in alerts])
+                                     .encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def alertmanager_alerts(url: str) -> list[dict[str, Any]]:
+    """The alerts the Alertmanager at ``url`` holds, with their status (``inhibitedBy`` ...)."""
+    alerts: list[dict[str, Any]] = json.loads(http_get(url + "/api/v2/alerts"))
+    return alerts
 
 
 def run_alertmanager(config_yaml: str, ready_timeout: float = 30.0) -> contextlib.AbstractContextManager[str]:

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
 import re
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ import pytest
 import yaml
 from test_helm import crd_errors, crd_validators, matches
 
-from testbed import run_alertmanager, wait_until
+from testbed import alertmanager_alerts, post_alerts, run_alertmanager, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "gpu-utilization-exporter"
@@ -358,17 +356,9 @@ def test_kube_prometheus_stack_routes_our_alerts_as_the_file_does(tmp_path: Path
                                    "namespace": "team-a"}) == {"null"}
 
 
-def post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
-    body = json.dumps([{"labels": labels} for labels in alerts]).encode()
-    request = urllib.request.Request(url + "/api/v2/alerts", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
-
-
 def inhibited(url: str) -> dict[tuple[str, str], bool]:
-    with urllib.request.urlopen(url + "/api/v2/alerts", timeout=10) as response:
-        alerts = json.load(response)
-    return {(a["labels"]["alertname"], a["labels"]["uuid"]): bool(a["status"]["inhibitedBy"]) for a in alerts}
+    return {(a["labels"]["alertname"], a["labels"]["uuid"]): bool(a["status"]["inhibitedBy"])
+            for a in alertmanager_alerts(url)}
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from gpu_exporter.verdict.causes import BY_ID, CAUSES
 from gpu_exporter.verdict.hints import EVIDENCE_ALERT
 from gpu_exporter.verdict.levels import BY_LEVEL, LOW, TARGET
 
-from testbed import free_port, http_get, run_alertmanager, run_prometheus, wait_until
+from testbed import alertmanager_alerts, free_port, http_get, post_alerts, run_alertmanager, run_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "prometheus"
@@ -165,8 +165,6 @@ def test_the_allocators_alert_holds_back_the_batch_too_small_alert_of_the_same_r
     """A real Alertmanager with the shipped inhibit rules (and a receiver that drops everything): while M4's alert
     (GpuMemoryAllocatorThrashing; GpuTrainingBelowTarget cause=allocator up to the target) holds for a run's rank,
     the same rank's M3 alert is inhibited; M3 of another rank on the same GPU, and M4 itself, are not."""
-    import urllib.request
-
     shipped = yaml.safe_load(AM_CONFIG.read_text())
     config = {"route": {"receiver": "drop"}, "receivers": [{"name": "drop"}], "inhibit_rules": shipped["inhibit_rules"]}
     m3, m4 = BY_ID["batch_too_small"], BY_ID["allocator"]
@@ -180,8 +178,8 @@ def test_the_allocators_alert_holds_back_the_batch_too_small_alert_of_the_same_r
     }
 
     def state(url: str) -> dict[str, bool] | None:
-        with urllib.request.urlopen(url + "/api/v2/alerts", timeout=10) as response:
-            listed = {tuple(sorted(a["labels"].items())): bool(a["status"]["inhibitedBy"]) for a in json.load(response)}
+        listed = {tuple(sorted(a["labels"].items())): bool(a["status"]["inhibitedBy"])
+                  for a in alertmanager_alerts(url)}
         keys = {name: tuple(sorted(labels.items())) for name, labels in alerts.items()}
         if not all(key in listed for key in keys.values()):
             return None
@@ -189,10 +187,6 @@ def test_the_allocators_alert_holds_back_the_batch_too_small_alert_of_the_same_r
         return found if found["m3"] and found["m3 target"] else None
 
     with run_alertmanager(yaml.safe_dump(config)) as url:
-        body = json.dumps([{"labels": labels} for labels in alerts.values()]).encode()
-        request = urllib.request.Request(url + "/api/v2/alerts", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.status == 200
+        post_alerts(url, list(alerts.values()))
         inhibited = wait_until(lambda: state(url), 30, what="the two M3 alerts of the rank with M4 inhibited")
     assert inhibited == {"m4": False, "m3": True, "m3 other rank": False, "m4 target": False, "m3 target": True}
