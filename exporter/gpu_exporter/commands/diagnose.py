@@ -1,29 +1,17 @@
 """``gpu-exporter diagnose``: one verdict per GPU on why it is below the utilization target.
 
 Reads a node's exporter (two scrapes ``--window`` apart, judged with the cause table of
-:mod:`gpu_exporter.verdict.causes`) or Prometheus (only the recording rules generated from that same
-table: ``gpu:gpu_utilization:avg5m``, ``gpu:gpu_has_work:bool``, ``run:gpu_training_phase:share5m``,
-``run:gpu_training_cause:share`` and ``run:gpu_training_cause:projected_utilization``), joins the
-live training runs on each GPU by ``uuid``, and gives each GPU one verdict. The verdicts, in
-the order they are tried, are the rows of the ladder table
-(:data:`gpu_exporter.verdict.ladder.LADDER`: unknown, busy but not effective (memory-bound, batch too small for
-the SMs, tensor cores idle, ineffective: SM activity from GPM, from a dcgm-exporter with ``--dcgm-url``, or from
-Prometheus' ``gpu:gpu_sm_active:avg5m``), healthy, unused, a cause with its projection, not instrumented with /proc
-evidence, idle but allocated, not instrumented, underutilized). Every verdict states the effective utilization
-(SM activity) beside the busy one.
+:mod:`gpu_exporter.verdict.causes`) or Prometheus (the recording rules generated from that same table), joins the
+live training runs on each GPU by ``uuid``, and gives each GPU one verdict: the first row of the ladder
+(:data:`gpu_exporter.verdict.ladder.LADDER`) that holds. Every verdict states the effective utilization
+(SM activity: GPM, a dcgm-exporter with ``--dcgm-url``, or Prometheus) beside the busy one.
 
 This module is only the command line: the sources (:mod:`gpu_exporter.verdict.readings` for
-an exporter, :mod:`gpu_exporter.commands.diagnose_sources` for Prometheus), the join, narrowing
-and judge of one moment (:func:`gpu_exporter.verdict.timeline.judged`, which a run report calls at
-each point of its range) and the renderings (:mod:`gpu_exporter.commands.diagnose_render`) live
-in their own modules.
-
-``--prometheus-url`` with ``--window`` and/or ``--at`` judges any window ending at any time Prometheus
-still holds: the recording rules' signals are computed for that window from the raw counters
-(``diagnose_sources.from_prometheus_window``: ``rate``/``increase`` over the window, evaluated at
-``--at``) and judged with the same cause table and judge (:func:`gpu_exporter.verdict.causes.find_causes`,
-which the conformance test holds equal to the generated rules). GPUs are keyed by the thresholds'
-``cluster_label`` and ``uuid``, as the rules do.
+an exporter, :mod:`gpu_exporter.commands.diagnose_sources` for Prometheus, keyed by the thresholds'
+``cluster_label`` and ``uuid`` as the rules are), the judge of one moment
+(:func:`gpu_exporter.verdict.timeline.judged`) and the renderings (:mod:`gpu_exporter.commands.diagnose_render`)
+live in their own modules. ``--prometheus-url`` with ``--window`` and/or ``--at`` judges any window ending at any
+time Prometheus still holds, from the raw counters (``diagnose_sources.from_prometheus_window``).
 
 Only live runs count: a run that finished (it reports no current phase) or has not pushed for
 ``max(30 s, 2 x window)`` is listed as finished and ignored when judging. ``--run`` judges only

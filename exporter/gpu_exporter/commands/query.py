@@ -54,14 +54,16 @@ _RATIO_GAUGE = {catalog.GPU_BUSY_SECONDS_TOTAL.name: catalog.GPU_UTILIZATION_RAT
                 catalog.GPU_MEMORY_BUSY_SECONDS_TOTAL.name: catalog.GPU_MEMORY_UTILIZATION_RATIO.name}
 
 
+def _info(cur: Snapshot, uuid: str, label: str) -> str | None:
+    found = cur.series(catalog.GPU_INFO.name, uuid=uuid)
+    return found[0][0].get(label) if found else None
+
+
 @dataclass(frozen=True)
 class GpuRow:
-    """What one output row is made of: one GPU between two readings.
-
-    ``prev`` is None for the first row (then utilization is the exporter's mean over its last
-    poll interval); ``fresh`` is False when ``cur`` repeats the poll of ``prev``, and then
-    nothing that needs an interval is printed.
-    """
+    """One GPU between two readings: ``prev`` is None for the first row (then utilization is the exporter's mean
+    over its last poll interval); ``fresh`` is False when ``cur`` repeats the poll of ``prev`` (then nothing that
+    needs an interval is printed)."""
 
     index: str
     uuid: str
@@ -71,13 +73,10 @@ class GpuRow:
     fresh: bool = True
 
     def info(self, label: str) -> str | None:
-        """A label of the GPU's ``gpu_info`` series."""
-        found = self.cur.series(catalog.GPU_INFO.name, uuid=self.uuid)
-        return found[0][0].get(label) if found else None
+        return _info(self.cur, self.uuid, label)
 
     def gauge(self, name: str) -> float | None:
-        """The GPU's value of gauge ``name`` in the newer reading."""
-        return self.cur.value(name, uuid=self.uuid)
+            return self.cur.value(name, uuid=self.uuid)
 
     def rate(self, counter: str) -> float | None:
         """The counter's mean rate per second between the two readings, or None."""
@@ -103,8 +102,8 @@ class Field:
     name: str
     unit: str
     get: Callable[[Any], Any]
-    aliases: tuple[str, ...] = ()
     help: str = ""
+    aliases: tuple[str, ...] = ()
     identity: bool = False
     """Known for a lost GPU too (from the reading before it was lost)."""
 
@@ -118,7 +117,7 @@ def _timestamp(row: GpuRow | AppRow) -> str:
     return datetime.fromtimestamp(row.cur.wall).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
 
 
-def _scaled(name: str, scale: float, fmt: str) -> Callable[[GpuRow], str | None]:
+def _scaled(name: str, scale: float = 1.0, fmt: str = "%.2f") -> Callable[[GpuRow], str | None]:
     def get(row: GpuRow) -> str | None:
         value = row.gauge(name)
         return None if value is None or math.isnan(value) else fmt % (value * scale)
@@ -135,10 +134,7 @@ def _mib(name: str) -> Callable[[GpuRow], str | None]:
 
 
 def _percent(counter: str) -> Callable[[GpuRow], str | None]:
-    def get(row: GpuRow) -> str | None:
-        ratio = row.mean_ratio(counter)
-        return None if ratio is None else str(round(ratio * 100))
-    return get
+    return lambda row: None if (ratio := row.mean_ratio(counter)) is None else str(round(ratio * 100))
 
 
 def _average_power(row: GpuRow) -> str | None:
@@ -147,38 +143,36 @@ def _average_power(row: GpuRow) -> str | None:
 
 
 FIELDS: tuple[Field, ...] = (
-    Field("timestamp", "", _timestamp, help="time of the reading, YYYY/MM/DD HH:MM:SS.msec", identity=True),
-    Field("driver_version", "", lambda r: r.info("driver_version"), help="NVIDIA driver version"),
-    Field("count", "", lambda r: str(r.count), help="number of GPUs read", identity=True),
-    Field("name", "", lambda r: r.info("name"), ("gpu_name",), "product name", identity=True),
-    Field("uuid", "", lambda r: r.uuid, ("gpu_uuid",), "GPU UUID", identity=True),
-    Field("pci.bus_id", "", lambda r: r.info("pci_bus_id"), ("gpu_bus_id",), "PCI bus id", identity=True),
-    Field("index", "", lambda r: r.index, help="NVML index of the GPU", identity=True),
+    Field("timestamp", "", _timestamp, "time of the reading, YYYY/MM/DD HH:MM:SS.msec", identity=True),
+    Field("driver_version", "", lambda r: r.info("driver_version"), "NVIDIA driver version"),
+    Field("count", "", lambda r: str(r.count), "number of GPUs read", identity=True),
+    Field("name", "", lambda r: r.info("name"), "product name", ("gpu_name",), identity=True),
+    Field("uuid", "", lambda r: r.uuid, "GPU UUID", ("gpu_uuid",), identity=True),
+    Field("pci.bus_id", "", lambda r: r.info("pci_bus_id"), "PCI bus id", ("gpu_bus_id",), identity=True),
+    Field("index", "", lambda r: r.index, "NVML index of the GPU", identity=True),
     Field("utilization.gpu", "%", _percent(catalog.GPU_BUSY_SECONDS_TOTAL.name),
-          help="share of the interval in which a kernel ran (mean, not a sample)"),
+          "share of the interval in which a kernel ran (mean, not a sample)"),
     Field("utilization.memory", "%", _percent(catalog.GPU_MEMORY_BUSY_SECONDS_TOTAL.name),
-          help="share of the interval in which device memory was read or written (mean)"),
-    Field("memory.total", "MiB", _mib(catalog.GPU_MEMORY_TOTAL_BYTES.name), help="installed memory"),
-    Field("memory.reserved", "MiB", _mib(catalog.GPU_MEMORY_RESERVED_BYTES.name), help="memory reserved by the driver"),
-    Field("memory.used", "MiB", _mib(catalog.GPU_MEMORY_USED_BYTES.name), help="memory in use"),
-    Field("memory.free", "MiB", _mib(catalog.GPU_MEMORY_FREE_BYTES.name), help="memory free"),
-    Field("temperature.gpu", "", _scaled(catalog.GPU_TEMPERATURE_CELSIUS.name, 1.0, "%.0f"),
-          help="die temperature, °C"),
-    Field("power.draw", "W", _scaled(catalog.GPU_POWER_WATTS.name, 1.0, "%.2f"),
-          help="power draw (NVML's power usage)"),
+          "share of the interval in which device memory was read or written (mean)"),
+    Field("memory.total", "MiB", _mib(catalog.GPU_MEMORY_TOTAL_BYTES.name), "installed memory"),
+    Field("memory.reserved", "MiB", _mib(catalog.GPU_MEMORY_RESERVED_BYTES.name), "memory reserved by the driver"),
+    Field("memory.used", "MiB", _mib(catalog.GPU_MEMORY_USED_BYTES.name), "memory in use"),
+    Field("memory.free", "MiB", _mib(catalog.GPU_MEMORY_FREE_BYTES.name), "memory free"),
+    Field("temperature.gpu", "", _scaled(catalog.GPU_TEMPERATURE_CELSIUS.name, fmt="%.0f"), "die temperature, °C"),
+    Field("power.draw", "W", _scaled(catalog.GPU_POWER_WATTS.name), "power draw (NVML's power usage)"),
     Field("power.draw.average", "W", _average_power,
-          help="mean power over the interval, from the energy counter ([N/A] on the first row)"),
-    Field("power.draw.instant", "W", _scaled(catalog.GPU_POWER_WATTS.name, 1.0, "%.2f"),
-          help="NVML's power usage reading, as power.draw"),
-    Field("power.limit", "W", _scaled(catalog.GPU_POWER_LIMIT_WATTS.name, 1.0, "%.2f"),
-          help="the enforced power limit (the exporter reads no separate software limit)"),
-    Field("enforced.power.limit", "W", _scaled(catalog.GPU_POWER_LIMIT_WATTS.name, 1.0, "%.2f"),
-          help="the power limit the driver enforces"),
-    Field("clocks.current.sm", "MHz", _scaled(catalog.GPU_SM_CLOCK_HERTZ.name, 1e-6, "%.0f"), ("clocks.sm",),
-          "SM clock"),
-    Field("clocks.current.memory", "MHz", _scaled(catalog.GPU_MEMORY_CLOCK_HERTZ.name, 1e-6, "%.0f"), ("clocks.mem",),
-          "memory clock"),
-    Field("fan.speed", "%", _scaled(catalog.GPU_FAN_SPEED_RATIO.name, 100.0, "%.0f"), help="fan speed"),
+          "mean power over the interval, from the energy counter ([N/A] on the first row)"),
+    Field("power.draw.instant", "W", _scaled(catalog.GPU_POWER_WATTS.name),
+          "NVML's power usage reading, as power.draw"),
+    Field("power.limit", "W", _scaled(catalog.GPU_POWER_LIMIT_WATTS.name),
+          "the enforced power limit (the exporter reads no separate software limit)"),
+    Field("enforced.power.limit", "W", _scaled(catalog.GPU_POWER_LIMIT_WATTS.name),
+          "the power limit the driver enforces"),
+    Field("clocks.current.sm", "MHz", _scaled(catalog.GPU_SM_CLOCK_HERTZ.name, 1e-6, "%.0f"), "SM clock",
+          ("clocks.sm",)),
+    Field("clocks.current.memory", "MHz", _scaled(catalog.GPU_MEMORY_CLOCK_HERTZ.name, 1e-6, "%.0f"), "memory clock",
+          ("clocks.mem",)),
+    Field("fan.speed", "%", _scaled(catalog.GPU_FAN_SPEED_RATIO.name, 100.0, "%.0f"), "fan speed"),
 )
 
 
@@ -191,20 +185,19 @@ class AppRow:
     cur: Snapshot
 
     def info(self, label: str) -> str | None:
-        found = self.cur.series(catalog.GPU_INFO.name, uuid=self.labels.get("uuid", ""))
-        return found[0][0].get(label) if found else None
+        return _info(self.cur, self.labels.get("uuid", ""), label)
 
 
 APP_FIELDS: tuple[Field, ...] = (
-    Field("timestamp", "", _timestamp, help="time of the reading"),
-    Field("gpu_name", "", lambda r: r.info("name"), help="product name of the process's GPU"),
-    Field("gpu_bus_id", "", lambda r: r.info("pci_bus_id"), help="PCI bus id of the process's GPU"),
-    Field("gpu_serial", "", lambda r: None, help="serial number of the GPU (not exported: [N/A])"),
-    Field("gpu_uuid", "", lambda r: r.labels.get("uuid"), help="UUID of the process's GPU"),
-    Field("pid", "", lambda r: r.labels.get("pid"), help="process id (host PID)"),
-    Field("process_name", "", lambda r: r.labels.get("process_name"), help="process name"),
-    Field("used_gpu_memory", "MiB", lambda r: _in_mib(r.memory_bytes), ("used_memory",),
-          help="GPU memory used by the process"),
+    Field("timestamp", "", _timestamp, "time of the reading"),
+    Field("gpu_name", "", lambda r: r.info("name"), "product name of the process's GPU"),
+    Field("gpu_bus_id", "", lambda r: r.info("pci_bus_id"), "PCI bus id of the process's GPU"),
+    Field("gpu_serial", "", lambda r: None, "serial number of the GPU (not exported: [N/A])"),
+    Field("gpu_uuid", "", lambda r: r.labels.get("uuid"), "UUID of the process's GPU"),
+    Field("pid", "", lambda r: r.labels.get("pid"), "process id (host PID)"),
+    Field("process_name", "", lambda r: r.labels.get("process_name"), "process name"),
+    Field("used_gpu_memory", "MiB", lambda r: _in_mib(r.memory_bytes), "GPU memory used by the process",
+          ("used_memory",)),
 )
 
 
@@ -319,12 +312,7 @@ def _write(out: TextIO, lines: Sequence[str]) -> None:
 def run_query(source: Source, fields: Sequence[Field], ids: str | None, header: bool, units: bool,
               interval: float, count: int | None, out: TextIO, apps: bool = False) -> None:
     """Print ``count`` sets of rows (forever when None): the first at once, then one every ``interval``
-    seconds, each the mean over the time since the previous accepted reading.
-
-    A reading that repeats the previous poll (an exporter's poll time less than half a poll
-    interval newer) prints ``[N/A]`` for the interval fields, and the next row is measured from
-    the last accepted reading.
-    """
+    seconds, each the mean since the last accepted reading (a repeated poll prints ``[N/A]``: module docstring)."""
     first = source.read()
     gpus = select_gpus(first, ids)
     if header:
@@ -359,8 +347,7 @@ def _loop_seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``gpu-exporter query`` (nvidia-smi's names where nvidia-smi has one; no short form that
-    means something else in nvidia-smi)."""
+    """Flags of ``gpu-exporter query``: nvidia-smi's names, no short form that means something else there."""
     parser.allow_abbrev = False
     parser.epilog = (f"exit status: 0 rows printed (or stopped by Ctrl-C), {EXIT_NO_DRIVER} no NVIDIA driver (reading "
                      "NVML in-process), 2 an error (bad flag or field, unreadable exporter or scenario)")
@@ -401,7 +388,6 @@ def _help(title: str, fields: Sequence[Field]) -> str:
 
 
 def _interval(args: argparse.Namespace) -> float | None:
-    """The loop interval in seconds from ``-l`` / ``-lms``, or None without a loop."""
     if args.loop_ms is not None:
         if not (args.loop_ms > 0 and math.isfinite(args.loop_ms)):
             raise UsageError(f"-lms must be a number of milliseconds > 0, not {args.loop_ms:g}")
@@ -412,7 +398,6 @@ def _interval(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``gpu-exporter query``; 0 on success (or Ctrl-C), 2 on bad input or an unreadable source."""
     if args.help_query_gpu:
         sys.stdout.write(_help("Fields for --query-gpu (nvidia-smi names; values as nvidia-smi prints them):", FIELDS))
         return 0
@@ -454,6 +439,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subcommands: dict[str, Any]) -> None:
-    """Add ``query`` to the CLI's sub-command registry (``gpu_exporter.cli.SUBCOMMANDS``)."""
     subcommands["query"] = ("print GPU fields as CSV like nvidia-smi --query-gpu, with interval-mean utilization",
                             add_arguments, run)
