@@ -17,7 +17,8 @@ import contextlib
 import ctypes
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from gpu_exporter.catalog import CLOCK_EVENT_REASONS
@@ -62,6 +63,7 @@ _EVENT_SET_BASE = 0x7E000000
 _GPM_SAMPLE_BASE = 0x6D000000
 
 F = TypeVar("F", bound=Callable[..., int])
+T = TypeVar("T")
 
 
 class _Status(Exception):
@@ -85,16 +87,23 @@ def _symbol(*names: str, device: bool = True, locked: bool = True, whole: bool =
 
 @dataclass(frozen=True)
 class _Target:
-    """What a device handle points at: a GPU, or one MIG instance of it."""
+    """What a device handle points at: a GPU, or one MIG instance of it, at simulated time ``t``."""
 
     gpu: GpuSpec
     mig_index: int | None
     t: float
+    node: SimulatedNode
 
     @property
     def mig(self) -> MigInstanceSpec | None:
         return None if self.mig_index is None or self.gpu.mig_instances is None \
             else self.gpu.mig_instances[self.mig_index]
+
+    @property
+    def busy(self) -> float:
+        """The GPU's current utilization ratio (also drives power, temperature, clocks)."""
+        return self.node.instant(self.node.utilization_pattern(self.gpu.index),
+                                 self.node.sample_time(self.gpu.index, self.t))
 
 
 @dataclass
@@ -144,6 +153,56 @@ def _write_string(buffer: Any, length: Any, text: str) -> int:
     return SUCCESS
 
 
+def _write_number(number: Callable[..., float], dev: _Target, *args: Any) -> int:
+    """Write ``number(dev, *args)`` (all arguments but the last), rounded, through the last argument."""
+    return _write_value(args[-1], round(number(dev, *args[:-1])))
+
+
+def _supported(value: T | None) -> T:
+    """``value``; NOT_SUPPORTED where the device has none (no fan, not a MIG instance)."""
+    if value is None:
+        raise _Status(ERROR_NOT_SUPPORTED)
+    return value
+
+
+def _pick(arg: Any, choices: dict[int, T], code: int = ERROR_INVALID_ARGUMENT) -> T:
+    """The choice the C argument ``arg`` names; ``code`` for any other value."""
+    try:
+        return choices[_value(arg)]
+    except KeyError:
+        raise _Status(code) from None
+
+
+def _clock_level(dev: _Target, clock_type: Any) -> Level:
+    return _pick(clock_type, {CLOCK_SM: dev.gpu.sm_clock_mhz, CLOCK_MEM: dev.gpu.memory_clock_mhz}, ERROR_NOT_SUPPORTED)
+
+
+_NUMBERS: dict[str, tuple[bool, Callable[..., float]]] = {
+    "nvmlDeviceGetIndex": (True, lambda dev: dev.gpu.index),
+    "nvmlDeviceGetArchitecture": (False, lambda dev: dev.gpu.architecture_id),
+    "nvmlDeviceIsMigDeviceHandle": (False, lambda dev: dev.mig_index is not None),
+    "nvmlDeviceGetGpuInstanceId": (False, lambda dev: _supported(dev.mig).gpu_instance_id),
+    "nvmlDeviceGetComputeInstanceId": (False, lambda dev: _supported(dev.mig).compute_instance_id),
+    "nvmlDeviceGetPowerUsage": (True, lambda dev: 1000 * dev.gpu.power_watts.at(dev.busy)),
+    **dict.fromkeys(("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
+                    (True, lambda dev: 1000 * dev.gpu.power_limit_watts)),
+    "nvmlDeviceGetTemperature": (True, lambda dev, sensor: _pick(  # sensor 0: the GPU's
+        sensor, {0: dev.gpu.temperature_celsius}).at(dev.busy)),
+    "nvmlDeviceGetClockInfo": (True, lambda dev, clock_type: _clock_level(dev, clock_type).at(dev.busy)),
+    "nvmlDeviceGetMaxClockInfo": (True, lambda dev, clock_type: max(astuple(_clock_level(dev, clock_type)))),
+    "nvmlDeviceGetFanSpeed": (True, lambda dev: _supported(dev.gpu.fan_percent).at(dev.busy)),
+    "nvmlDeviceGetPcieThroughput": (True, lambda dev, counter: 1024 * _pick(  # KB/s
+        counter, {0: dev.gpu.pcie_tx_mib_s, 1: dev.gpu.pcie_rx_mib_s}).at(dev.busy)),
+    "nvmlDeviceGetPerformanceState": (True, lambda dev: 0 if dev.busy >= 0.05 else 8),  # P0 busy, P8 idle
+    "nvmlDeviceGetPersistenceMode": (False, lambda dev: 1),
+    **dict.fromkeys(("nvmlDeviceGetComputeMode", "nvmlDeviceGetDisplayMode", "nvmlDeviceGetDisplayActive"),
+                    (False, lambda dev: 0)),  # NVML_COMPUTEMODE_DEFAULT; display off
+    "nvmlDeviceGetSupportedEventTypes": (False, lambda dev: SUPPORTED_EVENT_TYPES),
+}
+"""The device functions that write one number through their last argument: C name -> (whole GPU only, the
+number, rounded, from the device and the arguments before that one)."""
+
+
 class FakeNvmlLibrary:
     """The object installed as ``pynvml.nvmlLib``; attributes are NVML C function names."""
 
@@ -160,6 +219,8 @@ class FakeNvmlLibrary:
             names, device, locked, whole = getattr(method, "nvml_symbol", ((), True, True, False))
             for name in names:
                 self._functions[name] = self._wrap(method, name, device, locked, whole)
+        for name, (whole, number) in _NUMBERS.items():
+            self._functions[name] = self._wrap(partial(_write_number, number), name, True, True, whole)
 
     def __getattr__(self, name: str) -> Callable[..., int]:
         try:
@@ -218,7 +279,7 @@ class FakeNvmlLibrary:
             raise _Status(ERROR_GPU_IS_LOST)
         if self.node.is_not_supported(index, name, t):
             raise _Status(ERROR_NOT_SUPPORTED)
-        return _Target(gpu, mig_index, t)
+        return _Target(gpu, mig_index, t, self.node)
 
     @staticmethod
     def _handle(gpu: int, mig_index: int | None = None) -> int:
@@ -294,10 +355,6 @@ class FakeNvmlLibrary:
                     return _write_pointer(ref, self._handle(gpu.index, i))
         return ERROR_NOT_FOUND
 
-    @_symbol("nvmlDeviceGetIndex", whole=True)
-    def index(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, dev.gpu.index)
-
     @_symbol("nvmlDeviceGetName")
     def name(self, dev: _Target, buffer: Any, length: Any) -> int:
         mig = dev.mig
@@ -319,10 +376,6 @@ class FakeNvmlLibrary:
         info.pciDeviceId = 0x233010DE if dev.gpu.architecture_id >= ARCH_HOPPER else 0x20B010DE
         info.pciSubSystemId = 0x16C110DE
         return SUCCESS
-
-    @_symbol("nvmlDeviceGetArchitecture")
-    def architecture(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, dev.gpu.architecture_id)
 
     # --- MIG -------------------------------------------------------------------------------
 
@@ -350,24 +403,6 @@ class FakeNvmlLibrary:
         if i >= len(dev.gpu.mig_instances):
             return ERROR_NOT_FOUND
         return _write_pointer(ref, self._handle(dev.gpu.index, i))
-
-    @_symbol("nvmlDeviceIsMigDeviceHandle")
-    def is_mig(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, int(dev.mig_index is not None))
-
-    @_symbol("nvmlDeviceGetGpuInstanceId")
-    def gpu_instance_id(self, dev: _Target, ref: Any) -> int:
-        mig = dev.mig
-        if mig is None:
-            return ERROR_NOT_SUPPORTED
-        return _write_value(ref, mig.gpu_instance_id)
-
-    @_symbol("nvmlDeviceGetComputeInstanceId")
-    def compute_instance_id(self, dev: _Target, ref: Any) -> int:
-        mig = dev.mig
-        if mig is None:
-            return ERROR_NOT_SUPPORTED
-        return _write_value(ref, mig.compute_instance_id)
 
     @_symbol("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
     def parent_handle(self, dev: _Target, ref: Any) -> int:
@@ -411,11 +446,6 @@ class FakeNvmlLibrary:
         util.memory = round(100 * self.node.instant(dev.gpu.memory_utilization, dev.t))
         return SUCCESS
 
-    def _busy(self, dev: _Target) -> float:
-        """The GPU's current utilization ratio (also drives power, temperature, clocks)."""
-        return self.node.instant(self.node.utilization_pattern(dev.gpu.index),
-                                 self.node.sample_time(dev.gpu.index, dev.t))
-
     # --- memory ----------------------------------------------------------------------------
 
     def _memory(self, dev: _Target) -> tuple[int, int, int]:
@@ -443,14 +473,6 @@ class FakeNvmlLibrary:
 
     # --- power, thermals, clocks, PCIe -------------------------------------------------------
 
-    @_symbol("nvmlDeviceGetPowerUsage", whole=True)
-    def power_usage(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, round(1000 * dev.gpu.power_watts.at(self._busy(dev))))
-
-    @_symbol("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit", whole=True)
-    def power_limit(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, round(1000 * dev.gpu.power_limit_watts))
-
     @_symbol("nvmlDeviceGetTotalEnergyConsumption", whole=True)
     def energy(self, dev: _Target, ref: Any) -> int:
         if dev.gpu.architecture_id < 5:
@@ -468,43 +490,12 @@ class FakeNvmlLibrary:
         self._busy_so_far[index] = (t, busy)
         return busy
 
-    @_symbol("nvmlDeviceGetTemperature", whole=True)
-    def temperature(self, dev: _Target, sensor: Any, ref: Any) -> int:
-        if _value(sensor) != 0:
-            return ERROR_INVALID_ARGUMENT
-        return _write_value(ref, round(dev.gpu.temperature_celsius.at(self._busy(dev))))
-
-    @staticmethod
-    def _clock_level(dev: _Target, clock_type: Any) -> Level:
-        kind = _value(clock_type)
-        if kind not in (CLOCK_SM, CLOCK_MEM):
-            raise _Status(ERROR_NOT_SUPPORTED)
-        return dev.gpu.sm_clock_mhz if kind == CLOCK_SM else dev.gpu.memory_clock_mhz
-
-    @_symbol("nvmlDeviceGetClockInfo", whole=True)
-    def clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
-        return _write_value(ref, round(self._clock_level(dev, clock_type).at(self._busy(dev))))
-
     @_symbol("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons", whole=True)
     def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
         names = dev.gpu.clock_event_reasons
         if names is None:
-            names = ("gpu_idle",) if self._busy(dev) < 0.05 else ()
+            names = ("gpu_idle",) if dev.busy < 0.05 else ()
         return _write_value(ref, sum(CLOCK_EVENT_REASONS[name] for name in set(names)))  # distinct bits: sum is OR
-
-    @_symbol("nvmlDeviceGetFanSpeed", whole=True)
-    def fan_speed(self, dev: _Target, ref: Any) -> int:
-        if dev.gpu.fan_percent is None:
-            return ERROR_NOT_SUPPORTED
-        return _write_value(ref, round(dev.gpu.fan_percent.at(self._busy(dev))))
-
-    @_symbol("nvmlDeviceGetPcieThroughput", whole=True)
-    def pcie_throughput(self, dev: _Target, counter: Any, ref: Any) -> int:
-        which = _value(counter)
-        if which not in (0, 1):
-            return ERROR_INVALID_ARGUMENT
-        level = dev.gpu.pcie_tx_mib_s if which == 0 else dev.gpu.pcie_rx_mib_s
-        return _write_value(ref, round(1024 * level.at(self._busy(dev))))  # KB/s
 
     # --- static properties other NVML tools (e.g. nvitop) read --------------------------------
 
@@ -512,23 +503,6 @@ class FakeNvmlLibrary:
     def compute_capability(self, dev: _Target, major: Any, minor: Any) -> int:
         _out(major).value, _out(minor).value = COMPUTE_CAPABILITY[dev.gpu.architecture]
         return SUCCESS
-
-    @_symbol("nvmlDeviceGetMaxClockInfo", whole=True)
-    def max_clock(self, dev: _Target, clock_type: Any, ref: Any) -> int:
-        level = self._clock_level(dev, clock_type)
-        return _write_value(ref, round(max(level.idle, level.busy)))
-
-    @_symbol("nvmlDeviceGetPerformanceState", whole=True)
-    def performance_state(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, 0 if self._busy(dev) >= 0.05 else 8)  # P0 busy, P8 idle
-
-    @_symbol("nvmlDeviceGetPersistenceMode")
-    def persistence_mode(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, 1)
-
-    @_symbol("nvmlDeviceGetComputeMode", "nvmlDeviceGetDisplayMode", "nvmlDeviceGetDisplayActive")
-    def zero(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, 0)  # NVML_COMPUTEMODE_DEFAULT; display off
 
     @_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization", whole=True)
     def encoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
@@ -599,10 +573,6 @@ class FakeNvmlLibrary:
         if events is None:
             raise _Status(ERROR_INVALID_ARGUMENT)
         return events
-
-    @_symbol("nvmlDeviceGetSupportedEventTypes")
-    def supported_event_types(self, dev: _Target, ref: Any) -> int:
-        return _write_value(ref, SUPPORTED_EVENT_TYPES)
 
     @_symbol("nvmlDeviceRegisterEvents", whole=True)
     def register_events(self, dev: _Target, event_types: Any, event_set: Any) -> int:
@@ -713,18 +683,11 @@ class FakeNvmlLibrary:
         if second.t <= first.t or request.numMetrics > len(request.metrics):
             return ERROR_INVALID_ARGUMENT
         profile = self.node.profile(first.gpu, first.t, second.t, first.mig_index)
-        values = {
-            GPM_SM_UTIL: profile.sm,
-            GPM_SM_OCCUPANCY: profile.occupancy,
-            GPM_ANY_TENSOR_UTIL: profile.tensor,
-            GPM_DRAM_BW_UTIL: profile.dram,
-        }
+        values = {GPM_SM_UTIL: profile.sm, GPM_SM_OCCUPANCY: profile.occupancy, GPM_ANY_TENSOR_UTIL: profile.tensor,
+                  GPM_DRAM_BW_UTIL: profile.dram}
         for i in range(request.numMetrics):
             metric = request.metrics[i]
-            if metric.metricId in values:
-                metric.value = 100.0 * values[metric.metricId]
-                metric.nvmlReturn = SUCCESS
-            else:
-                metric.value = 0.0
-                metric.nvmlReturn = ERROR_NOT_SUPPORTED
+            known = metric.metricId in values
+            metric.value = 100.0 * values[metric.metricId] if known else 0.0
+            metric.nvmlReturn = SUCCESS if known else ERROR_NOT_SUPPORTED
         return SUCCESS
