@@ -38,6 +38,7 @@ of a thousand modules, well under a millisecond per step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import logging
@@ -197,15 +198,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         if fullname not in _WATCHED or fullname in _state.done:
             return None
         try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
+            finders = [f for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+            spec = next((s for f in finders if (s := f.find_spec(fullname, path, target)) is not None), None)
         except Exception:  # let the import system ask the finders itself (and raise what it raises)
+            return None
+        if spec is None:
             return None
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
@@ -252,14 +249,7 @@ def _imported(name: str, module: types.ModuleType) -> None:
         return
     _state.done.add(name)
     try:
-        if name == _TORCH_OPTIMIZER:
-            _patch_optimizer(module)
-        elif name == "torch":
-            _patch_torch(module)
-        elif name == _TRANSFORMERS_TRAINER:
-            _patch_transformers(module)
-        elif name in _LIGHTNING_TRAINERS:
-            _patch_lightning(module, _LIGHTNING_TRAINERS[name])
+        _PATCHES[name](module)
     except Exception as err:
         _failed(f"patching {name}", err)
 
@@ -269,8 +259,8 @@ def _imported(name: str, module: types.ModuleType) -> None:
 
 def _patch_optimizer(module: types.ModuleType) -> None:
     """Global ``Optimizer.step`` pre- and post-hooks (cheap: once per optimizer step)."""
-    module.register_optimizer_step_pre_hook(_step_pre)
-    module.register_optimizer_step_post_hook(_step_post)
+    module.register_optimizer_step_pre_hook(functools.partial(_optimizer_step, True))
+    module.register_optimizer_step_post_hook(functools.partial(_optimizer_step, False))
 
 
 def _patch_torch(torch: Any) -> None:
@@ -399,19 +389,13 @@ def _forward_post(module: Any, args: Any, output: Any) -> None:
         job.forward_post(module)
 
 
-def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _optimizer_step(begins: bool, optimizer: Any, args: Any, kwargs: Any) -> None:
+    """The global ``Optimizer.step`` pre-hook (``begins``) and post-hook."""
     try:
-        job = _active_job(start=True)
-        if job is not None:
+        job = _active_job(start=begins)
+        if job is not None and begins:
             job.steps.optimizer_step_begins()
-    except Exception as err:
-        _disable(err)
-
-
-def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
-    try:
-        job = _active_job(start=False)
-        if job is not None:
+        elif job is not None:
             job.optimizer_step_ends(optimizer)
     except Exception as err:
         _disable(err)
@@ -440,14 +424,13 @@ def _patch_init(cls: type, before: Callable[[dict[str, Any]], None] | None,
         except Exception as err:
             _failed(f"attaching the {label} callback", err)
 
+    @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         attach(before, kwargs)
         original(self, *args, **kwargs)
         attach(after, self)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     __init__.__gpu_exporter_auto__ = True  # type: ignore[attr-defined]
-    __init__.__doc__ = original.__doc__
     cls.__init__ = __init__  # type: ignore[misc]
 
 
@@ -484,3 +467,8 @@ def _patch_transformers(module: types.ModuleType) -> None:
 
 def _name() -> str | None:
     return os.environ.get(NAME_ENV, "").strip() or None
+
+
+_PATCHES: dict[str, Callable[[types.ModuleType], None]] = {
+    _TORCH_OPTIMIZER: _patch_optimizer, "torch": _patch_torch, _TRANSFORMERS_TRAINER: _patch_transformers,
+    **{name: functools.partial(_patch_lightning, package=package) for name, package in _LIGHTNING_TRAINERS.items()}}

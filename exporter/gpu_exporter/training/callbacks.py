@@ -65,9 +65,7 @@ class _Hook:
         """Calls from one save to the next, while always the same (0: not known, -1: irregular)."""
 
     def predicts_save(self) -> bool:
-        if self.last_save < 0:
-            return False
-        return self.calls - self.last_save == (self.gap or 1)  # irregular (-1): never
+        return self.last_save >= 0 and self.calls - self.last_save == (self.gap or 1)  # irregular (-1): never
 
     def saved(self, call: int) -> None:
         if self.last_save >= 0:

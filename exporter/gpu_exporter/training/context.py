@@ -51,8 +51,7 @@ def loader_settings(loader: Any) -> dict[str, Any] | None:
 
 def note_loader(run: Any, loader: Any) -> None:
     """Remember ``loader``'s settings on ``run`` (``run.data(loader)`` calls this once per epoch)."""
-    settings = loader_settings(loader)
-    if settings is not None:
+    if (settings := loader_settings(loader)) is not None:
         run._loader_settings = settings
 
 
@@ -113,7 +112,4 @@ def snapshot_context(run: Any, device: int) -> dict[str, Any]:
     """The snapshot's ``context`` object for ``run`` (called by the pusher thread)."""
     out: dict[str, Any] = dict(getattr(run, "_loader_settings", None) or {})
     out["cpu_cores"] = cpu_cores()
-    memory = gpu_memory(device)
-    if memory is not None:
-        out.update(memory)
-    return out
+    return out | (gpu_memory(device) or {})

@@ -148,10 +148,13 @@ class GpuIdentity:
             if self._identity is None:
                 index = resolve_device(self._explicit_device)
                 uuid = resolve_uuid(self._explicit_uuid, index)
-                if check_label("uuid", uuid) is not None:
-                    uuid = ""
-                self._identity = (uuid, index)
+                self._identity = (uuid if check_label("uuid", uuid) is None else "", index)
             return self._identity
+
+
+ALLOCATOR_STATS = {"allocated_bytes": "allocated_bytes.all.current", "reserved_bytes": "reserved_bytes.all.current",
+                   "retries": "num_alloc_retries", "ooms": "num_ooms"}
+"""The snapshot's ``allocator`` fields and the ``torch.cuda.memory_stats`` keys they are read from."""
 
 
 def allocator_stats(device: int) -> dict[str, int] | None:
@@ -169,12 +172,7 @@ def allocator_stats(device: int) -> dict[str, int] | None:
         stats = torch.cuda.memory_stats(device)
     except Exception:
         return None
-    return {
-        "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
-        "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
-        "retries": int(stats.get("num_alloc_retries", 0)),
-        "ooms": int(stats.get("num_ooms", 0)),
-    }
+    return {key: int(stats.get(stat, 0)) for key, stat in ALLOCATOR_STATS.items()}
 
 
 def synchronizer(device: int) -> Callable[[], None] | None:

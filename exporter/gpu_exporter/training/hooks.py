@@ -44,7 +44,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, ClassVar
 
 from .identity import default_run_name, resolve_run_id
@@ -104,16 +103,10 @@ def time_forward(modules: Iterable[Any], stack: PhaseStack, phase: Phase) -> Cal
     The post-hook is ``always_call``, so a forward that raises still ends the phase. Hooks go on
     these modules only (not every submodule): a module with hooks leaves torch's fast call path.
     """
-    def pre(module: Any, args: Any) -> None:
-        stack.push(phase)
-
-    def post(module: Any, args: Any, output: Any) -> None:
-        stack.pop()
-
     undo = []
     for module in modules:
-        undo.append(module.register_forward_pre_hook(pre, prepend=True).remove)
-        undo.append(module.register_forward_hook(post, always_call=True).remove)
+        undo.append(module.register_forward_pre_hook(lambda *_: stack.push(phase), prepend=True).remove)
+        undo.append(module.register_forward_hook(lambda *_: stack.pop(), always_call=True).remove)
     return functools.partial(undo_all, undo)
 
 
@@ -148,17 +141,12 @@ def time_optimizer_step(optimizer: Any, stack: PhaseStack, phase: Phase, *,
             state[0] = False
             stack.pop()
 
-    handles = []
+    handles: list[Callable[[], None]] = [functools.partial(state.__setitem__, 0, False)]  # undone last
     for opt in _as_list(optimizer):
         if pre:
             handles.append(opt.register_step_pre_hook(open_step).remove)
         handles.append(opt.register_step_post_hook(close_step).remove)
-
-    def undo() -> None:
-        undo_all(handles)
-        state[0] = False
-
-    return open_step, undo
+    return open_step, functools.partial(undo_all, handles)
 
 
 def torchmetrics_in(objects: Iterable[Any]) -> list[Any]:
@@ -177,11 +165,8 @@ def torchmetrics_in(objects: Iterable[Any]) -> list[Any]:
             for m in value.modules():
                 if is_torchmetric(m):
                     found.setdefault(id(m), m)
-        elif depth and isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v, depth - 1)
-        elif depth and isinstance(value, dict):
-            for v in list(value.values()):
+        elif depth and isinstance(value, (list, tuple, dict)):
+            for v in list(value.values() if isinstance(value, dict) else value):
                 visit(v, depth - 1)
 
     for obj in objects:
@@ -225,6 +210,7 @@ class SaveTimer:
         if SaveTimer._original is None:
             original = SaveTimer._original = torch.save
 
+            @functools.wraps(original)
             def save(*args: Any, **kwargs: Any) -> Any:
                 me = threading.get_ident()
                 for timer in SaveTimer._active:
@@ -235,8 +221,6 @@ class SaveTimer:
                             return original(*args, **kwargs)
                 return original(*args, **kwargs)
 
-            save.__wrapped__ = original  # type: ignore[attr-defined]
-            save.__doc__ = original.__doc__
             torch.save = save
         SaveTimer._active.append(self)
 
@@ -283,14 +267,9 @@ def set_on_instance(obj: Any, name: str, value: Any) -> Callable[[], None]:
     """Set attribute ``name`` on the instance ``obj`` only; returns the undo that puts back what it had (or nothing)."""
     saved = vars(obj).get(name, _MISSING)
     object.__setattr__(obj, name, value)
-    return functools.partial(_restore, obj, name, saved)
-
-
-def _restore(obj: Any, name: str, saved: Any) -> None:
     if saved is _MISSING:
-        vars(obj).pop(name, None)
-    else:
-        object.__setattr__(obj, name, saved)
+        return functools.partial(vars(obj).pop, name, None)
+    return functools.partial(object.__setattr__, obj, name, saved)
 
 
 _MISSING = object()
@@ -419,15 +398,9 @@ class Watch(AbstractContextManager["Watch"]):
             self._undo.append(set_on_instance(model, "forward", timed_forward))
             enable_distributed(run, model)
 
-        def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
-            steps.optimizer_step_begins()
-
-        def step_post(opt: Any, args: Any, kwargs: Any) -> None:
-            steps.optimizer_step_ends(opt)
-
         for opt in optimizers:
-            self._undo.append(opt.register_step_pre_hook(step_pre).remove)
-            self._undo.append(opt.register_step_post_hook(step_post).remove)
+            self._undo.append(opt.register_step_pre_hook(lambda *_: steps.optimizer_step_begins()).remove)
+            self._undo.append(opt.register_step_post_hook(lambda o, *_: steps.optimizer_step_ends(o)).remove)
 
     def close(self) -> None:
         """Remove every hook, restore the loader and ``torch.save``, and close the run if watch started it."""
@@ -435,8 +408,7 @@ class Watch(AbstractContextManager["Watch"]):
         if self._owns_run:
             self.run.close()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close()
 
 

@@ -57,8 +57,7 @@ def check_labels(name: str, rank: str, uuid: str | None) -> None:
     if uuid:  # "" asks for no uuid
         labels.append(("uuid", uuid, ""))
     for kind, value, hint in labels:
-        problem = check_label(kind, value)
-        if problem is not None:
+        if (problem := check_label(kind, value)) is not None:
             raise ValueError(f"training.start: {problem}{hint}")
 
 
@@ -71,19 +70,16 @@ def resolve_run_id(given: str | None = None, env: Mapping[str, str] | None = Non
     True
     """
     if given is not None:
-        problem = check_label("run_id", given)
-        if problem is not None:
+        if (problem := check_label("run_id", given)) is not None:
             raise ValueError(f"training.start: {problem}")
         return given, "argument"
     environ = os.environ if env is None else env
-    override = environ.get(RUN_ID_ENV, "").strip()
-    if override:  # an id from the environment is not ours to refuse: made a label
+    if override := environ.get(RUN_ID_ENV, "").strip():  # not ours to refuse: made a label
         return to_label(override), RUN_ID_ENV
     torchrun = environ.get("TORCHELASTIC_RUN_ID", "").strip()
     if torchrun and torchrun != TORCHRUN_DEFAULT:
         return to_label(torchrun), "TORCHELASTIC_RUN_ID"
-    slurm = environ.get("SLURM_JOB_ID", "").strip()
-    if slurm:
+    if slurm := environ.get("SLURM_JOB_ID", "").strip():
         restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
         suffix = f"-r{restarts}" if restarts not in ("", "0") else ""
         return to_label(f"slurm-{slurm}{suffix}"), "SLURM_JOB_ID"
@@ -152,7 +148,6 @@ def resolve_tags(given: Mapping[str, str] | None = None, env: Mapping[str, str] 
     except ValueError as err:
         raise ValueError(f"training.start: {err}") from None
     tags.update(given or {})
-    problem = check_tags(tags)
-    if problem is not None:
+    if (problem := check_tags(tags)) is not None:
         raise ValueError(f"training.start: {problem}")
     return dict(sorted(tags.items()))

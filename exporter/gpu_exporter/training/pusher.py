@@ -130,13 +130,8 @@ class Pusher:
         """The snapshot as JSON, each phase raised to the highest value already sent."""
         snapshot = self._run.snapshot(finished=finished)
         phases: dict[str, float] = snapshot["phases"]
-        sent = self._sent
         for name, seconds in phases.items():
-            before = sent.get(name, 0.0)
-            if seconds < before:
-                phases[name] = before
-            else:
-                sent[name] = seconds
+            phases[name] = self._sent[name] = max(seconds, self._sent.get(name, 0.0))
         return json.dumps(snapshot).encode()
 
     def _post(self, body: bytes, deadline: float) -> tuple[int, str]:

@@ -36,7 +36,6 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from time import perf_counter
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import context as _context
@@ -109,8 +108,7 @@ class Phase:
         run._since = now
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         run = self._run
         if self._depth:
             self._depth -= 1
@@ -179,8 +177,7 @@ class _SyncPhase(Phase):
         self._run._synchronize()
         return Phase.__enter__(self)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._run._synchronize()
         Phase.__exit__(self, exc_type, exc, tb)
 
@@ -198,8 +195,7 @@ class _EventPhase(Phase):
             run._gpu.mark(self, run._since)  # type: ignore[union-attr]  # set whenever this class is used
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         run = self._run
         before = run._current
         Phase.__exit__(self, exc_type, exc, tb)
@@ -289,8 +285,7 @@ class Run(AbstractContextManager["Run"]):
         """The pusher :meth:`attach` started; None before, after ``close()`` and in a forked child."""
         return self._pusher
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close()
 
     @property
@@ -379,11 +374,9 @@ class Run(AbstractContextManager["Run"]):
         >>> with run.phase("compute"):
         ...     pass
         """
-        phase = self._phases.get(name)
-        if phase is not None:
+        if (phase := self._phases.get(name)) is not None:
             return phase
-        problem = check_label("phase name", name, MAX_LABEL_LENGTH)
-        if problem is not None:
+        if (problem := check_label("phase name", name, MAX_LABEL_LENGTH)) is not None:
             raise ValueError(f"run.phase: {problem}")
         if len(self._phases) - 1 - len(STANDARD_PHASES) >= self._max_custom:
             raise ValueError(f"run.phase: cannot add phase {name!r}: the run already has {self._max_custom} "
@@ -414,8 +407,7 @@ class Run(AbstractContextManager["Run"]):
         >>> run = Run("demo"); run.step(samples=64); run.batch_size
         64
         """
-        steps = self.steps + 1
-        self.steps = steps
+        self.steps = steps = self.steps + 1
         if samples:
             self.samples += samples
             self.batch_size = samples

@@ -41,17 +41,8 @@ def document(run: Any, finished: bool, pid: int, cpu_phases: Callable[[], dict[s
         "world_size": run.world_size,
         "finished": finished,
     }
-    if run.tags:
-        body["tags"] = run.tags
-    if cpu_phases is not None:
-        body["cpu_phases"] = cpu_phases()
-    allocated = allocator(index)
-    if allocated is not None:
-        body["allocator"] = allocated
-    body["context"] = _context.snapshot_context(run, index)
-    callbacks = run.callback_report
-    if callbacks is not None:
-        body["callbacks"] = callbacks()
-    if sampler is not None:
-        body["code"] = sampler.snapshot()
-    return body
+    optional = {"tags": run.tags or None, "cpu_phases": None if cpu_phases is None else cpu_phases(),
+                "allocator": allocator(index), "context": _context.snapshot_context(run, index),
+                "callbacks": None if run.callback_report is None else run.callback_report(),
+                "code": None if sampler is None else sampler.snapshot()}
+    return body | {key: value for key, value in optional.items() if value is not None}
