@@ -115,10 +115,7 @@ class Families:
 
     def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> Rows:
         """The rows of gauge family ``name``, created on first use."""
-        family = self._families.get(name)
-        if family is None:
-            family = self._families[name] = Rows(GaugeMetricFamily, name, documentation, labels)
-        return family
+        return self._families.setdefault(name, Rows(GaugeMetricFamily, name, documentation, labels))
 
     def of(self, family: MetricFamily) -> Rows:
         """The rows of catalogued ``family`` (its name, type, help and labels), created on first use."""

@@ -117,13 +117,9 @@ class ProcReader:
         """``read_bytes`` of /proc/PID/io, or None (no permission, gone, or a kernel without I/O accounting)."""
         try:
             with open(f"{self._prefix}{pid}/io") as f:
-                text = f.read()
+                return next((float(line[11:]) for line in f if line.startswith("read_bytes:")), None)
         except OSError:
             return None
-        for line in text.splitlines():
-            if line.startswith("read_bytes:"):
-                return float(line.split(":", 1)[1])
-        return None
 
     def children(self, pid: int) -> list[int]:
         """Live child processes of ``pid`` (any of its threads may have started them)."""

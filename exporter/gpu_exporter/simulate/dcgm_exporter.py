@@ -72,7 +72,6 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from gpu_exporter.simulate.node import Profile, SimulatedNode
@@ -188,8 +187,7 @@ class DcgmExporter(AbstractContextManager["DcgmExporter"]):
         self._thread.join(timeout=5.0)
         self.node.close()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -217,8 +215,7 @@ class DcgmProcess(AbstractContextManager["DcgmProcess"]):
         if self.process.stdout is not None:
             self.process.stdout.close()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

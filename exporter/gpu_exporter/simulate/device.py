@@ -305,10 +305,8 @@ class AsyncDevice(SimDevice):
     def _record(self, event: DeviceEvent) -> None:
         with self._lock:
             now = time.monotonic()
-            event.time = None
-            if not self._queue:
-                event.time = max(now, self._tail)
-            else:
+            event.time = None if self._queue else max(now, self._tail)
+            if self._queue:
                 self._events.append((self._launched, now, event))
 
     def advance(self) -> None:
@@ -334,9 +332,9 @@ class AsyncDevice(SimDevice):
                 self._tail = end
                 self._queue.pop(0)
                 self._placed += 1
-                waiting = [(n, t, e) for n, t, e in self._events if n <= self._placed]
-                for _, recorded, event in waiting:
-                    event.time = max(recorded, self._tail)
+                for n, recorded, event in self._events:
+                    if n <= self._placed:
+                        event.time = max(recorded, self._tail)
                 self._events = [(n, t, e) for n, t, e in self._events if n > self._placed]
 
     _tick = advance

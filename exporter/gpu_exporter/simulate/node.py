@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from types import TracebackType
 from typing import NamedTuple
 
 from gpu_exporter.simulate.channel import SETTLE_SECONDS, DeviceTrace, channel_path
 from gpu_exporter.simulate.patterns import SLOT_SECONDS, Pattern, Timeline, integral, mean
-from gpu_exporter.simulate.scenario import GpuSpec, Scenario
+from gpu_exporter.simulate.spec import GpuSpec, Scenario
 
 RING_SLOTS = 120
 """How many 1/6 s samples the driver keeps per GPU (20 s), like NVML's ring buffer."""
@@ -79,8 +78,7 @@ class SimulatedNode(AbstractContextManager["SimulatedNode"]):
         self._refresher: threading.Thread | None = None
         self._closed = threading.Event()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._on_exit()
 
     # --- time -------------------------------------------------------------------------------

@@ -64,7 +64,6 @@ from gpu_exporter.catalog import CLOCK_EVENT_REASONS
 from gpu_exporter.simulate.patterns import Bursts, Constant, Noisy, Pattern, Steps
 from gpu_exporter.simulate.spec import ARCHITECTURES as ARCHITECTURES  # the node's dataclasses, re-exported
 from gpu_exporter.simulate.spec import FAULT_KINDS as FAULT_KINDS
-from gpu_exporter.simulate.spec import GIB as GIB
 from gpu_exporter.simulate.spec import Fault as Fault
 from gpu_exporter.simulate.spec import GpuSpec as GpuSpec
 from gpu_exporter.simulate.spec import Level as Level
