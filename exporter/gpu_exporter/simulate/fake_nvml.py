@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from gpu_exporter.catalog import CLOCK_EVENT_REASONS
 from gpu_exporter.simulate.node import SimulatedNode
 from gpu_exporter.simulate.patterns import Pattern, integral
-from gpu_exporter.simulate.scenario import GIB, GpuSpec, Level, MigInstanceSpec
+from gpu_exporter.simulate.spec import GIB, GpuSpec, Level, MigInstanceSpec
 
 # NVML return codes (nvml.h)
 SUCCESS = 0
