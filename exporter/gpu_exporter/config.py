@@ -108,10 +108,8 @@ def format_duration(seconds: float) -> str:
         return f"{seconds * 1000:g}ms"
     out, rest = "", seconds
     for unit in ("d", "h", "m"):
-        whole = int(rest // _DURATION_UNITS[unit])
-        if whole:
-            out += f"{whole}{unit}"
-            rest -= whole * _DURATION_UNITS[unit]
+        whole, rest = divmod(rest, _DURATION_UNITS[unit])
+        out += f"{int(whole)}{unit}" if whole else ""
     rest = round(rest, 9)
     return out + (f"{rest:g}s" if rest or not out else "")
 
@@ -125,15 +123,14 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+_BOOLEANS = dict.fromkeys(("1", "true", "yes", "on"), True) | dict.fromkeys(("0", "false", "no", "off"), False)
+
+
 def _boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
+    flag = value if isinstance(value, bool) else _BOOLEANS.get(str(value).strip().lower())
+    if flag is None:
+        raise ValueError(f"expected true or false, got {value!r}")
+    return flag
 
 
 def _text(value: Any) -> str:
@@ -175,12 +172,10 @@ def _choice(*options: str) -> Callable[[Any], str]:
 
 def _name_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
-        items = [part.strip() for part in value.split(",") if part.strip()]
-    elif isinstance(value, list):
-        items = [_text(part) for part in value]
-    else:
-        raise ValueError(f"expected a list of names, got {value!r}")
-    return tuple(items)
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if isinstance(value, list):
+        return tuple(_text(part) for part in value)
+    raise ValueError(f"expected a list of names, got {value!r}")
 
 
 def _clock_event_reasons(value: Any) -> tuple[str, ...]:

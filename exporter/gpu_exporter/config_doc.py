@@ -22,7 +22,6 @@ DOC = ROOT / "docs" / "configuration.md"
 SAMPLE = ROOT / "examples" / "gpu-exporter.yaml"
 SAMPLE_NAME = "examples/gpu-exporter.yaml"
 COMMAND = "python -m gpu_exporter.config_doc"
-SIMULATE_FLAG = "--simulate"
 
 EXAMPLES = {"web.config_file": "/etc/gpu-exporter/web-config.yml", "simulate.scenario": "demo-training",
             "ingest.token_file": "/etc/gpu-exporter/token"}
@@ -43,7 +42,7 @@ def flags_of(setting: Setting) -> list[str]:
     """The flags of ``setting`` as ``serve`` takes them; the two ``simulate.*`` settings share ``--simulate
     [SCENARIO]`` (tests/test_config_doc.py parses every flag with the real parser)."""
     if section_of(setting) == "simulate":
-        return [SIMULATE_FLAG + (" SCENARIO" if setting.key.endswith(".scenario") else "")]
+        return ["--simulate" + (" SCENARIO" if setting.key.endswith(".scenario") else "")]
     return [setting.flag, *setting.alias_flags]
 
 
@@ -108,14 +107,10 @@ def markdown() -> str:
     return "\n".join(out) + "\n"
 
 
-def _yaml_value(s: Setting, value: object) -> str:
-    if isinstance(value, tuple):
-        return "[" + ", ".join(value) + "]"
-    if s.is_duration:
-        return s.default_text
-    if isinstance(value, str):
-        return f'"{value}"'
-    return s.default_text
+def _yaml_value(s: Setting) -> str:
+    if isinstance(s.default, tuple):
+        return "[" + ", ".join(s.default) + "]"
+    return f'"{s.default}"' if isinstance(s.default, str) else s.default_text
 
 
 def sample_yaml() -> str:
@@ -132,7 +127,7 @@ def sample_yaml() -> str:
             if s.default in (None, ()) and s.key in EXAMPLES:
                 out.append(f"{indent}# {name}: {EXAMPLES[s.key]}")
             else:
-                out.append(f"{indent}{name}: {_yaml_value(s, s.default)}")
+                out.append(f"{indent}{name}: {_yaml_value(s)}")
     return "\n".join(out) + "\n"
 
 

@@ -333,9 +333,7 @@ class Body:
     def _prepared(self) -> _Whole | None:
         """The whole body rendered ahead, if it is still the body of now."""
         whole = self._whole
-        if whole is None:
-            return None
-        if self._clock() > whole.until or not _same(self._leading(), whole.key):
+        if whole is not None and (self._clock() > whole.until or not _same(self._leading(), whole.key)):
             with self._lock:
                 if self._whole is whole:
                     self._whole = None

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
+from prometheus_client.samples import Sample
 
 from . import catalog
 from .config import IngestSettings as IngestSettings  # defined with the other settings; re-exported
@@ -75,6 +76,10 @@ _RUN_FAMILIES = ((catalog.GPU_TRAINING_STEPS_TOTAL, "steps"), (catalog.GPU_TRAIN
                  (catalog.GPU_TRAINING_BATCH_SIZE, "batch_size"), (catalog.GPU_TRAINING_WORLD_SIZE, "world_size"),
                  (catalog.GPU_TRAINING_LAST_PUSH_TIMESTAMP_SECONDS, "received_at"))
 """The one-sample-per-run families and the Entry field each shows."""
+_LAUNCH_AND_CODE_FAMILIES = (
+    catalog.GPU_TRAINING_RUN_INFO, catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS,
+    catalog.GPU_TRAINING_CALLBACK_SECONDS_TOTAL, catalog.GPU_TRAINING_CODE_SECONDS_TOTAL,
+    catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL)
 
 
 class TrainingStore:
@@ -237,6 +242,9 @@ class TrainingStore:
         current = catalog.GPU_TRAINING_CURRENT_PHASE.new(labels=[*labels, "phase", *source])
         per_run = [(family.new(), field) for family, field in _RUN_FAMILIES]
         allocator = [(family.new(), key) for family, key in zip(_ALLOCATOR_FAMILIES, ALLOCATOR_FIELDS, strict=True)]
+        # Only the info and start series carry ``run_id``, and only the info series the tags: the other series keep
+        # their labels, so a tag costs no series (one info series per rank), and a launch is found by its id.
+        info, started, callbacks, code, functions = (family.new() for family in _LAUNCH_AND_CODE_FAMILIES)
         for (run, rank, uuid), entry in entries:
             values = [run, rank, uuid]
             for phase, seconds in entry.phases.items():
@@ -248,15 +256,21 @@ class TrainingStore:
             if entry.allocator is not None:
                 for family, field in allocator:
                     family.add_metric(values, entry.allocator[field])
-        yield from (phase_seconds, current, *(family for family, _ in per_run), *(family for family, _ in allocator))
-        yield from _identity_families(entries)
-        yield from context_families((key, entry.context or {}) for key, entry in entries)
-        callbacks = catalog.GPU_TRAINING_CALLBACK_SECONDS_TOTAL.new()
-        for (run, rank, uuid), entry in entries:
+            if not entry.source:  # sampled phases (collectors/stacks.py) are no launch of an instrumented job
+                launch = {"run": run, "rank": rank, "uuid": uuid, "run_id": entry.run_id}
+                started.add_metric(list(launch.values()), entry.started_at)
+                launch.update((TAG_LABEL_PREFIX + key, value) for key, value in entry.tags)
+                info.samples.append(Sample(info.name, launch, 1.0, None, None))
             if entry.callback is not None:
-                callbacks.add_metric([run, rank, uuid, entry.callback[0], entry.callback[1]], entry.callback[2])
-        yield callbacks
-        yield from _code_families(entries)
+                callbacks.add_metric([*values, entry.callback[0], entry.callback[1]], entry.callback[2])
+            for part, seconds in entry.code:
+                code.add_metric([*values, part], seconds)
+            if entry.host_function is not None:
+                functions.add_metric([*values, entry.host_function[0]], entry.host_function[1])
+        yield from (phase_seconds, current, *(family for family, _ in per_run), *(family for family, _ in allocator))
+        yield from (info, started)
+        yield from context_families((key, entry.context or {}) for key, entry in entries)
+        yield from (callbacks, code, functions)
         requests = catalog.GPU_EXPORTER_INGEST_REQUESTS_TOTAL.new()
         for outcome, count in outcomes.items():
             requests.add_metric([outcome], count)
@@ -330,26 +344,6 @@ class TrainingStore:
             del self._entries[key]
 
 
-def _identity_families(entries: list[tuple[Key, Entry]]) -> tuple[Metric, Metric]:
-    """gpu_training_run_info (run id and tags) and gpu_training_run_start_timestamp_seconds of pushed runs.
-
-    Only these two carry ``run_id``, and only the info series the tags: the other series keep their
-    labels, so a tag costs no series (one info series per rank), and a launch is found by its id.
-    """
-    from prometheus_client.samples import Sample
-
-    info = catalog.GPU_TRAINING_RUN_INFO.new()
-    started = catalog.GPU_TRAINING_RUN_START_TIMESTAMP_SECONDS.new()
-    for (run, rank, uuid), entry in entries:
-        if entry.source:  # sampled phases (collectors/stacks.py) are no launch of an instrumented job
-            continue
-        labels = {"run": run, "rank": rank, "uuid": uuid, "run_id": entry.run_id}
-        started.add_metric(list(labels.values()), entry.started_at)
-        labels.update((TAG_LABEL_PREFIX + key, value) for key, value in entry.tags)
-        info.samples.append(Sample(info.name, labels, 1.0, None, None))
-    return info, started
-
-
 def _check_monotonic(old: Entry, new: Entry) -> None:
     pairs = [(f"phases.{p}", v, new.phases.get(p, -1.0)) for p, v in old.phases.items()]
     pairs += [("steps", old.steps, new.steps), ("samples", old.samples, new.samples)]
@@ -372,24 +366,9 @@ def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, 
     return list(families.values())
 
 
-def _code_families(entries: list[tuple[Key, Entry]]) -> Iterator[Metric]:
-    """gpu_training_code_seconds_total and gpu_training_host_function_seconds_total of the runs that send ``code``."""
-    code = catalog.GPU_TRAINING_CODE_SECONDS_TOTAL.new()
-    functions = catalog.GPU_TRAINING_HOST_FUNCTION_SECONDS_TOTAL.new()
-    for (run, rank, uuid), entry in entries:
-        for part, seconds in entry.code:
-            code.add_metric([run, rank, uuid, part], seconds)
-        if entry.host_function is not None:
-            functions.add_metric([run, rank, uuid, entry.host_function[0]], entry.host_function[1])
-    yield code
-    yield functions
-
-
 def _bearer(authorization: str | None) -> bytes | None:
     scheme, _, token = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip().encode("utf-8", "replace")
+    return token.strip().encode("utf-8", "replace") if scheme.lower() == "bearer" and token.strip() else None
 
 
 def _read_token(path: str) -> bytes:

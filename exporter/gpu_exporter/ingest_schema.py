@@ -191,9 +191,9 @@ def parse_context(doc: Any) -> dict[str, float]:
         raise ValueError("context must be an object")
     out: dict[str, float] = {}
     for key, kind in CONTEXT_FIELDS.items():
-        if key not in doc or doc[key] is None:
+        value = doc.get(key)
+        if value is None:
             continue
-        value = doc[key]
         if kind == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"context.{key} must be true or false")
@@ -226,21 +226,12 @@ def _identity(doc: dict[str, Any], max_length: int) -> tuple[str, tuple[tuple[st
     >>> print(_identity({"run_id": "a b", "tags": {"Team": "x"}}, 128)[2])  # doctest: +ELLIPSIS
     run_id (run_id 'a b' may only contain A-Za-z0-9_.:/@+-); tags (tag key 'Team' may only contain a-z, ...)
     """
-    refused = []
-    run_id = doc.get("run_id", "")
-    problem = "run_id must be a string" if not isinstance(run_id, str) else \
-        None if run_id == "" else check_label("run_id", run_id, max_length)
-    if problem is not None:
-        refused.append(f"run_id ({problem})")
-        run_id = ""
-    tags_doc = doc.get("tags", {})
-    problem = check_tags(tags_doc)
-    tags: tuple[tuple[str, str], ...] = ()
-    if problem is not None:
-        refused.append(f"tags ({problem})")
-    else:
-        tags = tuple(sorted(tags_doc.items()))
-    return run_id, tags, "; ".join(refused)
+    run_id, tags = doc.get("run_id", ""), doc.get("tags", {})
+    problems = {"run_id": "run_id must be a string" if not isinstance(run_id, str) else
+                None if run_id == "" else check_label("run_id", run_id, max_length),
+                "tags": check_tags(tags)}
+    refused = "; ".join(f"{name} ({problem})" for name, problem in problems.items() if problem is not None)
+    return ("" if problems["run_id"] else run_id), (() if problems["tags"] else tuple(sorted(tags.items()))), refused
 
 
 def _callback(doc: dict[str, Any], max_length: int) -> tuple[tuple[str, str, float] | None, str]:
@@ -253,15 +244,11 @@ def _callback(doc: dict[str, Any], max_length: int) -> tuple[tuple[str, str, flo
     (None, 'callbacks (callbacks must be a list of at most 3 objects)')
     """
     items = doc.get("callbacks")
-    if items is None:
-        return None, ""
-    problem = check_callbacks(items, max_length)
+    problem = None if items is None else check_callbacks(items, max_length)
     if problem is not None:
         return None, f"callbacks ({problem})"
-    if not items:
-        return None, ""
-    top = max(items, key=lambda item: item["seconds"])
-    return (top["name"], top["phase"], float(top["seconds"])), ""
+    top = max(items or [], key=lambda item: item["seconds"], default=None)
+    return (None if top is None else (top["name"], top["phase"], float(top["seconds"]))), ""
 
 
 EXPORTED_CODE = ("framework", "host")
@@ -282,11 +269,9 @@ def _code(doc: dict[str, Any], max_length: int) -> tuple[tuple[tuple[str, float]
     ((), None, 'code (code must be an object)')
     """
     body = doc.get("code")
-    if body is None:
-        return (), None, ""
-    problem = check_code(body, max_length)
-    if problem is not None:
-        return (), None, f"code ({problem})"
+    problem = None if body is None else check_code(body, max_length)
+    if body is None or problem is not None:
+        return (), None, "" if problem is None else f"code ({problem})"
     top = max(body["functions"], key=lambda item: item["seconds"], default=None)
     function = None if top is None else (top["name"], float(top["seconds"]))
     return tuple((part, float(body[part])) for part in EXPORTED_CODE if body[part] > 0), function, ""
