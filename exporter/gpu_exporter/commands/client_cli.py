@@ -45,7 +45,6 @@ def without_gc(command: Callable[[argparse.Namespace], int]) -> Callable[[argpar
 
 
 def fail(message: str, code: int = 2) -> int:
-    """Print ``gpu-exporter: error: <message>`` to stderr and return ``code`` (the exit status)."""
     print(f"gpu-exporter: error: {message}", file=sys.stderr)
     return code
 

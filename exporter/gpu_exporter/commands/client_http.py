@@ -71,7 +71,6 @@ def _reason(err: OSError | ssl.SSLError) -> str:
 
 
 def basic_auth(user: str, password: str) -> str:
-    """The ``Authorization`` header of HTTP basic auth."""
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 

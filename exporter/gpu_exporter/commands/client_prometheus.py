@@ -44,7 +44,6 @@ class Prometheus:
         behind auth."""
 
     def at_time(self, at: float | None) -> Prometheus:
-        """The same server and connection, with instant queries evaluated at ``at``."""
         return Prometheus(self.base, self.timeout, at, self.connection)
 
     def _data(self, path: str, params: dict[str, str], expr: str, kind: str) -> list[dict[str, Any]]:

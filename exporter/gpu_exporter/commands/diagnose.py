@@ -62,7 +62,6 @@ PROMETHEUS_WINDOW = "5m"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``gpu-exporter diagnose``."""
     parser.epilog = ("exit status: 0 no GPU below the target (unused and MIG GPUs do not count), 1 a GPU with work "
                      "below the target, 2 an error (bad flag, unreachable exporter or Prometheus), 130 interrupted")
     parser.add_argument("--url", default=None, metavar="URL",
@@ -118,7 +117,6 @@ def _wait(seconds: float, url: str, err: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``gpu-exporter diagnose``; 0 all at target, 1 any GPU with work below target, 2 on errors."""
     try:
         thresholds = load_thresholds(args.thresholds)
     except ThresholdsError as err:
@@ -182,6 +180,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subcommands: dict[str, Any]) -> None:
-    """Add ``diagnose`` to the CLI's sub-command registry (``gpu_exporter.cli.SUBCOMMANDS``)."""
     subcommands["diagnose"] = ("say per GPU why it is below the utilization target, and the remedy",
                                add_arguments, without_gc(run))

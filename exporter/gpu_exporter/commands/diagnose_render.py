@@ -37,8 +37,7 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
         out.write(f"  effective    {verdict.effective}\n")
         if verdict.idle is not None:
             out.write(f"  idle         {verdict.idle.text()}\n")
-        for pod in view.pods:
-            out.write(f"  pod          {pod}\n")
+        out.write("".join(f"  pod          {pod}\n" for pod in view.pods))
         for r in view.runs:
             phases = ", ".join(f"{p} {pct(r.shares[p])}" for p in phase_order(r.shares)) or "no phase time yet"
             basis = "since the run started" if r.since_start else "in the window"
@@ -51,9 +50,7 @@ def render_text(results: Sequence[tuple[GpuView, Verdict]], window: str, t: Thre
             out.write(f"  worth        {pct(verdict.worth)} of the GPU between busy and effective: "
                       f"{verdict.worth:.2f} GPU-hours an hour\n")
         if verdict.remedy:
-            first, *rest = verdict.remedy.split("\n")
-            out.write(f"  remedy       {first}\n")
-            out.write("".join(f"                 {line}\n" for line in rest))
+            out.write("  remedy       " + verdict.remedy.replace("\n", "\n                 ") + "\n")
         if verdict.runbook:
             out.write(f"  runbook      {verdict.runbook}\n")
         out.write("\n")
@@ -89,11 +86,7 @@ def _fields(value: Any) -> Any:
 
 
 def _without(value: Any, *names: str) -> dict[str, Any]:
-    """A dataclass's fields less ``names``, in order."""
-    doc = dict(vars(value))
-    for name in names:
-        del doc[name]
-    return doc
+    return {key: field for key, field in vars(value).items() if key not in names}
 
 
 def _gpu_doc(view: GpuView, verdict: Verdict) -> dict[str, Any]:
@@ -107,7 +100,7 @@ def _gpu_doc(view: GpuView, verdict: Verdict) -> dict[str, Any]:
 def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_seconds: float, t: Thresholds,
                 out: TextIO, unjoined: Sequence[tuple[str, str]] = ()) -> None:
     """Machine-readable report: the source, the window, the thresholds and every GPU with its verdict."""
-    doc = {
+    write_json({
         "source": source,
         "window_seconds": window_seconds,
         "utilization_target": t.utilization_target,
@@ -116,8 +109,7 @@ def render_json(results: Sequence[tuple[GpuView, Verdict]], source: str, window_
         "gpus": [_gpu_doc(view, verdict) for view, verdict in results],
         "runs_without_gpu_uuid": [{"run": run, "rank": rank, "fix": NO_UUID_FIX} for run, rank in unjoined],
         "distributed_runs": ranks.to_doc(ranks.distributed_runs(results)),
-    }
-    write_json(doc, out)
+    }, out)
 
 
 def write_json(doc: dict[str, Any], out: TextIO) -> None:

@@ -153,7 +153,6 @@ def _activity(fleet: _Fleet, readings: Readings, sm: str, tensor: str, dram: str
 
 
 def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
-    """Each series of ``names`` with the labels diagnose reads of it."""
     return {name: _READ.get(name) for name in names}
 
 

@@ -51,10 +51,10 @@ def _first(remedy: str) -> str:
     return line[:end.start() + 1] if end else line
 
 
-def _wrap(line: str, indent: int) -> list[str]:
-    """``line`` in lines of at most :data:`TEXT_WIDTH` columns, the later ones indented by ``indent``; a word
-    (a name, a code) is never cut."""
-    return textwrap.wrap(line, TEXT_WIDTH, subsequent_indent=" " * indent, break_long_words=False,
+def _wrap(line: str, indent: int, width: int = TEXT_WIDTH) -> list[str]:
+    """``line`` in lines of at most ``width`` columns, the later ones indented by ``indent``; a word (a name, a
+    code) is never cut."""
+    return textwrap.wrap(line, width, subsequent_indent=" " * indent, break_long_words=False,
                          break_on_hyphens=False) or [line]
 
 
@@ -71,9 +71,7 @@ def _headline(f: Fleet) -> list[tuple[str, str]]:
         unpriced = f", and {_h(f.total.unpriced)} idle GPU-hours of models without a price" if f.total.unpriced else ""
         rows.append(("money lost", f"{_money(f.prices, f.total.money)} (idle GPU-hours below target x "
                                    f"{f.prices.source}'s price per GPU-hour{unpriced})"))
-    rows += funnel_lines(f.funnel, f.titles)
-    rows.append(("runs", str(len(f.r.launches))))
-    return rows
+    return [*rows, *funnel_lines(f.funnel, f.titles), ("runs", str(len(f.r.launches)))]
 
 
 def _table_rows(f: Fleet) -> list[tuple[str, list[tuple[str, Tally]]]]:
@@ -113,8 +111,7 @@ def render_text(f: Fleet) -> str:
         widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
         numbers = sum(widths) + 2 * len(widths)  # each column and the two spaces before it
         room = max(TEXT_WIDTH - 3 - numbers, 12)  # the label column's widest
-        labels = [textwrap.wrap(k, room, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
-                  or [k] for k, _ in rows]
+        labels = [_wrap(k, 2, room) for k, _ in rows]
         label = max([len(name), *(len(part) for parts in labels for part in parts)])
         header = "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))
         lines += ["", f"{('by ' + name).ljust(label + 3)}  {header}"]
@@ -189,20 +186,15 @@ RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_js
 def fleet_json(f: Fleet) -> dict[str, Any]:
     """The fleet report as ``--output json`` writes it."""
     priced = f.prices is not None
-
-    def table(rows: dict[str, Tally], name: str) -> list[dict[str, Any]]:
-        return [{name: k, **v.to_json(priced)} for k, v in rows.items()]
-    causes = [{"verdict": k, "title": f.titles[k], "code": f.codes[k], "below_target": f.below[k],
-               **v.to_json(priced)} for k, v in f.by_cause.items()]
     out: dict[str, Any] = {
         "source": f.r.source, "start": iso(f.r.start), "end": iso(f.r.end),
         "step_seconds": f.r.step, "window_seconds": f.r.window, "utilization_target": f.r.target,
         "filters": f.filters, "gpus": f.gpus, "nodes": f.nodes, **f.total.to_json(priced),
-        "by_cause": causes, "by_team": table(f.by_team, "team"),
-        "by_namespace": table(f.by_namespace, "namespace"), "by_owner": table(f.by_owner, "owner"),
-        "by_node": table(f.by_node, "node"),
-        "by_model": table(f.by_model, "model"), "offenders": f.offenders,
-        "runs": [launch_json(row) for row in f.r.launches], "funnel": f.funnel.to_json(),
+        "by_cause": [{"verdict": k, "title": f.titles[k], "code": f.codes[k], "below_target": f.below[k],
+                      **v.to_json(priced)} for k, v in f.by_cause.items()],
+        **{f"by_{name}": [{name: k, **v.to_json(priced)} for k, v in getattr(f, f"by_{name}").items()]
+           for name in ("team", "namespace", "owner", "node", "model")},
+        "offenders": f.offenders, "runs": [launch_json(row) for row in f.r.launches], "funnel": f.funnel.to_json(),
     }
     if f.prices is not None:
         out["prices"] = {"currency": f.prices.currency, "gpu_hour": f.prices.gpu_hour,

@@ -378,13 +378,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _help(title: str, fields: Sequence[Field]) -> str:
-    lines = [title]
-    for f in fields:
-        names = ", ".join((f.name, *f.aliases))
-        lines.append(f"  {names:44} {f.help}{f' [{f.unit}]' if f.unit else ''}")
-    lines.append(f"Values that the GPU or driver does not report are printed as {NOT_AVAILABLE}; "
-                 f"values of a GPU lost since the first reading as {GPU_LOST}.")
-    return "\n".join(lines) + "\n"
+    lines = [f"  {', '.join((f.name, *f.aliases)):44} {f.help}{f' [{f.unit}]' if f.unit else ''}" for f in fields]
+    return "\n".join([title, *lines, f"Values that the GPU or driver does not report are printed as {NOT_AVAILABLE}; "
+                      f"values of a GPU lost since the first reading as {GPU_LOST}."]) + "\n"
 
 
 def _interval(args: argparse.Namespace) -> float | None:
@@ -398,11 +394,10 @@ def _interval(args: argparse.Namespace) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.help_query_gpu:
-        sys.stdout.write(_help("Fields for --query-gpu (nvidia-smi names; values as nvidia-smi prints them):", FIELDS))
-        return 0
-    if args.help_query_compute_apps:
-        sys.stdout.write(_help("Fields for --query-compute-apps (nvidia-smi names):", APP_FIELDS))
+    if args.help_query_gpu or args.help_query_compute_apps:
+        sys.stdout.write(_help("Fields for --query-gpu (nvidia-smi names; values as nvidia-smi prints them):", FIELDS)
+                         if args.help_query_gpu else
+                         _help("Fields for --query-compute-apps (nvidia-smi names):", APP_FIELDS))
         return 0
     apps = args.query_compute_apps is not None
     try:

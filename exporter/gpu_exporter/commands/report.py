@@ -125,7 +125,6 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
 # --- command line ------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``gpu-exporter report``."""
     parser.epilog = "exit status: 0 report written, 2 an error (bad flag, unreachable Prometheus, unknown run)"
     parser.add_argument("--prometheus-url", metavar="URL", required=True, help="the Prometheus that scraped the run")
     parser.add_argument("--run", dest="run_name", metavar="RUN",
@@ -149,7 +148,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``gpu-exporter report``; 0 on success, 2 on errors."""
     try:
         t = load_thresholds(args.thresholds)
     except ThresholdsError as err:
@@ -194,7 +192,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subcommands: dict[str, Any]) -> None:
-    """Add ``report`` to the CLI's sub-command registry (``gpu_exporter.cli.SUBCOMMANDS``)."""
     subcommands["report"] = ("what one training run cost and why, from Prometheus (text, Markdown, JSON, HTML)",
                              add_arguments, without_gc(run))
 
