@@ -157,9 +157,7 @@ class _Reader:
             return default
         if isinstance(value, dict):
             sub = self.child(key, value)
-            result = Level(sub.number("idle"), sub.number("busy"))
-            sub.finish()
-            return result
+            return sub.done(Level(sub.number("idle"), sub.number("busy")))
         number = self.number(key)
         return Level(number, number)
 
@@ -181,8 +179,7 @@ class _Reader:
             period = b.number("period")
             if period <= 0:
                 raise b.fail("must be greater than 0", "period")
-            base = Bursts(period, b.ratio("duty"), b.ratio("high"), b.ratio("low", 0.0))
-            b.finish()
+            base = b.done(Bursts(period, b.ratio("duty"), b.ratio("high"), b.ratio("low", 0.0)))
         else:
             steps = sub.items("steps")
             if not steps:
@@ -200,14 +197,18 @@ class _Reader:
         if kinds[0] != "steps" and "repeat" in value:
             raise sub.fail("only applies to steps", "repeat")
         noise = sub.ratio("noise", 0.0)
-        sub.finish()
-        return Noisy(base, noise, seed) if noise > 0 else base
+        return sub.done(Noisy(base, noise, seed) if noise > 0 else base)
 
     def finish(self, *expected: str) -> None:
         """Fail on the first unknown key: one not read so far, or, given ``expected`` (before reading), not in it."""
         unknown = sorted(set(self.data) - (set(expected) if expected else self.used))
         if unknown:
             raise self.fail("unknown key", str(unknown[0]))
+
+    def done(self, result: _D) -> _D:
+        """``result``, once :meth:`finish` found no unknown key."""
+        self.finish()
+        return result
 
 
 def _show(value: Any) -> str:
@@ -252,14 +253,13 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
             if used > inst_memory:
                 raise inst.fail(f"{used:g} GiB exceeds the instance's memory_gib {inst_memory:g}",
                                 "memory_used_gib")
-            instances.append(MigInstanceSpec(
+            instances.append(inst.done(MigInstanceSpec(
                 profile=profile, memory_gib=inst_memory, memory_used_gib=used,
                 gpu_instance_id=inst.integer("gpu_instance_id", i + 1),
                 compute_instance_id=inst.integer("compute_instance_id", 0),
                 uuid=inst.string("uuid", f"MIG-{_uuid('mig', seed, index, i)}"),
                 utilization=inst.pattern("utilization", utilization, f"{seed}:{index}:mig{i}"),
-            ))
-            inst.finish()
+            )))
         mig.finish()
         if not instances:
             raise mig.fail("must list at least one instance", "instances")
@@ -279,13 +279,12 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         kind = p.string("type", "compute")
         if kind not in ("compute", "graphics"):
             raise p.fail(f"must be compute or graphics, got {kind!r}", "type")
-        processes.append(ProcessSpec(
+        processes.append(p.done(ProcessSpec(
             pid=p.integer("pid", lo=1), name=p.string("name"), memory_gib=p.number("memory_gib", 0.0),
             sm_utilization=p.ratio("sm_utilization") if p.has("sm_utilization") else None,
             memory_utilization=p.ratio("memory_utilization") if p.has("memory_utilization") else None,
             graphics=kind == "graphics", mig_instance=mig_instance,
-        ))
-        p.finish()
+        )))
     if mig_instances is not None and any(p.mig_instance is None for p in processes):
         raise r.fail("on a MIG GPU every process needs mig_instance", "processes")
 
@@ -325,10 +324,7 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
     tensor_factor = gpm.ratio("tensor_factor", 0.7)
     gpm.finish()
 
-    xids = []
-    for x in r.items("xid_events"):
-        xids.append(XidEvent(at=x.number("at"), xid=x.integer("xid", lo=1)))
-        x.finish()
+    xids = [x.done(XidEvent(at=x.number("at"), xid=x.integer("xid", lo=1))) for x in r.items("xid_events")]
     faults = []
     for f in r.items("faults"):
         kind = f.string("kind")
@@ -344,11 +340,10 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         until = f.number("until") if f.has("until") else None
         if until is not None and until <= at:
             raise f.fail("must be later than at", "until")
-        faults.append(Fault(at=at, until=until, kind=kind, function=function))
-        f.finish()
+        faults.append(f.done(Fault(at=at, until=until, kind=kind, function=function)))
 
     limit = r.number("power_limit_watts", 400.0)
-    spec = GpuSpec(
+    return r.done(GpuSpec(
         index=index, name=name, architecture=architecture, memory_gib=memory_gib, uuid=uuid,
         pci_bus_id=pci_bus_id.upper().replace("X", "x"), utilization=utilization,
         memory_utilization=memory_utilization, memory_used_gib=used, memory_reserved_gib=reserved,
@@ -363,9 +358,7 @@ def _parse_gpu(r: _Reader, index: int, seed: int) -> GpuSpec:
         busy_utilization=r.ratio("busy_utilization", 0.95), idle_utilization=r.ratio("idle_utilization", 0.01),
         gpm=gpm_supported, gpm_occupancy_factor=occupancy_factor, gpm_tensor_factor=tensor_factor,
         xid_events=tuple(xids), faults=tuple(faults),
-    )
-    r.finish()
-    return spec
+    ))
 
 
 def parse_scenario(data: Any, source: str) -> Scenario:
@@ -393,11 +386,9 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     cuda = top.string("cuda_version", "12.4")
     if not re.fullmatch(r"\d+\.\d+", cuda):
         raise top.fail(f"must look like 12.4, got {cuda!r}", "cuda_version")
-    scenario = Scenario(source=source, gpus=gpus, driver_version=top.string("driver_version", "550.54.15"),
-                        cuda_version=cuda, driver_missing=driver_missing,
-                        dcgm_pipe_fields=top.boolean("dcgm_pipe_fields", False))
-    top.finish()
-    return scenario
+    return top.done(Scenario(source=source, gpus=gpus, driver_version=top.string("driver_version", "550.54.15"),
+                             cuda_version=cuda, driver_missing=driver_missing,
+                             dcgm_pipe_fields=top.boolean("dcgm_pipe_fields", False)))
 
 
 def packaged_scenarios() -> list[str]:
