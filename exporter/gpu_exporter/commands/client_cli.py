@@ -28,10 +28,8 @@ EXIT_NO_DRIVER = 1
 
 def without_gc(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``command`` with Python's cyclic garbage collector paused while it runs, for the one-shot commands that read
-    a fleet (diagnose, report). Such a read makes ~100,000 dicts and lists, every series of every answer, and
-    keeps them to the end: the collector frees nothing of them, yet each pass walks them, and its full passes
-    walk all read so far. It took 28 ms of a fleet-wide diagnose's 300 at 992 GPUs and 150 of ``report --fleet``'s
-    960 (docs/fleet.md). Not for ``serve``, which runs for months, nor ``query``, whose ``--count`` may loop."""
+    a fleet (diagnose, report): such a read keeps every series it decodes to the end, so the collector frees nothing,
+    yet its passes walk it all (docs/fleet.md). Not for ``serve``, nor ``query``, whose ``--count`` may loop."""
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
         enabled = gc.isenabled()

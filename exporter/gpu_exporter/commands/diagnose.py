@@ -101,19 +101,15 @@ def _window(text: str) -> tuple[float, str]:
 
 def _wait(seconds: float, url: str, err: TextIO) -> None:
     """Sleep ``seconds``, with a progress line on stderr (rewritten every second on a terminal)."""
-    deadline = time.monotonic() + seconds
-    tty = err.isatty()
+    deadline, tty, first = time.monotonic() + seconds, err.isatty(), True
     start, end = ("\r", "") if tty else ("", "\n")
-    first = True
     while (left := deadline - time.monotonic()) > 0:
         if tty or first:
-            err.write(f"{start}diagnose: second reading of {url} in {math.ceil(left)}s ...{end}")
-            err.flush()
+            print(f"{start}diagnose: second reading of {url} in {math.ceil(left)}s ...", end=end, file=err, flush=True)
             first = False
         time.sleep(min(1.0, left))
     if tty:
-        err.write("\r\033[K")
-        err.flush()
+        print("\r\033[K", end="", file=err, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

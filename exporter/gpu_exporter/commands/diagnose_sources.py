@@ -73,10 +73,8 @@ def _sent(expr: str, labels: tuple[str, ...] | None, cluster_label: str) -> str:
 _LIVE_NOW = f"{catalog.GPU_TRAINING_CURRENT_PHASE.name} == 1"
 """A series for each run (rank) that reports a current phase, the runs live at ``prom.at``: the window's read."""
 _LIVE_RULES = catalog.RUN_USEFUL_UTILIZATION_AVG5M.name
-"""A series for each run (rank) the rules found live (``group by (...) (gpu_training_current_phase == 1)``) at their
-last evaluation, on a GPU with a utilization: the runs whose cause series :func:`from_prometheus` reads. One series
-a run where ``gpu_training_current_phase`` has one a phase (the query cost 14 ms of Prometheus' CPU at 992 GPUs, 5 ms
-from this one)."""
+"""A series for each run (rank) the rules found live at their last evaluation, on a GPU with a utilization: the runs
+whose cause series :func:`from_prometheus` reads (one series a run, not one a phase: docs/fleet.md)."""
 
 
 class _Fleet:
@@ -107,9 +105,7 @@ class _Fleet:
     def remedy_inputs(self, causes: Pairs, readings: Readings) -> None:
         """Fill in the numbers of the concrete remedies (CONTEXT_CAUSES) for the runs found with one of those causes
         (``causes``: the cause series): their context gauges and their GPUs' memory, in two more queries that name
-        those runs and GPUs. The judge words no other run's remedy. At 10,000 GPUs the nine context gauges of every
-        rank were 30% of the series a fleet-wide diagnose read, and a PromQL join (``and on``) made Prometheus read
-        them all the same: 0.36 to 0.58 s of its CPU, against 26 to 88 ms for the query naming the runs."""
+        those runs and GPUs (not a PromQL join, which reads every rank's gauges: docs/fleet.md)."""
         found = [labels for labels, _ in causes if labels.get("cause") in CONTEXT_CAUSES and labels.get("run")]
         if not found:
             return
@@ -211,10 +207,8 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
     they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
     With ``sm_active_low`` the live runs that may get the batch suggestion of the SM form of M3
-    (verdict/efficiency.py, verdict/join.py) get their context read too: a run with no cause of its own on a GPU at or
-    above ``utilization_target`` whose SM activity is below ``sm_active_low``. At 10,000 GPUs the context of every
-    live run on a GPU below the line (most of a fleet of small kernels) was the largest answer a fleet-wide diagnose
-    read (docs/fleet.md).
+    (verdict/efficiency.py) get their context read too: a run with no cause of its own on a GPU at or above
+    ``utilization_target`` whose SM activity is below ``sm_active_low``, not every run below the line (docs/fleet.md).
     """
     skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name,  # the rules' shares instead
             catalog.GPU_MEMORY_USED_BYTES.name, catalog.GPU_MEMORY_TOTAL_BYTES.name}  # remedy_inputs reads them

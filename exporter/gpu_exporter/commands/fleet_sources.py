@@ -3,20 +3,14 @@ the pods' Kubernetes owners (Prometheus), and the prices file.
 
 One pass over the range (:func:`judge_range`) gives a :class:`~gpu_exporter.verdict.fleet.Range`:
 
-* every ``--step`` point of the range, every GPU Prometheus holds is judged by the one judge: the readings
-  ``diagnose --prometheus-url --window W --at T`` reads (:func:`~gpu_exporter.commands.diagnose_sources.
-  from_prometheus_window`), joined (:func:`~gpu_exporter.verdict.join.build_views`) and judged by the verdict
-  ladder (:func:`~gpu_exporter.verdict.ladder.judge`): a cause of a live run (M1 ... CM), not instrumented,
-  idle but allocated, unused, healthy. W is the run report's window (:data:`~gpu_exporter.commands.report_sources.
-  WINDOW_STEPS` steps). The instant queries of all points are answered by one range query per expression
-  (:class:`~gpu_exporter.commands.report_sources.Stepped`), which Prometheus evaluates exactly as those instant queries;
+* at every ``--step`` point, every GPU Prometheus holds is judged by the one judge, as ``diagnose --prometheus-url
+  --window W --at T`` judges it (W: the run report's window), the instant queries of all points answered by one
+  range query per expression (:class:`~gpu_exporter.commands.report_sources.Stepped`);
 * each launch of a training run (``gpu_training_run_info{run_id}``) in the range gets its ranks' wall time
   inside the range from its own phase timers, as the run report reads them; the points at which one of its
   ranks was live on a GPU (its phases grew within the window) share that time by their verdicts; GPUs are
-  keyed by cluster and uuid (the thresholds' ``cluster_label``), as the verdicts are, so two clusters' GPUs with one
-  UUID keep their runs and time apart. A GPU's
-  points without a live run share the rest of its time in the range (not instrumented, idle but allocated,
-  unused, ...); a point at a run's first scrape weighs nothing (its timers have that time).
+  keyed by cluster and uuid, as the verdicts are. A GPU's points without a live run share the rest of its time
+  in the range; a point at a run's first scrape weighs nothing (its timers have that time).
 
 gpu_exporter.verdict.fleet adds the range up; gpu_exporter.commands.fleet_render prints it.
 """

@@ -1,16 +1,15 @@
-"""``gpu-exporter query``: nvidia-smi's ``--query-gpu`` and ``--query-compute-apps`` CSV, with
-utilization that does not alias.
+"""``gpu-exporter query``: nvidia-smi's ``--query-gpu`` and ``--query-compute-apps`` CSV, with utilization that
+does not alias.
 
-Field names, headers, units and value formats follow ``nvidia-smi --query-gpu=... --format=csv``
-for the fields listed by ``--help-query-gpu`` (docs/cli.md compares them with nvidia-smi's; other
-nvidia-smi fields are refused with nvidia-smi's message). The difference: ``utilization.gpu`` and
-``utilization.memory`` are the mean over the whole interval between two readings (the delta of
-``gpu_busy_seconds_total`` over the time NVML covered), not NVML's newest 1/6-1 s sample. The
-first row comes at once, with the mean over the exporter's last poll interval (in-process: over
-the samples NVML still holds). With ``--url`` a reading counts only when it comes from a new poll
-of the exporter (its poll time at least half a poll interval newer); a repeated poll prints
-``[N/A]``, never a 0 % or 100 % made of scrape jitter. It reads NVML in-process (default;
-``--simulate`` for simulated GPUs) or a running exporter (``--url``). Example::
+Field names, headers, units and value formats follow ``nvidia-smi --query-gpu=... --format=csv`` for the fields
+listed by ``--help-query-gpu`` (docs/cli.md compares them with nvidia-smi's; other nvidia-smi fields are refused
+with nvidia-smi's message). The difference: ``utilization.gpu`` and ``utilization.memory`` are the mean over the
+whole interval between two readings (the delta of ``gpu_busy_seconds_total`` over the time NVML covered), not
+NVML's newest 1/6-1 s sample. The first row comes at once, with the mean over the exporter's last poll interval
+(in-process: over the samples NVML still holds). With ``--url`` a reading counts only when it comes from a new poll
+of the exporter (its poll time at least half a poll interval newer); a repeated poll prints ``[N/A]``, never a 0 %
+or 100 % made of scrape jitter. It reads NVML in-process (default; ``--simulate`` for simulated GPUs) or a running
+exporter (``--url``). Example::
 
     $ gpu-exporter query --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv -l 1
     timestamp, name, utilization.gpu [%], memory.used [MiB]
@@ -71,9 +70,6 @@ class GpuRow:
     cur: Snapshot
     count: int
     fresh: bool = True
-
-    def info(self, label: str) -> str | None:
-        return _info(self.cur, self.uuid, label)
 
     def gauge(self, name: str) -> float | None:
             return self.cur.value(name, uuid=self.uuid)
@@ -144,11 +140,11 @@ def _average_power(row: GpuRow) -> str | None:
 
 FIELDS: tuple[Field, ...] = (
     Field("timestamp", "", _timestamp, "time of the reading, YYYY/MM/DD HH:MM:SS.msec", identity=True),
-    Field("driver_version", "", lambda r: r.info("driver_version"), "NVIDIA driver version"),
+    Field("driver_version", "", lambda r: _info(r.cur, r.uuid, "driver_version"), "NVIDIA driver version"),
     Field("count", "", lambda r: str(r.count), "number of GPUs read", identity=True),
-    Field("name", "", lambda r: r.info("name"), "product name", ("gpu_name",), identity=True),
+    Field("name", "", lambda r: _info(r.cur, r.uuid, "name"), "product name", ("gpu_name",), identity=True),
     Field("uuid", "", lambda r: r.uuid, "GPU UUID", ("gpu_uuid",), identity=True),
-    Field("pci.bus_id", "", lambda r: r.info("pci_bus_id"), "PCI bus id", ("gpu_bus_id",), identity=True),
+    Field("pci.bus_id", "", lambda r: _info(r.cur, r.uuid, "pci_bus_id"), "PCI bus id", ("gpu_bus_id",), identity=True),
     Field("index", "", lambda r: r.index, "NVML index of the GPU", identity=True),
     Field("utilization.gpu", "%", _percent(catalog.GPU_BUSY_SECONDS_TOTAL.name),
           "share of the interval in which a kernel ran (mean, not a sample)"),
@@ -184,14 +180,13 @@ class AppRow:
     memory_bytes: float
     cur: Snapshot
 
-    def info(self, label: str) -> str | None:
-        return _info(self.cur, self.labels.get("uuid", ""), label)
-
 
 APP_FIELDS: tuple[Field, ...] = (
     Field("timestamp", "", _timestamp, "time of the reading"),
-    Field("gpu_name", "", lambda r: r.info("name"), "product name of the process's GPU"),
-    Field("gpu_bus_id", "", lambda r: r.info("pci_bus_id"), "PCI bus id of the process's GPU"),
+    Field("gpu_name", "", lambda r: _info(r.cur, r.labels.get("uuid", ""), "name"),
+          "product name of the process's GPU"),
+    Field("gpu_bus_id", "", lambda r: _info(r.cur, r.labels.get("uuid", ""), "pci_bus_id"),
+          "PCI bus id of the process's GPU"),
     Field("gpu_serial", "", lambda r: None, "serial number of the GPU (not exported: [N/A])"),
     Field("gpu_uuid", "", lambda r: r.labels.get("uuid"), "UUID of the process's GPU"),
     Field("pid", "", lambda r: r.labels.get("pid"), "process id (host PID)"),

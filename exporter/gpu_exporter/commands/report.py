@@ -8,9 +8,8 @@ over :func:`~gpu_exporter.commands.report_sources.readings_over`), so it says ev
 same GPU keys (cluster and uuid), and when each cause applied to a live rank; GPU-hours below target (per GPU: the
 share of its points judged below target, times the wall time); the wall time without the main cause
 (:func:`~gpu_exporter.verdict.timeline.projection_share`, docs/cli.md); and how much of the GPUs' idle time in
-compute and between the phases FO, HW and M3 explained (:func:`~gpu_exporter.verdict.timeline.idle_over`: the mean of
-the points' own splits). Renderings: text, Markdown, JSON and a
-self-contained HTML page (:mod:`~gpu_exporter.commands.report_render`). Example::
+compute and between the phases FO, HW and M3 explained (:func:`~gpu_exporter.verdict.timeline.idle_over`). As
+text, Markdown, JSON or a self-contained HTML page (:mod:`~gpu_exporter.commands.report_render`). Example::
 
     $ gpu-exporter report --prometheus-url http://prometheus:9090 --run resnet50 --from=-8h --to=-2h
 

@@ -154,11 +154,8 @@ def _known(share: float | None) -> str:
 
 def duration(seconds: float) -> str:
     """``29160 -> "8.1 h"``, ``754 -> "12.6 min"``, ``25.04 -> "25.0 s"``."""
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s"
+    size, unit = (3600, "h") if seconds >= 3600 else (60, "min") if seconds >= 60 else (1, "s")
+    return f"{seconds / size:.1f} {unit}"
 
 
 def _rows(r: Report) -> list[tuple[str, str]]:
@@ -264,9 +261,8 @@ def svg_utilization(start: float, end: float, times: list[float], utilization: d
 
 def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
     parts = _svg_frame(w, h, pad, r.start, r.end, "Phase shares over time (all ranks)")
-    order = list(r.shares)
     base = [0.0] * len(r.times)
-    for phase in order:
+    for phase in r.shares:
         values = r.phase_series.get(phase, [])
         top = [b + (values[i] or 0.0 if i < len(values) else 0.0) for i, b in enumerate(base)]
         upper = [_xy(r.start, r.end, ts, v, w, h, pad) for ts, v in zip(r.times, top, strict=True)]
@@ -277,7 +273,7 @@ def svg_phases(r: Report, w: int = 900, h: int = 260, pad: int = 50) -> str:
             parts.append(f'<polygon fill="{color}" fill-opacity="0.85" stroke="none" points="{points}">'
                          f'<title>{html.escape(phase)}</title></polygon>')
         base = top
-    for i, phase in enumerate(p for p in order if r.shares[p] >= 0.005):
+    for i, phase in enumerate(p for p in r.shares if r.shares[p] >= 0.005):
         x = 320 + i * 105
         color = PHASE_COLORS.get(phase, "#607d8b")
         parts.append(f'<rect x="{x}" y="7" width="10" height="10" fill="{color}"/><text x="{x + 14}" '
