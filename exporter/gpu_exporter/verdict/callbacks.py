@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypedDict
+from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import CALLBACK_PHASE
@@ -37,29 +37,6 @@ RECORD = (SHARE,
           f"sum by ({C}, run, rank, uuid) (rate({catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name}[5m]))\n",
           "The share of the step (0-1) the run's biggest callback hook of its own takes (labels callback, phase).")
 """The recording rule of the hook's share (name, expression, comment; :meth:`NamedCallback.records`)."""
-
-class Words(TypedDict):
-    """A row's words (the cause table's ``doing``, ``hidden``, ``remedy``, ``advice``)."""
-
-    doing: str
-    hidden: str
-    remedy: str
-    advice: str
-
-
-CB_WORDS: Words = {
-    "doing": "in callback hooks of its own (work on the training thread between steps that is not GPU work)",
-    "hidden": "if the callbacks' work ran off the training thread",
-    "remedy": "move the callback's work off the training thread (a background thread or process), or do it "
-              "every N steps",
-    "advice": "CB: a callback of the job's own (the verdict names it: Class.hook) runs on the training thread "
-              "every step while the GPU waits: move its work to a background thread or process (a queue the "
-              "hook only puts into), do it every N steps or at epoch end (trainer.global_step % N), and drop "
-              "what nobody reads. Logging and metrics the framework calls (log, log_dict, compute_metrics) "
-              "stay metrics (M2).",
-}
-"""The CB row's words (the cause table's ``doing``, ``hidden``, ``remedy``, ``advice``)."""
-
 
 def hook_text(name: str, share: float) -> str:
     """The hook in the verdict's words."""
@@ -84,10 +61,6 @@ class NamedCallback:
         found = super().find(u, memory, run, t, lvl, window_seconds)  # type: ignore[misc]
         text = hook_for(self.phase, getattr(run, "callback", None))
         return replace(found, callback=text) if found is not None and text else found
-
-    def reason(self, f: Any, run: str, rank: str) -> str:
-        text: str = super().reason(f, run, rank)  # type: ignore[misc]
-        return f"{text[:-1]}: {f.callback}." if f.callback else text
 
     def alert_reason(self, table: Any) -> str:
         base: str = super().alert_reason(table)  # type: ignore[misc]

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import CALLBACK_PHASE, CHECKPOINT, COMMUNICATION, COMPUTE, DATA, METRICS
-from gpu_exporter.verdict.callbacks import CB_WORDS
 from gpu_exporter.verdict.code import FrameworkOverhead, HostWork
 from gpu_exporter.verdict.kinds import Allocator, CallbackPhase, Cause, Communication, Finding, Launch, Phase, Straggler
 from gpu_exporter.verdict.levels import level, useful_utilization
@@ -68,7 +67,16 @@ CAUSES: tuple[Cause, ...] = (
                  "background thread or process (torch.distributed.checkpoint.async_save), copy the state "
                  "to CPU memory first and write it off the training path, save to fast local disk."),
     CallbackPhase("callback_bound", "CB", "callback-bound", "GpuTrainingCallbackBound", CALLBACK_PHASE,
-                  ("metrics_bound_share",), **CB_WORDS),
+          ("metrics_bound_share",),
+          doing="in callback hooks of its own (work on the training thread between steps that is not GPU work)",
+          hidden="if the callbacks' work ran off the training thread",
+          remedy="move the callback's work off the training thread (a background thread or process), or do it "
+                 "every N steps",
+          advice="CB: a callback of the job's own (the verdict names it: Class.hook) runs on the training thread "
+                 "every step while the GPU waits: move its work to a background thread or process (a queue the "
+                 "hook only puts into), do it every N steps or at epoch end (trainer.global_step % N), and drop "
+                 "what nobody reads. Logging and metrics the framework calls (log, log_dict, compute_metrics) "
+                 "stay metrics (M2)."),
     Launch("batch_too_small", "M3", "batch too small", "GpuBatchTooSmall", COMPUTE,
           ("batch_compute_share", "batch_busy_ratio", "batch_memory_used_ratio"),
           doing="in compute with the GPU idle", hidden="if the GPU were busy through the whole compute phase",

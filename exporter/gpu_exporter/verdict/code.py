@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import COMPUTE, OTHER
 from gpu_exporter.verdict.format import pct
-from gpu_exporter.verdict.kinds import HIDDEN, Cause, Finding, Found
-from gpu_exporter.verdict.levels import threshold
+from gpu_exporter.verdict.kinds import HIDDEN, Cause, Found
 from gpu_exporter.verdict.promql import RUN_SEL, C
 from gpu_exporter.verdict.signals import RunSignals
 
@@ -65,34 +64,22 @@ class CodeShare(Cause):
 
     projected_by = HIDDEN
     owns = "{} of its time in {part} code"
-    part: ClassVar[str] = ""
-    """The class of the sampler's code it reads (``framework``, ``host``: a label value of its series)."""
     names_function: ClassVar[bool] = False
 
-    def own(self, value: float) -> str:
-        return self.owns.format(self.amount(value), part=self.part)
-
-    def alert_own(self) -> str:
-        return self.owns.format(self.alert_amount, part=self.part)
+    def value_of(self, run: RunSignals) -> float:
+        return (run.code or {}).get(self.part, 0.0)
 
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str,
              window_seconds: float) -> Found:
-        value = (run.code or {}).get(self.part, 0.0)
-        if value <= threshold(t, self.keys[0]):
-            return None
-        found = Finding(self, lvl, value, 1.0 if value >= 1.0 else min(1.0, u / (1.0 - value)))
+        found = super().find(u, memory, run, t, lvl, window_seconds)
         function = run.host_function if self.names_function else None
-        return replace(found, callback=function_text(*function)) if function is not None else found
+        return replace(found, callback=function_text(*function)) if found and function else found
 
     def promql(self) -> str:
         return f'max without (part) ({CODE_SHARE}{{part="{self.part}"}}) > ${{{self.keys[0]}}}'
 
-    def reason(self, f: Finding, run: str, rank: str) -> str:
-        text = f"run {run} rank {rank} spends {pct(f.value)} of its time {self.doing}."
-        return f"{text[:-1]}: {f.callback}." if f.callback else text
-
     def alert_reason(self, table: Sequence[Cause]) -> str:
-        base = f"spends {{{{ $value | humanizePercentage }}}} of its time {self.doing}."
+        base = super().alert_reason(table)
         if not self.names_function:
             return base
         sel, args = RUN_SEL
@@ -176,11 +163,6 @@ class IdleSplit:
     unexplained: float
     sampled: bool = True
 
-    @property
-    def explained(self) -> float:
-        """The share of the step the named parts explain."""
-        return self.idle - self.unexplained
-
     def text(self) -> str:
         """The verdict's line.
 
@@ -194,7 +176,7 @@ class IdleSplit:
                  f"(M3) {pct(self.launch)}")
         missing = "" if self.sampled else " (no stack samples from the job: FO and HW unmeasured)"
         return (f"GPU idle {pct(self.idle)} of the step in compute and between the phases, "
-                f"{pct(self.explained / self.idle)} of it explained: {parts}; no cause known for "
+                f"{pct((self.idle - self.unexplained) / self.idle)} of it explained: {parts}; no cause known for "
                 f"{pct(self.unexplained)}{missing}")
 
 

@@ -39,15 +39,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 from gpu_exporter import catalog as m
 from gpu_exporter.training.protocol import COMPUTE
-from gpu_exporter.verdict.alerts import runbook_anchor
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.levels import threshold
 
 if TYPE_CHECKING:
     from gpu_exporter.thresholds import Thresholds
 
-__all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "FP_PIPES", "INEFFECTIVE", "MEMORY", "SM", "SOURCES", "TENSOR",
-           "UNKNOWN", "Activity", "FpPipe", "GpuCause", "GpuFinding", "compute_sm", "dram_query", "effective_line",
+__all__ = ["DRAM", "EFFICIENCY", "EFFICIENCY_BY_ID", "FP_PIPES", "MEMORY", "SM", "SOURCES", "TENSOR", "UNKNOWN",
+           "Activity", "FpPipe", "GpuCause", "GpuFinding", "compute_sm", "dram_query", "effective_line",
            "find_efficiency", "for_cluster", "sm_query", "tensor_query"]
 
 C = "${cluster_label}"
@@ -155,16 +154,13 @@ class Activity:
     memory: float | None = None
     source: str | None = None
     fp32: float | None = None
-    """FP32 pipe activity, from dcgm-exporter where it serves the field (evidence for tensor cores idle)."""
     fp16: float | None = None
-    """FP16 pipe activity, the same way."""
     fp64: float | None = None
-    """FP64 pipe activity, the same way."""
+    """FP32, FP16, FP64 pipe activity, from dcgm-exporter where it serves them (evidence for tensor cores idle)."""
 
     def pipes(self) -> dict[FpPipe, float]:
         """The fp pipes served (:data:`FP_PIPES`' order) and their activity; empty without dcgm-exporter's fields."""
-        known = {"fp32": self.fp32, "fp16": self.fp16, "fp64": self.fp64}
-        return {p: v for p in FP_PIPES if (v := known[p.key]) is not None}
+        return {p: v for p in FP_PIPES if (v := getattr(self, p.key)) is not None}
 
 
 @dataclass(frozen=True)
@@ -182,7 +178,6 @@ class GpuFinding:
         return max(0.0, self.busy - self.sm)
 
     def projection(self) -> str:
-        """``"SM activity could reach at most ~96% (the busy utilization) if the kernels filled the GPU"``."""
         return f"SM activity could reach at most ~{pct(self.busy)} (the busy utilization) if the kernels filled the GPU"
 
 
@@ -208,11 +203,6 @@ class GpuCause:
     def label(self) -> str:
         """``"batch too small for the SMs (M3)"``."""
         return f"{self.title} ({self.code})" if self.code else self.title
-
-    @property
-    def anchor(self) -> str:
-        """The runbook section of the cause's alert (:func:`~gpu_exporter.verdict.alerts.runbook_anchor`)."""
-        return runbook_anchor(self.alert)
 
     def value(self, a: Activity) -> float | None:
         """The reading the alert compares and reports: the SM activity (tensor pipe for tensor cores idle)."""
@@ -371,7 +361,6 @@ other: memory-bound first, batch too small unless memory-bound, tensor cores idl
 the line, the fallback only when no other holds."""
 
 EFFICIENCY_BY_ID: dict[str, GpuCause] = {c.cause: c for c in EFFICIENCY}
-INEFFECTIVE = EFFICIENCY_BY_ID["ineffective"]
 TENSOR_IDLE = EFFICIENCY_BY_ID["tensor_cores_idle"]
 
 
@@ -429,10 +418,9 @@ the step) 28% SM activity'
     """
     if sm is None:
         return UNKNOWN
-    busy_text = f" while {pct(busy)} busy" if busy is not None else ""
-    effective = sm if busy is None else min(sm, busy)
-    parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) {pct(effective)}"
-             f"{busy_text}"]
+    busy_text = "" if busy is None else f" while {pct(busy)} busy"
+    parts = [f"effective utilization (SM activity, {SOURCES.get(source or '', source or '?')}) "
+             f"{pct(sm if busy is None else min(sm, busy))}{busy_text}"]
     known = [("tensor pipe", tensor), *((f"{p.name} pipe", v) for p, v in (pipes or {}).items()), ("DRAM", dram)]
     said = [f"{name} {pct(v)}" for name, v in known if v is not None]
     if said:

@@ -46,17 +46,14 @@ Found: TypeAlias = "Finding | None"
 class Cause:
     """One row of the cause table; its class is its kind, which holds everything that differs between kinds.
 
-    ``keys`` are the thresholds.yml keys its condition reads. A kind gives the same thing twice, for the
-    judge in Python and for the generated rules (monitoring/causes.py) in PromQL and alert text: its
-    condition (:meth:`find`: the finding of a run at useful ``utilization``, or None; :meth:`promql`: the
-    query before the level filter, its value the share, M4: events, that explains it; the filter also keeps only
-    live runs, as a run's level is recorded only while it reports a current phase), the reason of a
+    ``keys`` are the thresholds.yml keys its condition reads. A kind gives each thing twice, for the judge in Python
+    and for the generated rules (monitoring/causes.py) in PromQL and alert text: its condition (:meth:`find`;
+    :meth:`promql`: the query before the level filter, its value the share, M4: events, that explains it; the filter
+    also keeps only live runs, as a run's level is recorded only while it reports a current phase), the reason of a
     finding (:meth:`reason`, :meth:`alert_reason`), its projection (:meth:`projection`, :meth:`alert_projection`),
-    how a straggler with it reads (:meth:`own`, :meth:`alert_own`), the value of its
-    series (:meth:`value_text`, the rule's comment) and further recording rules (:meth:`records`: name,
-    expression, comment). A row's concrete remedy (``suggests``, gpu_exporter.verdict.remedies) is asked the
-    same way: :meth:`suggestion` for the judge, :meth:`alert_remedy` for the alert's text. A new kind is one
-    new subclass.
+    how a straggler with it reads (:meth:`own`, :meth:`alert_own`) and its concrete remedy (``suggests``,
+    gpu_exporter.verdict.remedies: :meth:`suggestion`, :meth:`alert_remedy`); :meth:`value_text` is its series'
+    comment, :meth:`records` its further recording rules (name, expression, comment). A new kind is one new subclass.
     """
 
     cause: str
@@ -80,6 +77,8 @@ class Cause:
     """Its findings wait for another rank (``Finding.straggler``, the step time projected without the wait)."""
     projected_by: ClassVar[str] = HIDDEN
     """How the projected-utilization rule projects it (:data:`HIDDEN`, :data:`COMPUTED`; "": not at all)."""
+    part: ClassVar[str] = ""
+    """FO, HW: the class of the sampler's code it reads (``framework``, ``host``: a label value of its series)."""
     measures, owns, alert_amount = "share of the step", "{} of its time in {phase}", "{{ $v | humanizePercentage }}"
     """What a value is in the Grafana alert's words; a straggler with it after its label (``{}`` the value);
     a value ``$v`` as Go template text."""
@@ -98,8 +97,12 @@ class Cause:
              window_seconds: float) -> Found:
         """The finding of ``run`` at useful utilization ``u`` and level ``lvl``, or None (``window_seconds``: the
         judged window, 0 for the rules' own; only a counted kind, M4, scales its limit by it)."""
-        share = run.shares.get(self.phase, 0.0)
-        return Finding(self, lvl, share, _hidden(u, share)) if share > threshold(t, self.keys[0]) else None
+        value = self.value_of(run)
+        return Finding(self, lvl, value, _hidden(u, value)) if value > threshold(t, self.keys[0]) else None
+
+    def value_of(self, run: RunSignals) -> float:
+        """The share of the step :meth:`find` compares with ``keys[0]``: its phase's."""
+        return run.shares.get(self.phase, 0.0)
 
     def promql(self) -> str:
         return f"{share(self.phase)} > ${{{self.keys[0]}}}"
@@ -116,8 +119,9 @@ class Cause:
                 f"most {{{{ . | first | value | humanizePercentage }}}} ({self.hidden}).{{{{ end }}}}")
 
     def reason(self, f: Finding, run: str, rank: str) -> str:
-        """One sentence on what the run does, for diagnose."""
-        return f"run {run} rank {rank} spends {pct(f.value)} of its time {self.doing}."
+        """One sentence on what the run does, for diagnose, with the hook or function behind it (``f.callback``)."""
+        said = f"run {run} rank {rank} spends {pct(f.value)} of its time {self.doing}"
+        return f"{said}: {f.callback}." if f.callback else f"{said}."
 
     def alert_reason(self, table: Sequence[Cause]) -> str:
         """The alert's reason, Go template text (``table``: the cause table, which a straggler's alert names the
@@ -129,10 +133,10 @@ class Cause:
         return pct(value)
 
     def own(self, value: float) -> str:
-        return self.owns.format(self.amount(value), phase=self.phase)
+        return self.owns.format(self.amount(value), phase=self.phase, part=self.part)
 
     def alert_own(self) -> str:
-        return self.owns.format(self.alert_amount, phase=self.phase)
+        return self.owns.format(self.alert_amount, phase=self.phase, part=self.part)
 
     def records(self) -> tuple[tuple[str, str, str], ...]:
         return ()
@@ -325,12 +329,8 @@ class Communication(Cause):
 
     run_wide = True
 
-    def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str,
-             window_seconds: float) -> Found:
-        if self.phase not in run.shares:
-            return None
-        common = common_communication(run.shares[self.phase], run.communication)
-        return Finding(self, lvl, common, _hidden(u, common)) if common > threshold(t, self.keys[0]) else None
+    def value_of(self, run: RunSignals) -> float:
+        return common_communication(run.shares.get(self.phase, 0.0), run.communication)
 
     def promql(self) -> str:
         comm = share(self.phase)

@@ -1,13 +1,10 @@
 """The verdict ladder: every verdict a GPU can get, as one table, and the judge that walks it.
 
-:data:`LADDER` lists the rows in the order the judge tries them; the first row whose condition
-holds names the GPU's verdict. Each row carries its condition in words, the thresholds.yml keys
-it reads, its remedy, the alerts that speak for it and the PromQL that expresses it, both from the
-definitions the generated rules are built from (the cause and efficiency tables, the evidence table,
-gpu_exporter.verdict.alerts, gpu_exporter.verdict.promql); its runbook sections derive from its alerts' names
-(tests/test_causes_conformance.py feeds the same cases to promtool and to :func:`judge`). The
-causes (M1, M2, CK, M3, M4, ST, CM) are rows too, one per row of
-:data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
+:data:`LADDER` lists the rows in the order the judge tries them; the first row whose condition holds names the
+GPU's verdict. Each row carries its condition in words, the thresholds.yml keys it reads, its remedy, the alerts
+that speak for it and the PromQL that expresses it, both from the definitions the generated rules are built from
+(tests/test_causes_conformance.py feeds the same cases to promtool and to :func:`judge`). The causes are rows
+too, one per row of :data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
 :func:`~gpu_exporter.verdict.causes.cause_order` wins.
 
 =================================  ==============================================================
@@ -33,11 +30,8 @@ underutilized / below target       a live run reports, but no cause passes its t
                                    two alerts, with a run label)
 =================================  ==============================================================
 
-The level (below ``utilization_low_threshold``, below ``utilization_target``, healthy) is judged at
-the GPU's useful utilization (:func:`~gpu_exporter.verdict.levels.useful_utilization`): ``u``
-capped by ``1 - communication share`` of its live run, so a rank that waits in spinning NCCL
-kernels is not called healthy; a GPU with no live run keeps ``u``. "Idle but allocated" reads
-``u`` itself (a GPU in a spinning collective is not idle; its run's ST or CM names the wait).
+The level is judged at the GPU's useful utilization (:func:`~gpu_exporter.verdict.levels.useful_utilization`);
+"idle but allocated" reads ``u`` itself (a GPU in a spinning collective is not idle; its run's ST or CM names the wait).
 
 Every verdict carries the effective-use line (``Verdict.effective``): SM activity beside busy utilization, or,
 without an SM source, "SM activity unknown: ..." (a busy GPU is never called effective without one).
@@ -86,10 +80,8 @@ prometheus/templates/gpu-recording.rules.yml.in, reads the same key)."""
 
 @dataclass(frozen=True)
 class Facts:
-    """What the ladder's conditions read of one GPU: its view, level, live runs and their top finding.
-
-    ``utilization`` is the GPU's (NVML busy time); ``level`` is judged at its useful utilization.
-    """
+    """What the ladder's conditions read of one GPU: its view, its utilization (NVML busy time), its level (judged at
+    its useful utilization), its live runs and their findings."""
 
     view: GpuView
     utilization: float | None
@@ -114,13 +106,9 @@ class Facts:
 
 @dataclass(frozen=True)
 class Row:
-    """One verdict of the ladder. ``holds`` is its condition, ``say`` the verdict it gives.
-
-    What a row describes comes from the definitions the generated rules are built from, never typed twice:
-    ``keys`` are the thresholds.yml keys of the definitions its condition reads, ``alerts`` the names of the alerts
-    that speak for it (its table row's, or gpu_exporter.verdict.alerts), its runbook sections their
-    :func:`~gpu_exporter.verdict.alerts.runbook_anchor`, and ``promql`` the PromQL those rules hold for it.
-    """
+    """One verdict of the ladder. ``holds`` is its condition, ``say`` the verdict it gives; ``keys`` the
+    thresholds.yml keys its condition reads. What a row describes comes from the definitions the generated rules are
+    built from, never typed twice."""
 
     name: str
     verdict: str
@@ -132,9 +120,8 @@ class Row:
     """The alerts that speak for the row: at level ``low`` (or at any level), then at ``target`` where another
     alert does; none for a row no alert speaks for (unknown, healthy, unused)."""
     promql: str
-    """The PromQL (template text, ``${key}`` placeholders) of the rules that express the row, from their own
-    definitions: each alert's comparison (or a cause's recorded share, which its alerts read; the evidence's hint
-    series), or the row's condition where no alert speaks for it."""
+    """The PromQL (template text) of the rules that express the row: each alert's comparison (a cause's recorded
+    share, the evidence's hint series), or the row's condition where no alert speaks for it."""
     holds: Callable[[Facts, Thresholds], bool]
     say: Callable[[Row, Facts, Thresholds], Verdict]
 
@@ -160,33 +147,24 @@ class Row:
 
 # --- what each row says (the conditions are short enough to sit in the table) ----------------------
 
-def _unknown(row: Row, f: Facts, t: Thresholds) -> Verdict:
-    return Verdict(row.verdict, row.title, "NVML reports no utilization for this GPU (MIG mode); "
-                   f"look at {catalog.GPU_SM_ACTIVE_RATIO.name} (GPM) instead.")
+def _says(reason: str) -> Callable[[Row, Facts, Thresholds], Verdict]:
+    """What a row says that needs no figure: its title and ``reason``."""
+    return lambda row, f, t: Verdict(row.verdict, row.title, reason)
 
 
 def _healthy(row: Row, f: Facts, t: Thresholds) -> Verdict:
-    if f.view.sm_active is None:  # busy, never called effective: the effective-use line says SM activity unknown
-        return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target; "
-                       "how well its kernels use the SMs is unknown (no SM activity source).")
-    return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target, and its "
-                   f"SMs are {pct(f.view.sm_active)} active.")
+    sms = ("; how well its kernels use the SMs is unknown (no SM activity source)" if f.view.sm_active is None
+           else f", and its SMs are {pct(f.view.sm_active)} active")  # busy is never called effective without one
+    return Verdict(row.verdict, row.title, f"{f.now()}, at or above the {pct(t.utilization_target)} target{sms}.")
 
 
 def _ineffective(row: Row, f: Facts, t: Thresholds) -> Verdict:
     found = f.efficiency
     assert found is not None and f.view.sm_active is not None
-    activity = _activity(f.view)
-    said = found.cause.reason(activity)
-    reason = f"{said[0].upper()}{said[1:]} {found.projection()}."
-    verdict = Verdict(row.verdict, row.title, reason, row.remedy, row.runbook(t), False, found.cause.code,
-                      projected=found.busy, worth=found.worth)
-    run = f.live[0] if f.live else None
-    return _suggested(run, verdict) if run is not None else verdict
-
-
-def _unused(row: Row, f: Facts, t: Thresholds) -> Verdict:
-    return Verdict(row.verdict, row.title, "no process, live training run or memory on the GPU: free capacity.")
+    said = found.cause.reason(_activity(f.view))
+    verdict = Verdict(row.verdict, row.title, f"{said[0].upper()}{said[1:]} {found.projection()}.", row.remedy,
+                      row.runbook(t), False, found.cause.code, projected=found.busy, worth=found.worth)
+    return _suggested(f.live[0], verdict) if f.live else verdict
 
 
 def _cause(row: Row, f: Facts, t: Thresholds) -> Verdict:
@@ -225,8 +203,8 @@ def _hinted(row: Row, f: Facts, t: Thresholds) -> Verdict:
              f"below target: not instrumented, {hint.label}")
     reason = (f"{pct(f.u)} utilization (target {pct(t.utilization_target)}) and no live training run "
               f"reports its phases{_gone(f)}. What /proc shows: {f.view.evidence_text} That points at {hint.label}.")
-    remedy = f"{hint.advice}\n{row.remedy}"
-    return Verdict(row.verdict, title, reason, remedy, row.runbook(t), True, hint.code, f.level or "")
+    return Verdict(row.verdict, title, reason, f"{hint.advice}\n{row.remedy}", row.runbook(t), True, hint.code,
+                   f.level or "")
 
 
 def _holder(view: GpuView, live: Sequence[RunView]) -> str:
@@ -272,9 +250,7 @@ def _suggested(run: RunView, verdict: Verdict) -> Verdict:
         verdict = replace(verdict, reason=f"{verdict.reason} (Phases sampled from the Python stack with py-spy, "
                                           "not reported by the job.)")
     text = run.suggestions.get(verdict.name, "")
-    if not text:
-        return verdict
-    return replace(verdict, remedy=f"{text}.\n{verdict.remedy}", suggestion=text)
+    return replace(verdict, remedy=f"{text}.\n{verdict.remedy}", suggestion=text) if text else verdict
 
 
 def _idle_split(f: Facts) -> IdleSplit | None:
@@ -287,21 +263,17 @@ def _idle_split(f: Facts) -> IdleSplit | None:
 
 
 def _cause_row(cause: Cause) -> Row:
-    def holds(f: Facts, t: Thresholds) -> bool:
-        return bool(f.found) and f.found[0][0].cause is cause
-
     return Row(cause.cause, cause.cause, cause.label,
                f"the biggest finding of a live run on the GPU (allocator first) is {cause.label}", cause.keys,
-               cause.advice, (cause.alert,), cause_share(cause.cause), holds, _cause)
+               cause.advice, (cause.alert,), cause_share(cause.cause),
+               lambda f, t: bool(f.found) and f.found[0][0].cause is cause, _cause)
 
 
 def _efficiency_row(cause: GpuCause) -> Row:
-    def holds(f: Facts, t: Thresholds) -> bool:
-        return f.efficiency is not None and f.efficiency.cause is cause and _has_work(f, t)
-
     return Row(cause.cause, cause.cause, cause.label,
                f"at or above the target with work, and SM activity says {cause.doing}", cause.keys, cause.advice,
-               (cause.alert,), efficiency_held(cause.cause), holds, _ineffective)
+               (cause.alert,), efficiency_held(cause.cause),
+               lambda f, t: f.efficiency is not None and f.efficiency.cause is cause and _has_work(f, t), _ineffective)
 
 
 def _activity(view: GpuView) -> Activity:
@@ -315,23 +287,24 @@ def _has_work(f: Facts, t: Thresholds) -> bool:
     return bool(f.view.processes or f.live or (memory is not None and memory > threshold(t, WORK_KEY)))
 
 
-def _either(*compared: Compared) -> str:
-    """The comparisons of the alerts that speak for a row, one per level."""
-    return "\nor\n".join(c.promql for c in compared)
-
-
 LEVEL_KEYS = tuple(lv.key for lv in LEVELS)
 """The lines of the levels (gpu_exporter.verdict.levels): what a row below target reads through the level."""
+BELOW: tuple[Compared, ...] = (UTILIZATION_LOW, UTILIZATION_BELOW_TARGET)
+"""The alerts of a GPU below target that no cause names, one per level, and their comparisons."""
+BELOW_ALERTS, BELOW_PROMQL = tuple(c.name for c in BELOW), "\nor\n".join(c.promql for c in BELOW)
 
 
 LADDER: tuple[Row, ...] = (
     Row("unknown", "unknown", "unknown", "NVML reports no utilization (MIG mode)", (), "", (),
-        f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None, _unknown),
+        f"absent({catalog.GPU_UTILIZATION_AVG5M.name})", lambda f, t: f.utilization is None,
+        _says(f"NVML reports no utilization for this GPU (MIG mode); look at {catalog.GPU_SM_ACTIVE_RATIO.name} (GPM) "
+              "instead.")),
     *(_efficiency_row(c) for c in EFFICIENCY),
     Row("healthy", "healthy", "healthy", "useful utilization at or above the target", (BY_LEVEL[TARGET].key,), "", (),
         AT_TARGET, lambda f, t: f.level is None, _healthy),
     Row("unused", "unused", "unused", f"no process, no live run, memory at most {WORK_KEY}", (WORK_KEY,), "", (),
-        f"{catalog.GPU_HAS_WORK_BOOL.name} == 0", lambda f, t: not _has_work(f, t), _unused),
+        f"{catalog.GPU_HAS_WORK_BOOL.name} == 0", lambda f, t: not _has_work(f, t),
+        _says("no process, live training run or memory on the GPU: free capacity.")),
     *(_cause_row(c) for c in CAUSES),
     Row("not_instrumented_evidence", "not_instrumented", "not instrumented",
         "no live run reports, and the processes' /proc evidence passes a row of HINTS",
@@ -347,15 +320,13 @@ LADDER: tuple[Row, ...] = (
         "below target with work on the GPU, and no live training run reports its phases (the alerts without a run "
         "label)", LEVEL_KEYS,
         "Instrument the job with gpu_exporter.training so the phases show the cause (input pipeline, metrics, "
-        f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}",
-        (UTILIZATION_LOW.name, UTILIZATION_BELOW_TARGET.name), _either(UTILIZATION_LOW, UTILIZATION_BELOW_TARGET),
+        f"checkpoints, batch size, allocator):\n{INSTRUMENT_SNIPPET}", BELOW_ALERTS, BELOW_PROMQL,
         lambda f, t: not f.live, _uninstrumented),
     Row("underutilized", "underutilized", "underutilized",
         "below target, a live run reports, but no cause passes its threshold (the alerts with a run label, and no "
         f"{catalog.RUN_TRAINING_CAUSE_SHARE.name})", LEVEL_KEYS,
         "No phase passes its threshold: look at the largest phase besides compute, then the batch size (M3); "
-        "inference servers: batch requests or share the GPU (MIG).",
-        (UTILIZATION_LOW.name, UTILIZATION_BELOW_TARGET.name), _either(UTILIZATION_LOW, UTILIZATION_BELOW_TARGET),
+        "inference servers: batch requests or share the GPU (MIG).", BELOW_ALERTS, BELOW_PROMQL,
         lambda f, t: True, _underutilized),
 )
 """Every verdict, in the order :func:`judge` tries them (a row's order is its position)."""

@@ -36,8 +36,7 @@ def _names(cls: type) -> frozenset[str]:
 
 def evolve(obj: _Frozen, **changes: Any) -> _Frozen:
     """``dataclasses.replace(obj, **changes)`` for the verdict's frozen dataclasses (no ``__post_init__``, every field
-    an ``__init__`` argument), without ``replace``'s call of ``__init__`` through every field: a copy of the fields
-    with ``changes`` set. A fleet-wide diagnose makes about three a GPU (the join, the ladder, the straggler names).
+    an ``__init__`` argument) without its call of ``__init__``: a fleet-wide diagnose makes about three a GPU.
 
     >>> from dataclasses import replace
     >>> v = RunView("r", "0", {}, 0.0, False, None, 0.0, 0.0, live=False)
@@ -48,8 +47,7 @@ def evolve(obj: _Frozen, **changes: Any) -> _Frozen:
     TypeError: RunView has no field nope
     """
     cls: type = type(obj)
-    unknown = changes.keys() - _names(cls)
-    if unknown:
+    if unknown := changes.keys() - _names(cls):
         raise TypeError(f"{type(obj).__name__} has no field {', '.join(sorted(unknown))}")
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__, **changes)
@@ -151,18 +149,14 @@ class GpuView:
     """Effective utilization: the whole GPU's SM activity (0-1, a 5m mean from Prometheus, the window's from an
     exporter); None when no source reports it (verdict/efficiency.py)."""
     tensor_active: float | None = None
-    """Tensor pipe activity (0-1); None when unknown."""
     dram_active: float | None = None
-    """DRAM bandwidth / activity (0-1); None when unknown."""
+    """Tensor pipe and DRAM bandwidth activity (0-1); None when unknown."""
     fp32_active: float | None = None
-    """FP32 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP32_ACTIVE; None where it is not served."""
     fp16_active: float | None = None
-    """FP16 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP16_ACTIVE; None where it is not served."""
     fp64_active: float | None = None
-    """FP64 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP64_ACTIVE; None where it is not served."""
+    """FP32, FP16, FP64 pipe activity (0-1) from dcgm-exporter's DCGM_FI_PROF_PIPE_FP*_ACTIVE; None where not served."""
     sm_source: str | None = None
-    """Where the SM activity came from: ``"gpm"`` (NVML GPM, Hopper and newer) or ``"dcgm"`` (dcgm-exporter); None
-    when unknown."""
+    """Where the SM activity came from: ``"gpm"`` (NVML GPM) or ``"dcgm"`` (dcgm-exporter); None when unknown."""
     efficiency_recorded: str = ""
     """The GPU-level cause the recording rules found (``gpu:gpu_busy_not_effective:ratio``'s cause label, read by
     diagnose --prometheus-url); "" where they found none or were not read (verdict.efficiency.find_efficiency)."""
@@ -175,7 +169,8 @@ class GpuView:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The diagnosis of one GPU. ``projected`` is the utilization reachable without the cause."""
+    """The diagnosis of one GPU. ``projected`` is the utilization reachable without the cause; ``suggestion`` the
+    concrete remedy with the run's own numbers (gpu_exporter.verdict.remedies), "" without them."""
 
     name: str
     title: str
@@ -187,7 +182,6 @@ class Verdict:
     level: str = ""
     projected: float | None = None
     suggestion: str = ""
-    """The concrete remedy, with the run's own numbers (gpu_exporter.verdict.remedies); "" without them."""
     effective: str = ""
     """The effective-use line: SM activity beside busy utilization ("SM activity 25% (GPM) while 96% busy"), or
     "SM activity unknown: ..." (gpu_exporter.verdict.efficiency.effective_line)."""
@@ -237,11 +231,10 @@ class Readings:
     cluster_label: str = field(kw_only=True)
     """The label the GPU keys were made with (verdict.readings.Keys); "" for one node."""
     sm_active: dict[str, tuple[float, str]] = field(default_factory=dict)
-    """The whole GPU's SM activity and its source ("gpm" or "dcgm") per GPU key."""
     tensor_active: dict[str, float] = field(default_factory=dict)
-    """Tensor pipe activity per GPU key (the same source as the SM activity)."""
     dram_active: dict[str, float] = field(default_factory=dict)
-    """DRAM activity per GPU key (the same source as the SM activity)."""
+    """Per GPU key: the whole GPU's SM activity with its source ("gpm" or "dcgm"), and the same source's tensor pipe
+    and DRAM activity."""
     efficiency: dict[str, str] = field(default_factory=dict)
     """The GPU-level cause the recording rules found per GPU key (verdict.efficiency; from Prometheus)."""
     fp_active: dict[str, dict[str, float]] = field(default_factory=dict)
