@@ -9,21 +9,10 @@ node the exporter's simulated NVML reads (the same scenario file and the same ch
         [--hostname NAME] [--interval SECONDS] [--dir DIR] [--pod UUID=NAMESPACE/POD/CONTAINER ...]
 
 It prints one line, ``dcgm-exporter stand-in listening on http://HOST:PORT/metrics``, then serves ``/metrics``
-(Prometheus text format 0.0.4) until it is stopped. Each value is the mean over the last ``--interval`` seconds
-(default 30, dcgm-exporter's collection interval) up to the scrape, or since the stand-in started when that is
-shorter:
-
-=================================  =======================================================================
-``DCGM_FI_DEV_GPU_UTIL``           NVML's utilization, in percent 0-100 (an integer); not on MIG-mode GPUs
-``DCGM_FI_PROF_GR_ENGINE_ACTIVE``  the share of time the graphics/compute engine was busy (0-1)
-``DCGM_FI_PROF_SM_ACTIVE``         SM activity (0-1)
-``DCGM_FI_PROF_SM_OCCUPANCY``      SM occupancy (0-1)
-``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` tensor pipe activity (0-1)
-``DCGM_FI_PROF_DRAM_ACTIVE``       DRAM interface activity (0-1)
-``DCGM_FI_PROF_PIPE_FP64_ACTIVE``  fp64 pipe activity (0-1); only with the scenario's ``dcgm_pipe_fields: true``
-``DCGM_FI_PROF_PIPE_FP32_ACTIVE``  fp32 pipe activity (0-1); the same
-``DCGM_FI_PROF_PIPE_FP16_ACTIVE``  fp16 pipe activity (0-1); the same
-=================================  =======================================================================
+(Prometheus text format 0.0.4) until it is stopped: the gauges of :data:`FIELDS`, ``DCGM_FI_DEV_GPU_UTIL`` (NVML's
+utilization in whole percents; not on MIG-mode GPUs) and the ``DCGM_FI_PROF_*`` ratios 0-1. Each value is the mean
+over the last ``--interval`` seconds (default 30, dcgm-exporter's collection interval) up to the scrape, or since
+the stand-in started when that is shorter.
 
 The values are :meth:`SimulatedNode.profile`'s, the ones the simulated GPM reports. The profiling fields are
 served for Volta and newer (DCGM profiling's range), per GPU instance on a MIG-mode GPU (labels ``GPU_I_PROFILE``,
@@ -167,13 +156,12 @@ class DcgmExporter(AbstractContextManager["DcgmExporter"]):
             if gpu.mig_instances is not None:
                 targets = [([*base, ("GPU_I_PROFILE", inst.profile), ("GPU_I_ID", str(inst.gpu_instance_id))], i)
                            for i, inst in enumerate(gpu.mig_instances)]
+            # no utilization counter in MIG mode; the profiling fields from Volta on
+            served = [(name, value) for name, _, value in fields if (
+                gpu.mig_instances is None if name == UTIL_FIELD else gpu.architecture_id >= PROFILING_SINCE)]
             for labels, mig_index in targets:
                 profile = node.profile(gpu.index, since, t, mig_index)
-                for name, _, value in fields:
-                    if name == UTIL_FIELD and gpu.mig_instances is not None:
-                        continue  # no utilization counter in MIG mode
-                    if name != UTIL_FIELD and gpu.architecture_id < PROFILING_SINCE:
-                        continue
+                for name, value in served:
                     rows[name].append(f"{name}{_labels(labels)} {value(profile)!r}\n")
         out: list[str] = []
         for name, help_text, _ in fields:

@@ -144,14 +144,10 @@ class SimDevice:
             return self.history.activity(self._started if t0 is None else t0, time.monotonic() if t1 is None else t1)
 
     def truth(self, since: float | None = None, until: float | None = None) -> dict[str, Any]:
-        """The device's own account up to ``until`` (now): wall, busy, idle seconds per marked CPU phase,
-        ``collective``, the seconds the stream spent in collectives (its idle wait there is not in ``idle``), and
-        ``sm``, ``tensor``, ``dram``, ``fp32``, ``fp16``, ``fp64``: the SM-, tensor-pipe-, DRAM- and fp-pipe-seconds
-        of its kernels (``sm / wall`` is the
-        SM activity GPM and DCGM report over that window; ``sm / busy`` the mean share of SMs its kernels used).
-
-        From ``since`` (the device's start) on; time before the first mark counts as ``other``.
-        """
+        """The device's own account from ``since`` (its start) to ``until`` (now): ``wall``, :meth:`activity`'s
+        seconds (``sm / wall`` is the SM activity GPM and DCGM report; ``sm / busy`` the mean share of SMs its kernels
+        used), ``idle`` and ``cpu`` seconds per marked CPU phase (before the first mark: ``other``), and
+        ``collective``, the seconds the stream spent in collectives (its idle wait there is not in ``idle``)."""
         end = time.monotonic() if until is None else until
         begin = self._started if since is None else since
         before = [what for t, what in self._marks if t <= begin]
@@ -224,11 +220,8 @@ class AsyncDevice(SimDevice):
     is busy while a kernel or a collective's transfer runs; a copy (``.cpu()``, ``.to("cuda")``)
     holds the stream but is not busy (NVML counts kernels only), and so is a collective's wait for
     the slowest rank: by default (``wait_busy``) that wait is busy too, as NCCL's kernel spins while it waits and
-    NVML counts it; ``wait_busy=False`` makes the wait idle (a CPU-side wait, e.g. gloo).
-
-    ``kernel`` gives the shares of the GPU (SM, tensor pipe, DRAM) a :meth:`launch` uses unless it says
-    otherwise (default: ``$GPU_SIM_KERNEL``, else :class:`Kernel`'s defaults); a collective's busy time uses
-    :data:`COLLECTIVE_KERNEL`, a copy none (it is not busy).
+    NVML counts it; ``wait_busy=False`` makes the wait idle (a CPU-side wait, e.g. gloo). A collective's busy time
+    uses :data:`COLLECTIVE_KERNEL`, a :meth:`launch` the device's ``kernel`` unless it says otherwise.
     """
 
     def __init__(self, uuid: str, directory: str | Path | None = None, *, group: str = "", rank: int = 0,
@@ -367,11 +360,8 @@ def spin(seconds: float) -> None:
 class OpsDevice(SimDevice):
     """Busy while this process's main thread is inside a torch operator; idle otherwise.
 
-    :meth:`start` enters a ``TorchDispatchMode`` that times each top-level aten operator (the ones
-    autograd runs in ``backward()`` too); collectives (``c10d``) are communication, not GPU work.
-    Every operator runs at ``kernel``'s shares of the GPU (SM, tensor pipe, DRAM); without one, at
-    ``$GPU_SIM_KERNEL`` (``sm=0.25,tensor=0,dram=0.1``: any subset, the rest :class:`Kernel`'s defaults), else
-    at the defaults.
+    :meth:`start` enters a ``TorchDispatchMode`` that times each top-level aten operator (the ones autograd runs in
+    ``backward()`` too) at the device's ``kernel``; collectives (``c10d``) are communication, not GPU work.
     """
 
     SKIP_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
@@ -421,8 +411,7 @@ def kernel_from_env() -> Kernel:
 
 
 def run_script(argv: list[str]) -> int:
-    """``python -m gpu_exporter.simulate.device --uuid GPU-x [--dir DIR] [--truth FILE] [--sm S] [--tensor T]
-    [--dram D] [--fp32 F] [--fp16 F] [--fp64 F] -- script.py ARGS``."""
+    """The command line: ``python -m gpu_exporter.simulate.device --uuid GPU-x [OPTIONS] -- script.py ARGS``."""
     import argparse
     import json
     import runpy
