@@ -2,8 +2,8 @@
 
 :func:`fetch` is the one request every client source makes (:mod:`~gpu_exporter.commands.client_sources`,
 :mod:`~gpu_exporter.commands.client_prometheus`); :class:`Connection` holds its TLS context and auth headers
-(made from the command line by :func:`gpu_exporter.commands.client_cli.connection`). Every failure is a
-:class:`MetricsError` whose message is one sentence that says what went wrong and what to check.
+(made from the command line by :func:`gpu_exporter.commands.client_cli.connection`). A failure is a
+:class:`MetricsError` that says what went wrong and what to check.
 """
 
 from __future__ import annotations

@@ -35,22 +35,15 @@ class Source(Protocol):
 
 
 def new_poll_gap(source: Source) -> float:
-    """How much newer a reading's NVML poll must be to count as a new poll: half the poll interval.
-
-    Two scrapes of the same poll differ in ``at`` by the scrape-time jitter (up to a scrape's
-    duration); two polls differ by at least the poll interval. An in-process source polls on
-    every read, so any newer reading is new.
-    """
+    """How much newer a reading's NVML poll must be to count as a new poll: half the poll interval (two scrapes of
+    one poll differ in ``at`` by the scrape-time jitter, two polls by the poll interval); 0 in-process, which polls
+    on every read."""
     return float(getattr(source, "poll_interval", 0.0)) / 2
 
 
 def read_after(source: Source, after: float, patience: float, min_gap: float | None = None) -> Snapshot:
-    """The first reading whose NVML poll is at least ``min_gap`` newer than ``after`` (default
-    :func:`new_poll_gap`; an exporter polls on its own schedule).
-
-    Gives up after ``patience`` seconds and returns the latest reading; the caller checks
-    ``snapshot.at`` to tell a repeated poll from a new one.
-    """
+    """The first reading whose NVML poll is at least ``min_gap`` (default :func:`new_poll_gap`) newer than ``after``;
+    after ``patience`` seconds the latest reading (the caller checks ``snapshot.at`` for a repeated poll)."""
     gap = max(new_poll_gap(source) if min_gap is None else min_gap, 1e-6)
     deadline = time.monotonic() + patience
     while True:
@@ -127,11 +120,8 @@ class DcgmSource:
 
 @dataclass
 class NvmlSource:
-    """Reads NVML in this process with the exporter's utilization, device and process collectors.
-
-    ``simulate``: None for the real driver, "" for the packaged simulated node, or a scenario
-    name or file. Call :meth:`close` when done.
-    """
+    """Reads NVML in this process with the exporter's utilization, device and process collectors; ``simulate``:
+    None for the real driver, "" for the packaged simulated node, or a scenario name or file. :meth:`close` it."""
 
     simulate: str | None = None
     _state: dict[str, Any] = field(default_factory=dict)

@@ -1,11 +1,10 @@
 """``diagnose --prometheus-url``'s sources: Readings of a fleet from Prometheus.
 
-Two ways to read the same signals: :func:`from_prometheus` reads the recording rules generated
-from the cause table (5m windows: ``gpu:gpu_utilization:avg5m``, ``run:gpu_training_phase:share5m``,
-``run:gpu_training_cause:share`` ...) and takes their causes as found; :func:`from_prometheus_window`
-computes the rules' signals for any other window from the raw counters and leaves the causes to
-the cause table. Both key GPUs by ``cluster_label`` and ``uuid``, as the rules do, so two
-clusters' GPUs with the same UUID stay apart (:class:`~gpu_exporter.verdict.readings.Keys`).
+Two ways to read the same signals: :func:`from_prometheus` reads the recording rules generated from the cause table
+(5m windows: ``gpu:gpu_utilization:avg5m``, ``run:gpu_training_cause:share`` ...) and takes their causes as found;
+:func:`from_prometheus_window` computes the rules' signals for any other window from the raw counters and leaves the
+causes to the cause table. Both key GPUs by ``cluster_label`` and ``uuid``, as the rules do, so two clusters' GPUs
+with the same UUID stay apart (:class:`~gpu_exporter.verdict.readings.Keys`).
 """
 
 from __future__ import annotations
@@ -153,14 +152,9 @@ def _reads(names: Iterable[str]) -> dict[str, tuple[str, ...] | None]:
 
 
 def from_prometheus_window(prom: Prometheus, seconds: float, *, cluster_label: str) -> Readings:
-    """Readings from Prometheus over any window ending at ``prom.at``: the recording rules' signals for it.
-
-    ``rate(gpu_busy_seconds_total[W])`` is ``gpu:gpu_utilization:avg5m`` with the window W, the phases'
-    ``increase(...[W])`` give ``run:gpu_training_phase:share5m``'s shares, allocator events are counted over
-    W; the causes are then judged with the cause table (``findings`` None). The processes' /proc evidence is the
-    rates of their gpu_process_* counters over W (``evidence.from_window``: the evidence rules' with W), its hints
-    found with the evidence table (``hints`` None). Needs no rules loaded.
-    """
+    """Readings from Prometheus over any window W ending at ``prom.at``: the recording rules' signals computed over W
+    from the raw counters (``rate``, ``increase``; the processes' /proc evidence by ``evidence.from_window``), their
+    causes and hints left to the cause and evidence tables (``findings`` and ``hints`` None). Needs no rules loaded."""
     w = promql_duration(seconds)
     busy, phases, retries, ooms = (f"{fn}({metric.name}[{w}])" for fn, metric in (
         ("rate", catalog.GPU_BUSY_SECONDS_TOTAL), ("increase", catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL),
@@ -199,13 +193,10 @@ _RULES = tuple(m.name for m in (
 
 def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = True,
                     sm_active_low: float | None = None, utilization_target: float = 0.0) -> Readings:
-    """Readings from Prometheus: the recording rules generated from the cause table, instant values.
-
-    Utilization, memory, phase shares and causes come only from the recording rules (5m windows, at
-    ``prom.at``), the GPU-level causes first from them (``gpu:gpu_busy_not_effective:ratio``; the efficiency table
-    judges the others here); names, processes, pods and batch sizes from the exporter's instant series. Every
-    query is sent at once (:class:`_Fleet`). The runs' launches (start time and run id) only with ``launches``:
-    they choose among launches of one name (``--run``, ``--run-id``), and a fleet-wide read skips their series.
+    """Readings from Prometheus: the recording rules generated from the cause table (5m windows, at ``prom.at``) for
+    utilization, memory, phase shares and causes (the GPU-level ones too, where ``gpu:gpu_busy_not_effective:ratio``
+    has them); names, processes, pods and batch sizes from the exporter's instant series, every query sent at once.
+    The runs' launches only with ``launches`` (``--run``, ``--run-id``; a fleet-wide read skips their series).
     With ``sm_active_low`` the live runs that may get the batch suggestion of the SM form of M3
     (verdict/efficiency.py) get their context read too: a run with no cause of its own on a GPU at or above
     ``utilization_target`` whose SM activity is below ``sm_active_low``, not every run below the line (docs/fleet.md).

@@ -2,9 +2,8 @@
 
 A rank's key is (rank, :class:`~gpu_exporter.verdict.views.GpuKey`): the GPU's cluster (where the series carry the
 thresholds' ``cluster_label``, :class:`~gpu_exporter.verdict.readings.Keys`) and uuid, so two clusters' GPUs with one
-UUID stay apart. The points of a
-range are the readings of ``diagnose --prometheus-url --window W --at T`` (:func:`readings_over`), answered by one
-range query per expression (:class:`Stepped`).
+UUID stay apart. The points of a range are the readings of ``diagnose --prometheus-url --window W --at T``
+(:func:`readings_over`), answered by one range query per expression (:class:`Stepped`).
 """
 
 from __future__ import annotations
@@ -81,11 +80,9 @@ def lifetime(prom: Prometheus, run: str, now: float, lookback: str, *,
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch (incarnation) of a run: its run id, its ranks, its own start and end.
-
-    Launches of one name share the training series (keyed by run, rank, uuid); only ``gpu_training_run_info``
-    and the start timestamp carry the ``run_id`` (docs/training.md#run-identity), so every read of a launch keeps
-    the samples scraped while its info series was there (:meth:`only`).
+    """One launch (incarnation) of a run: its run id, its ranks, its own start and end. Launches of one name share
+    the training series; only ``gpu_training_run_info`` and the start timestamp carry the ``run_id``
+    (docs/training.md#run-identity), so a read of a launch keeps the samples of its info series' time (:meth:`only`).
     """
 
     run: str
@@ -183,12 +180,9 @@ def pick_launch(prom: Prometheus, at: float, lookback: str, run: str | None, run
 
 
 def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, Totals]:
-    """``launch`` with its end (its last push), and its final phase seconds per rank.
-
-    Both come from the last scrape that saw the launch, found among the raw samples of its info series
-    (each sample at its scrape's time): a query at that very time reads that scrape, however soon the
-    next launch of the name replaced it, where a range query's or subquery's steps could fall around it.
-    """
+    """``launch`` with its end (its last push), and its final phase seconds per rank, both from the last scrape that
+    saw the launch (the last raw sample of its info series): a query at that very time reads that scrape, however soon
+    the next launch of the name replaced it, where a range query's steps could fall around it."""
     now = min(now, launch.until)
     span = promql_duration(max(now - launch.start, 1.0) + 1.0)
     last: dict[float, set[RankKey]] = {}
@@ -211,10 +205,9 @@ def launch_range(prom: Prometheus, launch: Launch, now: float) -> tuple[Launch, 
 
 def deltas(prom: Prometheus, run: str, start: float, end: float, lookback: str, final: Totals | None,
            launch: Launch | None = None, *, cluster_label: str) -> Totals:
-    """Phase seconds of each rank between ``start`` and ``end`` (0 before the run began); ``final``: the
-    run's last totals, for a range that ends with the run (its last push may be scraped after ``end``).
-    With ``launch``, only that launch's own samples count (its counters start at 0: nothing of an
-    earlier launch of the name is subtracted)."""
+    """Phase seconds of each rank between ``start`` and ``end`` (0 before the run began); ``final``: the run's last
+    totals, for a range that ends with the run (its last push may be scraped after ``end``). With ``launch``, only
+    its own samples count (its counters start at 0: nothing of an earlier launch of the name is subtracted)."""
     cluster_label = launch.cluster_label if launch else cluster_label
     after = final if final is not None else _phase_totals(prom, end, run, promql_duration(max(end - start, 1.0)),
                                                           cluster_label=cluster_label, launch=launch)
@@ -281,8 +274,7 @@ def _ms(ts: float) -> int:
 def readings_over(prom: Prometheus, times: Sequence[float], step: float, window: float, cluster_label: str,
                   gpus: Sequence[GpuKey] = ()) -> Iterator[tuple[float, Readings]]:
     """(time, the readings of ``diagnose --prometheus-url --window W --at T``) at every point T of ``times`` (a grid
-    ``step`` apart) where Prometheus holds GPUs; only the series of ``gpus`` (GPU keys)
-    when given (a run's report need not read a fleet)."""
+    ``step`` apart) where Prometheus holds GPUs; only the series of ``gpus`` when given (a run reads no fleet)."""
     uuids = _quote("|".join(sorted({gpu.uuid for gpu in gpus})))
     stepped = Stepped(prom, times, step, only=f"{catalog.GPU_INFO.name}{{uuid=~{uuids}}}" if gpus else "")
     for ts in times:
