@@ -175,12 +175,8 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (queries) as literal blocks, so the file reads like the rules it mirrors."""
 
 
-def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_Dumper.add_representer(str, _str)
+_Dumper.add_representer(str, lambda dumper, data: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None))
 
 
 def generate(model: Model) -> dict[Path, str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpu_exporter import catalog
@@ -42,25 +41,15 @@ LEVEL_COLOURS = {LOW: "red", TARGET: "yellow", OK: "green"}
 P = TypeVar("P", ts.Panel, stat.Panel, bargauge.Panel, statetimeline.Panel, table.Panel)
 
 
-@dataclass(frozen=True)
-class Config:
-    """The one config (thresholds.yml, read and checked by the typed loader of gpu_exporter.thresholds) with
-    the query helpers the dashboards and Grafana alerts share."""
-
-    file: ThresholdsFile
+class Config(ThresholdsFile):
+    """The one config (thresholds.yml, read and checked by the typed loader of gpu_exporter.thresholds: its
+    ``text`` and ``num``) with the query helpers the dashboards and Grafana alerts share."""
 
     @classmethod
     def load(cls, file: ThresholdsFile | None = None) -> Config:
         """Read thresholds.yml (or take ``file``, as :func:`read_thresholds_file` returns)."""
-        return cls(read_thresholds_file() if file is None else file)
-
-    def text(self, key: str) -> str:
-        """The value as written in the config (for PromQL and durations)."""
-        return self.file.text(key)
-
-    def num(self, key: str) -> float:
-        """A ratio or number of the config as a float."""
-        return self.file.num(key)
+        file = read_thresholds_file() if file is None else file
+        return cls(file.source, file.values)
 
     @property
     def cluster(self) -> str:
@@ -79,7 +68,7 @@ class Config:
 
     def runbook(self, alert: str) -> str:
         """The runbook URL of an alert (its section: gpu_exporter.verdict.alerts.runbook_anchor)."""
-        return self.file.runbook_url(runbook_anchor(alert))
+        return self.runbook_url(runbook_anchor(alert))
 
     def sel(self, metric: str, *labels: str, **fixed: str) -> str:
         """``metric{cluster=~"$cluster", node=~"$node", ...}``: the cluster variable, then one ``=~"$x"``
@@ -154,9 +143,12 @@ DASHED = {"custom_fillOpacity": 0, "custom_lineStyle": {"dash": [10, 10], "fill"
 
 
 def _common(panel: P, title: str, description: str, targets: Sequence[prometheus.Dataquery], unit: str,
-            w: int, h: int, ratio_range: bool = True) -> P:
-    """The parts every panel has; a ratio unit fixes the range to 0-1 (unless not ``ratio_range``)."""
-    panel = panel.title(title).description(description).datasource(DATASOURCE).unit(unit).span(w).height(h)
+            w: int, h: int, thresholds: dash.ThresholdsConfig | None,
+            colours: dm.FieldColorModeId = dm.FieldColorModeId.THRESHOLDS, ratio_range: bool = True) -> P:
+    """The parts every panel has: colours from ``thresholds`` (default: all green) or the palette; a ratio unit
+    fixes the range to 0-1 (unless not ``ratio_range``)."""
+    panel = (panel.title(title).description(description).datasource(DATASOURCE).unit(unit).span(w).height(h)
+             .thresholds(thresholds or steps(("green", None))).color_scheme(dash.FieldColor().mode(colours)))
     for ref, target in zip("ABCDEFGH", targets, strict=False):
         panel = panel.with_target(target.ref_id(ref).datasource(DATASOURCE))
     return panel.min(0).max(1) if ratio_range and unit == "percentunit" else panel
@@ -172,9 +164,8 @@ def timeseries(title: str, description: str, targets: Sequence[prometheus.Dataqu
                dashed: str | None = None, links: Sequence[dash.DashboardLink] = ()) -> ts.Panel:
     """A time series: lines (fill 10) or bars (fill 80), optionally stacked; a ratio unit fixes 0-1;
     ``dashed`` names a regex of series drawn as dashed reference lines."""
-    panel = _common(ts.Panel(), title, description, targets, unit, w, h)
-    panel = (panel.thresholds(thresholds or steps(("green", None)))
-             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
+    panel = (_common(ts.Panel(), title, description, targets, unit, w, h, thresholds,
+                     dm.FieldColorModeId.PALETTE_CLASSIC)
              .draw_style(cm.GraphDrawStyle.BARS if bars else cm.GraphDrawStyle.LINE)
              .line_width(1).fill_opacity(fill if fill is not None else 80 if bars else 10)
              .show_points(cm.VisibilityMode.NEVER).span_nulls(False)
@@ -201,9 +192,7 @@ def utilization_timeseries(cfg: Config, title: str, description: str, targets: S
 def stat_panel(title: str, description: str, target: prometheus.Dataquery, *, unit: str = "none",
                w: int = 4, h: int = 5, thresholds: dash.ThresholdsConfig | None = None) -> stat.Panel:
     """A big number (last value, with its sparkline) coloured by ``thresholds``."""
-    panel = _common(stat.Panel(), title, description, [target], unit, w, h)
-    return (panel.thresholds(thresholds or steps(("green", None)))
-            .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+    return (_common(stat.Panel(), title, description, [target], unit, w, h, thresholds)
             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields(""))
             .color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
             .text_mode(cm.BigValueTextMode.AUTO).justify_mode(cm.BigValueJustifyMode.AUTO)
@@ -214,9 +203,7 @@ def bar_gauge(title: str, description: str, target: prometheus.Dataquery, *, uni
               w: int = 8, h: int = 8, thresholds: dash.ThresholdsConfig | None = None,
               panel_links: Sequence[dash.DashboardLink] = ()) -> bargauge.Panel:
     """Horizontal gradient bars, one per series, of an instant query."""
-    panel = _common(bargauge.Panel(), title, description, [target], unit, w, h)
-    panel = (panel.thresholds(thresholds or steps(("green", None)))
-             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+    panel = (_common(bargauge.Panel(), title, description, [target], unit, w, h, thresholds)
              .orientation(cm.VizOrientation.HORIZONTAL).display_mode(cm.BarGaugeDisplayMode.GRADIENT)
              .show_unfilled(True)
              .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False).fields("")))
@@ -227,9 +214,7 @@ def state_timeline(title: str, description: str, target: prometheus.Dataquery, *
                    thresholds: dash.ThresholdsConfig, w: int = 12, h: int = 8, legend: bool = False,
                    links: Sequence[dash.DashboardLink] = ()) -> statetimeline.Panel:
     """One row per series, coloured by ``thresholds``; on/off signals merge equal neighbours."""
-    panel = _common(statetimeline.Panel(), title, description, [target], unit, w, h)
-    panel = (panel.thresholds(thresholds)
-             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+    panel = (_common(statetimeline.Panel(), title, description, [target], unit, w, h, thresholds)
              .show_value(cm.VisibilityMode.NEVER).merge_values(unit != "percentunit")
              .row_height(0.9 if unit == "percentunit" else 0.8).align_value(cm.TimelineValueAlignment.LEFT)
              .legend(common.VizLegendOptions().show_legend(legend).display_mode(cm.LegendDisplayMode.LIST)
@@ -247,10 +232,8 @@ def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataq
     """Instant queries in table format, merged on their common labels into one row per series;
     ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value); ``sort_by`` a
     column, lowest first (highest with ``sort_desc``)."""
-    panel = _common(table.Panel(), title, description, targets, unit, w, h, ratio_range=False)
-    panel = (panel.thresholds(steps(("green", None)))
-             .color_scheme(dash.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
-             .show_header(True).cell_height(cm.TableCellHeight.SM))
+    panel = _common(table.Panel(), title, description, targets, unit, w, h, None, dm.FieldColorModeId.PALETTE_CLASSIC,
+                    ratio_range=False).show_header(True).cell_height(cm.TableCellHeight.SM)
     if sort_by:
         panel = panel.sort_by([common.TableSortByFieldState().display_name(sort_by).desc(sort_desc)])
     transformations = [dm.DataTransformerConfig(id_val="merge", options={})] if merge else []

@@ -126,12 +126,8 @@ class Exporter:
                  " (simulated)" if self.simulated is not None else "")
 
     def _after_poll(self) -> None:
-        self._prepare_scrape()
-        if self.server is not None:
-            self.server.record_page()
-
-    def _prepare_scrape(self) -> None:
-        """After a poll: when a scrape is expected before the next poll, render and compress its body now.
+        """After a poll: when a scrape is expected before the next poll, render and compress its body now; the
+        status page, once viewed, keeps a reading.
 
         Prometheus scrapes at a fixed interval, so the scrape that follows a poll then only writes
         bytes made here, the exporter's own health and process_* included (as of this poll; kept
@@ -141,6 +137,8 @@ class Exporter:
         server = self.server
         if server is not None and server.scrapes.due_within(self.config.poll_interval):
             server.body.prepare(ahead=self.config.poll_interval * 1.5)
+        if server is not None:
+            server.record_page()
 
     def stop(self) -> None:
         """Stop serving and polling; release NVML."""

@@ -222,10 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
                        headers={"Retry-After": "1"})
             return
         try:
-            if self.command == "POST":
-                self.do_POST()
-            else:
-                self.do_GET()
+            (self.do_POST if self.command == "POST" else self.do_GET)()
         finally:
             self.server.slots.release()
 
@@ -330,9 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.route == self.server.telemetry_path:
             self.server.scrapes.arrived(self.client_address[0])
             body, encoding = self.server.body.encode(self.headers.get("Accept-Encoding"))
-            headers = {"Vary": "Accept-Encoding"}
-            if encoding is not None:
-                headers["Content-Encoding"] = encoding
+            headers = {"Vary": "Accept-Encoding", **({"Content-Encoding": encoding} if encoding is not None else {})}
             self._send(HTTPStatus.OK, body, CONTENT_TYPE_LATEST, headers)
         elif self.route in PAGE_PATHS:
             body, content_type = self.server.status_page().respond(self.route)

@@ -214,25 +214,16 @@ class ThresholdsFile:
                              for f in fields(Thresholds)})  # type: ignore[arg-type]
 
 
-def _read(path: str | Path | None) -> tuple[str, str]:
-    """``(source, text)`` of the thresholds file (default: the packaged one)."""
-    if path is None:
-        source = "gpu_exporter/thresholds.yml"
-        try:
-            return source, resources.files("gpu_exporter").joinpath("thresholds.yml").read_text(encoding="utf-8")
-        except OSError as err:
-            raise ThresholdsError(f"the packaged {source} cannot be read ({err.strerror}); "
-                                  "reinstall gpu-utilization-exporter") from None
-    try:
-        return str(path), Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ThresholdsError(f"{path} cannot be read: {err.strerror}") from None
-
-
 def _parse(path: str | Path | None) -> tuple[str, Any]:
-    source, text = _read(path)
+    """``(source, parsed YAML)`` of the thresholds file (default: the packaged one)."""
+    source = "gpu_exporter/thresholds.yml" if path is None else str(path)
+    file = resources.files("gpu_exporter").joinpath("thresholds.yml") if path is None else Path(path)
     try:
-        return source, yamlfile.parse(text, source)
+        return source, yamlfile.parse(file.read_text(encoding="utf-8"), source)
+    except OSError as err:
+        raise ThresholdsError(f"{path} cannot be read: {err.strerror}" if path is not None else
+                              f"the packaged {source} cannot be read ({err.strerror}); reinstall "
+                              "gpu-utilization-exporter") from None
     except yamlfile.YamlError as err:
         raise ThresholdsError(str(err)) from None
 

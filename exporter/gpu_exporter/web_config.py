@@ -44,8 +44,10 @@ _HEADERS = {"Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Option
             "Strict-Transport-Security"}
 _VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 _VERSIONS_NOT_HONOURED = {"TLS10", "TLS11"}  # exporter-toolkit accepts them; OpenSSL here refuses them
-_CLIENT_AUTH = {"NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
-                "RequireAndVerifyClientCert"}
+_CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,
+                "RequireAnyClientCert": ssl.CERT_NONE,  # refused when the file is read
+                "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL, "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+"""Every client_auth_type, and the verify mode each gets."""
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 BCRYPT_MIN_COST, BCRYPT_MAX_COST = 4, 14
 """Accepted bcrypt costs: cost 14 takes about a second per check, cost 31 days."""
@@ -110,10 +112,7 @@ class WebConfig:
             except (OSError, ssl.SSLError) as err:
                 raise WebConfigError(f"tls_server_config: cannot load client_ca_file "
                                      f"{tls.client_ca_file}: {_reason(err)}") from None
-        if tls.client_auth_type == "RequireAndVerifyClientCert":
-            context.verify_mode = ssl.CERT_REQUIRED
-        elif tls.client_auth_type in ("VerifyClientCertIfGiven", "RequestClientCert"):
-            context.verify_mode = ssl.CERT_OPTIONAL
+        context.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
         return context
 
     def check_auth(self, authorization_header: str | None) -> bool:
@@ -152,18 +151,10 @@ class WebConfig:
 
 def _parse_basic(header: str | None) -> tuple[str, bytes] | None:
     scheme, _, encoded = (header or "").strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
     try:
-        decoded = base64.b64decode(encoded.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    user, sep, password = decoded.partition(b":")
-    if not sep:
-        return None
-    try:
-        return user.decode(), password
-    except UnicodeDecodeError:
+        user, sep, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
+        return (user.decode(), password) if sep and scheme.lower() == "basic" else None
+    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
         return None
 
 
@@ -239,14 +230,9 @@ def _parse_tls(section: dict[str, Any], base: Path, source: str) -> TLSServerCon
     prefer = section.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
         raise fail("prefer_server_cipher_suites", "prefer_server_cipher_suites must be true or false")
-    return TLSServerConfig(
-        cert_file=_path(section, "cert_file", base, source),
-        key_file=_path(section, "key_file", base, source),
-        client_auth_type=client_auth,
-        client_ca_file=_path(section, "client_ca_file", base, source) if ca else None,
-        min_version=low,
-        max_version=high,
-        prefer_server_cipher_suites=prefer)
+    return TLSServerConfig(_path(section, "cert_file", base, source), _path(section, "key_file", base, source),
+                           client_auth, _path(section, "client_ca_file", base, source) if ca else None, low, high,
+                           prefer)
 
 
 def _parse_users(section: dict[str, Any], source: str) -> tuple[dict[str, str], bytes]:
