@@ -151,12 +151,10 @@ class PollingCollector:
                 continue
             try:
                 self.poll_gpu(ctx, gpu, out)
-            except GpuLost as err:
+            except (GpuLost, CallFailed) as err:
                 log.warning("%s collector: %s", self.name, err)
-                ctx.lost.add(gpu.uuid)
-                ok = False
-            except CallFailed as err:
-                log.warning("%s collector: %s", self.name, err)
+                if isinstance(err, GpuLost):
+                    ctx.lost.add(gpu.uuid)
                 ok = False
         self.finish_poll(ctx)
         self.publish(out.collect())

@@ -16,16 +16,12 @@ for storage. For every process NVML lists on a GPU (host PIDs), this collector r
   queue or the GPU), ``disk`` (D: blocked on I/O) or ``other``; sampled at each read, the time
   since the previous read of that process is given to the state seen now.
 
-Budget: reading a process costs about 0.06 ms of CPU (three to five /proc files), and its rows a
-little more, so a node with 512 GPU processes spent 55 ms of CPU of every one-second poll here
-(docs/benchmarks.md, "Evidence collector with real GPU processes"). The collector keeps
-to ``cpu_share`` of one CPU (``evidence.cpu_share``, default 2%): each poll it earns that share
-of the time since the previous poll and spends it reading the processes read longest ago (a
-process NVML lists for the first time is read at once). While the budget covers every process,
-every process is read at every poll; past it, each is read every few polls (512 processes: about
-every 1.5-2 s, 25 ms a second in all), and its series keep their last values in between. No process waits
-longer than ``MAX_AGE`` seconds, whatever the budget. ``cpu_share`` 0 reads every process at
-every poll.
+Budget: reading a process costs about 0.06 ms of CPU (docs/benchmarks.md, "Evidence collector with real GPU
+processes"). The collector keeps to ``cpu_share`` of one CPU (``evidence.cpu_share``, default 2%): each poll it
+earns that share of the time since the previous poll and spends it reading the processes read longest ago (a
+process NVML lists for the first time is read at once). Past the budget each process is read every few polls and
+its series keep their last values in between, but none waits longer than ``MAX_AGE`` seconds. ``cpu_share`` 0
+reads every process at every poll.
 
 Privileges: the PIDs are host PIDs, so the exporter must share the host PID namespace
 (``hostPID: true`` in the DaemonSet, ``--pid=host`` for a container). Without it no PID resolves

@@ -30,9 +30,9 @@ TRAINING_REFRESH_SECONDS = 0.02
 
 
 class Profile(NamedTuple):
-    """What GPM and DCGM profiling report for a window, as ratios 0-1: ``busy`` (NVML's utilization, DCGM's
-    GR_ENGINE_ACTIVE), SM activity, SM occupancy, tensor pipe activity, DRAM bandwidth, and the fp32, fp16 and
-    fp64 pipes' activity (DCGM's PIPE_FP*_ACTIVE)."""
+    """What the simulated GPM and the stand-in dcgm-exporter report for a window, as ratios 0-1: ``busy`` (NVML's
+    utilization, DCGM's GR_ENGINE_ACTIVE), SM activity, SM occupancy, tensor pipe activity, DRAM bandwidth, and the
+    fp32, fp16 and fp64 pipes' activity (DCGM's PIPE_FP*_ACTIVE)."""
 
     busy: float
     sm: float
@@ -135,17 +135,12 @@ class SimulatedNode(AbstractContextManager["SimulatedNode"]):
     # --- training-driven utilization ---------------------------------------------------------
 
     def set_training_source(self, fn: TrainingSource) -> None:
-        """Drive ``follow_training`` GPUs from the training runs pushed to the exporter.
-
-        ``fn(uuid)`` returns the cumulative phase seconds of the newest live run on the GPU (the
-        exporter passes ``TrainingStore.latest_phases``), or None when no run is live. Each time
-        they change (a new snapshot), the GPU runs from then on at the mean level of the snapshot
-        interval: ``busy_utilization`` for its compute share, ``idle_utilization`` for the rest.
-        So the simulated utilization follows the time the job really spent computing, not the
-        phase seen at push time (which is biased toward phases that release the GIL).
-        A source returning a phase name (``"compute"``) drives the GPU by phase instead (tests).
-        Polled every 20 ms and on every NVML call.
-        """
+        """Drive ``follow_training`` GPUs from the training runs pushed to the exporter (``fn``: the exporter passes
+        ``TrainingStore.latest_phases``; None: no run is live; a phase name such as ``"compute"``, in tests, drives the
+        GPU by phase). Each time the phases change (a new snapshot), the GPU runs from then on at the mean level of
+        the snapshot interval: ``busy_utilization`` for its compute share, ``idle_utilization`` for the rest, so it
+        follows the time the job really spent computing, not the phase seen at push time (which is biased toward
+        phases that release the GIL). Polled every 20 ms and on every NVML call."""
         with self.lock:
             self._training_source = fn
             if self._timelines and self._refresher is None:
@@ -222,8 +217,7 @@ class SimulatedNode(AbstractContextManager["SimulatedNode"]):
         return integral(self.utilization_pattern(index), t0, t1)
 
     def profile(self, index: int, t0: float, t1: float, mig_index: int | None = None) -> Profile:
-        """GPU ``index``'s (or one MIG instance's) profiling metrics between simulated times t0 and t1: the simulated
-        NVML's GPM and the stand-in dcgm-exporter both report these.
+        """GPU ``index``'s (or one MIG instance's) :class:`Profile` between simulated times t0 and t1.
 
         A device GPU's come from its job's kernels (the channel's SM/tensor/DRAM seconds over the window, taken
         :data:`SETTLE_SECONDS` behind like its samples); a pattern GPU's SM activity is its utilization pattern,
