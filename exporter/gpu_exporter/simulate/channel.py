@@ -181,8 +181,8 @@ class Chunks:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.busies: list[float] = []
-        self._shares: tuple[list[float], ...] = tuple([] for _ in fields(Kernel))
-        """The columns of a kernel's share-seconds, in :class:`Kernel`'s (and a channel line's) order."""
+        self._columns: tuple[list[float], ...] = (self.busies, *([] for _ in fields(Kernel)))
+        """The busy seconds, then a kernel's share-seconds in :class:`Kernel`'s order: a channel line's columns."""
 
     def add(self, start: float, end: float, busy: float | None = None, *, kernel: Kernel | None = None,
             seconds: tuple[float, ...] | None = None) -> None:
@@ -197,10 +197,8 @@ class Chunks:
             first, last = self.starts[-1], self.ends[-1]
             if start >= first and end - first <= CHUNK_SECONDS:  # into the open chunk
                 self.ends[-1] = max(last, end)
-                total = self.busies[-1] + busy
-                keep = min(1.0, (self.ends[-1] - first) / total)  # overlapping intervals: busy at most all of it
-                self.busies[-1] = total * keep
-                for column, value in zip(self._shares, shares, strict=True):
+                keep = min(1.0, (self.ends[-1] - first) / (self.busies[-1] + busy))  # overlaps: busy at most all of it
+                for column, value in zip(self._columns, (busy, *shares), strict=True):
                     column[-1] = (column[-1] + value) * keep
                 return
             if start < last:  # overlaps the last chunk (out of order): keep what lies after it
@@ -211,14 +209,12 @@ class Chunks:
         keep = min(1.0, (end - start) / busy)
         self.starts.append(start)
         self.ends.append(end)
-        self.busies.append(busy * keep)
-        for column, value in zip(self._shares, shares, strict=True):
+        for column, value in zip(self._columns, (busy, *shares), strict=True):
             column.append(value * keep)
 
     def line(self, i: int) -> str:
         """Chunk ``i`` as a channel line."""
-        return " ".join(f"{x:.6f}" for x in (self.starts[i], self.ends[i], self.busies[i],
-                                               *(column[i] for column in self._shares))) + "\n"
+        return " ".join(f"{x:.6f}" for x in (self.starts[i], self.ends[i], *(c[i] for c in self._columns))) + "\n"
 
     def value(self, t: float) -> float:
         i = bisect.bisect_right(self.starts, t) - 1
@@ -248,7 +244,7 @@ class Chunks:
     def activity(self, t0: float, t1: float) -> Activity:
         """Busy, SM-, tensor-, DRAM- and fp-pipe-seconds within [t0, t1]."""
         weights = self._weights(t0, t1)
-        return Activity(*(math.fsum(column[i] * w for i, w in weights) for column in (self.busies, *self._shares)))
+        return Activity(*(math.fsum(column[i] * w for i, w in weights) for column in self._columns))
 
 
 class DeviceTrace:
