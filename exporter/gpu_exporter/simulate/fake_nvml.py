@@ -285,9 +285,11 @@ class FakeNvmlLibrary:
     def _handle(gpu: int, mig_index: int | None = None) -> int:
         return (gpu + 1) * _GPU_HANDLE_STRIDE + (0 if mig_index is None else (mig_index + 1) * 0x100)
 
-    def _new_id(self, base: int) -> int:
+    def _allocate(self, table: dict[int, Any], base: int, value: Any, ref: Any) -> int:
+        """Put ``value`` in ``table`` under a new handle (an address from ``base`` on) and write it through ``ref``."""
         self._next_id += 1
-        return base + self._next_id * 0x10
+        table[base + self._next_id * 0x10] = value
+        return _write_pointer(ref, base + self._next_id * 0x10)
 
     # --- library and system ----------------------------------------------------------------
 
@@ -362,8 +364,7 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlDeviceGetUUID")
     def uuid(self, dev: _Target, buffer: Any, length: Any) -> int:
-        mig = dev.mig
-        return _write_string(buffer, length, dev.gpu.uuid if mig is None else mig.uuid)
+        return _write_string(buffer, length, dev.gpu.uuid if dev.mig is None else dev.mig.uuid)
 
     @_symbol("nvmlDeviceGetPciInfo_v3")
     def pci_info(self, dev: _Target, ref: Any) -> int:
@@ -564,9 +565,7 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlEventSetCreate", device=False)
     def event_set_create(self, ref: Any) -> int:
-        address = self._new_id(_EVENT_SET_BASE)
-        self._event_sets[address] = _EventSet()
-        return _write_pointer(ref, address)
+        return self._allocate(self._event_sets, _EVENT_SET_BASE, _EventSet(), ref)
 
     def _event_set(self, handle: Any) -> _EventSet:
         events = self._event_sets.get(_address(handle) or 0)
@@ -638,9 +637,7 @@ class FakeNvmlLibrary:
 
     @_symbol("nvmlGpmSampleAlloc", device=False)
     def gpm_alloc(self, ref: Any) -> int:
-        address = self._new_id(_GPM_SAMPLE_BASE)
-        self._gpm_samples[address] = None
-        return _write_pointer(ref, address)
+        return self._allocate(self._gpm_samples, _GPM_SAMPLE_BASE, None, ref)
 
     @_symbol("nvmlGpmSampleFree", device=False)
     def gpm_free(self, sample: Any) -> int:
