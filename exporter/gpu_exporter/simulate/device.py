@@ -252,8 +252,7 @@ class AsyncDevice(SimDevice):
         ``sm``, ``tensor``, ``dram``: the shares of the GPU it uses while it runs (None: the device's kernel's),
         e.g. ``launch(0.01, sm=0.2)`` for a small batch that fills a fifth of the SMs."""
         kernel = self.kernel.replace(sm, tensor, dram)
-        if cpu_seconds > 0:
-            spin(cpu_seconds)
+        spin(cpu_seconds)
         self._enqueue(_Op(time.monotonic(), seconds, "kernel", kernel=kernel))
 
     def copy(self, seconds: float) -> None:
@@ -278,8 +277,7 @@ class AsyncDevice(SimDevice):
     def item(self, cpu_seconds: float = 0.0) -> None:
         """``tensor.item()`` / ``.cpu()``: wait for the queue, then a tiny copy; ``cpu_seconds`` of CPU after."""
         self.synchronize()
-        if cpu_seconds > 0:
-            spin(cpu_seconds)
+        spin(cpu_seconds)
 
     def record(self) -> DeviceEvent:
         """A new event recorded now on the stream."""
