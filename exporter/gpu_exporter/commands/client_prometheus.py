@@ -40,8 +40,7 @@ class Prometheus:
         self.at = at
         """Evaluate instant queries at this Unix time (None: now)."""
         self.connection = connection or Connection()
-        """TLS and credentials (:func:`gpu_exporter.commands.client_cli.connection`): Thanos, Mimir, AMP or GMP
-        behind auth."""
+        """TLS and credentials (:func:`~gpu_exporter.commands.client_cli.connection`): Thanos, Mimir, AMP, GMP."""
 
     def at_time(self, at: float | None) -> Prometheus:
         return Prometheus(self.base, self.timeout, at, self.connection)

@@ -67,8 +67,7 @@ class ExporterSource:
         self.timeout = timeout
         self.connection = connection or Connection()
         self.poll_interval = float(DEFAULTS.poll_interval)
-        """The exporter's poll interval: ``gpu_exporter_poll_interval_seconds`` once a scrape shows
-        it, else the exporter's default."""
+        """``gpu_exporter_poll_interval_seconds`` once a scrape shows it, else the exporter's default."""
 
     def read(self) -> Snapshot:
         """Scrape once; raises MetricsError when the page is unreachable or not a gpu-exporter's."""

@@ -115,9 +115,6 @@ def _wait(seconds: float, url: str, err: TextIO) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         thresholds = load_thresholds(args.thresholds)
-    except ThresholdsError as err:
-        return fail(str(err))
-    try:
         if args.url is not None and args.prometheus_url is not None:
             raise MetricsError("--url and --prometheus-url exclude each other: read one exporter or Prometheus")
         if args.node is not None and args.prometheus_url is None:
@@ -163,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                         ("id", "id")) if getattr(args, dest) is not None]
             raise MetricsError(f"no GPU matches {' '.join(filters)} at {source}" if filters else
                                f"{source} reports no GPUs")
-    except MetricsError as err:
+    except (MetricsError, ThresholdsError) as err:
         return fail(str(err))
     except KeyboardInterrupt:
         return fail("interrupted", 130)

@@ -135,8 +135,7 @@ class _Fleet:
 
 def _activity(fleet: _Fleet, readings: Readings, sm: str, tensor: str, dram: str, fp: dict[str, str]) -> None:
     """The GPUs' SM activity (with its source), tensor, DRAM and fp pipe activity from the answers to ``sm``,
-    ``tensor``, ``dram`` and ``fp`` (each pipe's query by its key; the recorded series and the rules' inline
-    fragments, or the same over another window; the fp pipes only where dcgm-exporter serves them)."""
+    ``tensor``, ``dram`` and ``fp`` (each pipe's query by its key; fp pipes only where dcgm-exporter serves them)."""
     keys = fleet.keys
     for labels, value in fleet.raw(sm):
         if math.isfinite(value):

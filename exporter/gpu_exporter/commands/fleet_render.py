@@ -52,8 +52,7 @@ def _first(remedy: str) -> str:
 
 
 def _wrap(line: str, indent: int, width: int = TEXT_WIDTH) -> list[str]:
-    """``line`` in lines of at most ``width`` columns, the later ones indented by ``indent``; a word (a name, a
-    code) is never cut."""
+    """``line`` in lines of at most ``width`` columns, the later ones indented by ``indent``; no word is cut."""
     return textwrap.wrap(line, width, subsequent_indent=" " * indent, break_long_words=False,
                          break_on_hyphens=False) or [line]
 

@@ -42,8 +42,7 @@ PyTorchJob or ReplicaSet that made the pod, which the kubelet's pod-resources AP
 
 def _launches(prom: Prometheus, start: float, end: float, now: float, *, cluster_label: str) -> list[LaunchRow]:
     """The launches with a run id that ran in [start, end], with each rank's wall time inside it (by rank and GPU
-    key: ``cluster_label`` keeps two clusters' GPUs with one UUID apart); the ranks of one job that drew ids of
-    their own (they started within SAME_JOB_SECONDS on other ranks) as one row."""
+    key); the ranks of one job that drew ids of their own (started within SAME_JOB_SECONDS) as one row."""
     span = promql_duration(max(end - start, 1.0))
     rows: list[LaunchRow] = []
     for launch in sources.launches(prom, end, span, cluster_label=cluster_label):
@@ -109,8 +108,7 @@ def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step:
 
 def pod_owners(prom: Prometheus, start: float, end: float) -> dict[str, str]:
     """``namespace/pod`` -> ``Kind/name`` of each pod's owner in the range, from kube-state-metrics'
-    ``kube_pod_owner`` ({} where Prometheus does not scrape kube-state-metrics). A pod without an owner
-    (``owner_kind="<none>"``) has none."""
+    ``kube_pod_owner`` ({} without kube-state-metrics); a pod without an owner (``owner_kind="<none>"``) has none."""
     span = promql_duration(max(end - start, 1.0))
     expr = (f"max by (namespace, pod, owner_kind, owner_name) "
             f"(last_over_time({KUBE_POD_OWNER}{{owner_kind!=\"<none>\"}}[{span}]))")

@@ -25,8 +25,7 @@ def any_of(label: str, values: Sequence[str]) -> str:
 
 MATCHER_LIMIT = 8192
 """The longest matcher :func:`any_of_chunks` writes: VictoriaMetrics refuses a query over ``-search.maxQueryLen``
-(16 KiB by default, HTTP 422) even when POSTed; at 10,000 GPUs the runs a fleet-wide diagnose names make a longer
-one."""
+(16 KiB by default, HTTP 422) even when POSTed, as the runs a fleet-wide diagnose names at 10,000 GPUs would be."""
 
 
 def any_of_chunks(label: str, values: Sequence[str], limit: int = MATCHER_LIMIT) -> list[str]:

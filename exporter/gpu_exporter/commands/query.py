@@ -248,8 +248,7 @@ def bus_key(text: str) -> tuple[int, int, int, int] | None:
 
 
 def select_gpus(snapshot: Snapshot, ids: str | None) -> list[tuple[str, str]]:
-    """(index, uuid) of the GPUs to print, in index order; ``ids`` is ``--id`` (indexes, UUIDs, PCI bus
-    ids in nvidia-smi's long form or short ``3b:00.0``)."""
+    """(index, uuid) of the GPUs to print, in index order; ``ids`` is ``--id`` (indexes, UUIDs, PCI bus ids)."""
     gpus = sorted(((labels.get("gpu", ""), labels.get("uuid", ""), labels.get("pci_bus_id", ""))
                    for labels, _ in snapshot.series(catalog.GPU_INFO.name)),
                   key=lambda g: (int(g[0]) if g[0].isdigit() else 1 << 30, g[0]))
@@ -330,8 +329,7 @@ def run_query(source: Source, fields: Sequence[Field], ids: str | None, header: 
 
 
 def _loop_seconds(text: str) -> float:
-    """``-l``'s value: seconds as nvidia-smi takes them, or a duration (``500ms``, ``1m``); 0 and less are refused
-    later, with the flag named."""
+    """``-l``'s value: seconds as nvidia-smi takes them, or a duration (``500ms``, ``1m``); 0 and less: _interval."""
     try:
         return float(text)
     except ValueError:
@@ -379,13 +377,12 @@ def _help(title: str, fields: Sequence[Field]) -> str:
 
 
 def _interval(args: argparse.Namespace) -> float | None:
-    if args.loop_ms is not None:
-        if not (args.loop_ms > 0 and math.isfinite(args.loop_ms)):
-            raise UsageError(f"-lms must be a number of milliseconds > 0, not {args.loop_ms:g}")
-        return float(args.loop_ms) / 1000
-    if args.loop is not None and not (args.loop > 0 and math.isfinite(args.loop)):
-        raise UsageError(f"-l must be a number of seconds > 0, not {args.loop:g}")
-    return None if args.loop is None else float(args.loop)
+    for flag, value, unit, per_s in (("-lms", args.loop_ms, "milliseconds", 1000), ("-l", args.loop, "seconds", 1)):
+        if value is not None:
+            if not (value > 0 and math.isfinite(value)):
+                raise UsageError(f"{flag} must be a number of {unit} > 0, not {value:g}")
+            return float(value) / per_s
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,8 +58,7 @@ def _verdict_span(verdict: str, hint: str, span: Span, step: float) -> CauseSpan
 
 def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, step: float | None,
           lookback: str, final: Totals | None = None, launch: Launch | None = None) -> Report:
-    """Read ``run`` (only its launch ``launch``, when given) between ``start`` and ``end`` and compute every
-    figure of the report."""
+    """Read ``run`` (only ``launch``, when given) from ``start`` to ``end``: every figure of the report."""
     if end <= start:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
     deltas = sources.deltas(prom, run, start, end, lookback, final, launch, cluster_label=t.cluster_label)
@@ -149,9 +148,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         t = load_thresholds(args.thresholds)
-    except ThresholdsError as err:
-        return fail(str(err))
-    try:
         prom = Prometheus(args.prometheus_url, connection=connection(args, args.prometheus_url, "--prometheus-url"))
         now = parse_time("now", "now")
         if getattr(args, "list", False) or getattr(args, "fleet", False):
@@ -183,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
             start = run_start if start is None else start
             end = run_end if end is None else end
         report = build(prom, launch.run if launch else args.run_name, t, start, end, step, args.lookback, final, launch)
-    except MetricsError as err:
+    except (MetricsError, ThresholdsError) as err:
         return fail(str(err))
     except KeyboardInterrupt:
         return fail("interrupted", 130)

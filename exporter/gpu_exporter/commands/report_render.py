@@ -78,9 +78,8 @@ class Report:
     sm_activity: dict[str, list[float | None]] = field(default_factory=dict)
     """Each GPU's SM activity at each of ``times`` (None: unknown)."""
     idle: tuple[IdleSplit, float] | None = None
-    """How much of the GPUs' idle time in compute and between the phases FO, HW and M3 explained, the mean of the
-    points' splits, and the GPU-seconds it covers (verdict.timeline.idle_over); None: no point below target with a
-    live run."""
+    """How much of the GPUs' idle time FO, HW and M3 explained, the mean of the points' splits, and the GPU-seconds
+    it covers (verdict.timeline.idle_over); None: no point below target with a live run."""
 
     def idle_text(self) -> str:
         """The split's own line (gpu_exporter.verdict.code.IdleSplit.text) and the GPU time it covers."""
@@ -240,9 +239,8 @@ def _xy(start: float, end: float, ts: float, value: float, w: int, h: int, pad: 
 
 def svg_utilization(start: float, end: float, times: list[float], utilization: dict[str, list[float | None]],
                     target: float, low: float, w: int = 900, h: int = 260, pad: int = 50) -> str:
-    """Utilization over time from ``start`` to ``end``: one line per series of ``utilization`` (a value per
-    point of ``times``, None: no reading), with the ``target`` and alert (``low``) lines. The run report's plot, and
-    the fleet report's."""
+    """Utilization over time from ``start`` to ``end`` (either report's plot): one line per series of ``utilization``
+    (a value per point of ``times``, None: no reading), with the ``target`` and alert (``low``) lines."""
     parts = _svg_frame(w, h, pad, start, end, "GPU utilization over time")
     for level, color, name in ((target, "#2a9d8f", "target"), (low, "#e76f51", "alert threshold")):
         _, y = _xy(start, end, start, level, w, h, pad)

@@ -52,8 +52,7 @@ _quote = json.dumps
 
 def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, *, cluster_label: str,
                   launch: Launch | None = None) -> Totals:
-    """Each rank's phase seconds at ``when``: the last within ``lookback``, or only ``launch``'s own samples (none
-    before its start)."""
+    """Each rank's phase seconds at ``when``: the last within ``lookback``, or only ``launch``'s own samples."""
     out: Totals = {}
     if launch is not None and when <= launch.start:
         return out
@@ -66,8 +65,7 @@ def _phase_totals(prom: Prometheus, when: float, run: str, lookback: str, *, clu
 
 def lifetime(prom: Prometheus, run: str, now: float, lookback: str, *,
              cluster_label: str) -> tuple[float, float, Totals]:
-    """(start, end, final phase seconds per rank) of ``run``: its last push, minus the wall time its phase
-    timers add up to (the phases add up to wall time)."""
+    """(start, end, final phase seconds per rank) of ``run``: its last push less the wall time its phases add up to."""
     pushes = prom.at_time(now).query(f"max_over_time({_LAST_PUSH}{{run={_quote(run)}}}[{lookback}])")
     if not pushes:
         raise MetricsError(f"Prometheus at {prom.base} holds no training run {run!r} in the last {lookback}: "
@@ -116,8 +114,7 @@ class Launch:
 
 def launches(prom: Prometheus, at: float, lookback: str, run: str | None = None, run_id: str | None = None, *,
              cluster_label: str) -> list[Launch]:
-    """The launches of run name ``run`` or of ``run_id`` seen in ``lookback`` before ``at``, oldest first
-    (only those whose library sent a run id)."""
+    """The launches (with a run id) of run name ``run`` or of ``run_id`` in ``lookback`` before ``at``, oldest first."""
     sel = ", ".join(f"{k}={_quote(v)}" for k, v in (("run", run), ("run_id", run_id)) if v is not None)
     found: dict[tuple[str, str], tuple[float, set[RankKey]]] = {}
     for labels, value in prom.at_time(at).query(f"max_over_time({_STARTED}{{{sel}}}[{lookback}])"):
