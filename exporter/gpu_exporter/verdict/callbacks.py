@@ -29,6 +29,7 @@ from typing import Any
 from gpu_exporter import catalog
 from gpu_exporter.training.protocol import CALLBACK_PHASE
 from gpu_exporter.verdict.promql import RUN_SEL, C
+from gpu_exporter.verdict.samples import Labels, window_shares
 
 SHARE = catalog.RUN_TRAINING_CALLBACK_SHARE5M.name
 RECORD = (SHARE,
@@ -74,30 +75,17 @@ class NamedCallback:
         return (*own, RECORD) if self.phase == CALLBACK_PHASE else own
 
 
-Labels = dict[str, str]
-
-
 def window_callbacks(run_key: Callable[[Labels], Any], prev: Iterable[tuple[Labels, float]],
                      cur: Iterable[tuple[Labels, float]], phase_window: Mapping[Any, Mapping[str, float]],
                      ) -> dict[Any, tuple[str, str, float]]:
-    """Each run's biggest hook over a window between two readings of an exporter (``diagnose --url``): (name, phase,
-    share of the window's phase seconds), from gpu_training_callback_seconds_total. A hook that was not the biggest
-    at the first reading of a run seen then has no window and is left out.
+    """Each run's biggest hook over a window between two readings of an exporter (``diagnose --url``, as
+    gpu_exporter.verdict.samples.window_shares reads it): (name, phase, share of the window's phase seconds), from
+    gpu_training_callback_seconds_total.
 
     >>> key = lambda labels: labels["run"]
     >>> hook = {"run": "r", "callback": "Save.on_step_end", "phase": "checkpoint"}
     >>> window_callbacks(key, [(hook, 10.0)], [(hook, 16.0)], {"r": {"checkpoint": 7.0, "compute": 3.0}})
     {'r': ('Save.on_step_end', 'checkpoint', 0.6)}
     """
-    before = {(run_key(labels), labels.get("callback", "")): value for labels, value in prev}
-    seen = {key for key, _ in before}
-    out: dict[Any, tuple[str, str, float]] = {}
-    for labels, value in cur:
-        key, name = run_key(labels), labels.get("callback", "")
-        wall = sum(v for v in phase_window.get(key, {}).values() if v > 0)
-        if (key, name) not in before and key in seen:
-            continue
-        delta = value - before.get((key, name), 0.0)
-        if wall > 0 and delta >= 0:
-            out[key] = (name, labels.get("phase", ""), min(delta / wall, 1.0))
-    return out
+    return {key: (labels.get("callback", ""), labels.get("phase", ""), min(share, 1.0))
+            for key, labels, share in window_shares(run_key, "callback", prev, cur, phase_window)}

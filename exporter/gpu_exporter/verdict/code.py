@@ -27,6 +27,7 @@ from gpu_exporter.training.protocol import COMPUTE, OTHER
 from gpu_exporter.verdict.format import pct
 from gpu_exporter.verdict.kinds import HIDDEN, Cause, Found
 from gpu_exporter.verdict.promql import RUN_SEL, C
+from gpu_exporter.verdict.samples import Labels, window_shares
 from gpu_exporter.verdict.signals import RunSignals
 
 if TYPE_CHECKING:
@@ -109,43 +110,26 @@ class HostWork(CodeShare):
     names_function = True
 
 
-Labels = dict[str, str]
-
-
 def window_code(run_key: Callable[[Labels], Any], prev: Iterable[tuple[Labels, float]],
                 cur: Iterable[tuple[Labels, float]], prev_functions: Iterable[tuple[Labels, float]],
                 cur_functions: Iterable[tuple[Labels, float]], phase_window: Mapping[Any, Mapping[str, float]],
                 ) -> tuple[dict[Any, dict[str, float]], dict[Any, tuple[str, float]]]:
-    """Each run's code shares over a window between two readings of an exporter (``diagnose --url``), and its biggest
-    function's (name, share), from gpu_training_code_seconds_total and gpu_training_host_function_seconds_total (or,
-    with no first reading, their increases over a window). A function that was not the biggest at the first reading
-    of a run seen then has no window and is left out; of several, the biggest is kept.
+    """Each run's code shares over a window between two readings of an exporter (``diagnose --url``, as
+    gpu_exporter.verdict.samples.window_shares reads them), and its biggest function's (name, share), from
+    gpu_training_code_seconds_total and gpu_training_host_function_seconds_total.
 
     >>> key = lambda labels: labels["run"]
     >>> host, fn = {"run": "r", "part": "host"}, {"run": "r", "function": "train.py:88:augment"}
     >>> window_code(key, [(host, 1.0)], [(host, 4.0)], [(fn, 1.0)], [(fn, 3.5)], {"r": {"compute": 10.0}})
     ({'r': {'host': 0.3}}, {'r': ('train.py:88:augment', 0.25)})
     """
-    def wall(key: Any) -> float:
-        return sum(v for v in phase_window.get(key, {}).values() if v > 0)
-
-    before = {(run_key(labels), labels.get("part", "")): value for labels, value in prev}
     shares: dict[Any, dict[str, float]] = {}
-    for labels, value in cur:
-        key, part = run_key(labels), labels.get("part", "")
-        delta, total = value - before.get((key, part), 0.0), wall(key)
-        if total > 0 and delta >= 0:
-            shares.setdefault(key, {})[part] = min(delta / total, 1.0)
-    before = {(run_key(labels), labels.get("function", "")): value for labels, value in prev_functions}
-    seen = {key for key, _ in before}
+    for key, labels, share in window_shares(run_key, "part", prev, cur, phase_window, new_ones=True):
+        shares.setdefault(key, {})[labels.get("part", "")] = min(share, 1.0)
     functions: dict[Any, tuple[str, float]] = {}
-    for labels, value in cur_functions:
-        key, name = run_key(labels), labels.get("function", "")
-        if (key, name) not in before and key in seen:
-            continue
-        delta, total = value - before.get((key, name), 0.0), wall(key)
-        if total > 0 and delta >= 0 and delta / total > functions.get(key, ("", -1.0))[1]:
-            functions[key] = (name, min(delta / total, 1.0))
+    for key, labels, share in window_shares(run_key, "function", prev_functions, cur_functions, phase_window):
+        if share > functions.get(key, ("", -1.0))[1]:
+            functions[key] = (labels.get("function", ""), min(share, 1.0))
     return shares, functions
 
 

@@ -338,14 +338,13 @@ def fleet(r: Range, prices: Prices | None, namespace: str | None = None, team: s
     """Add up the range's GPU time by verdict, team, namespace, node and model, and find the top offenders."""
     items = keep(shares(r), namespace, team, node)
     total = Tally()
-    for s in items:
-        total.add(s, prices)
     titles = {s.point.verdict: VERDICT_TITLES.get(s.point.verdict, s.point.title) for s in items}
     codes = {s.point.verdict: s.point.code for s in items}
     below = {s.point.verdict: s.point.below for s in items}
     offenders: dict[str, dict[str, Tally]] = {}
     latest: dict[tuple[str, str], Share] = {}
     for s in items:
+        total.add(s, prices)
         if s.point.below:
             offenders.setdefault(s.offender, {}).setdefault(s.point.verdict, Tally()).add(s, prices)
             latest[(s.offender, s.point.verdict)] = s

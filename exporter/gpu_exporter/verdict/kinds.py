@@ -144,9 +144,8 @@ class Cause:
     def suggestion(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
                    gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
         """Its concrete remedy for one run from the run's readings (:attr:`suggests`), or ""."""
-        if self.suggests is None:
-            return ""
-        return self.suggests.text(ctx, shares, batch, utilization, gpu_used, gpu_total, memory_target)
+        return ("" if self.suggests is None
+                else self.suggests.text(ctx, shares, batch, utilization, gpu_used, gpu_total, memory_target))
 
     def alert_remedy(self) -> str:
         """Template text: its concrete remedy from the recorded remedy series, before the advice of its alerts."""
@@ -216,9 +215,8 @@ class Allocator(Cause):
 
     def find(self, u: float, memory: float | None, run: RunSignals, t: Thresholds, lvl: str,
              window_seconds: float) -> Found:
-        if run.allocator_ooms > 0 or run.allocator_retries > self.limit(t, window_seconds):
-            return Finding(self, lvl, run.allocator_retries + run.allocator_ooms, None)
-        return None
+        found = run.allocator_ooms > 0 or run.allocator_retries > self.limit(t, window_seconds)
+        return Finding(self, lvl, run.allocator_retries + run.allocator_ooms, None) if found else None
 
     def limit(self, t: Thresholds, window_seconds: float) -> float:
         """The retry limit for a window: ``allocator_retries_threshold`` per ``allocator_window``, never less (its
@@ -276,10 +274,8 @@ class Straggler(Cause):
                 f"> ${{{self.keys[0]}}}")
 
     def projection(self, f: Finding, now: str) -> str:
-        step = ""
-        if f.step_seconds is not None:
-            step = (f"; the run's step would take ~{seconds(f.projected_step_seconds or 0.0)} instead of "
-                    f"{seconds(f.step_seconds)}")
+        step = ("" if f.step_seconds is None else f"; the run's step would take "
+                f"~{seconds(f.projected_step_seconds or 0.0)} instead of {seconds(f.step_seconds)}")
         return f"{now} now, at most ~{pct(f.projected or 0.0)} if rank {f.straggler} kept up{step}"
 
     def alert_projection(self) -> str:

@@ -23,9 +23,8 @@ matches as the raw phase series did: a raw read costs VictoriaMetrics every samp
 CAUSE_SHARE = m.RUN_TRAINING_CAUSE_SHARE.name
 """The recording series of the causes: what the cause alerts, the projections and the dashboards read."""
 AT_TARGET = f"{m.GPU_USEFUL_UTILIZATION_AVG5M.name} >= ${{{BY_LEVEL[TARGET].key}}}"
-"""The GPU at or above the target, judged at its useful utilization like the ladder's level (below it the run causes
-and the below-target alerts speak): the efficiency alerts' condition (monitoring/efficiency.py), the ladder's healthy
-row."""
+"""The GPU at or above the target, judged at its useful utilization like the ladder's level: the efficiency alerts'
+condition (monitoring/efficiency.py), the ladder's healthy row."""
 
 
 def cause_share(cause: str) -> str:
@@ -49,9 +48,8 @@ def held_low(series: str, by: str) -> str:
 
 
 def efficiency_held(cause: str) -> str:
-    """The GPUs where the efficiency cause ``cause`` held at any time within ``alert_hold``: its series of the
-    funnel's ``gpu:gpu_busy_not_effective:ratio`` (recorded only where the cause's condition holds), the hysteresis
-    of every cause alert; its alert fires on it, and the ladder's row shows it."""
+    """The GPUs where efficiency cause ``cause`` held within ``alert_hold`` (its ``gpu:gpu_busy_not_effective:ratio``
+    series, recorded only where it holds): its alert fires on it, its ladder row shows it."""
     return f'last_over_time({m.GPU_BUSY_NOT_EFFECTIVE_RATIO.name}{{cause="{cause}"}}[${{alert_hold}}])'
 
 
@@ -60,8 +58,7 @@ HELD_LOW = held_low(m.GPU_USEFUL_UTILIZATION_AVG5M.name, f"({C}, uuid)")
 GPU_SEL = (f"{{{C}=%q,uuid=%q}}", f"$labels.{C} $labels.uuid")
 """A selector of an alert's GPU for the queries of its text, with its printf arguments."""
 RUN_SEL = (f"{{{C}=%q,run=%q,rank=%q,uuid=%q}}", f"$labels.{C} $labels.run $labels.rank $labels.uuid")
-"""A selector of an alert's run (rank) on its GPU, in its cluster: two clusters' runs of one name, rank and GPU UUID
-stay apart, as in the rules."""
+"""A selector of an alert's run (rank) on its GPU, in its cluster (as in the rules), with its printf arguments."""
 
 
 def run_query(metric: str, extra: str = "", joined: str = "") -> str:

@@ -11,9 +11,9 @@ the NVML source of ``query`` all become a :class:`Snapshot`: samples by metric n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -52,3 +52,20 @@ def snapshot_of(families: Iterable[Metric], at: float, wall: float) -> Snapshot:
         for sample in family.samples:
             samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     return Snapshot(samples, at=at, wall=wall)
+
+
+def window_shares(run_key: Callable[[Labels], Any], label: str, prev: Iterable[tuple[Labels, float]],
+                  cur: Iterable[tuple[Labels, float]], phase_window: Mapping[Any, Mapping[str, float]],
+                  new_ones: bool = False) -> Iterator[tuple[Any, Labels, float]]:
+    """(run key, labels, share of the run's phase seconds) of each counter of ``cur`` that grew over the window
+    between two readings of an exporter, told apart by ``label`` (``diagnose --url``: the callback hooks', the code's
+    and the functions' seconds). Unless ``new_ones``, one absent at the first reading of a run seen then has no window
+    (it was not the biggest then) and is left out."""
+    before = {(run_key(labels), labels.get(label, "")): value for labels, value in prev}
+    seen = {key for key, _ in before}
+    for labels, value in cur:
+        key, name = run_key(labels), labels.get(label, "")
+        wall = sum(v for v in phase_window.get(key, {}).values() if v > 0)
+        delta = value - before.get((key, name), 0.0)
+        if (new_ones or (key, name) in before or key not in seen) and wall > 0 and delta >= 0:
+            yield key, labels, delta / wall

@@ -33,9 +33,8 @@ def judged(readings: Readings, t: Thresholds, window: float, run: str | None = N
            chosen: set[RunKey] | None = None, node: str | None = None, namespace: str | None = None,
            ids: str | None = None) -> list[tuple[GpuView, Verdict]]:
     """The GPUs of ``readings`` at one moment with their verdicts, narrowed as ``diagnose``'s flags narrow them
-    (:func:`~gpu_exporter.verdict.join.select`: ``node``, pod ``namespace``, ``run``, ``ids``) and to the run keys
-    ``chosen`` of the launches to judge (:func:`~gpu_exporter.verdict.launches.choose`). What ``diagnose`` says, and
-    what a run report says at each point (:meth:`Timeline.judge`)."""
+    (:func:`~gpu_exporter.verdict.join.select`) and to the run keys ``chosen`` of the launches to judge
+    (:func:`~gpu_exporter.verdict.launches.choose`): what ``diagnose`` says, and a run report at each point."""
     views = select(build_views(readings, t, window), node, namespace, run, ids)
     if chosen is not None:
         views = launches.keep(views, chosen)
@@ -172,10 +171,9 @@ def effective(series: Mapping[str, Sequence[Moment | None]], wall: float) -> Eff
 
 def idle_over(series: Mapping[str, Sequence[Moment | None]], step: float) -> tuple[IdleSplit, float] | None:
     """How much of the GPUs' idle time in compute and between the phases FO, HW and M3 explained over a range, and
-    the GPU-seconds that covers: the mean of the moments' own splits (each verdict's ``idle``: below target with a
-    live run, gpu_exporter.verdict.code.idle_split), each moment standing for the ``step`` before it, so weighted by
-    time. Sampled where some moment had the stack sampler's readings (none: FO and HW unmeasured); None where no
-    moment has a split."""
+    the GPU-seconds that covers: the mean of the moments' own splits (each verdict's ``idle``), each standing for
+    the ``step`` before it. Sampled where some moment had the stack sampler's readings; None where no moment has a
+    split."""
     splits = [m.verdict.idle for ms in series.values() for m in ms if m is not None and m.verdict.idle is not None]
     if not splits:
         return None
@@ -208,8 +206,8 @@ def intervals(stamps: Sequence[float], step: float) -> list[tuple[float, float]]
 
 def projection_share(cause_id: str, ranks: Iterable[str], deltas: Totals, util: float | None) -> float | None:
     """The share of a finished run's wall time cause ``cause_id`` took (:meth:`Cause.run_share`): its phase's
-    share over the ranks it applied to (one slow rank of a distributed run holds every rank back by its own share,
-    not by the run's average), with each rank's communication share over the whole run."""
+    share over the ranks it applied to (one slow rank holds every rank back by its own share, not the run's average),
+    with each rank's communication share over the whole run."""
     cause = BY_ID[cause_id]
     walls = {key: sum(phases.values()) for key, phases in deltas.items()}
     communication = {rank: phases.get(COMMUNICATION, 0.0) / walls[(rank, gpu)]
