@@ -14,11 +14,8 @@ outermost recognised frame (:func:`phase_of`):
 * ``other``: everything else (metrics, logging, the loop itself: the sampler cannot tell metrics apart,
   nor a tensor operation called straight from the loop's own code, which has no torch frame).
 
-py-spy pauses the process for each read: the job kept 99% or more of its throughput at 50 samples/s
-(no worse than without pausing) and no read failed. Its ``--nonblocking`` mode reads without pausing,
-but then about 5% of the reads race the running job and fail (docs/benchmarks.md, "Sampled phases").
-A main thread's stack always starts at the same outermost frame (the script's ``<module>``); samples
-that start anywhere else are dropped (:func:`parse_raw`).
+py-spy pauses the process for each read: the job kept 99% or more of its throughput at 50 samples/s, while
+``--nonblocking`` reads race the running job and about 5% fail (docs/benchmarks.md, "Sampled phases").
 
 Each window's shares times its wall time are added to the process's phase seconds and stored in
 the training store as run ``pid-<pid>`` (rank 0) on the process's GPU, marked ``source="sampled"``:
@@ -76,7 +73,8 @@ def parse_raw(text: str, pid: int) -> dict[str, int]:
     """Samples per phase of the main thread in ``py-spy record --format raw --threads`` output.
 
     The first frame names the thread: ``thread (TID): NAME``; the main thread's TID is the PID.
-    Samples whose outermost frame is not the one most samples start from are partial reads, dropped.
+    Samples whose outermost frame is not the one most samples start from (the script's ``<module>``) are partial
+    reads, dropped.
 
     >>> parse_raw("thread (7): MainThread;<module> (a.py:1);save (torch/serialization.py:9) 3\\n"
     ...           "thread (7): MainThread;forward (torch/nn/modules/linear.py:9) 1\\n"

@@ -248,11 +248,10 @@ class Chunks:
 
 
 class DeviceTrace:
-    """The exporter's side of the channel: a utilization pattern (and SM/tensor/DRAM activity) read from
-    ``DIR/<uuid>.busy``.
+    """The exporter's side of the channel: a utilization pattern (and the activity) read from ``DIR/<uuid>.busy``,
+    whose ``origin`` is the ``time.monotonic()`` reading of simulated time 0.
 
-    ``origin`` is the ``time.monotonic()`` reading of simulated time 0. :meth:`refresh` reads the
-    lines appended since the last call (a partly written last line waits for the next call).
+    :meth:`refresh` reads the lines appended since the last call (a partly written last line waits for the next).
     """
 
     def __init__(self, path: Path, origin: float) -> None:

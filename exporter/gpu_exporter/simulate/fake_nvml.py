@@ -416,11 +416,8 @@ class FakeNvmlLibrary:
     def _pattern_for_samples(self, dev: _Target, sampling_type: int) -> Pattern:
         if dev.mig_index is not None or dev.gpu.mig_instances is not None:
             raise _Status(ERROR_NOT_SUPPORTED)  # no utilization counters in MIG mode
-        if sampling_type == GPU_UTILIZATION_SAMPLES:
-            return self.node.utilization_pattern(dev.gpu.index)
-        if sampling_type == MEMORY_UTILIZATION_SAMPLES:
-            return dev.gpu.memory_utilization
-        raise _Status(ERROR_NOT_SUPPORTED)
+        return _pick(sampling_type, {GPU_UTILIZATION_SAMPLES: self.node.utilization_pattern(dev.gpu.index),
+                                     MEMORY_UTILIZATION_SAMPLES: dev.gpu.memory_utilization}, ERROR_NOT_SUPPORTED)
 
     @_symbol("nvmlDeviceGetSamples")
     def samples(self, dev: _Target, sampling_type: Any, last_seen: Any, value_type: Any, count: Any,
@@ -520,8 +517,7 @@ class FakeNvmlLibrary:
             counter.value = len(procs)
             return ERROR_INSUFFICIENT_SIZE if procs else SUCCESS
         for i, p in enumerate(procs):
-            inst = None if p.mig_instance is None or dev.gpu.mig_instances is None \
-                else dev.gpu.mig_instances[p.mig_instance]
+            inst = _Target(dev.gpu, p.mig_instance, dev.t, self.node).mig
             buffer[i].pid = p.pid
             buffer[i].usedGpuMemory = int(p.memory_gib * GIB)
             buffer[i].gpuInstanceId = NO_INSTANCE if inst is None else inst.gpu_instance_id
