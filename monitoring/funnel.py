@@ -148,11 +148,6 @@ SOURCE_TEXT = (f"Effective utilization is SM activity ({SM}: GPM on Hopper and n
                "known (docs/effective-utilization.md).")
 
 
-def sm_steps(cfg: Config) -> dash.ThresholdsConfig:
-    """Red below ``sm_active_low`` (busy but likely ineffective), green from it."""
-    return steps(("red", None), ("green", cfg.num("sm_active_low")))
-
-
 def _per_gpu(cfg: Config, expr: str) -> str:
     return f"max {cfg.by('node', 'gpu', 'uuid', 'source')} ({expr})"
 
@@ -167,7 +162,8 @@ def fleet_row(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
             .with_panel(stat_panel(
                 "Fleet effective utilization (5m)",
                 f"Mean SM activity of the selected GPUs that report it, over the last 5 minutes; red below {low} "
-                f"(sm_active_low). {SOURCE_TEXT}", query(f"avg({sm})"), unit="percentunit", thresholds=sm_steps(cfg)))
+                f"(sm_active_low). {SOURCE_TEXT}", query(f"avg({sm})"), unit="percentunit",
+                thresholds=steps(("red", None), ("green", cfg.num("sm_active_low")))))  # red: likely ineffective
             .with_panel(stat_panel(
                 "GPUs with SM activity unknown",
                 "Selected GPUs with no SM activity source (no GPM, no dcgm-exporter profiling fields): their "

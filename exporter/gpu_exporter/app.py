@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -118,7 +119,7 @@ class Exporter:
             part.start()
         if before_serving is not None:
             before_serving()
-        self.server.run_in_thread()
+        threading.Thread(target=self.server.serve_forever, name="gpu-exporter-http", daemon=True).start()
         port = self.server.server_address[1]
         scheme = "https" if ssl_context is not None else "http"
         log.info("serving %s://%s:%s%s for %d GPU(s)%s", scheme, self.config.listen_host_port[0] or "*",

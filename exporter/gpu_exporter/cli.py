@@ -84,9 +84,7 @@ class LogFormatter(logging.Formatter):
 
 
 def _logfmt_value(value: str) -> str:
-    if value and not any(c in value for c in ' ="\\') and value.isprintable():
-        return value
-    return json.dumps(value)
+    return value if value and not any(c in value for c in ' ="\\') and value.isprintable() else json.dumps(value)
 
 
 def setup_logging(level: str, style: str) -> None:

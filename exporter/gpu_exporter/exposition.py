@@ -153,10 +153,7 @@ class Family:
         out.append(self.header)
         for labels, value in rows:
             key = tuple(labels)
-            prefix = prefixes.get(key)
-            if prefix is None:
-                prefix = self._prefix(key)
-            fresh[key] = prefix
+            prefix = fresh[key] = prefixes.get(key) or self._prefix(key)
             out.append(prefix + format_value(value))
         self._prefixes = fresh
 
@@ -199,15 +196,13 @@ def _plain(metric: Metric) -> str | None:
     for sample in metric.samples:
         if sample.timestamp is not None or sample.exemplar is not None or sample.name != name:
             return None  # _created and friends, timestamps: left to prometheus_client
-        if sample.labels:
-            if not _LABEL_NAMES.issuperset(sample.labels):
-                if not all(_LEGACY_NAME.fullmatch(k) for k in sample.labels):
-                    return None  # prometheus_client escapes such names
-                _LABEL_NAMES.update(sample.labels)
-            pairs = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(sample.labels.items()))
-            lines.append(f"{name}{{{pairs}}} {format_value(sample.value)}\n")
-        else:
-            lines.append(f"{name} {format_value(sample.value)}\n")
+        if not _LABEL_NAMES.issuperset(sample.labels):
+            if not all(_LEGACY_NAME.fullmatch(k) for k in sample.labels):
+                return None  # prometheus_client escapes such names
+            _LABEL_NAMES.update(sample.labels)
+        pairs = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(sample.labels.items()))
+        lines.append(f"{name}{{{pairs}}} {format_value(sample.value)}\n" if pairs else
+                     f"{name} {format_value(sample.value)}\n")
     return "".join(lines)
 
 

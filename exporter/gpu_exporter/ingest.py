@@ -289,8 +289,9 @@ class TrainingStore:
         if not s.enabled:
             raise Rejected("disabled", "training ingest is off (ingest.enabled: false)")
         if self._token is not None:
-            offered = _bearer(authorization)
-            if offered is None or not hmac.compare_digest(offered, self._token):
+            scheme, _, offered = (authorization or "").strip().partition(" ")
+            token = offered.strip().encode("utf-8", "replace")
+            if scheme.lower() != "bearer" or not token or not hmac.compare_digest(token, self._token):
                 raise Rejected("unauthorized", "send Authorization: Bearer <token from ingest.token_file>")
         if content_type is None or content_type.split(";", 1)[0].strip().lower() != "application/json":
             raise Rejected("unsupported_media_type", "send Content-Type: application/json")
@@ -364,11 +365,6 @@ def context_families(entries: Iterable[tuple[tuple[str, str, str], Mapping[str, 
             if key in families:
                 families[key].add_metric(list(labels), value)
     return list(families.values())
-
-
-def _bearer(authorization: str | None) -> bytes | None:
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    return token.strip().encode("utf-8", "replace") if scheme.lower() == "bearer" and token.strip() else None
 
 
 def _read_token(path: str) -> bytes:

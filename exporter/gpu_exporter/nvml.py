@@ -223,7 +223,7 @@ class Nvml:
             handle=handle,
             name=_text(self.call(uuid, "nvmlDeviceGetName", handle) or ""),
             pci_bus_id=_text(pci.busId) if pci is not None else "",
-            architecture=_ARCHITECTURES.get(arch, "unknown") if arch is not None else "unknown",
+            architecture=_ARCHITECTURES.get(arch, "unknown"),
             mig_enabled=mig_enabled,
             mig_instances=self._mig_instances(uuid, handle) if mig_enabled else (),
         )

@@ -143,11 +143,6 @@ class MetricsServer(LimitedServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s failed", client_address, exc_info=True)
 
-    def run_in_thread(self) -> threading.Thread:
-        """Serve in a daemon thread; returns it."""
-        thread = threading.Thread(target=self.serve_forever, name="gpu-exporter-http", daemon=True)
-        thread.start()
-        return thread
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
