@@ -23,9 +23,8 @@ class DeviceCollector(PollingCollector):
             [*gpu.labels, gpu.name, gpu.pci_bus_id, node.driver_version, node.cuda_version,
              "enabled" if gpu.mig_enabled else "disabled", gpu.architecture], 1)
 
-        memory = call(uuid, "nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, variant="_v2")
-        if memory is None:
-            memory = call(uuid, "nvmlDeviceGetMemoryInfo", h)
+        memory = (call(uuid, "nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, variant="_v2")  # a struct, or None
+                  or call(uuid, "nvmlDeviceGetMemoryInfo", h))
         if memory is not None:
             for attr, family in (("used", catalog.GPU_MEMORY_USED_BYTES), ("free", catalog.GPU_MEMORY_FREE_BYTES),
                                  ("total", catalog.GPU_MEMORY_TOTAL_BYTES),

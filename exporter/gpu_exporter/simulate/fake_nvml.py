@@ -74,12 +74,12 @@ class _Status(Exception):
         self.code = code
 
 
-def _symbol(*names: str, device: bool = True, locked: bool = True, whole: bool = False) -> Callable[[F], F]:
-    """Mark a method as the C functions ``names``; ``device``: its first argument is a device handle; ``whole``:
-    a whole GPU's only (a MIG device handle gets NOT_SUPPORTED)."""
+def _symbol(*aliases: str, device: bool = True, locked: bool = True, whole: bool = False) -> Callable[[F], F]:
+    """Give a method (named as its C function) ``aliases`` and flags: ``device``: its first argument is a device
+    handle (as for an unmarked method); ``whole``: a whole GPU's only (a MIG handle gets NOT_SUPPORTED)."""
 
     def mark(fn: F) -> F:
-        fn.__dict__["nvml_symbol"] = (names, device, locked, whole)
+        fn.__dict__["nvml_symbol"] = (aliases, device, locked, whole)
         return fn
 
     return mark
@@ -204,7 +204,8 @@ number, rounded, from the device and the arguments before that one)."""
 
 
 class FakeNvmlLibrary:
-    """The object installed as ``pynvml.nvmlLib``; attributes are NVML C function names."""
+    """The object installed as ``pynvml.nvmlLib``; attributes are NVML C functions: each ``nvml*`` method under its
+    name and aliases, and each of :data:`_NUMBERS`, wrapped (instance attributes: pynvml never gets a bare method)."""
 
     def __init__(self, node: SimulatedNode) -> None:
         self.node = node
@@ -213,20 +214,16 @@ class FakeNvmlLibrary:
         self._gpm_samples: dict[int, _GpmSample | None] = {}
         self._next_id = 1
         self._busy_so_far: dict[int, tuple[float, float]] = {}  # GPU index -> (t, busy seconds 0..t)
-        self._functions: dict[str, Callable[..., int]] = {}
-        for attr in dir(type(self)):
+        for attr in [a for a in dir(type(self)) if a.startswith("nvml")]:
             method = getattr(self, attr)
-            names, device, locked, whole = getattr(method, "nvml_symbol", ((), True, True, False))
-            for name in names:
-                self._functions[name] = self._wrap(method, name, device, locked, whole)
+            aliases, device, locked, whole = getattr(method, "nvml_symbol", ((), True, True, False))
+            for name in (attr, *aliases):
+                setattr(self, name, self._wrap(method, name, device, locked, whole))
         for name, (whole, number) in _NUMBERS.items():
-            self._functions[name] = self._wrap(partial(_write_number, number), name, True, True, whole)
+            setattr(self, name, self._wrap(partial(_write_number, number), name, True, True, whole))
 
     def __getattr__(self, name: str) -> Callable[..., int]:
-        try:
-            return self.__dict__["_functions"][name]  # type: ignore[no-any-return]
-        except KeyError:
-            raise AttributeError(f"simulated NVML has no function {name}") from None
+        raise AttributeError(f"simulated NVML has no function {name}")
 
     # --- dispatch --------------------------------------------------------------------------
 
@@ -293,8 +290,8 @@ class FakeNvmlLibrary:
 
     # --- library and system ----------------------------------------------------------------
 
-    @_symbol("nvmlInitWithFlags", "nvmlInit_v2", device=False)
-    def init(self, *flags: Any) -> int:
+    @_symbol("nvmlInit_v2", device=False)
+    def nvmlInitWithFlags(self, *flags: Any) -> int:
         if self.node.scenario.driver_missing:
             return ERROR_LIBRARY_NOT_FOUND
         if not self.node.driver_loaded:
@@ -302,28 +299,28 @@ class FakeNvmlLibrary:
         self._init_count += 1
         return SUCCESS
 
-    @_symbol("nvmlShutdown", device=False)
-    def shutdown(self) -> int:
+    @_symbol(device=False)
+    def nvmlShutdown(self) -> int:
         if self._init_count == 0:
             return ERROR_UNINITIALIZED
         self._init_count -= 1
         return SUCCESS
 
-    @_symbol("nvmlSystemGetDriverVersion", device=False)
-    def driver_version(self, buffer: Any, length: Any) -> int:
+    @_symbol(device=False)
+    def nvmlSystemGetDriverVersion(self, buffer: Any, length: Any) -> int:
         return _write_string(buffer, length, self.node.scenario.driver_version)
 
-    @_symbol("nvmlSystemGetNVMLVersion", device=False)
-    def nvml_version(self, buffer: Any, length: Any) -> int:
+    @_symbol(device=False)
+    def nvmlSystemGetNVMLVersion(self, buffer: Any, length: Any) -> int:
         major = self.node.scenario.cuda_version.split(".")[0]
         return _write_string(buffer, length, f"{major}.{self.node.scenario.driver_version}")
 
-    @_symbol("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", device=False)
-    def cuda_version(self, ref: Any) -> int:
+    @_symbol("nvmlSystemGetCudaDriverVersion_v2", device=False)
+    def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
         return _write_value(ref, self.node.scenario.cuda_version_number)
 
-    @_symbol("nvmlSystemGetProcessName", device=False)
-    def process_name(self, pid: Any, buffer: Any, length: Any) -> int:
+    @_symbol(device=False)
+    def nvmlSystemGetProcessName(self, pid: Any, buffer: Any, length: Any) -> int:
         wanted = _value(pid)
         for gpu in self.node.scenario.gpus:
             for process in gpu.processes:
@@ -333,12 +330,12 @@ class FakeNvmlLibrary:
 
     # --- devices ---------------------------------------------------------------------------
 
-    @_symbol("nvmlDeviceGetCount_v2", device=False)
-    def count(self, ref: Any) -> int:
+    @_symbol(device=False)
+    def nvmlDeviceGetCount_v2(self, ref: Any) -> int:
         return _write_value(ref, len(self.node.scenario.gpus))
 
-    @_symbol("nvmlDeviceGetHandleByIndex_v2", device=False)
-    def handle_by_index(self, index: Any, ref: Any) -> int:
+    @_symbol(device=False)
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, ref: Any) -> int:
         i = _value(index)
         if not 0 <= i < len(self.node.scenario.gpus):
             return ERROR_INVALID_ARGUMENT
@@ -346,8 +343,8 @@ class FakeNvmlLibrary:
             return ERROR_GPU_IS_LOST
         return _write_pointer(ref, self._handle(i))
 
-    @_symbol("nvmlDeviceGetHandleByUUID", device=False)
-    def handle_by_uuid(self, uuid: Any, ref: Any) -> int:
+    @_symbol(device=False)
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any, ref: Any) -> int:
         wanted = uuid.decode() if isinstance(uuid, bytes) else str(getattr(uuid, "value", b"").decode())
         for gpu in self.node.scenario.gpus:
             if gpu.uuid == wanted:
@@ -357,17 +354,14 @@ class FakeNvmlLibrary:
                     return _write_pointer(ref, self._handle(gpu.index, i))
         return ERROR_NOT_FOUND
 
-    @_symbol("nvmlDeviceGetName")
-    def name(self, dev: _Target, buffer: Any, length: Any) -> int:
+    def nvmlDeviceGetName(self, dev: _Target, buffer: Any, length: Any) -> int:
         mig = dev.mig
         return _write_string(buffer, length, dev.gpu.name if mig is None else f"{dev.gpu.name} MIG {mig.profile}")
 
-    @_symbol("nvmlDeviceGetUUID")
-    def uuid(self, dev: _Target, buffer: Any, length: Any) -> int:
+    def nvmlDeviceGetUUID(self, dev: _Target, buffer: Any, length: Any) -> int:
         return _write_string(buffer, length, dev.gpu.uuid if dev.mig is None else dev.mig.uuid)
 
-    @_symbol("nvmlDeviceGetPciInfo_v3")
-    def pci_info(self, dev: _Target, ref: Any) -> int:
+    def nvmlDeviceGetPciInfo_v3(self, dev: _Target, ref: Any) -> int:
         info = _out(ref)
         domain, bus, rest = dev.gpu.pci_bus_id.split(":")
         slot = rest.split(".")[0]
@@ -380,22 +374,22 @@ class FakeNvmlLibrary:
 
     # --- MIG -------------------------------------------------------------------------------
 
-    @_symbol("nvmlDeviceGetMigMode", whole=True)
-    def mig_mode(self, dev: _Target, current: Any, pending: Any) -> int:
+    @_symbol(whole=True)
+    def nvmlDeviceGetMigMode(self, dev: _Target, current: Any, pending: Any) -> int:
         if dev.gpu.architecture_id < ARCH_AMPERE:
             return ERROR_NOT_SUPPORTED
         mode = int(dev.gpu.mig_instances is not None)
         _out(current).value = mode
         return _write_value(pending, mode)
 
-    @_symbol("nvmlDeviceGetMaxMigDeviceCount", whole=True)
-    def max_mig_devices(self, dev: _Target, ref: Any) -> int:
+    @_symbol(whole=True)
+    def nvmlDeviceGetMaxMigDeviceCount(self, dev: _Target, ref: Any) -> int:
         if dev.gpu.architecture_id < ARCH_AMPERE:
             return ERROR_NOT_SUPPORTED
         return _write_value(ref, MAX_MIG_DEVICES if dev.gpu.mig_instances is not None else 0)
 
-    @_symbol("nvmlDeviceGetMigDeviceHandleByIndex", whole=True)
-    def mig_handle(self, dev: _Target, index: Any, ref: Any) -> int:
+    @_symbol(whole=True)
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, dev: _Target, index: Any, ref: Any) -> int:
         if dev.gpu.mig_instances is None:
             return ERROR_INVALID_ARGUMENT
         i = _value(index)
@@ -405,8 +399,7 @@ class FakeNvmlLibrary:
             return ERROR_NOT_FOUND
         return _write_pointer(ref, self._handle(dev.gpu.index, i))
 
-    @_symbol("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
-    def parent_handle(self, dev: _Target, ref: Any) -> int:
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, dev: _Target, ref: Any) -> int:
         if dev.mig_index is None:
             return ERROR_INVALID_ARGUMENT
         return _write_pointer(ref, self._handle(dev.gpu.index))
@@ -419,8 +412,7 @@ class FakeNvmlLibrary:
         return _pick(sampling_type, {GPU_UTILIZATION_SAMPLES: self.node.utilization_pattern(dev.gpu.index),
                                      MEMORY_UTILIZATION_SAMPLES: dev.gpu.memory_utilization}, ERROR_NOT_SUPPORTED)
 
-    @_symbol("nvmlDeviceGetSamples")
-    def samples(self, dev: _Target, sampling_type: Any, last_seen: Any, value_type: Any, count: Any,
+    def nvmlDeviceGetSamples(self, dev: _Target, sampling_type: Any, last_seen: Any, value_type: Any, count: Any,
                 buffer: Any) -> int:
         pattern = self._pattern_for_samples(dev, _value(sampling_type))
         slots = self.node.recent_slots(self.node.sample_time(dev.gpu.index, dev.t), _value(last_seen))
@@ -436,8 +428,7 @@ class FakeNvmlLibrary:
             buffer[i].sampleValue.uiVal = round(100 * self.node.slot_mean(pattern, slot))
         return _write_value(count, len(slots))
 
-    @_symbol("nvmlDeviceGetUtilizationRates")
-    def utilization_rates(self, dev: _Target, ref: Any) -> int:
+    def nvmlDeviceGetUtilizationRates(self, dev: _Target, ref: Any) -> int:
         gpu_pattern = self._pattern_for_samples(dev, GPU_UTILIZATION_SAMPLES)
         util = _out(ref)
         util.gpu = round(100 * self.node.instant(gpu_pattern, self.node.sample_time(dev.gpu.index, dev.t)))
@@ -453,15 +444,13 @@ class FakeNvmlLibrary:
         gpu = dev.gpu
         return int(gpu.memory_gib * GIB), int(gpu.memory_reserved_gib * GIB), int(gpu.memory_used_gib * GIB)
 
-    @_symbol("nvmlDeviceGetMemoryInfo")
-    def memory_info(self, dev: _Target, ref: Any) -> int:
+    def nvmlDeviceGetMemoryInfo(self, dev: _Target, ref: Any) -> int:
         total, reserved, used = self._memory(dev)
         info = _out(ref)
         info.total, info.used, info.free = total, used + reserved, total - used - reserved
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetMemoryInfo_v2")
-    def memory_info_v2(self, dev: _Target, ref: Any) -> int:
+    def nvmlDeviceGetMemoryInfo_v2(self, dev: _Target, ref: Any) -> int:
         info = _out(ref)
         if info.version != MEMORY_V2_VERSION:
             return ERROR_ARGUMENT_VERSION_MISMATCH
@@ -471,8 +460,8 @@ class FakeNvmlLibrary:
 
     # --- power, thermals, clocks, PCIe -------------------------------------------------------
 
-    @_symbol("nvmlDeviceGetTotalEnergyConsumption", whole=True)
-    def energy(self, dev: _Target, ref: Any) -> int:
+    @_symbol(whole=True)
+    def nvmlDeviceGetTotalEnergyConsumption(self, dev: _Target, ref: Any) -> int:
         if dev.gpu.architecture_id < 5:
             return ERROR_NOT_SUPPORTED  # Volta and newer only
         power = dev.gpu.power_watts
@@ -488,8 +477,8 @@ class FakeNvmlLibrary:
         self._busy_so_far[index] = (t, busy)
         return busy
 
-    @_symbol("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons", whole=True)
-    def clock_event_reasons(self, dev: _Target, ref: Any) -> int:
+    @_symbol("nvmlDeviceGetCurrentClocksThrottleReasons", whole=True)
+    def nvmlDeviceGetCurrentClocksEventReasons(self, dev: _Target, ref: Any) -> int:
         names = dev.gpu.clock_event_reasons
         if names is None:
             names = ("gpu_idle",) if dev.busy < 0.05 else ()
@@ -497,13 +486,12 @@ class FakeNvmlLibrary:
 
     # --- static properties other NVML tools (e.g. nvitop) read --------------------------------
 
-    @_symbol("nvmlDeviceGetCudaComputeCapability")
-    def compute_capability(self, dev: _Target, major: Any, minor: Any) -> int:
+    def nvmlDeviceGetCudaComputeCapability(self, dev: _Target, major: Any, minor: Any) -> int:
         _out(major).value, _out(minor).value = COMPUTE_CAPABILITY[dev.gpu.architecture]
         return SUCCESS
 
-    @_symbol("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization", whole=True)
-    def encoder_utilization(self, dev: _Target, ref: Any, period: Any) -> int:
+    @_symbol("nvmlDeviceGetDecoderUtilization", whole=True)
+    def nvmlDeviceGetEncoderUtilization(self, dev: _Target, ref: Any, period: Any) -> int:
         _out(ref).value, _out(period).value = 0, 167_000
         return SUCCESS
 
@@ -524,16 +512,13 @@ class FakeNvmlLibrary:
             buffer[i].computeInstanceId = NO_INSTANCE if inst is None else inst.compute_instance_id
         return _write_value(count, len(procs))
 
-    @_symbol("nvmlDeviceGetComputeRunningProcesses_v3")
-    def compute_processes(self, dev: _Target, count: Any, buffer: Any) -> int:
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, dev: _Target, count: Any, buffer: Any) -> int:
         return self._processes(dev, False, count, buffer)
 
-    @_symbol("nvmlDeviceGetGraphicsRunningProcesses_v3")
-    def graphics_processes(self, dev: _Target, count: Any, buffer: Any) -> int:
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, dev: _Target, count: Any, buffer: Any) -> int:
         return self._processes(dev, True, count, buffer)
 
-    @_symbol("nvmlDeviceGetProcessUtilization")
-    def process_utilization(self, dev: _Target, buffer: Any, count: Any, last_seen: Any) -> int:
+    def nvmlDeviceGetProcessUtilization(self, dev: _Target, buffer: Any, count: Any, last_seen: Any) -> int:
         pattern = self._pattern_for_samples(dev, GPU_UTILIZATION_SAMPLES)
         procs = dev.gpu.processes
         counter = _out(count)
@@ -559,8 +544,8 @@ class FakeNvmlLibrary:
 
     # --- events ----------------------------------------------------------------------------
 
-    @_symbol("nvmlEventSetCreate", device=False)
-    def event_set_create(self, ref: Any) -> int:
+    @_symbol(device=False)
+    def nvmlEventSetCreate(self, ref: Any) -> int:
         return self._allocate(self._event_sets, _EVENT_SET_BASE, _EventSet(), ref)
 
     def _event_set(self, handle: Any) -> _EventSet:
@@ -569,8 +554,8 @@ class FakeNvmlLibrary:
             raise _Status(ERROR_INVALID_ARGUMENT)
         return events
 
-    @_symbol("nvmlDeviceRegisterEvents", whole=True)
-    def register_events(self, dev: _Target, event_types: Any, event_set: Any) -> int:
+    @_symbol(whole=True)
+    def nvmlDeviceRegisterEvents(self, dev: _Target, event_types: Any, event_set: Any) -> int:
         events = self._event_set(event_set)
         types = _value(event_types)
         if types & ~SUPPORTED_EVENT_TYPES:
@@ -585,8 +570,8 @@ class FakeNvmlLibrary:
                 for position, xid in enumerate(self.node.scenario.gpus[index].xid_events)
                 if xid.at >= since and (index, position) not in events.delivered]
 
-    @_symbol("nvmlEventSetWait_v2", device=False, locked=False)
-    def event_set_wait(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
+    @_symbol(device=False, locked=False)
+    def nvmlEventSetWait_v2(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
         deadline = time.monotonic() + _value(timeout_ms) / 1000.0
         with self.node.changed:
             events = self._event_set(event_set)
@@ -613,8 +598,8 @@ class FakeNvmlLibrary:
                 next_at = min((at for at, _, _ in pending), default=float("inf"))
                 self.node.changed.wait(min(remaining, max(0.02, next_at - t)))
 
-    @_symbol("nvmlEventSetFree", device=False)
-    def event_set_free(self, event_set: Any) -> int:
+    @_symbol(device=False)
+    def nvmlEventSetFree(self, event_set: Any) -> int:
         address = _address(event_set)
         if address not in self._event_sets:
             return ERROR_INVALID_ARGUMENT
@@ -623,20 +608,19 @@ class FakeNvmlLibrary:
 
     # --- GPM (Hopper and newer) --------------------------------------------------------------
 
-    @_symbol("nvmlGpmQueryDeviceSupport")
-    def gpm_support(self, dev: _Target, ref: Any) -> int:
+    def nvmlGpmQueryDeviceSupport(self, dev: _Target, ref: Any) -> int:
         support = _out(ref)
         if support.version != GPM_VERSION:
             return ERROR_ARGUMENT_VERSION_MISMATCH
         support.isSupportedDevice = int(dev.gpu.gpm)
         return SUCCESS
 
-    @_symbol("nvmlGpmSampleAlloc", device=False)
-    def gpm_alloc(self, ref: Any) -> int:
+    @_symbol(device=False)
+    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
         return self._allocate(self._gpm_samples, _GPM_SAMPLE_BASE, None, ref)
 
-    @_symbol("nvmlGpmSampleFree", device=False)
-    def gpm_free(self, sample: Any) -> int:
+    @_symbol(device=False)
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
         address = _address(sample)
         if address not in self._gpm_samples:
             return ERROR_INVALID_ARGUMENT
@@ -652,20 +636,19 @@ class FakeNvmlLibrary:
         self._gpm_samples[address] = _GpmSample(dev.t, dev.gpu.index, mig_index)
         return SUCCESS
 
-    @_symbol("nvmlGpmSampleGet")
-    def gpm_sample_get(self, dev: _Target, sample: Any) -> int:
+    def nvmlGpmSampleGet(self, dev: _Target, sample: Any) -> int:
         return self._gpm_record(dev, dev.mig_index, sample)
 
-    @_symbol("nvmlGpmMigSampleGet", whole=True)
-    def gpm_mig_sample_get(self, dev: _Target, gpu_instance_id: Any, sample: Any) -> int:
+    @_symbol(whole=True)
+    def nvmlGpmMigSampleGet(self, dev: _Target, gpu_instance_id: Any, sample: Any) -> int:
         wanted = _value(gpu_instance_id)
         for i, inst in enumerate(dev.gpu.mig_instances or ()):
             if inst.gpu_instance_id == wanted:
                 return self._gpm_record(dev, i, sample)
         return ERROR_INVALID_ARGUMENT
 
-    @_symbol("nvmlGpmMetricsGet", device=False)
-    def gpm_metrics(self, ref: Any) -> int:
+    @_symbol(device=False)
+    def nvmlGpmMetricsGet(self, ref: Any) -> int:
         request = _out(ref)
         if request.version != GPM_VERSION:
             return ERROR_ARGUMENT_VERSION_MISMATCH

@@ -32,7 +32,6 @@ def install(device: AsyncDevice, *, name: str = "NVIDIA H100 80GB HBM3", total_g
     total = int(total_gib * GIB)
     used = int(used_gib * GIB)
     missing = object()
-    saved: dict[str, Any] = {}
 
     def synchronize(device_index: Any = None) -> None:
         device.torch_synchronize_calls += 1
@@ -53,8 +52,8 @@ def install(device: AsyncDevice, *, name: str = "NVIDIA H100 80GB HBM3", total_g
         "mem_get_info": lambda device_index=None: (total - used, total),
         "max_memory_allocated": lambda device_index=None: used,
     }
+    saved = {attr: cuda.__dict__.get(attr, missing) for attr in replacements}
     for attr, value in replacements.items():
-        saved[attr] = cuda.__dict__.get(attr, missing)
         setattr(cuda, attr, value)
 
     def undo() -> None:
