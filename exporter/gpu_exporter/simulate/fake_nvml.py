@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
@@ -74,12 +75,12 @@ class _Status(Exception):
         self.code = code
 
 
-def _symbol(*aliases: str, device: bool = True, locked: bool = True, whole: bool = False) -> Callable[[F], F]:
-    """Give a method (named as its C function) ``aliases`` and flags: ``device``: its first argument is a device
-    handle (as for an unmarked method); ``whole``: a whole GPU's only (a MIG handle gets NOT_SUPPORTED)."""
+def _symbol(*aliases: str, locked: bool = True, whole: bool = False) -> Callable[[F], F]:
+    """Give a method (named as its C function) ``aliases`` and flags: ``whole``: a whole GPU's only (a MIG handle
+    gets NOT_SUPPORTED); ``locked=False``: it runs without the node's lock (it waits)."""
 
     def mark(fn: F) -> F:
-        fn.__dict__["nvml_symbol"] = (aliases, device, locked, whole)
+        fn.__dict__["nvml_symbol"] = (aliases, locked, whole)
         return fn
 
     return mark
@@ -216,7 +217,8 @@ class FakeNvmlLibrary:
         self._busy_so_far: dict[int, tuple[float, float]] = {}  # GPU index -> (t, busy seconds 0..t)
         for attr in [a for a in dir(type(self)) if a.startswith("nvml")]:
             method = getattr(self, attr)
-            aliases, device, locked, whole = getattr(method, "nvml_symbol", ((), True, True, False))
+            aliases, locked, whole = getattr(method, "nvml_symbol", ((), True, False))
+            device = "dev" in inspect.signature(method).parameters  # its first argument: a device handle
             for name in (attr, *aliases):
                 setattr(self, name, self._wrap(method, name, device, locked, whole))
         for name, (whole, number) in _NUMBERS.items():
@@ -290,7 +292,7 @@ class FakeNvmlLibrary:
 
     # --- library and system ----------------------------------------------------------------
 
-    @_symbol("nvmlInit_v2", device=False)
+    @_symbol("nvmlInit_v2")
     def nvmlInitWithFlags(self, *flags: Any) -> int:
         if self.node.scenario.driver_missing:
             return ERROR_LIBRARY_NOT_FOUND
@@ -299,27 +301,23 @@ class FakeNvmlLibrary:
         self._init_count += 1
         return SUCCESS
 
-    @_symbol(device=False)
     def nvmlShutdown(self) -> int:
         if self._init_count == 0:
             return ERROR_UNINITIALIZED
         self._init_count -= 1
         return SUCCESS
 
-    @_symbol(device=False)
     def nvmlSystemGetDriverVersion(self, buffer: Any, length: Any) -> int:
         return _write_string(buffer, length, self.node.scenario.driver_version)
 
-    @_symbol(device=False)
     def nvmlSystemGetNVMLVersion(self, buffer: Any, length: Any) -> int:
         major = self.node.scenario.cuda_version.split(".")[0]
         return _write_string(buffer, length, f"{major}.{self.node.scenario.driver_version}")
 
-    @_symbol("nvmlSystemGetCudaDriverVersion_v2", device=False)
+    @_symbol("nvmlSystemGetCudaDriverVersion_v2")
     def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> int:
         return _write_value(ref, self.node.scenario.cuda_version_number)
 
-    @_symbol(device=False)
     def nvmlSystemGetProcessName(self, pid: Any, buffer: Any, length: Any) -> int:
         wanted = _value(pid)
         for gpu in self.node.scenario.gpus:
@@ -330,11 +328,9 @@ class FakeNvmlLibrary:
 
     # --- devices ---------------------------------------------------------------------------
 
-    @_symbol(device=False)
     def nvmlDeviceGetCount_v2(self, ref: Any) -> int:
         return _write_value(ref, len(self.node.scenario.gpus))
 
-    @_symbol(device=False)
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, ref: Any) -> int:
         i = _value(index)
         if not 0 <= i < len(self.node.scenario.gpus):
@@ -343,7 +339,6 @@ class FakeNvmlLibrary:
             return ERROR_GPU_IS_LOST
         return _write_pointer(ref, self._handle(i))
 
-    @_symbol(device=False)
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, ref: Any) -> int:
         wanted = uuid.decode() if isinstance(uuid, bytes) else str(getattr(uuid, "value", b"").decode())
         for gpu in self.node.scenario.gpus:
@@ -544,7 +539,6 @@ class FakeNvmlLibrary:
 
     # --- events ----------------------------------------------------------------------------
 
-    @_symbol(device=False)
     def nvmlEventSetCreate(self, ref: Any) -> int:
         return self._allocate(self._event_sets, _EVENT_SET_BASE, _EventSet(), ref)
 
@@ -570,7 +564,7 @@ class FakeNvmlLibrary:
                 for position, xid in enumerate(self.node.scenario.gpus[index].xid_events)
                 if xid.at >= since and (index, position) not in events.delivered]
 
-    @_symbol(device=False, locked=False)
+    @_symbol(locked=False)
     def nvmlEventSetWait_v2(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
         deadline = time.monotonic() + _value(timeout_ms) / 1000.0
         with self.node.changed:
@@ -598,7 +592,6 @@ class FakeNvmlLibrary:
                 next_at = min((at for at, _, _ in pending), default=float("inf"))
                 self.node.changed.wait(min(remaining, max(0.02, next_at - t)))
 
-    @_symbol(device=False)
     def nvmlEventSetFree(self, event_set: Any) -> int:
         address = _address(event_set)
         if address not in self._event_sets:
@@ -615,11 +608,9 @@ class FakeNvmlLibrary:
         support.isSupportedDevice = int(dev.gpu.gpm)
         return SUCCESS
 
-    @_symbol(device=False)
     def nvmlGpmSampleAlloc(self, ref: Any) -> int:
         return self._allocate(self._gpm_samples, _GPM_SAMPLE_BASE, None, ref)
 
-    @_symbol(device=False)
     def nvmlGpmSampleFree(self, sample: Any) -> int:
         address = _address(sample)
         if address not in self._gpm_samples:
@@ -647,7 +638,6 @@ class FakeNvmlLibrary:
                 return self._gpm_record(dev, i, sample)
         return ERROR_INVALID_ARGUMENT
 
-    @_symbol(device=False)
     def nvmlGpmMetricsGet(self, ref: Any) -> int:
         request = _out(ref)
         if request.version != GPM_VERSION:
