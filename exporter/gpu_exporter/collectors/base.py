@@ -83,21 +83,17 @@ class Rows:
     41
     """
 
-    __slots__ = ("documentation", "kind", "labels", "name", "rows")
+    __slots__ = ("documentation", "kind", "kind_name", "labels", "name", "rows")
 
     def __init__(self, kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, documentation: str,
                  labels: Sequence[str]) -> None:
         self.kind, self.name, self.documentation, self.labels = kind, name, documentation, labels
+        self.kind_name = "counter" if kind is CounterMetricFamily else "gauge"
         self.rows: list[tuple[Sequence[str], float]] = []
 
     def add_metric(self, labels: Sequence[str], value: float) -> None:
         """Record one sample (label values in the order of the family's labels)."""
         self.rows.append((labels, value))
-
-    @property
-    def kind_name(self) -> str:
-        """``"gauge"`` or ``"counter"``."""
-        return "counter" if self.kind is CounterMetricFamily else "gauge"
 
     def family(self) -> Metric:
         """The prometheus_client family with every recorded sample."""

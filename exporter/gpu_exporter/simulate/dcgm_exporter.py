@@ -23,18 +23,12 @@ pattern GPU's 0. Labels, in dcgm-exporter's order: ``gpu`` (the index), ``UUID``
 ``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``, and
 ``pod``, ``namespace``, ``container`` when pods are mapped (``--pod``; "" for a GPU no pod holds).
 
-Python API, for tests::
-
-    with serve("node.yaml", interval=1.0) as dcgm:            # in this process (a thread); port 0: any free port
-        text = urllib.request.urlopen(dcgm.url).read().decode()
-    proc = spawn("node.yaml", interval=1.0)                   # a subprocess (its own python); same arguments
-    proc.url; proc.close()
-
-``serve`` makes a :class:`DcgmExporter` (``.url``, ``.port``, ``.node``, ``.render()``), ``spawn`` a
-:class:`DcgmProcess` (``.url``, ``.port``, ``.process``); both stop with ``.close()`` or at the end of ``with``.
-``scenario`` is a path, a packaged scenario's name, or a loaded :class:`Scenario`; ``directory`` the channel
-directory (default ``$GPU_SIM_DEVICE_DIR``); ``pods`` maps a GPU UUID to ``(namespace, pod, container)``;
-``clock`` returns ``time.monotonic``-scale seconds (the channel's clock).
+Python API, for tests: ``serve(scenario, port=0, ...)`` serves in this process (a thread; port 0: any free port)
+and makes a :class:`DcgmExporter` (``.url``, ``.port``, ``.node``, ``.render()``); ``spawn`` (the same arguments
+but ``clock``) a subprocess, :class:`DcgmProcess` (``.url``, ``.port``, ``.process``); both stop with ``.close()``
+or at the end of ``with``. ``scenario`` is a path, a packaged scenario's name, or a loaded :class:`Scenario`;
+``directory`` the channel directory (default ``$GPU_SIM_DEVICE_DIR``); ``pods`` maps a GPU UUID to ``(namespace,
+pod, container)``; ``clock`` returns ``time.monotonic``-scale seconds (the channel's clock).
 
 >>> from gpu_exporter.simulate.scenario import parse_scenario
 >>> one = parse_scenario({"gpus": [{"name": "NVIDIA A100-SXM4-80GB", "architecture": "ampere",

@@ -19,7 +19,7 @@ import inspect
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
-from functools import partial
+from functools import partial, partialmethod
 from typing import Any, TypeVar
 
 from gpu_exporter.catalog import CLOCK_EVENT_REASONS
@@ -492,7 +492,7 @@ class FakeNvmlLibrary:
 
     # --- processes -------------------------------------------------------------------------
 
-    def _processes(self, dev: _Target, graphics: bool, count: Any, buffer: Any) -> int:
+    def _processes(self, graphics: bool, dev: _Target, count: Any, buffer: Any) -> int:
         procs = [p for p in dev.gpu.processes
                  if p.graphics == graphics and (dev.mig_index is None or p.mig_instance == dev.mig_index)]
         counter = _out(count)
@@ -507,11 +507,8 @@ class FakeNvmlLibrary:
             buffer[i].computeInstanceId = NO_INSTANCE if inst is None else inst.compute_instance_id
         return _write_value(count, len(procs))
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, dev: _Target, count: Any, buffer: Any) -> int:
-        return self._processes(dev, False, count, buffer)
-
-    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, dev: _Target, count: Any, buffer: Any) -> int:
-        return self._processes(dev, True, count, buffer)
+    nvmlDeviceGetComputeRunningProcesses_v3 = partialmethod(_processes, False)
+    nvmlDeviceGetGraphicsRunningProcesses_v3 = partialmethod(_processes, True)
 
     def nvmlDeviceGetProcessUtilization(self, dev: _Target, buffer: Any, count: Any, last_seen: Any) -> int:
         pattern = self._pattern_for_samples(dev, GPU_UTILIZATION_SAMPLES)
