@@ -8,12 +8,9 @@ conformance test feeds the same cases to promtool and to :func:`find_causes` and
 two cannot drift apart. What differs between rows is their kind (gpu_exporter.verdict.kinds); what a run reports
 is its signals (gpu_exporter.verdict.signals).
 
-Two levels, judged at the GPU's *useful* utilization ``u' = min(u, 1 - communication share)`` of the
-run (:func:`~gpu_exporter.verdict.levels.useful_utilization`: an NCCL kernel spins on the GPU while
-its rank waits in a collective, so ``u`` alone calls a waiting rank busy): ``low`` (``u'`` below
-``utilization_low_threshold``: warning alerts) and ``target`` (``u'`` at or above that but below
-``utilization_target``: one info alert). At or above the target no cause is named. A projection is an upper
-bound (gpu_exporter.verdict.kinds): 8% busy with 90% of the step loading data projects to 0.08 / (1 - 0.9), ~80%.
+Two levels, judged at the GPU's *useful* utilization (:func:`~gpu_exporter.verdict.levels.useful_utilization`):
+``low`` (warning alerts) and ``target`` (one info alert); at or above the target no cause is named. A projection is
+an upper bound (gpu_exporter.verdict.kinds): 8% busy with 90% of the step loading data projects to 0.08 / (1 - 0.9).
 
 >>> from gpu_exporter.thresholds import load_thresholds
 >>> t = load_thresholds()
@@ -168,11 +165,8 @@ def find_causes(utilization: float, memory_used_ratio: float | None, run: RunSig
                 window_seconds: float = 0.0) -> list[Finding]:
     """Every cause of :data:`CAUSES` that applies to ``run`` on a GPU at ``utilization``, biggest first.
 
-    Mirrors the generated PromQL exactly (the conformance test checks it). ``utilization`` is the
-    GPU's; the level and the projections start from the run's useful utilization
-    (:func:`~gpu_exporter.verdict.levels.useful_utilization`). ``window_seconds`` is the judged window: a
-    counted cause scales its limit to it (M4: ``allocator_retries_threshold`` per ``allocator_window``, never
-    less; 0, the default, is the rules' own limit). Nothing at or above the target.
+    ``utilization`` is the GPU's; the level and the projections start from the run's useful utilization.
+    ``window_seconds`` is the judged window, which a counted cause (M4) scales its limit to (0: the rules' own).
 
     >>> from gpu_exporter.thresholds import load_thresholds
     >>> t = load_thresholds()

@@ -167,9 +167,8 @@ class IdleSplit:
 def idle_split(utilization: float, shares: Mapping[str, float], code: Mapping[str, float] | None,
                launch_bound: bool) -> IdleSplit:
     """The GPU's idle time in ``compute`` and ``other`` (their shares less ``utilization``), split by what explains
-    it: the framework's code (``code["framework"]``), the job's own inside compute (``code["host"]``), and where
-    the run is ``launch_bound`` (it has M3), the idle time inside compute left after those, at most the idle time
-    left; the rest has no known cause. Every part is capped by the idle time left before it.
+    it (:class:`IdleSplit`; launch overhead only where the run is ``launch_bound``), each part capped by the idle
+    time left before it.
 
     >>> s = idle_split(0.15, {"compute": 0.4, "other": 0.35, "data": 0.25}, {"framework": 0.36, "host": 0.0}, False)
     >>> round(s.idle, 2), round(s.framework, 2), round(s.launch, 2), round(s.unexplained, 2)

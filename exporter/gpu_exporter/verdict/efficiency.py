@@ -7,17 +7,14 @@ utilization* is the SM activity, never more than the busy utilization. NVIDIA's 
 needed for good use, below 0.5 is likely ineffective (thresholds.yml ``sm_active_low``).
 
 :data:`EFFICIENCY` is the table, in precedence order (memory-bound, then batch too small, then tensor
-cores idle, then the fallback "busy but ineffective"). Each kind holds its condition twice, for the
-judge (:meth:`GpuCause.holds` on an :class:`Activity`) and for the generated rules (monitoring/efficiency.py:
-:meth:`GpuCause.promql`, the compared value, its comparison and the conditions around it), with its
-alert, runbook anchor, remedy and advice, so rules, runbooks and diagnose come from one definition;
-tests/test_causes_conformance.py feeds the same GPUs to promtool and to :func:`find_efficiency`. They
-apply only to a GPU at or above ``utilization_target`` (judged at its useful utilization, as the
-ladder's level) that has work: below the target the run causes and the below-target alerts speak.
+cores idle, then the fallback "busy but ineffective"). Each kind holds its condition twice, for the judge
+(:meth:`GpuCause.holds`) and for the generated rules (monitoring/efficiency.py: :meth:`GpuCause.promql`), with its
+alert, remedy and advice; tests/test_causes_conformance.py feeds the same GPUs to promtool and to
+:func:`find_efficiency`. They apply only to a GPU with work at or above ``utilization_target`` (judged as the
+ladder's level): below the target the run causes and the below-target alerts speak.
 
 The worth of a finding is the share of the GPU between busy and effective (``busy - sm``): times the
-hours, the GPU-hours it is worth. The projection: SM activity could reach at most about the busy
-utilization if the kernels filled the GPU.
+hours, the GPU-hours it is worth.
 
 >>> from gpu_exporter.thresholds import load_thresholds
 >>> t = load_thresholds()
@@ -69,10 +66,9 @@ def _dcgm(dcgm: m.ExternalSeries, window: str) -> str:
 
 def sm_query(window: str = "5m") -> str:
     """SM activity over ``window`` {cluster, node, gpu, uuid, source}: GPM wins, else DCGM, else nothing (with
-    ``5m``: the recording rule of ``gpu:gpu_sm_active:avg5m``; diagnose --window computes it for any other window).
-    It carries the GPU's ``node`` and ``gpu`` so that dashboards need no join with ``gpu_info`` at every step: GPM's
-    own, and for DCGM ``gpu_info``'s, joined once here with ``gpu_info`` as the many side (a UUID seen on two nodes
-    gives two series, never a many-to-many error that would drop every GPU's)."""
+    ``5m``: the recording rule of ``gpu:gpu_sm_active:avg5m``). It carries the GPU's ``node`` and ``gpu`` so that
+    dashboards need no join with ``gpu_info`` at every step: for DCGM joined once here, ``gpu_info`` the many side
+    (a UUID seen on two nodes gives two series, never a many-to-many error that would drop every GPU's)."""
     gpm = f'max by ({C}, node, gpu, uuid) (avg_over_time({m.GPU_SM_ACTIVE_RATIO.name}{{mig_uuid=""}}[{window}]))'
     dcgm = (f'group by ({C}, node, gpu, uuid) ({m.GPU_INFO.name})\n    * on ({C}, uuid) group_left ()\n  '
             f'{_dcgm(m.DCGM_SM_ACTIVE, window)}')
@@ -95,9 +91,8 @@ def dram_query(window: str = "5m") -> str:
 class FpPipe:
     """One of dcgm-exporter's fp pipe fields (``DCGM_FI_PROF_PIPE_FP32_ACTIVE`` and its FP16 and FP64 siblings):
     evidence in the text of tensor cores idle, never part of a condition. ``doing``: what the math does where this
-    pipe carries the most of it (None: the cause's own ``doing``, fp32 math). Only dcgm-exporter's: this exporter
-    reads no fp pipe from GPM (they would cost series per GPU against the fleet's series budget), so no series where
-    the counters file leaves the fields out (its default)."""
+    pipe carries the most of it (None: the cause's own ``doing``). None is read from GPM (series per GPU against the
+    fleet's budget), so no series where dcgm-exporter's counters file leaves the fields out (its default)."""
 
     name: str
     series: m.ExternalSeries
@@ -109,7 +104,6 @@ class FpPipe:
         return self.name.lower()
 
     def query(self, window: str = "5m") -> str:
-        """The pipe's activity over ``window`` {cluster, uuid} from dcgm-exporter."""
         return _dcgm(self.series, window)
 
 
@@ -131,8 +125,7 @@ def for_cluster(expr: str, cluster_label: str) -> str:
 
 
 SM_RECORD = sm_query()
-"""The recording rule of ``gpu:gpu_sm_active:avg5m`` {cluster, node, gpu, uuid, source}: GPM wins, else DCGM, else
-nothing."""
+"""The recording rule of ``gpu:gpu_sm_active:avg5m``."""
 SM = m.GPU_SM_ACTIVE_AVG5M.name
 """The GPU's effective utilization (5m mean SM activity), recorded."""
 TENSOR = tensor_query()

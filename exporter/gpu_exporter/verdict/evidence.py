@@ -101,9 +101,7 @@ def from_window(query: Callable[[str], list[tuple[Labels, float]]], window: str)
     recording rules' expressions with that window; the child processes and names as they are at its end), as
     :func:`from_snapshots` reads two scrapes. The state shares are each state's rate over their sum, as
     ``process:gpu_process_main_thread_state:share5m`` is. No hints: the table finds them (:func:`explain`).
-
-    ``query`` answers a PromQL expression with (labels, value) pairs; :func:`rates` and
-    ``gpu_process_child_processes`` / ``gpu_process_memory_used_bytes`` are asked.
+    ``query`` answers a PromQL expression with (labels, value) pairs.
     """
     cpu, children, read, states = (query(expr) for expr in rates(window))
     return _signals(_by_key(cpu), _by_key(children), _by_key(query(catalog.GPU_PROCESS_CHILD_PROCESSES.name)),
@@ -119,10 +117,8 @@ SERIES = tuple(f.name for f in (
 
 def from_series(query: Callable[[str], list[tuple[Labels, float]]]
                 ) -> tuple[dict[str, list[ProcessSignals]], dict[Key, list[tuple[Hint, float]]]]:
-    """The processes' readings from the recording rules, and the hints the rules found per (uuid, pid).
-
-    ``query`` answers a PromQL expression with (labels, value) pairs (Prometheus' instant query).
-    """
+    """The processes' readings from the recording rules, and the hints the rules found per (uuid, pid) (``query``:
+    Prometheus' instant query of a PromQL expression, as (labels, value) pairs)."""
     cpu, children, kids, read, states, memory, found = (query(name) for name in SERIES)
     signals = _signals(_by_key(cpu), _by_key(children), _by_key(kids), _by_key(read), _states(states), _names(memory))
     hints: dict[Key, list[tuple[Hint, float]]] = {}
@@ -136,10 +132,8 @@ def from_series(query: Callable[[str], list[tuple[Labels, float]]]
 
 def explain(uuid: str, processes: Iterable[ProcessSignals], t: Thresholds,
             hints: Mapping[Key, list[tuple[Hint, float]]] | None) -> tuple[str, tuple[Hint, str] | None]:
-    """(one sentence per process, the first hint that passes with its text) for a GPU nobody instrumented.
-
-    ``hints`` are the recording rules' findings (Prometheus); None: apply the table here.
-    """
+    """(one sentence per process, the first hint that passes with its text) for a GPU nobody instrumented;
+    ``hints``: the recording rules' findings (Prometheus), None: apply the table here."""
     sentences, first = [], None
     for p in processes:
         sentences.append(p.describe() + ".")

@@ -25,12 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["EVIDENCE_ALERT", "HINTS", "HINTS_BY_ID", "MAIN_BUSY", "STORAGE_WAIT", "WORKERS_BUSY", "Hint",
            "ProcessSignals", "find_hints", "hint_text"]
 
-MAIN_BUSY = "main_busy"
-"""The main thread is runnable most of the time and the process has no worker process: it loads batches itself."""
-WORKERS_BUSY = "workers_busy"
-"""Every worker process uses most of a core: the input pipeline is at its limit."""
-STORAGE_WAIT = "storage_wait"
-"""The main thread is blocked on I/O (state D) for much of the time."""
+MAIN_BUSY, WORKERS_BUSY, STORAGE_WAIT = "main_busy", "workers_busy", "storage_wait"
+"""The hints' ids: the main thread loads batches itself, the workers are saturated, the main thread waits on I/O."""
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,8 @@ SM_BATCH = EFFICIENCY_BY_ID["sm_batch_too_small"].cause
 
 
 def build_views(readings: Readings, t: Thresholds | None = None, window_seconds: float = 0.0) -> list[GpuView]:
-    """One GpuView per GPU of ``gpu_info``, with its runs joined by GPU key, in (node, index) order.
-
-    With thresholds ``t`` the causes of each live run are found here (exporter readings) or
-    taken from the recording rules (Prometheus readings).
-    """
+    """One GpuView per GPU of ``gpu_info``, with its runs joined by GPU key, in (node, index) order; with
+    thresholds ``t``, each live run's causes (found here, or taken from the recording rules)."""
     keys = Keys(cluster_label=readings.cluster_label)
     runs: dict[str, list[RunView]] = {}
     memory = {gpu: used / readings.memory_total[gpu] for gpu, used in readings.memory_used.items()
@@ -116,8 +113,7 @@ def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t:
         changes["suggestions"] = remedies.suggestions(ctx, causes.values(), run.shares, batch,
                                                       readings.utilization.get(gpu), readings.memory_used.get(gpu),
                                                       readings.memory_total.get(gpu), t.remedy_memory_target_ratio)
-    sm = readings.sm_active.get(gpu)
-    busy = readings.utilization.get(gpu)
+    sm, busy = readings.sm_active.get(gpu), readings.utilization.get(gpu)
     if (ctx is not None and run.live and not causes and busy is not None and busy >= t.utilization_target
             and sm is not None and sm[0] < t.sm_active_low and run.shares.get(COMPUTE)):
         # the SM form of M3 (verdict/efficiency.py), which a busy GPU only gets (a run with a cause of its own is
@@ -136,10 +132,8 @@ def unjoined_runs(readings: Readings) -> list[tuple[str, str]]:
 
 def select(views: Sequence[GpuView], node: str | None, namespace: str | None, run: str | None,
            ids: str | None) -> list[GpuView]:
-    """The GPUs matching every filter given (node, pod namespace, training run, index or uuid).
-
-    With ``run``, each GPU keeps only that run, so the verdict is the run's.
-    """
+    """The GPUs matching every filter given (node, pod namespace, training run, index or uuid); with ``run``, each
+    GPU keeps only that run, so the verdict is the run's."""
     wanted = {i.strip() for i in ids.split(",") if i.strip()} if ids else None
     out = [v for v in views
            if (node is None or node in (v.node, v.node.rpartition(":")[0]))

@@ -46,14 +46,11 @@ Found: TypeAlias = "Finding | None"
 class Cause:
     """One row of the cause table; its class is its kind, which holds everything that differs between kinds.
 
-    ``keys`` are the thresholds.yml keys its condition reads. A kind gives each thing twice, for the judge in Python
-    and for the generated rules (monitoring/causes.py) in PromQL and alert text: its condition (:meth:`find`;
-    :meth:`promql`: the query before the level filter, its value the share, M4: events, that explains it; the filter
-    also keeps only live runs, as a run's level is recorded only while it reports a current phase), the reason of a
-    finding (:meth:`reason`, :meth:`alert_reason`), its projection (:meth:`projection`, :meth:`alert_projection`),
-    how a straggler with it reads (:meth:`own`, :meth:`alert_own`) and its concrete remedy (``suggests``,
-    gpu_exporter.verdict.remedies: :meth:`suggestion`, :meth:`alert_remedy`); :meth:`value_text` is its series'
-    comment, :meth:`records` its further recording rules (name, expression, comment). A new kind is one new subclass.
+    ``keys`` are the thresholds.yml keys its condition reads. Each thing twice, for the judge and the rules: its
+    condition (:meth:`find`; :meth:`promql`: the query before the level filter, which also keeps only live runs, its
+    value the share, M4: events, that explains it), the reason, the projection, how a straggler with it reads
+    (:meth:`own`) and its concrete remedy (``suggests``: :meth:`suggestion`, :meth:`alert_remedy`); :meth:`records`
+    are its further recording rules (name, expression, comment). A new kind is one new subclass.
     """
 
     cause: str

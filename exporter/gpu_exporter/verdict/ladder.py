@@ -183,8 +183,7 @@ def _finished(f: Facts) -> list[str]:
 
 
 def _gone(f: Facts) -> str:
-    finished = _finished(f)
-    return f" (run {', '.join(finished)} finished or stopped pushing)" if finished else ""
+    return f" (run {', '.join(_finished(f))} finished or stopped pushing)" if _finished(f) else ""
 
 
 ENDED_REMEDY = ("If the job still runs, it stopped reaching the exporter: check that GPU_EXPORTER_URL points at this "

@@ -70,10 +70,7 @@ BY_LEVEL: dict[str, Level] = {lv.name: lv for lv in LEVELS}
 
 def level(utilization: float, t: Thresholds) -> str | None:
     """``"low"``, ``"target"`` or None (at or above ``utilization_target``)."""
-    for lv in LEVELS:
-        if utilization < threshold(t, lv.key):
-            return lv.name
-    return None
+    return next((lv.name for lv in LEVELS if utilization < threshold(t, lv.key)), None)
 
 
 def useful_utilization(utilization: float, *shares: Mapping[str, float]) -> float:

@@ -209,11 +209,8 @@ def workers_suggestion(ctx: Context, data_share: float) -> str:
 
 def batch_suggestion(ctx: Context, batch: float | None, utilization: float, compute_share: float,
                      gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
-    """The M3 suggestion, or "" without a batch size or memory figures.
-
-    Memory used: the allocator's peak, else the job's own reading, else NVML's for the GPU;
-    memory total: the job's reading, else NVML's.
-    """
+    """The M3 suggestion, or "" without a batch size or memory figures (used: the allocator's peak, else the job's
+    own reading, else NVML's for the GPU; total: the job's reading, else NVML's)."""
     b = batch if batch else ctx.loader_batch_size
     used = next((m for m in (ctx.allocator_peak_bytes, ctx.gpu_memory_used_bytes, gpu_used) if m), None)
     total = ctx.gpu_memory_total_bytes or gpu_total
@@ -226,18 +223,16 @@ def batch_suggestion(ctx: Context, batch: float | None, utilization: float, comp
     return f"{have}: try batch {_n(b * k)} and scale the learning rate by {k}"
 
 
-class Remedy:
+class Remedy(Protocol):
     """A concrete remedy a row of the cause table carries (``Cause.suggests``): its suggestion from one run's
     readings (:meth:`text`, the judge's) and the same from the recorded series of :data:`RULES` (:meth:`alert_text`,
     template text the cause's alerts put before its advice, monitoring/causes.py). The cause is asked, never named:
     a row without one (``suggests=None``) gets no numbers."""
 
     def text(self, ctx: Context, shares: Mapping[str, float], batch: float | None, utilization: float | None,
-             gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str:
-        raise NotImplementedError
+             gpu_used: float | None, gpu_total: float | None, memory_target: float) -> str: ...
 
-    def alert_text(self) -> str:
-        raise NotImplementedError
+    def alert_text(self) -> str: ...
 
 
 class Workers(Remedy):

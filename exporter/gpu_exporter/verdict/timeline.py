@@ -105,13 +105,11 @@ class Timeline:
     def phase_shares(self, times: Sequence[float]) -> dict[str, list[float | None]]:
         """The run's phase shares at each of ``times``, all ranks together (the phases' seconds in each window)."""
         seconds: dict[float, dict[str, float]] = {}
-        for ms in self.moments.values():
-            for m in ms:
-                for run in m.view.runs:
-                    if not run.since_start:
-                        at = seconds.setdefault(m.time, {})
-                        for phase, share in run.shares.items():
-                            at[phase] = at.get(phase, 0.0) + share * run.seconds
+        for ts, run in ((m.time, r) for ms in self.moments.values() for m in ms for r in m.view.runs):
+            if not run.since_start:
+                at = seconds.setdefault(ts, {})
+                for phase, share in run.shares.items():
+                    at[phase] = at.get(phase, 0.0) + share * run.seconds
         out: dict[str, list[float | None]] = {}
         for i, ts in enumerate(times):
             total = sum(seconds.get(ts, {}).values())
