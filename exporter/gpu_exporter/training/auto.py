@@ -30,9 +30,8 @@ It never breaks a job: every patch is tried on its own, and a failure (an unknow
 version, a bad setting, an exporter that does not answer) is one log line on the logger
 ``gpu_exporter.training``, after which the job runs on without that part.
 
-The forward pre-hook is global, so every module call of the job passes through one Python call
-while a run is open (a few hundred nanoseconds; torch also leaves its fast call path): for a model
-of a thousand modules, well under a millisecond per step.
+The global forward hooks give way to hooks on the job's models after :data:`NARROW_AFTER` optimizer steps
+(``_Job.narrow`` says why).
 """
 
 from __future__ import annotations
@@ -329,9 +328,7 @@ def _active_job(start: bool) -> _Job | None:
     state = _state
     job = state.job
     if job is not None:
-        if job.run.closed or state.framework or threading.get_ident() != job.thread:
-            return None
-        return job
+        return None if job.run.closed or state.framework or threading.get_ident() != job.thread else job
     if not start or state.framework or state.failed or threading.current_thread() is not threading.main_thread():
         return None
     with state.lock:

@@ -91,8 +91,7 @@ def _find_uuid(device: int) -> str:
             return ""
         if entries[device].startswith(_UUID_PREFIXES):
             return entries[device]
-    from_torch = _torch_uuid(device)
-    if from_torch:
+    if from_torch := _torch_uuid(device):
         return from_torch
     if entries is None:
         return _nvml_uuid(device)

@@ -30,15 +30,9 @@ Two things are timed, both only while the run is open:
   The hook runs on the autograd thread while the training thread waits in ``backward()``, so the
   run's single-writer timing state still has one writer at a time.
 
-Honest timing under CUDA: ``communication`` is a phase like the others, so the library's
-GPU-truthful phases (an event at every phase change, training/run.py ``GpuClock``) count the
-collective's GPU time (the NCCL kernels, the wait for the other ranks) in ``communication``, not in
-whichever phase synchronizes next; ``sync_every=N`` does the same on every N-th step by synchronizing.
-
-Rank and world size: ``rank=`` / ``world_size=`` given to ``training.start``, else ``$RANK`` /
-``$WORLD_SIZE`` (set by torchrun), else the initialized default process group, else
-``$LOCAL_RANK`` / 1. Importing this module never imports torch (it uses torch only when the job
-has imported it).
+Under CUDA, ``communication`` is a phase like the others, so the GPU-truthful phases (training/gpu_clock.py)
+count a collective's GPU time in it. Rank and world size: :func:`resolve_rank`, :func:`resolve_world_size`.
+Importing this module never imports torch (it uses torch only when the job has imported it).
 
 >>> resolve_world_size(4)
 4
@@ -138,15 +132,9 @@ def resolve_world_size(explicit: int | None) -> int:
 
 
 def watch(run: TimedRun, ddp_model: Any = None) -> bool:
-    """Time ``run``'s collectives as phase ``communication``; True when the job is distributed.
-
-    Wraps the torch.distributed functions (once per process) for calls from this thread and,
-    with ``ddp_model`` (a ``DistributedDataParallel``), registers a communication hook that times
-    its gradient all-reduce (call it before the first step: DDP takes one hook, before training).
-    Also sets ``run.world_size`` from the process group when neither ``world_size=`` nor
-    ``$WORLD_SIZE`` set it. Without an initialized process group this does nothing and returns
-    False, so integrations may call it in every job.
-    """
+    """Time ``run``'s collectives (and ``ddp_model``'s gradient all-reduce) as ``communication`` from this thread
+    (module docstring); True when the job is distributed, else it does nothing. Also sets ``run.world_size`` from
+    the process group when neither ``world_size=`` nor ``$WORLD_SIZE`` set it."""
     dist = _dist()
     if dist is None or not initialized():
         return False

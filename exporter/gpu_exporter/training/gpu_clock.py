@@ -31,12 +31,10 @@ class Named(Protocol):
 class GpuClock:
     """GPU-truthful phases: the GPU's time between two phase changes goes to the phase that began at the first.
 
-    The fix for the problem of the module docstring, without ever synchronizing: a CUDA event is recorded on
-    the current stream at every phase change (:meth:`mark`, on the training thread, a few microseconds). The
-    stream reaches an event once all the work queued before it is done, so the GPU time between two consecutive
-    events is the work queued between them (the phase that began at the first), plus the time the GPU sat idle
-    waiting for the CPU in that phase. The pusher thread folds in completed events in order (:meth:`resolve`,
-    ``query()`` then ``elapsed_time()``, neither of which waits), so:
+    :meth:`mark` records the event (training thread, a few microseconds). The stream reaches it once all the work
+    queued before it is done, so the GPU time between two consecutive events is the work queued between them plus
+    the time the GPU sat idle waiting for the CPU in that phase. The pusher thread folds in completed events in
+    order (:meth:`resolve`, ``query()`` then ``elapsed_time()``, neither of which waits), so:
 
     * a phase that queues no work (loading a batch, Python metrics) gets exactly the time the GPU
       sat idle while the CPU did it, and nothing while queued work kept the GPU busy;

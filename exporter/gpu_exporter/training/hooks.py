@@ -28,12 +28,10 @@ The rule (docs/training.md, "training.watch"):
 * A step ends at each ``optimizer.step`` (with the samples of the batches fetched since the last
   one); without an optimizer, at each batch.
 
-The building blocks (the timed iterator, the ``torch.save`` patch, metric objects, :class:`StepCounter`) are
-shared with the Lightning and Transformers callbacks (``training.lightning``, ``training.transformers``) and
-zero-code activation (``training.auto``); docs/training.md, "Writing an integration", lists them. Two live in
-modules of their own and are re-exported here: :class:`PhaseStack` (``training.phase_stack``) and the timed
-iterator (:class:`TimedIterator`, :class:`LoaderTimer`: ``training.loaders``).
-Importing this module imports nothing heavy; torch is imported by :func:`watch` only.
+The building blocks are shared with the framework callbacks and zero-code activation (docs/training.md, "Writing
+an integration"); :class:`PhaseStack` (``training.phase_stack``) and the timed iterator (:class:`TimedIterator`,
+:class:`LoaderTimer`: ``training.loaders``) are re-exported here. Importing this module imports nothing heavy;
+torch is imported by :func:`watch` only.
 """
 
 from __future__ import annotations
@@ -426,11 +424,8 @@ def _unwrap(optimizer: Any) -> Any:
 
 
 def enable_distributed(run: Run, model: Any) -> None:
-    """Time collectives as ``communication`` when the job is distributed (training.watch_distributed).
-
-    Hook point for the communication phase: with a DistributedDataParallel ``model``, its gradient
-    all-reduce is timed too. Does nothing when ``model`` is no DDP model or the job is not distributed.
-    """
+    """With a DistributedDataParallel ``model``, time collectives and its gradient all-reduce as ``communication``
+    (``training.watch_distributed``); nothing for another model or when the job is not distributed."""
     if type(model).__name__ == "DistributedDataParallel":
         watch_distributed(run, model)
 

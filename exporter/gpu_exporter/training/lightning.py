@@ -109,8 +109,7 @@ class CallbackMixin(FrameworkCallback):
         for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
             undo.append(MethodTimer(metric, metrics).undo)
         for logger in getattr(trainer, "loggers", ()):
-            if callable(getattr(logger, "log_metrics", None)):
-                undo.append(MethodTimer(logger, metrics, ("log_metrics",)).undo)
+            undo.append(time_overridden(logger, ("log_metrics",), None, metrics))
         undo.append(MethodTimer(pl_module, metrics, ("training_step",)).undo)
         undo.append(MethodTimer(pl_module, compute, ("backward",)).undo)
         undo.append(time_overridden(pl_module, ("on_before_optimizer_step",), _module_base(pl_module), other))

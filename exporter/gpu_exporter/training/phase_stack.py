@@ -19,10 +19,8 @@ from .run import Phase, Run
 class PhaseStack:
     """Phase changes for the framework callbacks: one phase open at a time, and a stack of where to return.
 
-    The callbacks' timers nest in any order (module docstring), and :class:`Phase` objects nest only while none
-    is entered again below the top (its ``_prev`` would be overwritten). Here every change leaves the open phase
-    and enters the next (:attr:`switch`: ``run.switch_to``), and the phases to return to are this object's own
-    list, so entering a phase that is further down is one more entry like any other.
+    A :class:`Phase` entered again below the top would overwrite its ``_prev``; here the phases to return to are
+    this object's own list, so entering a phase that is further down is one more entry like any other.
 
     >>> from gpu_exporter.training.run import Run
     >>> run = Run("doc", uuid=""); stack = PhaseStack(run)

@@ -108,8 +108,7 @@ class Pusher:
             return False
         try:
             try:
-                body = self._body(finished)
-                status, reason = self._post(body, deadline)
+                status, reason = self._post(self._body(finished), deadline)
             except (OSError, http.client.HTTPException, ValueError) as err:
                 why = f"no complete answer by the deadline ({err})" if time.monotonic() >= deadline else str(err)
                 self._report(f"cannot reach the exporter at {self.endpoint} ({why}); "

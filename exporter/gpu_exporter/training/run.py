@@ -206,12 +206,7 @@ class _EventPhase(Phase):
 class Run(AbstractContextManager["Run"]):
     """Timing state of one training process (one run, one rank); create it with ``training.start``.
 
-    ``Run`` itself does no I/O; ``start()`` attaches the background pusher. Example::
-
-        run = Run("resnet50", rank="0", uuid="GPU-...")
-        with run.phase("data"):
-            batch = next(it)
-        run.step(samples=len(batch))
+    ``Run`` itself does no I/O; ``start()`` attaches the background pusher (:meth:`attach`; module docstring).
     """
 
     def __init__(self, name: str, *, rank: str | int | None = None, uuid: str | None = None,
@@ -233,9 +228,7 @@ class Run(AbstractContextManager["Run"]):
         self.world_size = _distributed.resolve_world_size(world_size)
         """Ranks in the job (1 unless distributed); every snapshot carries it."""
         self.started_at = time.time()
-        self.steps = 0
-        self.samples = 0
-        self.batch_size = 0
+        self.steps = self.samples = self.batch_size = 0
         self._identity = _device.GpuIdentity(uuid, device)
         self._pid = os.getpid()
         self._thread = threading.get_ident()

@@ -27,25 +27,15 @@ for a while does not credit its last frame), split by the phase's mix, the class
 ``compute`` only, ``framework`` in both phases; in ``other`` a torch frame belongs to its caller too (Lightning's
 loop detaching and cloning the loss between the hooks is the framework's overhead, not the model's compute).
 
-Why the timers: a stack is read where the training thread lets go of the GIL (below), mostly inside a torch
-operator, so where each stack counted the wall time since the previous one, the time of short Python stretches
-went to the next operator's phase whenever the sampler's thread woke at once (an idle machine). A Lightning loop
-around a one-weight model on the simulated GPU (1,000 steps/s, ``other`` 36-37% of the step by the timers) read
-16-20% in ``other`` and 60-66% in ``compute``, FO below its 20% line; on a loaded machine (the training thread on
-a core 13-55% of the time) the wake-ups fell at random and it read 30-36%. Counted by the timers it reads 36% on
-both. The stack is read first after the wake-up (a lock's timeout, no Python in between), so the sampler waits
-for the GIL once. Inside a phase the split still leans to the operators (below).
-
-Reading a stack needs the GIL. A torch operator lets go of it at once, Python only at the interpreter's switch
-interval, so a stretch of Python shorter than the interval ends before the sampler gets its turn, and the sample
-lands on the next operator. At Python's default of 5 ms this under-read the job's own code badly where operators
-themselves run Python (the simulated GPU's dispatch mode, ``__torch_function__`` wrappers, hooks): a 4 ms
-augmentation that took 71-76% of the step read 27% (``bench.stack_sampler --accuracy``). While a sampler runs, the
-switch interval is therefore :data:`SWITCH_INTERVAL` (0.5 ms; it read 65% there), unless the process set its own;
-the last sampler to stop puts the default back. Python frames only: a tensor operation called straight from the
+Why the timers, and why :data:`SWITCH_INTERVAL`: reading a stack needs the GIL, which a torch operator lets go of at
+once and Python only at the interpreter's switch interval, so stacks are read mostly inside operators. Counting the
+wall time per stack read a Lightning loop's framework overhead at half its share on an idle machine; at Python's
+default 5 ms a 4 ms augmentation that took 71-76% of the step read 27%. So the stack is read first after the wake-up,
+the timers give the seconds, and while a sampler runs the switch interval is 0.5 ms unless the process set its own
+(the last sampler to stop puts the default back). The measurements are in docs/training.md ("Whose code runs in the
+step") and docs/benchmarks.md ("Stack sampler"). Python frames only: a tensor operation called straight from the
 job's own code (``x @ w`` in ``train.py``) has no torch frame and counts as host work; one called from a module's
-``forward`` in ``torch/nn`` or through ``loss.backward()`` does not.
-Cost: the measured figure is in docs/benchmarks.md ("Stack sampler"); ``GPU_EXPORTER_STACK_SAMPLING_HZ=0`` turns it off.
+``forward`` in ``torch/nn`` or through ``loss.backward()`` does not. ``GPU_EXPORTER_STACK_SAMPLING_HZ=0`` turns it off.
 
 >>> classify(__file__), classify("/usr/lib/python3/site-packages/lightning/pytorch/loops/fit_loop.py")
 ('', 'framework')
@@ -54,6 +44,7 @@ Cost: the measured figure is in docs/benchmarks.md ("Stack sampler"); ``GPU_EXPO
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -192,7 +183,7 @@ class StackSampler:
         self._interval = 1.0 / rate
         self._seconds = dict.fromkeys(CODE_PARTS, 0.0)
         self._functions: dict[str, float] = {}
-        self._classes: dict[str, str] = {}
+        self._classify = functools.cache(classify)  # one answer per file
         self._lock = threading.Lock()
         self._stopped = threading.Lock()
         self._stopped.acquire()  # held until stop(): the sampler thread waits on it between samples (no Python)
@@ -246,11 +237,7 @@ class StackSampler:
                     self._credit({key: 1.0}, gap)
                 continue
             if key is not None:
-                mix = mixes[phase]
-                for k in list(mix):
-                    mix[k] *= MIX_DECAY
-                    if mix[k] < MIX_FLOOR:
-                        del mix[k]
+                mix = mixes[phase] = {k: w * MIX_DECAY for k, w in mixes[phase].items() if w * MIX_DECAY >= MIX_FLOOR}
                 mix[key] = mix.get(key, 0.0) + 1.0
             seconds = clock()
             for name, mix in mixes.items():  # a phase gains at most the (capped) wall time since the last wake-up
@@ -264,12 +251,10 @@ class StackSampler:
         """(class, function label) of the innermost classified frame of the stack that ends at ``frame``: class ""
         (not counted) for none, or outside compute for anything but the framework's (there torch's frames are passed
         over: an operator the framework calls between the phases is its bookkeeping); the label for ``host`` only."""
-        classes = self._classes
+        classify_file = self._classify
         while frame is not None:
             code = frame.f_code
-            part = classes.get(code.co_filename)
-            if part is None:
-                part = classes[code.co_filename] = classify(code.co_filename)
+            part = classify_file(code.co_filename)
             if part and (in_compute or part != "torch"):
                 break
             frame = frame.f_back

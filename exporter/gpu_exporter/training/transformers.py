@@ -95,8 +95,7 @@ class CallbackMixin(FrameworkCallback):
             undo.append(MethodTimer(trainer, metrics, ("training_step",)).undo)
             for obj, method, timer in ((trainer, "_prepare_inputs", other),
                                        (getattr(trainer, "accelerator", None), "backward", compute)):
-                if callable(getattr(obj, method, None)):
-                    undo.append(MethodTimer(obj, timer, (method,)).undo)
+                undo.append(time_overridden(obj, (method,), None, timer))
         timed: tuple[tuple[tuple[str, ...], Any], ...] = ((METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
         for callback in callbacks:
             for names, timer in timed:
