@@ -44,16 +44,7 @@ from grafana_foundation_sdk.builders import prometheus, table
 from monitoring.cost import RECORDING
 from monitoring.efficiency import AT_TARGET
 from monitoring.model import Record, indent, wrap
-from monitoring.panels import (
-    Config,
-    bar_gauge,
-    query,
-    stat_panel,
-    steps,
-    table_panel,
-    table_query,
-    timeseries,
-)
+from monitoring.panels import Config, bar_gauge, query, stat_panel, steps, table_panel, table_query, timeseries
 
 SM = m.GPU_SM_ACTIVE_AVG5M.name
 BUSY = m.GPU_UTILIZATION_AVG5M.name
@@ -154,7 +145,7 @@ def _per_gpu(cfg: Config, expr: str) -> str:
 
 def fleet_row(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
     """The fleet overview's row: effective utilization beside busy, and the GPUs whose SM activity is unknown."""
-    c, low = cfg.cluster, f"{cfg.num('sm_active_low') * 100:g}%"
+    c, low = cfg.cluster, cfg.percent("sm_active_low")
     busy, sm = cfg.sel(BUSY, "node"), cfg.sel(SM, "node")
     gpus = f"group {cfg.by('uuid')} ({cfg.sel(m.GPU_INFO.name, 'node')})"
     legend = f"{{{{{c}}}}} {{{{node}}}} GPU {{{{gpu}}}}"

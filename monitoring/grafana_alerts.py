@@ -81,7 +81,7 @@ def mirrors(model: Model) -> list[Mirror]:
     cfg = model.config
     low, idle = model.alert(UTILIZATION_LOW.name), model.alert(IDLE_BUT_ALLOCATED.name)
     below = model.alert(UTILIZATION_BELOW_TARGET.name)
-    low_line = f"{cfg.num('utilization_low_threshold') * 100:g}%"
+    low_line = cfg.percent("utilization_low_threshold")
     return [
         Mirror(low.name, UNDERUSED,
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean; its "
@@ -91,7 +91,7 @@ def mirrors(model: Model) -> list[Mirror]:
         Mirror(below.name, UNDERUSED,
                f"{WHERE} has averaged {{{{ humanizePercentage $values.B.Value }}}} useful utilization (5m mean, its "
                "training run's time in collectives not counted, below the "
-               f"{cfg.num(below.threshold) * 100:g}% target) for {cfg.text(below.for_key)} while it holds memory, "
+               f"{cfg.percent(below.threshold)} target) for {cfg.text(below.for_key)} while it holds memory, "
                "processes or a training run, and no cause explains it. Instrument the job with gpu_exporter.training "
                "to get the cause; a run that reports: gpu-exporter diagnose --run RUN shows its phases."),
         Mirror(idle.name, UTILIZATION,
@@ -112,7 +112,7 @@ def mirrors(model: Model) -> list[Mirror]:
                summary="A GPU job nobody instrumented is below ${utilization_low_threshold|percent} utilization; "
                        "its processes point at the input pipeline (M1)."),
         *(Mirror(cause.alert, UTILIZATION,
-                 f"{WHERE} is busy (at or above the {cfg.num('utilization_target') * 100:g}% target) but its SMs are "
+                 f"{WHERE} is busy (at or above the {cfg.percent('utilization_target')} target) but its SMs are "
                  f"not used effectively: {cause.doing} (SM activity "
                  "{{ humanizePercentage $values.B.Value }}). Cause: " f"{cause.label}. {cause.advice}")
           for cause in EFFICIENCY),

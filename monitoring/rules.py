@@ -56,7 +56,7 @@ def render(template: str, cfg: ThresholdsFile, used: set[str] | None = None, sou
         if used is not None:
             used.add(key)
         if fmt == "|percent":
-            return f"{cfg.num(key) * 100:g}%"
+            return cfg.percent(key)
         if fmt and key == "runbook_url_pattern":
             return cfg.runbook_url(fmt[1:])
         if fmt:

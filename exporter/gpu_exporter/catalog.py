@@ -121,24 +121,19 @@ GPU_MEMORY_BUSY_SECONDS_TOTAL = _define(
 GPU_MEMORY_UTILIZATION_RATIO = _define(
     "gpu_memory_utilization_ratio", GAUGE, "ratio",
     "Mean memory-controller utilization over the last poll interval (0-1).", GPU)
-GPU_MEMORY_USED_BYTES = _define(
-    "gpu_memory_used_bytes", GAUGE, "bytes", "Framebuffer memory in use.", GPU)
-GPU_MEMORY_FREE_BYTES = _define(
-    "gpu_memory_free_bytes", GAUGE, "bytes", "Framebuffer memory free.", GPU)
-GPU_MEMORY_TOTAL_BYTES = _define(
-    "gpu_memory_total_bytes", GAUGE, "bytes", "Framebuffer memory installed.", GPU)
+GPU_MEMORY_USED_BYTES = _define("gpu_memory_used_bytes", GAUGE, "bytes", "Framebuffer memory in use.", GPU)
+GPU_MEMORY_FREE_BYTES = _define("gpu_memory_free_bytes", GAUGE, "bytes", "Framebuffer memory free.", GPU)
+GPU_MEMORY_TOTAL_BYTES = _define("gpu_memory_total_bytes", GAUGE, "bytes", "Framebuffer memory installed.", GPU)
 GPU_MEMORY_RESERVED_BYTES = _define(
     "gpu_memory_reserved_bytes", GAUGE, "bytes", "Framebuffer memory reserved by the driver and firmware.", GPU)
 GPU_POWER_WATTS = _define("gpu_power_watts", GAUGE, "watts", "Power draw in watts.", GPU)
-GPU_POWER_LIMIT_WATTS = _define(
-    "gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", GPU)
+GPU_POWER_LIMIT_WATTS = _define("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", GPU)
 GPU_ENERGY_JOULES_TOTAL = _define(
     "gpu_energy_joules_total", COUNTER, "joules", "Energy consumed since the driver loaded, in joules.", GPU)
 GPU_TEMPERATURE_CELSIUS = _define(
     "gpu_temperature_celsius", GAUGE, "celsius", "GPU die temperature in degrees Celsius.", GPU)
 GPU_SM_CLOCK_HERTZ = _define("gpu_sm_clock_hertz", GAUGE, "hertz", "Current SM clock in hertz.", GPU)
-GPU_MEMORY_CLOCK_HERTZ = _define(
-    "gpu_memory_clock_hertz", GAUGE, "hertz", "Current memory clock in hertz.", GPU)
+GPU_MEMORY_CLOCK_HERTZ = _define("gpu_memory_clock_hertz", GAUGE, "hertz", "Current memory clock in hertz.", GPU)
 GPU_CLOCK_EVENT_ACTIVE = _define(
     "gpu_clock_event_active", GAUGE, "1", "1 while the clock event (throttle) reason is active, else 0.",
     (*GPU, "reason"))
@@ -154,8 +149,7 @@ SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_th
 and hardware slowdowns that make a busy GPU slower than rated. The other four (gpu_idle: clocks drop on an idle
 GPU, which gpu_busy_seconds_total already shows; applications_clocks_setting, sync_boost, display_clock_setting:
 clocks an administrator set) cost 4 series a GPU that no rule, alert or verdict reads."""
-GPU_FAN_SPEED_RATIO = _define(
-    "gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a share of its maximum (0-1).", GPU)
+GPU_FAN_SPEED_RATIO = _define("gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a share of its maximum (0-1).", GPU)
 GPU_PCIE_TX_BYTES_PER_SECOND = _define(
     "gpu_pcie_tx_bytes_per_second", GAUGE, "bytes/s", "PCIe TX throughput in bytes per second.", GPU)
 GPU_PCIE_RX_BYTES_PER_SECOND = _define(
@@ -195,10 +189,8 @@ GPU_MIG_INFO = _define(
     "gpu_mig_info", GAUGE, "1", "A MIG device (GPU instance + compute instance); always 1.", (*MIG, "profile"))
 GPU_MIG_MEMORY_USED_BYTES = _define(
     "gpu_mig_memory_used_bytes", GAUGE, "bytes", "Memory in use on the MIG device.", MIG)
-GPU_MIG_MEMORY_TOTAL_BYTES = _define(
-    "gpu_mig_memory_total_bytes", GAUGE, "bytes", "Memory of the MIG device.", MIG)
-GPU_SM_ACTIVE_RATIO = _define(
-    "gpu_sm_active_ratio", GAUGE, "ratio", "Share of SMs that were busy (0-1, GPM).", GPM)
+GPU_MIG_MEMORY_TOTAL_BYTES = _define("gpu_mig_memory_total_bytes", GAUGE, "bytes", "Memory of the MIG device.", MIG)
+GPU_SM_ACTIVE_RATIO = _define("gpu_sm_active_ratio", GAUGE, "ratio", "Share of SMs that were busy (0-1, GPM).", GPM)
 GPU_SM_OCCUPANCY_RATIO = _define(
     "gpu_sm_occupancy_ratio", GAUGE, "ratio", "Active warps as a share of the theoretical maximum (0-1, GPM).",
     GPM)
@@ -225,10 +217,8 @@ GPU_TRAINING_PHASE_SECONDS_TOTAL = _define(
 GPU_TRAINING_CURRENT_PHASE = _define(
     "gpu_training_current_phase", GAUGE, "1", "1 for the phase the training loop is in now, 0 for the others.",
     (*RUN, "phase"), ("source",))
-GPU_TRAINING_STEPS_TOTAL = _define(
-    "gpu_training_steps_total", COUNTER, "1", "Training steps finished.", RUN)
-GPU_TRAINING_SAMPLES_TOTAL = _define(
-    "gpu_training_samples_total", COUNTER, "1", "Training samples processed.", RUN)
+GPU_TRAINING_STEPS_TOTAL = _define("gpu_training_steps_total", COUNTER, "1", "Training steps finished.", RUN)
+GPU_TRAINING_SAMPLES_TOTAL = _define("gpu_training_samples_total", COUNTER, "1", "Training samples processed.", RUN)
 GPU_TRAINING_BATCH_SIZE = _define(
     "gpu_training_batch_size", GAUGE, "1", "Samples in the most recent training step.", RUN)
 GPU_TRAINING_WORLD_SIZE = _define(

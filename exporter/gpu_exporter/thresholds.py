@@ -200,6 +200,10 @@ class ThresholdsFile:
         """A ratio or number as a float."""
         return float(self.values[key])
 
+    def percent(self, key: str) -> str:
+        """A ratio as prose and the dashboards write it: ``0.3`` -> ``30%``."""
+        return f"{self.num(key) * 100:g}%"
+
     def seconds(self, key: str) -> float:
         """A duration in seconds."""
         return parse_duration(self.text(key))

@@ -11,7 +11,7 @@ from gpu_exporter.verdict.fleet import NONE, TEAM_TAG
 from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring import funnel
-from monitoring.dashboards.shared import COST_UID, RUN_TABLE_LINK, cause_runbooks, percent
+from monitoring.dashboards.shared import COST_UID, RUN_TABLE_LINK, cause_runbooks
 from monitoring.panels import (
     Config,
     bar_gauge,
@@ -31,7 +31,7 @@ from monitoring.panels import (
 def cost(cfg: Config) -> dash.Dashboard:
     """What the GPUs below target lost over the time range, in GPU-hours and money, and why (the
     ``gpu-cost.recording`` series of monitoring.cost, with ``gpu-exporter report --fleet``'s definitions)."""
-    target = percent(cfg, "utilization_target")
+    target = cfg.percent("utilization_target")
     c = cfg.cluster
     below = cfg.sel(m.GPU_BELOW_TARGET_BOOL.name, "node")
     idle = cfg.sel(m.GPU_IDLE_BELOW_TARGET_RATIO.name, "node")

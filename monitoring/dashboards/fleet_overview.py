@@ -10,15 +10,7 @@ from gpu_exporter.verdict.alerts import UTILIZATION_LOW
 from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring import funnel
-from monitoring.dashboards.shared import (
-    FLEET_UID,
-    GPU_TABLE_LINK,
-    RUN_TABLE_LINK,
-    PanelKey,
-    cause_runbooks,
-    gpu_link,
-    percent,
-)
+from monitoring.dashboards.shared import FLEET_UID, GPU_TABLE_LINK, RUN_TABLE_LINK, PanelKey, cause_runbooks, gpu_link
 from monitoring.panels import (
     Config,
     bar_gauge,
@@ -43,7 +35,7 @@ mirrors point at it)."""
 def fleet(cfg: Config) -> dash.Dashboard:
     """Which GPUs run below the low threshold, for how long, who holds them and why."""
     low = cfg.text("utilization_low_threshold")
-    pct = percent(cfg, "utilization_low_threshold")
+    pct = cfg.percent("utilization_low_threshold")
     c = cfg.cluster
     util = cfg.sel(m.GPU_UTILIZATION_AVG5M.name, "node")
     under = cfg.sel(m.GPU_UNDERUTILIZED_BOOL5M.name, "node")
@@ -85,7 +77,7 @@ def fleet(cfg: Config) -> dash.Dashboard:
              .with_panel(state_timeline(
                  "Utilization by GPU (5m mean)",
                  f"Each row is one GPU; red is below {pct}, yellow below the "
-                 f"{percent(cfg, 'utilization_target')} target, green above. Click for the GPU's detail.",
+                 f"{cfg.percent('utilization_target')} target, green above. Click for the GPU's detail.",
                  query(util, f"{{{{{c}}}}} {{{{node}}}} GPU {{{{gpu}}}}"), unit="percentunit",
                  thresholds=cfg.utilization_steps(), w=24, h=9, legend=True, links=[gpu_link()]))
              .with_panel(utilization_timeseries(

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.models import common as cm
 
 from monitoring import funnel
-from monitoring.dashboards.shared import NODE_UID, PanelKey, percent
+from monitoring.dashboards.shared import NODE_UID, PanelKey
 from monitoring.panels import (
     Config,
     bar_gauge,
@@ -37,7 +37,7 @@ PROCESSES = PanelKey(NODE_UID, "Processes")
 
 def node_detail(cfg: Config) -> dash.Dashboard:
     """Everything one node's GPUs report."""
-    pct = percent(cfg, "utilization_low_threshold")
+    pct = cfg.percent("utilization_low_threshold")
 
     def sel(metric: str, **fixed: str) -> str:
         return cfg.sel(metric, "node", "gpu", **fixed)

@@ -1,8 +1,8 @@
 """What the five dashboard builders share: each dashboard's uid, the links from a table row or a series
-to a GPU's and a training run's dashboard, the runbook links of the causes, the percent text of a
-config line, and :class:`PanelKey`, the identity of a panel a Grafana-managed alert points at
-(monitoring.grafana_alerts). The builders (monitoring.dashboards.fleet_overview, .node, .training,
-.health, .fleet_cost) import these; this module imports none of them.
+to a GPU's and a training run's dashboard, the runbook links of the causes, and :class:`PanelKey`, the
+identity of a panel a Grafana-managed alert points at (monitoring.grafana_alerts). The builders
+(monitoring.dashboards.fleet_overview, .node, .training, .health, .fleet_cost) import these; this module
+imports none of them.
 """
 
 from __future__ import annotations
@@ -47,8 +47,3 @@ def gpu_link() -> dash.DashboardLink:
 def cause_runbooks(cfg: Config, first: str) -> list[dash.DashboardLink]:
     """Runbook links of ``first`` and of every cause in the cause table (gpu_exporter.verdict.causes.CAUSES)."""
     return runbook_links(cfg, [(first, first), *((c.label, c.alert) for c in CAUSES)])
-
-
-def percent(cfg: Config, key: str) -> str:
-    """A ratio of the config as the dashboards write it: ``utilization_low_threshold`` 0.3 -> ``30%``."""
-    return f"{cfg.num(key) * 100:g}%"

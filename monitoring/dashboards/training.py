@@ -10,7 +10,7 @@ from gpu_exporter.verdict.alerts import TRAINING_BELOW_TARGET
 from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring import funnel
-from monitoring.dashboards.shared import RUN_UID, PanelKey, cause_runbooks, gpu_link, percent
+from monitoring.dashboards.shared import RUN_UID, PanelKey, cause_runbooks, gpu_link
 from monitoring.panels import (
     Config,
     bar_gauge,
@@ -33,7 +33,7 @@ at it)."""
 
 def training_run(cfg: Config) -> dash.Dashboard:
     """One instrumented training run: where each step's time goes and which cause to fix."""
-    pct = percent(cfg, "utilization_low_threshold")
+    pct = cfg.percent("utilization_low_threshold")
 
     def sel(metric: str, **fixed: str) -> str:
         return cfg.sel(metric, "run", "rank", **fixed)
@@ -84,7 +84,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  f"The causes the cause engine finds for this run now ({m.RUN_TRAINING_CAUSE_SHARE.name}, from the "
                  "same cause table as diagnose and the cause alerts): the share of time that explains it, and the "
                  "utilization the GPU could reach without it (an upper bound). Level low: the GPU is below "
-                 f"{pct}; target: below the {percent(cfg, 'utilization_target')} target. "
+                 f"{pct}; target: below the {cfg.percent('utilization_target')} target. "
                  "Runbooks: docs/runbooks.md.",
                  [table_query(f"max {cause_labels} ({causes})"), table_query(f"max {cause_labels} ({projected})")],
                  unit="percentunit", w=16,
