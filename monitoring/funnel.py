@@ -44,7 +44,7 @@ from grafana_foundation_sdk.builders import prometheus, table
 from monitoring.cost import RECORDING
 from monitoring.efficiency import AT_TARGET
 from monitoring.model import Record, indent, wrap
-from monitoring.panels import Config, bar_gauge, query, stat_panel, steps, table_panel, table_query, timeseries
+from monitoring.panels import Config, bar_gauge, query, stat_panel, steps, table_panel, timeseries
 
 SM = m.GPU_SM_ACTIVE_AVG5M.name
 BUSY = m.GPU_UTILIZATION_AVG5M.name
@@ -171,7 +171,7 @@ def fleet_row(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
                 "Effective utilization by GPU",
                 f"Busy and effective utilization (5m) of every selected GPU, lowest effective first; source "
                 f"'{UNKNOWN}' where nothing reports SM activity. {SOURCE_TEXT}",
-                [table_query(_per_gpu(cfg, sourced(cfg, busy, "node"))), table_query(_per_gpu(cfg, sm))],
+                [_per_gpu(cfg, sourced(cfg, busy, "node")), _per_gpu(cfg, sm)],
                 unit="percentunit", w=6, hide=("uuid",),
                 order=(c, "node", "gpu", "source", "Value #A", "Value #B"),
                 rename={"Value #A": "Busy", "Value #B": "Effective", "source": "Source"},
@@ -200,8 +200,8 @@ def node_panels(cfg: Config, board: dash.Dashboard) -> dash.Dashboard:
                 "SM activity source",
                 f"Where each GPU's SM activity comes from: gpm (NVML GPM, in this exporter), dcgm (the cluster's "
                 f"dcgm-exporter) or {UNKNOWN} (neither: enable GPM on Hopper and newer, or DCGM profiling).",
-                [table_query(f"max {cfg.by('node', 'gpu', 'source')} "
-                             f"({sourced(cfg, cfg.sel(m.GPU_INFO.name, 'node', 'gpu'), 'node', 'gpu')})")],
+                [f"max {cfg.by('node', 'gpu', 'source')} "
+                 f"({sourced(cfg, cfg.sel(m.GPU_INFO.name, 'node', 'gpu'), 'node', 'gpu')})"],
                 w=4, h=7, merge=False, hide=("Value",), rename={"source": "Source"}))
             .with_panel(timeseries(
                 "Tensor and DRAM activity",
@@ -232,7 +232,7 @@ def run_table(cfg: Config, run_gpus: str) -> table.Panel:
         f"Each rank's GPU: busy utilization (5m) and SM activity (5m), with the source ('{UNKNOWN}': neither GPM "
         "nor dcgm-exporter reports it). A GPU busy but below sm_active_low SM activity is busy but ineffective: "
         f"batch too small for the SMs (M3), memory-bound (MB) or tensor cores idle (TC). {SOURCE_TEXT}",
-        [table_query(per_rank(sourced(cfg, busy))), table_query(per_rank(sm))], unit="percentunit", w=24, h=6,
+        [per_rank(sourced(cfg, busy)), per_rank(sm)], unit="percentunit", w=24, h=6,
         order=("rank", "source", "Value #A", "Value #B", "uuid"),
         rename={"rank": "Rank", "source": "Source", "Value #A": "Busy", "Value #B": "Effective", "uuid": "GPU uuid"})
 

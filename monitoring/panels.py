@@ -114,11 +114,6 @@ def query(expr: str, legend: str = "__auto", *, instant: bool = False) -> promet
     return target.instant() if instant else target.range()
 
 
-def table_query(expr: str) -> prometheus.Dataquery:
-    """An instant query in table format, one row per series (a :func:`table_panel`'s target)."""
-    return query(expr, "", instant=True).format(pm.PromQueryFormat.TABLE)
-
-
 def link_url(uid: str, **variables: str) -> str:
     """The URL of another generated dashboard, carrying the data source, the cluster and the time range."""
     params = "".join(f"var-{name}={value}&" for name, value in
@@ -223,15 +218,16 @@ def state_timeline(title: str, description: str, target: prometheus.Dataquery, *
     return panel.data_links(list(links)) if links else panel
 
 
-def table_panel(title: str, description: str, targets: Sequence[prometheus.Dataquery], *, unit: str = "none",
+def table_panel(title: str, description: str, exprs: Sequence[str], *, unit: str = "none",
                 w: int = 12, h: int = 8, merge: bool = True, hide: Sequence[str] = (),
                 order: Sequence[str] = (), rename: dict[str, str] | None = None,
                 overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
                 sort_by: str | None = None, sort_desc: bool = False,
                 panel_links: Sequence[dash.DashboardLink] = ()) -> table.Panel:
-    """Instant queries in table format, merged on their common labels into one row per series;
+    """Instant queries of ``exprs`` in table format, merged on their common labels into one row per series;
     ``hide``/``order``/``rename`` organise the columns (``Value #B`` is query B's value); ``sort_by`` a
     column, lowest first (highest with ``sort_desc``)."""
+    targets = [query(expr, "", instant=True).format(pm.PromQueryFormat.TABLE) for expr in exprs]
     panel = _common(table.Panel(), title, description, targets, unit, w, h, None, dm.FieldColorModeId.PALETTE_CLASSIC,
                     ratio_range=False).show_header(True).cell_height(cm.TableCellHeight.SM)
     if sort_by:

@@ -21,7 +21,6 @@ from monitoring.panels import (
     stat_panel,
     steps,
     table_panel,
-    table_query,
     textbox,
     timeseries,
     variable,
@@ -109,7 +108,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  "Workloads by GPU-hours lost", "The GPUs' workloads (node, namespace, pod, training run) and "
                  "main cause by GPU-hours lost over the time range, most first, with the money lost at the price "
                  "variable. Click a run for the training-run dashboard.",
-                 [table_query(named(workloads, "code")), table_query(named(f"{workloads} * $price", "code"))],
+                 [named(workloads, "code"), named(f"{workloads} * $price", "code")],
                  w=24, h=10, order=(c, "node", "namespace", "pod", "run", "code", "Value #A", "Value #B"),
                  rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
                  overrides=[override("GPU-hours lost", unit="h"), override("run", links=[RUN_TABLE_LINK])],

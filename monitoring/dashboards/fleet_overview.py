@@ -21,7 +21,6 @@ from monitoring.panels import (
     state_timeline,
     steps,
     table_panel,
-    table_query,
     timeseries,
     utilization_timeseries,
     variable,
@@ -108,7 +107,7 @@ def fleet(cfg: Config) -> dash.Dashboard:
                  f"them, and the causes the cause engine found ({m.RUN_TRAINING_CAUSE_SHARE.name}: the share of time "
                  "that explains it, and the utilization the GPU could reach without it; see docs/runbooks.md). "
                  "Click a GPU for its detail dashboard, a run for the training-run dashboard.",
-                 [table_query(below), *(table_query(f"{expr} and {cfg.on('uuid')} {below}") for expr in (
+                 [below, *(f"{expr} and {cfg.on('uuid')} {below}" for expr in (
                      f"max {cfg.by('node', 'gpu', 'uuid', 'name')} ({cfg.sel(m.GPU_INFO.name, 'node')})",
                      cfg.sel(m.GPU_MEMORY_USED_RATIO.name, "node"),
                      cfg.sel(m.GPU_WORKLOAD_INFO.name, "namespace", "pod"),

@@ -17,7 +17,6 @@ from monitoring.panels import (
     state_timeline,
     steps,
     table_panel,
-    table_query,
     timeseries,
     variable,
 )
@@ -87,7 +86,7 @@ def exporter_health(cfg: Config) -> dash.Dashboard:
                  unit="none", bars=True))
              .with_panel(table_panel(
                  "Build info", "Exporter, Python and nvidia-ml-py versions per node.",
-                 [table_query(f"max {cfg.by('node', 'version', 'python_version', 'pynvml_version')} "
-                              f"({sel(m.GPU_EXPORTER_BUILD_INFO.name)})")],
+                 [f"max {cfg.by('node', 'version', 'python_version', 'pynvml_version')} "
+                  f"({sel(m.GPU_EXPORTER_BUILD_INFO.name)})"],
                  w=24, h=6, merge=False, hide=("Value",))))
     return board

@@ -22,7 +22,6 @@ from monitoring.panels import (
     state_timeline,
     steps,
     table_panel,
-    table_query,
     timeseries,
     utilization_timeseries,
     variable,
@@ -136,17 +135,15 @@ def node_detail(cfg: Config) -> dash.Dashboard:
              .with_row(dash.Row("Who uses the GPU"))
              .with_panel(table_panel(
                  PROCESSES.title, "Compute processes on the selected GPUs: memory and SM share.",
-                 [table_query(sel(m.GPU_PROCESS_MEMORY_USED_BYTES.name)),
-                  table_query(sel(m.GPU_PROCESS_SM_UTILIZATION_RATIO.name))],
+                 [sel(m.GPU_PROCESS_MEMORY_USED_BYTES.name), sel(m.GPU_PROCESS_SM_UTILIZATION_RATIO.name)],
                  unit="bytes", hide=("uuid",), order=("node", "gpu", "pid", "process_name", "Value #A", "Value #B"),
                  rename={"Value #A": "Memory used", "Value #B": "SM share"},
                  overrides=[override("SM share", unit="percentunit")]))
              .with_panel(table_panel(
                  "Kubernetes pods and GPU identity",
                  "The pod holding each GPU (kubelet pod-resources) and the GPU's static attributes.",
-                 [table_query(f"max {identity} ({sel(m.GPU_INFO.name)})"),
-                  table_query(f"max {cfg.by('uuid', 'namespace', 'pod', 'container')} "
-                              f"({sel(m.GPU_POD_INFO.name, mig_uuid='')})")],
+                 [f"max {identity} ({sel(m.GPU_INFO.name)})",
+                  f"max {cfg.by('uuid', 'namespace', 'pod', 'container')} ({sel(m.GPU_POD_INFO.name, mig_uuid='')})"],
                  hide=("Value #A", "Value #B"), order=("node", "gpu", "name", "namespace", "pod", "container"),
                  rename={"name": "Model"})))
     return board

@@ -20,7 +20,6 @@ from monitoring.panels import (
     stat_panel,
     steps,
     table_panel,
-    table_query,
     timeseries,
     utilization_timeseries,
     variable,
@@ -86,7 +85,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "utilization the GPU could reach without it (an upper bound). Level low: the GPU is below "
                  f"{pct}; target: below the {cfg.percent('utilization_target')} target. "
                  "Runbooks: docs/runbooks.md.",
-                 [table_query(f"max {cause_labels} ({causes})"), table_query(f"max {cause_labels} ({projected})")],
+                 [f"max {cause_labels} ({causes})", f"max {cause_labels} ({projected})"],
                  unit="percentunit", w=16,
                  order=("code", "remedy", "Value #A", "Value #B", "straggler_rank", "level", "cause", "uuid"),
                  rename={"code": "Cause", "remedy": "Likely remedy", "Value #A": "Share of time",
@@ -99,7 +98,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                  "the formulas of docs/runbooks.md (Concrete remedies) suggest: M1 workers that keep up with "
                  f"compute ({m.RUN_TRAINING_REMEDY_NUM_WORKERS.name}), M3 the batch its memory and GPU allow "
                  f"({m.RUN_TRAINING_REMEDY_BATCH_SIZE.name}). Empty where the run reports no DataLoader or memory.",
-                 [table_query(f"max {cfg.by('rank')} ({sel(metric)})")
+                 [f"max {cfg.by('rank')} ({sel(metric)})"
                   for metric in (m.GPU_TRAINING_LOADER_WORKERS.name, m.GPU_TRAINING_CPU_CORES.name,
                                  m.RUN_TRAINING_REMEDY_NUM_WORKERS.name, m.GPU_TRAINING_BATCH_SIZE.name,
                                  m.RUN_TRAINING_REMEDY_BATCH_SIZE.name)],
@@ -123,9 +122,8 @@ def training_run(cfg: Config) -> dash.Dashboard:
              .with_panel(table_panel(
                  "Ranks", f"The run's ranks across nodes ({m.RUN_TRAINING_RANK_WORLD_SIZE.name}): node, GPU index and "
                  "uuid, the job's world size, and each rank's step time (5m).",
-                 [table_query(f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} "
-                              f"({sel(m.RUN_TRAINING_RANK_WORLD_SIZE.name)})"),
-                  table_query(f"max {cfg.by('rank', 'uuid')} ({sel(m.RUN_TRAINING_STEP_SECONDS_AVG5M.name)})")],
+                 [f"max {cfg.by('rank', 'node', 'gpu', 'uuid')} ({sel(m.RUN_TRAINING_RANK_WORLD_SIZE.name)})",
+                  f"max {cfg.by('rank', 'uuid')} ({sel(m.RUN_TRAINING_STEP_SECONDS_AVG5M.name)})"],
                  w=8, h=9, order=("rank", "node", "gpu", "uuid", "Value #A", "Value #B"),
                  rename={"rank": "Rank", "node": "Node", "gpu": "GPU", "uuid": "GPU uuid", "Value #A": "World size",
                          "Value #B": "Step time"}, overrides=[override("Value #B", unit="s")]))
