@@ -127,10 +127,9 @@ def runbook_links(cfg: Config, alerts: Sequence[tuple[str, str]]) -> list[dash.D
             .target_blank(True) for title, alert in alerts]
 
 
-def override(field_name: str, **props: Any) -> tuple[str, list[dm.DynamicConfigValue]]:
-    """Properties for one field (``custom_fillOpacity=0`` sets ``custom.fillOpacity``)."""
-    return field_name, [dm.DynamicConfigValue(id_val=key.replace("_", "."), value=value)
-                        for key, value in props.items()]
+def _properties(props: dict[str, Any]) -> list[dm.DynamicConfigValue]:
+    """Override properties for a field (``custom_fillOpacity: 0`` sets ``custom.fillOpacity``)."""
+    return [dm.DynamicConfigValue(id_val=key.replace("_", "."), value=value) for key, value in props.items()]
 
 
 DASHED = {"custom_fillOpacity": 0, "custom_lineStyle": {"dash": [10, 10], "fill": "dash"}}
@@ -171,7 +170,7 @@ def timeseries(title: str, description: str, targets: Sequence[prometheus.Dataqu
     if stacked:
         panel = panel.stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
     if dashed:
-        panel = panel.override_by_regexp(dashed, override("", **DASHED)[1])
+        panel = panel.override_by_regexp(dashed, _properties(DASHED))
     if links:
         panel = panel.data_links(list(links))
     return panel
@@ -221,7 +220,7 @@ def state_timeline(title: str, description: str, target: prometheus.Dataquery, *
 def table_panel(title: str, description: str, exprs: Sequence[str], *, unit: str = "none",
                 w: int = 12, h: int = 8, merge: bool = True, hide: Sequence[str] = (),
                 order: Sequence[str] = (), rename: dict[str, str] | None = None,
-                overrides: Sequence[tuple[str, list[dm.DynamicConfigValue]]] = (),
+                overrides: dict[str, dict[str, Any]] | None = None,
                 sort_by: str | None = None, sort_desc: bool = False,
                 panel_links: Sequence[dash.DashboardLink] = ()) -> table.Panel:
     """Instant queries of ``exprs`` in table format, merged on their common labels into one row per series;
@@ -238,8 +237,8 @@ def table_panel(title: str, description: str, exprs: Sequence[str], *, unit: str
         "indexByName": {name: i for i, name in enumerate(order)},
         "renameByName": rename or {}}))
     panel = panel.transformations(transformations)
-    for name, props in overrides:
-        panel = panel.override_by_name(name, props)
+    for name, props in (overrides or {}).items():
+        panel = panel.override_by_name(name, _properties(props))
     return panel.links(list(panel_links)) if panel_links else panel
 
 

@@ -16,7 +16,6 @@ from monitoring.panels import (
     Config,
     bar_gauge,
     dashboard,
-    override,
     query,
     stat_panel,
     steps,
@@ -111,7 +110,7 @@ def cost(cfg: Config) -> dash.Dashboard:
                  [named(workloads, "code"), named(f"{workloads} * $price", "code")],
                  w=24, h=10, order=(c, "node", "namespace", "pod", "run", "code", "Value #A", "Value #B"),
                  rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
-                 overrides=[override("GPU-hours lost", unit="h"), override("run", links=[RUN_TABLE_LINK])],
+                 overrides={"GPU-hours lost": {"unit": "h"}, "run": {"links": [RUN_TABLE_LINK]}},
                  sort_by="GPU-hours lost", sort_desc=True,
                  panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name))))
     return board

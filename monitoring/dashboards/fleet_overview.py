@@ -15,7 +15,6 @@ from monitoring.panels import (
     Config,
     bar_gauge,
     dashboard,
-    override,
     query,
     stat_panel,
     state_timeline,
@@ -121,9 +120,9 @@ def fleet(cfg: Config) -> dash.Dashboard:
                  rename={"Value #A": "Utilization (5m)", "Value #C": "Memory used", "name": "Model",
                          "code": "Cause", "remedy": "Likely remedy", "Value #E": "Share of time",
                          "Value #F": "Could reach"},
-                 overrides=[override("Utilization (5m)", custom_cellOptions={"type": "color-background"},
-                                     thresholds=cfg.utilization_steps().build(), color={"mode": "thresholds"}),
-                            override("gpu", links=[GPU_TABLE_LINK]),
-                            override("run", links=[RUN_TABLE_LINK])],
+                 overrides={"Utilization (5m)": {"custom_cellOptions": {"type": "color-background"},
+                                                 "thresholds": cfg.utilization_steps().build(),
+                                                 "color": {"mode": "thresholds"}},
+                            "gpu": {"links": [GPU_TABLE_LINK]}, "run": {"links": [RUN_TABLE_LINK]}},
                  sort_by="Utilization (5m)", panel_links=cause_runbooks(cfg, UTILIZATION_LOW.name))))
     return funnel.fleet_row(cfg, board)

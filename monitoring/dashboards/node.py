@@ -16,7 +16,6 @@ from monitoring.panels import (
     Config,
     bar_gauge,
     dashboard,
-    override,
     query,
     stat_panel,
     state_timeline,
@@ -138,7 +137,7 @@ def node_detail(cfg: Config) -> dash.Dashboard:
                  [sel(m.GPU_PROCESS_MEMORY_USED_BYTES.name), sel(m.GPU_PROCESS_SM_UTILIZATION_RATIO.name)],
                  unit="bytes", hide=("uuid",), order=("node", "gpu", "pid", "process_name", "Value #A", "Value #B"),
                  rename={"Value #A": "Memory used", "Value #B": "SM share"},
-                 overrides=[override("SM share", unit="percentunit")]))
+                 overrides={"SM share": {"unit": "percentunit"}}))
              .with_panel(table_panel(
                  "Kubernetes pods and GPU identity",
                  "The pod holding each GPU (kubelet pod-resources) and the GPU's static attributes.",

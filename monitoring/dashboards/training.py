@@ -15,7 +15,6 @@ from monitoring.panels import (
     Config,
     bar_gauge,
     dashboard,
-    override,
     query,
     stat_panel,
     steps,
@@ -126,7 +125,7 @@ def training_run(cfg: Config) -> dash.Dashboard:
                   f"max {cfg.by('rank', 'uuid')} ({sel(m.RUN_TRAINING_STEP_SECONDS_AVG5M.name)})"],
                  w=8, h=9, order=("rank", "node", "gpu", "uuid", "Value #A", "Value #B"),
                  rename={"rank": "Rank", "node": "Node", "gpu": "GPU", "uuid": "GPU uuid", "Value #A": "World size",
-                         "Value #B": "Step time"}, overrides=[override("Value #B", unit="s")]))
+                         "Value #B": "Step time"}, overrides={"Value #B": {"unit": "s"}}))
              .with_row(dash.Row("Throughput"))
              .with_panel(timeseries(
                  "Step time", "Mean wall time per training step, per rank.",
