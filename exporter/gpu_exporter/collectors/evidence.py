@@ -294,10 +294,10 @@ class EvidenceCollector(PollingCollector):
     def _note_hidden(self, pid: int) -> None:
         if not self._hidden_logged:
             self._hidden_logged = True
-            if not self.hint_hidden:
-                return  # e.g. simulated GPUs: their PIDs need not exist here, and hostPID would not help
-            log.info("evidence collector: GPU process %d is not in this PID namespace (run the exporter with "
-                     "hostPID / --pid=host to export what /proc shows of GPU processes)", pid)
+            # not for e.g. simulated GPUs: their PIDs need not exist here, and hostPID would not help
+            if self.hint_hidden:
+                log.info("evidence collector: GPU process %d is not in this PID namespace (run the exporter with "
+                         "hostPID / --pid=host to export what /proc shows of GPU processes)", pid)
 
     def finish_poll(self, ctx: PollContext) -> None:
         self._counters = {k: v for k, v in self._counters.items() if k in self._seen}

@@ -47,6 +47,7 @@ DCGM_FI_DRIVER_VERSION="550.54.15"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import subprocess
 import sys
@@ -262,12 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{LISTENING}{exporter.url}", flush=True)
-    try:
+    with exporter, contextlib.suppress(KeyboardInterrupt):  # serve until interrupted, then close
         threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        exporter.close()
     return 0
 
 

@@ -154,6 +154,15 @@ def _write_string(buffer: Any, length: Any, text: str) -> int:
     return SUCCESS
 
 
+def _free(table: dict[int, Any], handle: Any) -> int:
+    """Take the event set or GPM sample ``handle`` out of ``table``."""
+    address = _address(handle)
+    if address not in table:
+        return ERROR_INVALID_ARGUMENT
+    del table[address]
+    return SUCCESS
+
+
 def _write_number(number: Callable[..., float], dev: _Target, *args: Any) -> int:
     """Write ``number(dev, *args)`` (all arguments but the last), rounded, through the last argument."""
     return _write_value(args[-1], round(number(dev, *args[:-1])))
@@ -590,11 +599,7 @@ class FakeNvmlLibrary:
                 self.node.changed.wait(min(remaining, max(0.02, next_at - t)))
 
     def nvmlEventSetFree(self, event_set: Any) -> int:
-        address = _address(event_set)
-        if address not in self._event_sets:
-            return ERROR_INVALID_ARGUMENT
-        del self._event_sets[address]
-        return SUCCESS
+        return _free(self._event_sets, event_set)
 
     # --- GPM (Hopper and newer) --------------------------------------------------------------
 
@@ -609,11 +614,7 @@ class FakeNvmlLibrary:
         return self._allocate(self._gpm_samples, _GPM_SAMPLE_BASE, None, ref)
 
     def nvmlGpmSampleFree(self, sample: Any) -> int:
-        address = _address(sample)
-        if address not in self._gpm_samples:
-            return ERROR_INVALID_ARGUMENT
-        del self._gpm_samples[address]
-        return SUCCESS
+        return _free(self._gpm_samples, sample)
 
     def _gpm_record(self, dev: _Target, mig_index: int | None, sample: Any) -> int:
         if not dev.gpu.gpm:
