@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from gpu_exporter import catalog as m
 from gpu_exporter.training.protocol import COMPUTE
-from gpu_exporter.verdict.format import pct
+from gpu_exporter.verdict.format import Labelled, pct
 from gpu_exporter.verdict.levels import threshold
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class GpuFinding:
 
 
 @dataclass(frozen=True)
-class GpuCause:
+class GpuCause(Labelled):
     """One row of the table; its class is its kind. ``keys``: the thresholds.yml keys its condition reads (the
     first is the one its compared value is compared with). ``doing``: what the GPU does, for the reason."""
 
@@ -191,11 +191,6 @@ class GpuCause:
 
     op: ClassVar[str] = "<"
     """How :meth:`value` compares with ``keys[0]`` (the alert's comparison; Grafana's evaluator)."""
-
-    @property
-    def label(self) -> str:
-        """``"batch too small for the SMs (M3)"``."""
-        return f"{self.title} ({self.code})" if self.code else self.title
 
     def value(self, a: Activity) -> float | None:
         """The reading the alert compares and reports: the SM activity (tensor pipe for tensor cores idle)."""

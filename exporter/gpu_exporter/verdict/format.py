@@ -1,4 +1,4 @@
-"""The verdict's figures in words: a share as a percentage, a duration in seconds, CPU use in cores.
+"""The verdict's figures in words: a share as a percentage, a duration in seconds, CPU use in cores; a row's label.
 
 Its one job is formatting: diagnose, the status page, the report and the fleet view print their figures
 with these, so a figure reads the same everywhere.
@@ -9,7 +9,7 @@ with these, so a figure reads the same everywhere.
 
 from __future__ import annotations
 
-__all__ = ["cores", "pct", "seconds"]
+__all__ = ["Labelled", "cores", "pct", "seconds"]
 
 
 def pct(ratio: float) -> str:
@@ -25,3 +25,15 @@ def seconds(value: float) -> str:
 def cores(value: float) -> str:
     """``0.98 -> "98% of one core"``, ``3.9 -> "3.9 cores"``."""
     return f"{pct(value)} of one core" if value < 1.5 else f"{value:.1f} cores"
+
+
+class Labelled:
+    """A row of a table (a cause, an efficiency cause, a hint) named in words by its title and code."""
+
+    title: str
+    code: str
+
+    @property
+    def label(self) -> str:
+        """``"input-bound (M1)"``; the title alone without a code (``"busy but ineffective"``)."""
+        return f"{self.title} ({self.code})" if self.code else self.title

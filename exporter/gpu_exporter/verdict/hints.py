@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpu_exporter import catalog
-from gpu_exporter.verdict.format import cores, pct
+from gpu_exporter.verdict.format import Labelled, cores, pct
 from gpu_exporter.verdict.levels import threshold
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ _STATE_WORDS = {"running": "runnable", "disk": "in disk wait"}
 
 
 @dataclass(frozen=True)
-class Hint:
+class Hint(Labelled):
     """One row of the evidence table: a condition on a process's readings and what it points at.
 
     A process passes it when ``children`` holds for its child processes and ``compare`` holds for the
@@ -83,11 +83,6 @@ class Hint:
     compare: Callable[[float, float], bool]
     promql: str
     per_core: bool = False
-
-    @property
-    def label(self) -> str:
-        """``"likely input-bound (M1)"``."""
-        return f"{self.title} ({self.code})"
 
 
 EVIDENCE_ALERT = "GpuUninstrumentedInputBound"

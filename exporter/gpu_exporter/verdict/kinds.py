@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 from gpu_exporter import catalog
 from gpu_exporter.verdict.alerts import runbook_anchor
 from gpu_exporter.verdict.callbacks import NamedCallback
-from gpu_exporter.verdict.format import pct, seconds
+from gpu_exporter.verdict.format import Labelled, pct, seconds
 from gpu_exporter.verdict.levels import threshold, useful_text
 from gpu_exporter.verdict.promql import CAUSE_SHARE, LIVE, C, cause_share, projected_query, run_query, share
 from gpu_exporter.verdict.remedies import Context, Remedy
@@ -43,7 +43,7 @@ Found: TypeAlias = "Finding | None"
 
 
 @dataclass(frozen=True)
-class Cause:
+class Cause(Labelled):
     """One row of the cause table; its class is its kind, which holds everything that differs between kinds.
 
     ``keys`` are the thresholds.yml keys its condition reads. Each thing twice, for the judge and the rules: its
@@ -79,11 +79,6 @@ class Cause:
     measures, owns, alert_amount = "share of the step", "{} of its time in {phase}", "{{ $v | humanizePercentage }}"
     """What a value is in the Grafana alert's words; a straggler with it after its label (``{}`` the value);
     a value ``$v`` as Go template text."""
-
-    @property
-    def label(self) -> str:
-        """``"input-bound (M1)"``."""
-        return f"{self.title} ({self.code})"
 
     @property
     def anchor(self) -> str:

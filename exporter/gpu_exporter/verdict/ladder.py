@@ -7,28 +7,21 @@ that speak for it and the PromQL that expresses it, both from the definitions th
 too, one per row of :data:`~gpu_exporter.verdict.causes.CAUSES`; among them the finding that sorts first by
 :func:`~gpu_exporter.verdict.causes.cause_order` wins.
 
-=================================  ==============================================================
+=================================  ==============================================================================
 verdict                            when
-=================================  ==============================================================
+=================================  ==============================================================================
 unknown                            NVML reports no utilization (GPUs in MIG mode)
-memory_bound, sm_batch_too_small,  at or above the target with work, but SM activity (GPM or dcgm-exporter)
-tensor_cores_idle, ineffective     says the SMs are not used effectively: a row of
-                                   :data:`~gpu_exporter.verdict.efficiency.EFFICIENCY` holds (MB, M3, TC,
-                                   then "busy but ineffective"), with the GPU-hours it is worth
+memory_bound, sm_batch_too_small,  at or above the target with work, but SM activity (GPM or dcgm-exporter) says
+tensor_cores_idle, ineffective     the SMs are not used well (a row of :data:`~.efficiency.EFFICIENCY` holds)
 healthy                            useful utilization at or above ``utilization_target``
 unused                             no memory, process or live run on the GPU
-<cause> (M1-M4, CK, ST, CM)        a cause of the table applies to a live run on the GPU: below
-                                   ``utilization_low_threshold`` the title is the cause
-                                   ("input-bound (M1)"), up to the target it reads
-                                   "below target: input-bound (M1)"; with its projection
+<cause> (M1-M4, CK, ST, CM)        a cause of the table applies to a live run on the GPU: "input-bound (M1)", up to
+                                   the target "below target: input-bound (M1)"; with its projection
 not instrumented (with a hint)     no live run, and /proc evidence passes a row of ``HINTS``
 idle but allocated                 below ``idle_utilization_threshold`` while work holds the GPU
 not instrumented                   below target, work on the GPU, but no live training run reports
-                                   (GpuUtilizationLow below the low line, GpuUtilizationBelowTarget up
-                                   to the target)
-underutilized / below target       a live run reports, but no cause passes its threshold (the same
-                                   two alerts, with a run label)
-=================================  ==============================================================
+underutilized / below target       a live run reports, but no cause passes its threshold
+=================================  ==============================================================================
 
 The level is judged at the GPU's useful utilization (:func:`~gpu_exporter.verdict.levels.useful_utilization`);
 "idle but allocated" reads ``u`` itself (a GPU in a spinning collective is not idle; its run's ST or CM names the wait).

@@ -3,7 +3,7 @@
 The training library sends a ``context`` object with each snapshot (training/context.py): the
 DataLoader's settings, the CPU cores the process may use, its GPU memory. Ingest validates it
 and exports it as the gpu_training_* gauges of :data:`GAUGES` (gpu_exporter.ingest), and the
-formulas below (written down in docs/runbooks.md, "Concrete remedies") turn it into a suggestion
+formulas below (derived in docs/runbooks.md, "Concrete remedies") turn it into a suggestion
 for the cause that applies.
 
 Each formula is written here twice, side by side: in Python for the judge (:func:`suggested_workers`,
@@ -19,17 +19,9 @@ M1 (input-bound, data share ``s``, ``w`` workers, ``C`` cores)::
 
     workers = min(floor(C) - 1, max(w + 1, ceil(max(w, s) / (1 - s))))
 
-Workers that each take ``L`` seconds per batch deliver ``w / L`` batches per second; the step is
-input-bound when that is below one batch per compute time ``(1 - s) T``. With ``w`` workers the
-step is ``T = L / w``, so keeping up needs ``w / (1 - s)`` workers; with none the main process
-loads (``L = s T``) and ``s / (1 - s)`` workers keep up. One core stays with the main process.
-
 M3 (batch too small, batch ``b``, utilization ``u``, compute share ``c``, memory used ``m`` of ``M``)::
 
     factor = 2 ** floor(log2(min(remedy_memory_target_ratio * M / m, c / u)));  batch = b * factor
-
-Memory is assumed to grow with the batch (an over-estimate: weights and optimizer state do not), and
-a GPU busy ``u / c`` of the compute phase can at most get ``c / u`` times more work per launch.
 
 >>> ctx = Context.of({"num_workers": 0, "cpu_cores": 16, "pin_memory": False, "persistent_workers": False})
 >>> workers_suggestion(ctx, 0.9)
