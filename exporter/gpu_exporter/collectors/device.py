@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pynvml
 
 from gpu_exporter import catalog
@@ -23,39 +26,28 @@ class DeviceCollector(PollingCollector):
             [*gpu.labels, gpu.name, gpu.pci_bus_id, node.driver_version, node.cuda_version,
              "enabled" if gpu.mig_enabled else "disabled", gpu.architecture], 1)
 
+        def add(family: catalog.MetricFamily, value: Any, unit: Callable[[Any], Any] = lambda x: x) -> None:
+            """One sample of ``family``: ``value`` (None: NVML had none) in the family's unit."""
+            if value is not None:
+                out.of(family).add_metric(gpu.labels, unit(value))
+
         memory = (call(uuid, "nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, variant="_v2")  # a struct, or None
                   or call(uuid, "nvmlDeviceGetMemoryInfo", h))
         if memory is not None:
             for attr, family in (("used", catalog.GPU_MEMORY_USED_BYTES), ("free", catalog.GPU_MEMORY_FREE_BYTES),
                                  ("total", catalog.GPU_MEMORY_TOTAL_BYTES),
                                  ("reserved", catalog.GPU_MEMORY_RESERVED_BYTES)):
-                value = getattr(memory, attr, None)
-                if value is not None:
-                    out.of(family).add_metric(gpu.labels, value)
-
-        for function, family in (
-            ("nvmlDeviceGetPowerUsage", catalog.GPU_POWER_WATTS),
-            ("nvmlDeviceGetEnforcedPowerLimit", catalog.GPU_POWER_LIMIT_WATTS),
-        ):
-            value = call(uuid, function, h)
-            if value is not None:
-                out.of(family).add_metric(gpu.labels, value * 1e-3)  # milliwatts
-
-        energy = call(uuid, "nvmlDeviceGetTotalEnergyConsumption", h)
-        if energy is not None:
-            out.of(catalog.GPU_ENERGY_JOULES_TOTAL).add_metric(gpu.labels, energy / 1000.0)
-
-        temperature = call(uuid, "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
-        if temperature is not None:
-            out.of(catalog.GPU_TEMPERATURE_CELSIUS).add_metric(gpu.labels, temperature)
-
+                add(family, getattr(memory, attr, None))
+        add(catalog.GPU_POWER_WATTS, call(uuid, "nvmlDeviceGetPowerUsage", h), lambda mw: mw * 1e-3)
+        add(catalog.GPU_POWER_LIMIT_WATTS, call(uuid, "nvmlDeviceGetEnforcedPowerLimit", h), lambda mw: mw * 1e-3)
+        add(catalog.GPU_ENERGY_JOULES_TOTAL, call(uuid, "nvmlDeviceGetTotalEnergyConsumption", h),
+            lambda mj: mj / 1000.0)
+        add(catalog.GPU_TEMPERATURE_CELSIUS, call(uuid, "nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU))
         for clock, family in (
             (pynvml.NVML_CLOCK_SM, catalog.GPU_SM_CLOCK_HERTZ),
             (pynvml.NVML_CLOCK_MEM, catalog.GPU_MEMORY_CLOCK_HERTZ),
         ):
-            mhz = call(uuid, "nvmlDeviceGetClockInfo", h, clock, variant=f"[{clock}]")
-            if mhz is not None:
-                out.of(family).add_metric(gpu.labels, mhz * 1e6)
+            add(family, call(uuid, "nvmlDeviceGetClockInfo", h, clock, variant=f"[{clock}]"), lambda mhz: mhz * 1e6)
 
         reasons = call(uuid, "nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons is None:
@@ -64,7 +56,4 @@ class DeviceCollector(PollingCollector):
             events = out.of(catalog.GPU_CLOCK_EVENT_ACTIVE)
             for reason in self.clock_event_reasons:
                 events.add_metric([*gpu.labels, reason], 1 if reasons & catalog.CLOCK_EVENT_REASONS[reason] else 0)
-
-        fan = call(uuid, "nvmlDeviceGetFanSpeed", h)
-        if fan is not None:
-            out.of(catalog.GPU_FAN_SPEED_RATIO).add_metric(gpu.labels, fan / 100.0)
+        add(catalog.GPU_FAN_SPEED_RATIO, call(uuid, "nvmlDeviceGetFanSpeed", h), lambda percent: percent / 100.0)
