@@ -11,22 +11,11 @@ from gpu_exporter.verdict.fleet import NONE, TEAM_TAG
 from grafana_foundation_sdk.builders import dashboard as dash
 
 from monitoring import funnel
+from monitoring import panels as p
 from monitoring.dashboards.shared import COST_UID, RUN_TABLE_LINK, cause_runbooks
-from monitoring.panels import (
-    Config,
-    bar_gauge,
-    dashboard,
-    query,
-    stat_panel,
-    steps,
-    table_panel,
-    textbox,
-    timeseries,
-    variable,
-)
 
 
-def cost(cfg: Config) -> dash.Dashboard:
+def cost(cfg: p.Config) -> dash.Dashboard:
     """What the GPUs below target lost over the time range, in GPU-hours and money, and why (the
     ``gpu-cost.recording`` series of monitoring.cost, with ``gpu-exporter report --fleet``'s definitions)."""
     target = cfg.percent("utilization_target")
@@ -50,60 +39,60 @@ def cost(cfg: Config) -> dash.Dashboard:
              f'({m.GPU_TRAINING_RUN_INFO.name}{{{c}=~"$cluster", {team}!=""}}))')
     lost = hours(idle)
     workloads = hours(idle, "node", "namespace", "pod", "run", "code")
-    board = dashboard(cfg, COST_UID, "GPU fleet cost",
-                      f"What the GPUs below the {target} utilization target lost over the time range, in GPU-hours "
-                      "and money, by cause, team, namespace and node.", "24h", [
-                          variable(cfg, "node", "Node", m.GPU_INFO.name),
-                          textbox("price", "Price per GPU-hour", cfg.text("dashboard_gpu_hour_price"),
-                                  "What one GPU-hour costs, in your currency (default dashboard_gpu_hour_price of "
-                                  "thresholds.yml): money lost = GPU-hours lost x price."),
-                      ])
+    board = p.dashboard(cfg, COST_UID, "GPU fleet cost",
+                        f"What the GPUs below the {target} utilization target lost over the time range, in GPU-hours "
+                        "and money, by cause, team, namespace and node.", "24h", [
+                          p.variable(cfg, "node", "Node", m.GPU_INFO.name),
+                          p.textbox("price", "Price per GPU-hour", cfg.text("dashboard_gpu_hour_price"),
+                                    "What one GPU-hour costs, in your currency (default dashboard_gpu_hour_price of "
+                                    "thresholds.yml): money lost = GPU-hours lost x price."),
+                        ])
     board = (board.with_row(dash.Row("Over the time range"))
-             .with_panel(stat_panel(
+             .with_panel(p.stat_panel(
                  "GPU-hours in range", f"GPU-hours of the selected GPUs over the time range (each GPU with a "
                  f"utilization, {m.GPU_BELOW_TARGET_BOOL.name} counted at every interval).",
-                 query(hours(below, over="count_over_time"), instant=True), unit="h", w=6))
-             .with_panel(stat_panel(
+                 p.query(hours(below, over="count_over_time"), instant=True), unit="h", w=6))
+             .with_panel(p.stat_panel(
                  "GPU-hours below target", f"GPU-hours during which a GPU had work and its useful utilization "
                  f"was below the {target} target ({m.GPU_BELOW_TARGET_BOOL.name}; report --fleet's 'below target').",
-                 query(hours(below), instant=True), unit="h", w=6))
-             .with_panel(stat_panel(
+                 p.query(hours(below), instant=True), unit="h", w=6))
+             .with_panel(p.stat_panel(
                  "GPU-hours lost", "The idle share (1 - useful utilization) of the GPUs below target, summed over "
                  f"the time range ({m.GPU_IDLE_BELOW_TARGET_RATIO.name}): the capacity lost.",
-                 query(lost, instant=True), unit="h", w=6, thresholds=steps(("green", None), ("orange", 1))))
-             .with_panel(stat_panel(
+                 p.query(lost, instant=True), unit="h", w=6, thresholds=p.steps(("green", None), ("orange", 1))))
+             .with_panel(p.stat_panel(
                  "Money lost", "GPU-hours lost times the price per GPU-hour (the price variable; default "
                  f"{cfg.text('dashboard_gpu_hour_price')} from thresholds.yml), in the price's currency.",
-                 query(f"{lost} * $price", instant=True), w=6, thresholds=steps(("green", None), ("orange", 1)))))
+                 p.query(f"{lost} * $price", instant=True), w=6, thresholds=p.steps(("green", None), ("orange", 1)))))
     board = (funnel.cost_row(cfg, board, hours, cause_runbooks(cfg, "GpuSmActivityLow"))
              .with_row(dash.Row("Where the hours went"))
-             .with_panel(bar_gauge(
+             .with_panel(p.bar_gauge(
                  "GPU-hours lost by cause", "GPU-hours lost by the code of each GPU's main cause: a live run's "
                  "cause (the allocator first, then the biggest share), else the evidence of an uninstrumented "
                  f"job; {NONE} where none is known (idle but allocated, not instrumented, no single cause). "
                  "Runbooks: docs/runbooks.md.",
-                 query(named(hours(idle, "code"), "code"), f"{{{{{c}}}}} {{{{code}}}}", instant=True), unit="h",
+                 p.query(named(hours(idle, "code"), "code"), f"{{{{{c}}}}} {{{{code}}}}", instant=True), unit="h",
                  panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name)))
-             .with_panel(bar_gauge(
+             .with_panel(p.bar_gauge(
                  "GPU-hours lost by team", f"GPU-hours lost on the GPUs of training runs tagged with a team "
                  f"(label {team} of {m.GPU_TRAINING_RUN_INFO.name}: GPU_EXPORTER_TAGS=\"{TEAM_TAG}=vision\"); "
                  "GPUs without such a run do not show here.",
-                 query(hours(f"({teams})", team), f"{{{{{c}}}}} {{{{{team}}}}}", instant=True), unit="h"))
-             .with_panel(bar_gauge(
+                 p.query(hours(f"({teams})", team), f"{{{{{c}}}}} {{{{{team}}}}}", instant=True), unit="h"))
+             .with_panel(p.bar_gauge(
                  "GPU-hours lost by namespace", "GPU-hours lost by the Kubernetes namespace of the pod holding "
                  f"the GPU ({m.GPU_WORKLOAD_INFO.name}); {NONE}: no pod.",
-                 query(named(hours(idle, "namespace"), "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
-                       instant=True), unit="h"))
-             .with_panel(bar_gauge(
+                 p.query(named(hours(idle, "namespace"), "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
+                         instant=True), unit="h"))
+             .with_panel(p.bar_gauge(
                  "GPU-hours lost by node", "GPU-hours lost by node.",
-                 query(hours(idle, "node"), f"{{{{{c}}}}} {{{{node}}}}", instant=True), unit="h", w=12))
-             .with_panel(timeseries(
+                 p.query(hours(idle, "node"), f"{{{{{c}}}}} {{{{node}}}}", instant=True), unit="h", w=12))
+             .with_panel(p.timeseries(
                  "Capacity lost by cause", "GPUs' worth of idle capacity below target at each moment (the sum "
                  f"of {m.GPU_IDLE_BELOW_TARGET_RATIO.name}), stacked by the code of the main cause.",
-                 [query(named(f"sum {cfg.by('code')} ({idle})", "code"), f"{{{{{c}}}}} {{{{code}}}}")],
+                 [p.query(named(f"sum {cfg.by('code')} ({idle})", "code"), f"{{{{{c}}}}} {{{{code}}}}")],
                  unit="none", stacked=True, fill=60, w=12))
              .with_row(dash.Row("Workloads"))
-             .with_panel(table_panel(
+             .with_panel(p.table_panel(
                  "Workloads by GPU-hours lost", "The GPUs' workloads (node, namespace, pod, training run) and "
                  "main cause by GPU-hours lost over the time range, most first, with the money lost at the price "
                  "variable. Click a run for the training-run dashboard.",
