@@ -129,10 +129,9 @@ class ProcReader:
                 self._children_files = True
                 return found
             except FileNotFoundError:
-                if self._children_files is None and (self.root / str(pid)).exists():
-                    self._children_files = False  # a kernel without CONFIG_PROC_CHILDREN: scan /proc below
-                else:
+                if self._children_files is not None or not (self.root / str(pid)).exists():
                     return []
+                self._children_files = False  # a kernel without CONFIG_PROC_CHILDREN: scan /proc below
             except (OSError, ValueError):
                 return []
         pids = (int(entry.name) for entry in self.root.iterdir() if entry.name.isdigit())

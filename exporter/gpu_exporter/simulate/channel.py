@@ -157,7 +157,6 @@ class Intervals:
         p[lo:hi] = ([] if lo % 2 else [start]) + ([] if hi % 2 else [end])
 
     def busy(self, t0: float, t1: float) -> float:
-        """Busy seconds within [t0, t1]."""
         if t1 <= t0:
             return 0.0
         p = self.points
@@ -238,11 +237,9 @@ class Chunks:
         return out
 
     def busy(self, t0: float, t1: float) -> float:
-        """Busy seconds within [t0, t1]."""
         return math.fsum(self.busies[i] * w for i, w in self._weights(t0, t1))
 
     def activity(self, t0: float, t1: float) -> Activity:
-        """Busy, SM-, tensor-, DRAM- and fp-pipe-seconds within [t0, t1]."""
         weights = self._weights(t0, t1)
         return Activity(*(math.fsum(column[i] * w for i, w in weights) for column in self._columns))
 

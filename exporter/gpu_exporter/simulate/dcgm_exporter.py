@@ -158,10 +158,8 @@ class DcgmExporter(AbstractContextManager["DcgmExporter"]):
                 profile = node.profile(gpu.index, since, t, mig_index)
                 for name, value in served:
                     rows[name].append(f"{name}{_labels(labels)} {value(profile)!r}\n")
-        out: list[str] = []
-        for name, help_text, _ in fields:
-            out += [f"# HELP {name} {help_text}\n", f"# TYPE {name} gauge\n", *rows[name]]
-        return "".join(out)
+        return "".join(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n" + "".join(rows[name])
+                       for name, help_text, _ in fields)
 
     def close(self) -> None:
         """Stop serving and release the port."""
@@ -218,10 +216,9 @@ def spawn(scenario: str | Path, port: int = 0, *, host: str = "127.0.0.1", hostn
     Raises RuntimeError with its error output when it does not start within ``timeout`` seconds."""
     argv = [sys.executable, "-m", "gpu_exporter.simulate.dcgm_exporter", "--scenario", str(scenario),
             "--port", str(port), "--host", host, "--interval", str(interval)]
-    if hostname is not None:
-        argv += ["--hostname", hostname]
-    if directory is not None:
-        argv += ["--dir", str(directory)]
+    for flag, value in (("--hostname", hostname), ("--dir", directory)):
+        if value is not None:
+            argv += [flag, str(value)]
     for uuid, (namespace, pod, container) in (pods or {}).items():
         argv += ["--pod", f"{uuid}={namespace}/{pod}/{container}"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

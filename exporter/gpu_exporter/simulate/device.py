@@ -232,9 +232,7 @@ class AsyncDevice(SimDevice):
         self._tail = 0.0
         """When the last placed op ends (monotonic seconds)."""
         self._events: list[tuple[int, float, DeviceEvent]] = []
-        self._launched = 0
-        self._placed = 0
-        self._collectives = 0
+        self._launched = self._placed = self._collectives = 0  # ops launched and placed, collectives launched
         self.group, self.rank, self.world, self.wait_busy = group, rank, world, wait_busy
         self.torch_synchronize_calls = 0
         """How often ``torch.cuda.synchronize()`` was called (simulate/torch_cuda.py installs it)."""
@@ -339,13 +337,10 @@ class AsyncDevice(SimDevice):
             tmp = mine.with_suffix(f".{self.rank}.tmp")
             tmp.write_text(repr(arrival))
             tmp.replace(mine)
-        times: list[float] = []
-        for rank in range(self.world):
-            try:
-                times.append(float((self._meeting / f"{seq}.{rank}").read_text()))
-            except (OSError, ValueError):
-                return None
-        return times
+        try:
+            return [float((self._meeting / f"{seq}.{rank}").read_text()) for rank in range(self.world)]
+        except (OSError, ValueError):  # a rank has not posted (or is writing) yet
+            return None
 
 
 def spin(seconds: float) -> None:

@@ -328,12 +328,8 @@ class FakeNvmlLibrary:
         return _write_value(ref, self.node.scenario.cuda_version_number)
 
     def nvmlSystemGetProcessName(self, pid: Any, buffer: Any, length: Any) -> int:
-        wanted = _value(pid)
-        for gpu in self.node.scenario.gpus:
-            for process in gpu.processes:
-                if process.pid == wanted:
-                    return _write_string(buffer, length, process.name)
-        return ERROR_NOT_FOUND
+        names = [p.name for gpu in self.node.scenario.gpus for p in gpu.processes if p.pid == _value(pid)]
+        return _write_string(buffer, length, names[0]) if names else ERROR_NOT_FOUND
 
     # --- devices ---------------------------------------------------------------------------
 

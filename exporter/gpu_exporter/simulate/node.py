@@ -201,10 +201,7 @@ class SimulatedNode(AbstractContextManager["SimulatedNode"]):
         return self._traces.get(index) or self._timelines.get(index) or self._gpu(index).utilization
 
     def sample_time(self, index: int, t: float) -> float:
-        """The time up to which GPU ``index``'s samples are taken: a device GPU's lag :data:`SETTLE_SECONDS`.
-
-        (Its job writes busy intervals every few milliseconds; a sample must not be taken before they are in.)
-        """
+        """The time up to which GPU ``index``'s samples are taken: a device GPU's lag :data:`SETTLE_SECONDS`."""
         return max(0.0, t - SETTLE_SECONDS) if index in self._traces else t
 
     def true_busy_seconds(self, index: int, t0: float, t1: float) -> float:

@@ -32,7 +32,6 @@ class Level:
     busy: float
 
     def at(self, utilization: float) -> float:
-        """The value at a utilization ratio, e.g. ``Level(60, 600).at(0.5) == 330``."""
         return self.idle + (self.busy - self.idle) * utilization
 
 
