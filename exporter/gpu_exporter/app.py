@@ -127,14 +127,9 @@ class Exporter:
                  " (simulated)" if self.simulated is not None else "")
 
     def _after_poll(self) -> None:
-        """After a poll: when a scrape is expected before the next poll, render and compress its body now; the
-        status page, once viewed, keeps a reading.
-
-        Prometheus scrapes at a fixed interval, so the scrape that follows a poll then only writes
-        bytes made here, the exporter's own health and process_* included (as of this poll; kept
-        until the next poll, at most a poll interval and a half); a poll that no scrape is
-        expected to read is not rendered.
-        """
+        """After a poll: the status page, once viewed, keeps a reading; when a scrape is expected before the next
+        poll, its body is rendered now (exposition.Body.prepare; the exporter's own health and process_* as of this
+        poll, kept at most a poll interval and a half); a poll no scrape is expected to read is not rendered."""
         server = self.server
         if server is not None and server.scrapes.due_within(self.config.poll_interval):
             server.body.prepare(ahead=self.config.poll_interval * 1.5)

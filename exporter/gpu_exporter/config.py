@@ -30,7 +30,6 @@ from typing import Any
 
 from gpu_exporter import catalog, collectors, yamlfile
 
-DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
 OTHER_ENV = {
     ENV_PREFIX + "URL": "the exporter a training job pushes to (gpu_exporter.training; default: the one on its host)",
@@ -263,7 +262,7 @@ _INGEST = IngestSettings()
 COLLECTOR_NAMES = collectors.NAMES  # one line per collector in gpu_exporter/collectors/__init__.py
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("web.listen_address", _listen_address, f":{DEFAULT_PORT}",
+    Setting("web.listen_address", _listen_address, ":9445",
             "address to serve HTTP on (no host: every interface)", "HOST:PORT"),
     Setting("web.telemetry_path", _telemetry_path, "/metrics", "path of the metrics endpoint", "PATH"),
     Setting("web.config_file", _optional_path, None,

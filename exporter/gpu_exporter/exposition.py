@@ -57,12 +57,8 @@ _GZIP_WBITS = 31  # deflate with a gzip header and trailer
 
 
 class Source(Protocol):
-    """Anything with ``collect()`` (the prometheus_client Collector protocol).
-
-    A source may also carry ``exposition``, the bytes of its latest metrics rendered once per
-    change (polling collectors do), the same object until the next change; :func:`exposition`
-    and :class:`Body` use that text instead of rendering.
-    """
+    """Anything with ``collect()`` (the prometheus_client Collector protocol), and maybe ``exposition``: its text
+    rendered once per change, the same bytes object until the next (polling collectors have it)."""
 
     def collect(self) -> Iterable[Metric]: ...
 
@@ -302,12 +298,8 @@ class Body:
         return sum(1 for _ in itertools.takewhile(lambda s: getattr(s, "live", False), reversed(self.sources)))
 
     def prepare(self, ahead: float = 0.0) -> None:
-        """Render and compress the pre-rendered sources now, ahead of a scrape.
-
-        With ``ahead`` > 0, render the per-scrape parts too (all but the trailing ``live`` sources) and
-        keep that body, plain and gzip: scrapes serve it, plus the live tail, for up to ``ahead`` seconds,
-        while no pre-rendered part changes and until :meth:`invalidate`.
-        """
+        """Render and compress the pre-rendered sources now, ahead of a scrape; with ``ahead`` > 0 the per-scrape
+        parts too (all but the ``live`` tail), served for up to ``ahead`` seconds (the module docstring says when)."""
         if ahead <= 0:
             self._compressed_head(self._leading())
             return

@@ -179,7 +179,12 @@ class PodAttribution(Collector):
             new_map = device_map(response)
         except grpc.RpcError as err:
             self._close_channel()
-            self._failed(*self._describe(err))
+            state, message = self._describe(err)
+            self.last_success, self.last_error = False, message
+            if self._state != state:
+                log.warning("%s (keeping the last known map of %d devices; retrying every %gs)",
+                            message, len(self._map), self.refresh_seconds)
+                self._state = state
             return False
         with self._lock:
             self._map = new_map
@@ -241,10 +246,3 @@ class PodAttribution(Collector):
         name = code.name if code is not None else type(err).__name__
         details = err.details() if hasattr(err, "details") else str(err)
         return name, f"kubelet pod-resources List at {self.socket_path} failed: {name}: {details}"
-
-    def _failed(self, state: str, message: str) -> None:
-        self.last_success, self.last_error = False, message
-        if self._state != state:
-            log.warning("%s (keeping the last known map of %d devices; retrying every %gs)",
-                        message, len(self._map), self.refresh_seconds)
-            self._state = state

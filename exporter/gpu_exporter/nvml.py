@@ -38,12 +38,8 @@ def _named(prefix: str, skip: str = "") -> dict[int, str]:
 
 _ERROR_NAMES = _named("NVML_ERROR_")
 _UNSUPPORTED = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
-_DRIVER_GONE = {
-    pynvml.NVML_ERROR_UNINITIALIZED,
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-}
+_DRIVER_GONE = {pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}
 # No new samples (NOT_FOUND, NO_DATA; pynvml raises SUCCESS when a size query finds nothing) or
 # an event wait that timed out: not an error.
 _NO_DATA = {pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NO_DATA, pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_TIMEOUT}

@@ -287,8 +287,7 @@ def parse_web_config(text: str, base: Path, source: str = "web config") -> WebCo
         data = yamlfile.parse(text, source)
     except yamlfile.YamlError as err:
         raise WebConfigError(str(err)) from None
-    if data is None:
-        data = {}
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise WebConfigError(f"{source}: the web config must be a mapping, got {type(data).__name__}")
     _unknown(data, _TOP_KEYS, "", source)

@@ -64,42 +64,41 @@ def cost(cfg: p.Config) -> dash.Dashboard:
                  "Money lost", "GPU-hours lost times the price per GPU-hour (the price variable; default "
                  f"{cfg.text('dashboard_gpu_hour_price')} from thresholds.yml), in the price's currency.",
                  p.query(f"{lost} * $price", instant=True), w=6, thresholds=p.steps(("green", None), ("orange", 1)))))
-    board = (funnel.cost_row(cfg, board, hours, cause_runbooks(cfg, "GpuSmActivityLow"))
-             .with_row(dash.Row("Where the hours went"))
-             .with_panel(p.bar_gauge(
-                 "GPU-hours lost by cause", "GPU-hours lost by the code of each GPU's main cause: a live run's "
-                 "cause (the allocator first, then the biggest share), else the evidence of an uninstrumented "
-                 f"job; {NONE} where none is known (idle but allocated, not instrumented, no single cause). "
-                 "Runbooks: docs/runbooks.md.",
-                 p.query(named(hours(idle, "code"), "code"), f"{{{{{c}}}}} {{{{code}}}}", instant=True), unit="h",
-                 panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name)))
-             .with_panel(p.bar_gauge(
-                 "GPU-hours lost by team", f"GPU-hours lost on the GPUs of training runs tagged with a team "
-                 f"(label {team} of {m.GPU_TRAINING_RUN_INFO.name}: GPU_EXPORTER_TAGS=\"{TEAM_TAG}=vision\"); "
-                 "GPUs without such a run do not show here.",
-                 p.query(hours(f"({teams})", team), f"{{{{{c}}}}} {{{{{team}}}}}", instant=True), unit="h"))
-             .with_panel(p.bar_gauge(
-                 "GPU-hours lost by namespace", "GPU-hours lost by the Kubernetes namespace of the pod holding "
-                 f"the GPU ({m.GPU_WORKLOAD_INFO.name}); {NONE}: no pod.",
-                 p.query(named(hours(idle, "namespace"), "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
-                         instant=True), unit="h"))
-             .with_panel(p.bar_gauge(
-                 "GPU-hours lost by node", "GPU-hours lost by node.",
-                 p.query(hours(idle, "node"), f"{{{{{c}}}}} {{{{node}}}}", instant=True), unit="h", w=12))
-             .with_panel(p.timeseries(
-                 "Capacity lost by cause", "GPUs' worth of idle capacity below target at each moment (the sum "
-                 f"of {m.GPU_IDLE_BELOW_TARGET_RATIO.name}), stacked by the code of the main cause.",
-                 [p.query(named(f"sum {cfg.by('code')} ({idle})", "code"), f"{{{{{c}}}}} {{{{code}}}}")],
-                 unit="none", stacked=True, fill=60, w=12))
-             .with_row(dash.Row("Workloads"))
-             .with_panel(p.table_panel(
-                 "Workloads by GPU-hours lost", "The GPUs' workloads (node, namespace, pod, training run) and "
-                 "main cause by GPU-hours lost over the time range, most first, with the money lost at the price "
-                 "variable. Click a run for the training-run dashboard.",
-                 [named(workloads, "code"), named(f"{workloads} * $price", "code")],
-                 w=24, h=10, order=(c, "node", "namespace", "pod", "run", "code", "Value #A", "Value #B"),
-                 rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
-                 overrides={"GPU-hours lost": {"unit": "h"}, "run": {"links": [RUN_TABLE_LINK]}},
-                 sort_by="GPU-hours lost", sort_desc=True,
-                 panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name))))
-    return board
+    return (funnel.cost_row(cfg, board, hours, cause_runbooks(cfg, "GpuSmActivityLow"))
+            .with_row(dash.Row("Where the hours went"))
+            .with_panel(p.bar_gauge(
+                "GPU-hours lost by cause", "GPU-hours lost by the code of each GPU's main cause: a live run's "
+                "cause (the allocator first, then the biggest share), else the evidence of an uninstrumented "
+                f"job; {NONE} where none is known (idle but allocated, not instrumented, no single cause). "
+                "Runbooks: docs/runbooks.md.",
+                p.query(named(hours(idle, "code"), "code"), f"{{{{{c}}}}} {{{{code}}}}", instant=True), unit="h",
+                panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name)))
+            .with_panel(p.bar_gauge(
+                "GPU-hours lost by team", f"GPU-hours lost on the GPUs of training runs tagged with a team "
+                f"(label {team} of {m.GPU_TRAINING_RUN_INFO.name}: GPU_EXPORTER_TAGS=\"{TEAM_TAG}=vision\"); "
+                "GPUs without such a run do not show here.",
+                p.query(hours(f"({teams})", team), f"{{{{{c}}}}} {{{{{team}}}}}", instant=True), unit="h"))
+            .with_panel(p.bar_gauge(
+                "GPU-hours lost by namespace", "GPU-hours lost by the Kubernetes namespace of the pod holding "
+                f"the GPU ({m.GPU_WORKLOAD_INFO.name}); {NONE}: no pod.",
+                p.query(named(hours(idle, "namespace"), "namespace"), f"{{{{{c}}}}} {{{{namespace}}}}",
+                        instant=True), unit="h"))
+            .with_panel(p.bar_gauge(
+                "GPU-hours lost by node", "GPU-hours lost by node.",
+                p.query(hours(idle, "node"), f"{{{{{c}}}}} {{{{node}}}}", instant=True), unit="h", w=12))
+            .with_panel(p.timeseries(
+                "Capacity lost by cause", "GPUs' worth of idle capacity below target at each moment (the sum "
+                f"of {m.GPU_IDLE_BELOW_TARGET_RATIO.name}), stacked by the code of the main cause.",
+                [p.query(named(f"sum {cfg.by('code')} ({idle})", "code"), f"{{{{{c}}}}} {{{{code}}}}")],
+                unit="none", stacked=True, fill=60, w=12))
+            .with_row(dash.Row("Workloads"))
+            .with_panel(p.table_panel(
+                "Workloads by GPU-hours lost", "The GPUs' workloads (node, namespace, pod, training run) and "
+                "main cause by GPU-hours lost over the time range, most first, with the money lost at the price "
+                "variable. Click a run for the training-run dashboard.",
+                [named(workloads, "code"), named(f"{workloads} * $price", "code")],
+                w=24, h=10, order=(c, "node", "namespace", "pod", "run", "code", "Value #A", "Value #B"),
+                rename={"code": "Cause", "Value #A": "GPU-hours lost", "Value #B": "Money lost"},
+                overrides={"GPU-hours lost": {"unit": "h"}, "run": {"links": [RUN_TABLE_LINK]}},
+                sort_by="GPU-hours lost", sort_desc=True,
+                panel_links=cause_runbooks(cfg, UTILIZATION_BELOW_TARGET.name))))
