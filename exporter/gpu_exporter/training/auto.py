@@ -160,8 +160,7 @@ class _Job:
             self.narrow()
 
     def narrow(self) -> None:
-        """Replace the global forward hooks with hooks on the modules that opened ``compute`` so far (the job's
-        models).
+        """Replace the global forward hooks with hooks on the modules that opened ``compute`` so far (the job's models).
 
         A global hook makes every module call of the job take torch's slow path (about 5 µs a call measured on a
         loaded 2-core machine: 5 ms per forward of a thousand modules); on the top modules alone it costs that once
@@ -201,9 +200,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = next((s for f in finders if (s := f.find_spec(fullname, path, target)) is not None), None)
         except Exception:  # let the import system ask the finders itself (and raise what it raises)
             return None
-        if spec is None:
-            return None
-        loader = spec.loader
+        loader = None if spec is None else spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         exec_module = loader.exec_module
@@ -233,8 +230,7 @@ def install() -> bool:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
         for name in _WATCHED:
-            module = sys.modules.get(name)
-            if module is not None:
+            if (module := sys.modules.get(name)) is not None:
                 _imported(name, module)
     except Exception as err:
         _failed("install", err)

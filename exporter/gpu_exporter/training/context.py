@@ -110,6 +110,4 @@ def gpu_memory(device: int) -> dict[str, int] | None:
 
 def snapshot_context(run: Any, device: int) -> dict[str, Any]:
     """The snapshot's ``context`` object for ``run`` (called by the pusher thread)."""
-    out: dict[str, Any] = dict(getattr(run, "_loader_settings", None) or {})
-    out["cpu_cores"] = cpu_cores()
-    return out | (gpu_memory(device) or {})
+    return {**(getattr(run, "_loader_settings", None) or {}), "cpu_cores": cpu_cores(), **(gpu_memory(device) or {})}

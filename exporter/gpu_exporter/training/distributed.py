@@ -199,8 +199,7 @@ def _ddp_hook(run: TimedRun, dist: Any) -> Callable[[Any, Any], Any]:
         tensor = bucket.buffer()
         tensor.div_(dist.get_world_size(group))
         if run.closed:
-            work = all_reduce(tensor, group=group, async_op=True)
-            return work.get_future().then(lambda fut: fut.value()[0])
+            return all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
         with phase:
             all_reduce(tensor, group=group, async_op=True).wait()
         done = torch.futures.Future()

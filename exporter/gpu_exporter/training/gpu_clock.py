@@ -44,10 +44,8 @@ class GpuClock:
     Resolved seconds only grow, and lag real time by the events not yet reached (usually less than
     a step); :meth:`settle` attributes the rest by the CPU's clock when the run closes.
 
-    The events pending stay bounded without a reader too: every :data:`FOLD_EVERY` marks, :meth:`mark`
-    folds in the reached ones itself, unless a reader is folding at that moment (it never waits for
-    one). What stays pending is then at most :data:`FOLD_EVERY` marks plus those the stream has not
-    reached (work still queued, which CUDA's launch queue bounds); completed events are reused.
+    Without a reader, :meth:`mark` folds in the reached events itself every :data:`FOLD_EVERY` marks (unless a
+    reader is folding: it never waits), so the pending ones stay bounded; completed events are reused.
     """
 
     def __init__(self, new_event: Callable[[], Any], first: Named, now: float) -> None:

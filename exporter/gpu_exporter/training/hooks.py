@@ -366,11 +366,10 @@ class Watch(AbstractContextManager["Watch"]):
         optimizers = _as_list(optimizer)
         steps = StepCounter(run, optimizers[0] if optimizers else None)
         compute = steps.compute
-        step_each_batch = optimizer is None
 
         def on_batch(batch: Any) -> None:
             steps.fetched(batch)
-            if step_each_batch:
+            if optimizer is None:  # without an optimizer, each batch is a step
                 steps.step()
 
         if loader is not None:
@@ -380,8 +379,6 @@ class Watch(AbstractContextManager["Watch"]):
         for obj in metrics:
             self._undo.append(MethodTimer(obj, run.phase(METRICS)).undo)
 
-        is_grad_enabled = torch.is_grad_enabled
-
         if model is not None:
             forward = model.forward
 
@@ -390,7 +387,7 @@ class Watch(AbstractContextManager["Watch"]):
                 try:
                     return forward(*args, **kwargs)
                 finally:  # a training forward stays open through loss and backward, until optimizer.step
-                    if opened and not (is_grad_enabled() and model.training):
+                    if opened and not (torch.is_grad_enabled() and model.training):
                         compute.close()
 
             self._undo.append(set_on_instance(model, "forward", timed_forward))

@@ -33,14 +33,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.environ[ENV] = "1"
     install()
     if args[0] == "-m":
-        module = args[1]
-        sys.argv = [module, *args[2:]]  # sys.path[0] is the working directory already, as python -m sets it
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        sys.argv = args[1:]  # sys.path[0] is the working directory already, as python -m sets it
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         return
-    script = args[0]
-    sys.argv = [script, *args[1:]]
-    sys.path[:1] = [os.path.dirname(os.path.abspath(script))]  # sys.path[0], as `python SCRIPT` sets it
-    runpy.run_path(script, run_name="__main__")
+    sys.argv = args
+    sys.path[:1] = [os.path.dirname(os.path.abspath(args[0]))]  # sys.path[0], as `python SCRIPT` sets it
+    runpy.run_path(args[0], run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -48,20 +48,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import context as _context
+from . import hooks
 from .callbacks import FrameworkCallback
-from .hooks import (
-    MethodTimer,
-    SaveTimer,
-    batch_len,
-    do_nothing,
-    enable_distributed,
-    first_of,
-    model_parts,
-    time_forward,
-    time_optimizer_step,
-    time_overridden,
-    torchmetrics_in,
-)
 from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
 from .run import Phase, Run
 
@@ -89,35 +77,33 @@ class CallbackMixin(FrameworkCallback):
         self._compute: Phase
         self._metrics: Phase
         self._data: Phase
-        self._open_update: Callable[[], None] = do_nothing
+        self._open_update: Callable[[], None] = hooks.do_nothing
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         run = self._start(trainer.global_rank)
         stack = self._stack
         self._compute, self._metrics, self._data = run.phase(COMPUTE), run.phase(METRICS), run.phase(DATA)
-        compute, metrics = stack.timed(self._compute), stack.timed(self._metrics)
-        other = stack.timed(run.other_phase)
+        compute, metrics, other = (stack.timed(p) for p in (self._compute, self._metrics, run.other_phase))
         undo = self._undo
         own = [c for c in getattr(trainer, "callbacks", ()) if c is not self
                and not any(c is k for k in getattr(trainer, "checkpoint_callbacks", ()))]
-        checkpoint = self._time_callbacks(own, TRAINING_HOOKS, run.phase(CHECKPOINT), model_parts(pl_module))
-        undo.append(MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
-        undo.append(SaveTimer(checkpoint).undo)
+        checkpoint = self._time_callbacks(own, TRAINING_HOOKS, run.phase(CHECKPOINT), hooks.model_parts(pl_module))
+        undo.append(hooks.MethodTimer(trainer, checkpoint, ("save_checkpoint",)).undo)
+        undo.append(hooks.SaveTimer(checkpoint).undo)
         for callback in getattr(trainer, "checkpoint_callbacks", ()):  # their deciding and pruning too
-            undo.append(MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
-        undo.append(MethodTimer(pl_module, metrics, LOG_METHODS).undo)
-        for metric in torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
-            undo.append(MethodTimer(metric, metrics).undo)
+            undo.append(hooks.MethodTimer(callback, checkpoint, CHECKPOINT_HOOKS).undo)
+        for metric in hooks.torchmetrics_in([pl_module, *getattr(trainer, "callbacks", ())]):
+            undo.append(hooks.MethodTimer(metric, metrics).undo)
         for logger in getattr(trainer, "loggers", ()):
-            undo.append(time_overridden(logger, ("log_metrics",), None, metrics))
-        undo.append(MethodTimer(pl_module, metrics, ("training_step",)).undo)
-        undo.append(MethodTimer(pl_module, compute, ("backward",)).undo)
-        undo.append(time_overridden(pl_module, ("on_before_optimizer_step",), _module_base(pl_module), other))
-        undo.append(time_forward(model_parts(pl_module), stack, self._compute))
-        self._open_update, undone = time_optimizer_step(getattr(trainer, "optimizers", ()), stack, self._compute,
+            undo.append(hooks.time_overridden(logger, ("log_metrics",), None, metrics))
+        undo.append(hooks.MethodTimer(pl_module, metrics, (*LOG_METHODS, "training_step")).undo)
+        undo.append(hooks.MethodTimer(pl_module, compute, ("backward",)).undo)
+        undo.append(hooks.time_overridden(pl_module, ("on_before_optimizer_step",), _module_base(pl_module), other))
+        undo.append(hooks.time_forward(hooks.model_parts(pl_module), stack, self._compute))
+        self._open_update, undone = hooks.time_optimizer_step(getattr(trainer, "optimizers", ()), stack, self._compute,
                                                         pre=False)
         undo.append(undone)
-        enable_distributed(run, getattr(trainer.strategy, "model", None))
+        hooks.enable_distributed(run, getattr(trainer.strategy, "model", None))
         loader = first_loader(getattr(trainer, "train_dataloader", None))
         if loader is not None:
             _context.note_loader(run, loader)
@@ -133,7 +119,7 @@ class CallbackMixin(FrameworkCallback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.run is not None:
-            self.run.step(samples=batch_len(batch))
+            self.run.step(samples=hooks.batch_len(batch))
             self._stack.base(self._data)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -154,7 +140,7 @@ class CallbackMixin(FrameworkCallback):
         self.close()
 
     def close(self) -> None:
-        self._open_update = do_nothing
+        self._open_update = hooks.do_nothing
         super().close()
 
 
@@ -170,7 +156,7 @@ def first_loader(loaders: Any) -> Any:
     >>> type(first_loader({"a": [L()]})).__name__
     'L'
     """
-    return first_of(loaders, lambda x: hasattr(x, "num_workers"), 4)  # nested lists/dicts, a few levels at most
+    return hooks.first_of(loaders, lambda x: hasattr(x, "num_workers"), 4)  # nested lists/dicts, a few levels at most
 
 
 @functools.cache

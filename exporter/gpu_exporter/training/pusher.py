@@ -45,8 +45,7 @@ class Pusher:
 
     def __init__(self, run: PushedRun, endpoint: str, token: str | None, interval: float, timeout: float) -> None:
         if interval <= 0 or timeout <= 0:
-            raise ValueError(f"training.start: push_interval ({interval}) and timeout ({timeout}) "
-                             "must be > 0")
+            raise ValueError(f"training.start: push_interval ({interval}) and timeout ({timeout}) must be > 0")
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"training.start: exporter URL {endpoint!r} must be http(s)://host[:port]/...")
@@ -111,8 +110,7 @@ class Pusher:
                 status, reason = self._post(self._body(finished), deadline)
             except (OSError, http.client.HTTPException, ValueError) as err:
                 why = f"no complete answer by the deadline ({err})" if time.monotonic() >= deadline else str(err)
-                self._report(f"cannot reach the exporter at {self.endpoint} ({why}); "
-                             "will retry, nothing is lost")
+                self._report(f"cannot reach the exporter at {self.endpoint} ({why}); will retry, nothing is lost")
                 return False
             if status >= 300:
                 self._report(f"exporter at {self.endpoint} rejected the snapshot: HTTP {status} {reason}")

@@ -47,9 +47,7 @@ from . import snapshot as _snapshot
 from .gpu_clock import FOLD_EVERY as FOLD_EVERY  # re-exported
 from .gpu_clock import GpuClock as GpuClock  # re-exported
 from .protocol import DATA, MAX_LABEL_LENGTH, OTHER, STANDARD_PHASES, check_label
-from .protocol import (
-    DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES,  # re-exported
-)
+from .protocol import DEFAULT_MAX_CUSTOM_PHASES as DEFAULT_MAX_CUSTOM_PHASES  # re-exported
 
 if TYPE_CHECKING:
     from .pusher import Pusher

@@ -159,8 +159,7 @@ def rate_from_env(environ: dict[str, str] | None = None) -> float:
     except ValueError:
         rate = -1.0
     if not 0 <= rate <= MAX_HZ:
-        raise ValueError(f"training: {ENV}={text!r} must be a number of samples per second from 0 (off) to "
-                         f"{MAX_HZ:g}")
+        raise ValueError(f"training: {ENV}={text!r} must be a number of samples per second from 0 (off) to {MAX_HZ:g}")
     return rate
 
 

@@ -67,10 +67,8 @@ def start(name: str, *, url: str | None = None, token: str | None = None, rank: 
 def watch_distributed(run: Run, ddp_model: Any = None) -> bool:
     """Time ``run``'s torch.distributed collectives (and ``ddp_model``'s gradient all-reduce) as ``communication``.
 
-    ``training.start`` calls it without a model when the process group is already initialized;
-    call it yourself after ``init_process_group`` and with your ``DistributedDataParallel`` model,
-    before the first step. Returns False (and does nothing) when the job is not distributed, so
-    integrations may call it in every job. See gpu_exporter.training.distributed.
+    Call it after ``init_process_group`` with your ``DistributedDataParallel`` model, before the first step; False
+    (and nothing done) when the job is not distributed. See gpu_exporter.training.distributed.
 
     >>> from gpu_exporter.training.run import Run
     >>> watch_distributed(Run("demo"))

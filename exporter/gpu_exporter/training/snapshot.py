@@ -26,21 +26,10 @@ def document(run: Any, finished: bool, pid: int, cpu_phases: Callable[[], dict[s
     phases when its phases are GPU-truthful (else None), its allocator reader and its stack sampler (or None)."""
     uuid, index = run.identity()
     body: dict[str, Any] = {
-        "version": SCHEMA_VERSION,
-        "run": run.name,
-        "run_id": run.run_id,
-        "rank": run.rank,
-        "uuid": uuid,
-        "started_at": run.started_at,
-        "pid": pid,
-        "phases": run.phase_seconds(finished),
-        "current_phase": "" if finished else run.current_phase.name,
-        "steps": run.steps,
-        "samples": run.samples,
-        "batch_size": run.batch_size,
-        "world_size": run.world_size,
-        "finished": finished,
-    }
+        "version": SCHEMA_VERSION, "run": run.name, "run_id": run.run_id, "rank": run.rank, "uuid": uuid,
+        "started_at": run.started_at, "pid": pid, "phases": run.phase_seconds(finished),
+        "current_phase": "" if finished else run.current_phase.name, "steps": run.steps, "samples": run.samples,
+        "batch_size": run.batch_size, "world_size": run.world_size, "finished": finished}
     optional = {"tags": run.tags or None, "cpu_phases": None if cpu_phases is None else cpu_phases(),
                 "allocator": allocator(index), "context": _context.snapshot_context(run, index),
                 "callbacks": None if run.callback_report is None else run.callback_report(),

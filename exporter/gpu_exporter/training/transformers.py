@@ -37,19 +37,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from . import hooks
 from .callbacks import FrameworkCallback
-from .hooks import (
-    LoaderTimer,
-    MethodTimer,
-    SaveTimer,
-    batch_len,
-    enable_distributed,
-    model_parts,
-    time_forward,
-    time_optimizer_step,
-    time_overridden,
-    torchmetrics_in,
-)
 from .protocol import CHECKPOINT, COMPUTE, DATA, METRICS
 from .run import Phase, Run
 
@@ -71,7 +60,7 @@ class CallbackMixin(FrameworkCallback):
         self._phases: dict[str, Phase] = {}
 
     def _count(self, batch: Any) -> None:
-        self._samples += batch_len(batch)
+        self._samples += hooks.batch_len(batch)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run = self._start(args.process_index)
@@ -87,22 +76,22 @@ class CallbackMixin(FrameworkCallback):
         other = stack.timed(run.other_phase)
         loader = kwargs.get("train_dataloader")
         if loader is not None:
-            undo.append(LoaderTimer(loader, run.phase(DATA), self._count).undo)
-        undo.append(SaveTimer(checkpoint).undo)
-        undo.append(time_forward(model_parts(model), stack, self._phases[COMPUTE]))
-        undo.append(time_optimizer_step(kwargs.get("optimizer"), stack, self._phases[COMPUTE])[1])
+            undo.append(hooks.LoaderTimer(loader, run.phase(DATA), self._count).undo)
+        undo.append(hooks.SaveTimer(checkpoint).undo)
+        undo.append(hooks.time_forward(hooks.model_parts(model), stack, self._phases[COMPUTE]))
+        undo.append(hooks.time_optimizer_step(kwargs.get("optimizer"), stack, self._phases[COMPUTE])[1])
         if trainer is not None:
-            undo.append(MethodTimer(trainer, metrics, ("training_step",)).undo)
+            undo.append(hooks.MethodTimer(trainer, metrics, ("training_step",)).undo)
             for obj, method, timer in ((trainer, "_prepare_inputs", other),
                                        (getattr(trainer, "accelerator", None), "backward", compute)):
-                undo.append(time_overridden(obj, (method,), None, timer))
+                undo.append(hooks.time_overridden(obj, (method,), None, timer))
         timed: tuple[tuple[tuple[str, ...], Any], ...] = ((METRIC_HOOKS, metrics), (SAVE_HOOKS, checkpoint))
         for callback in callbacks:
             for names, timer in timed:
-                undo.append(time_overridden(callback, names, self._base, timer))
-        for metric in torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
-            undo.append(MethodTimer(metric, metrics).undo)
-        enable_distributed(run, model)
+                undo.append(hooks.time_overridden(callback, names, self._base, timer))
+        for metric in hooks.torchmetrics_in([m for m in (model, *callbacks) if m is not None]):
+            undo.append(hooks.MethodTimer(metric, metrics).undo)
+        hooks.enable_distributed(run, model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._switch(None)
@@ -134,13 +123,10 @@ def _find_trainer(depth: int = 12) -> Any:
     from transformers import Trainer
 
     frame: Any = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Trainer):
+    while frame is not None and depth:
+        if isinstance(candidate := frame.f_locals.get("self"), Trainer):
             return candidate
-        frame = frame.f_back
+        frame, depth = frame.f_back, depth - 1
     return None
 
 
