@@ -131,8 +131,7 @@ def query(cfg: ThresholdsFile, same: list[Alert]) -> tuple[str, tuple[str, float
         raise ValueError(f"{same[0].name}: its rules compare differently; Grafana needs one threshold")
     exprs = [render(a.expr(compared=False), cfg, source=a.name) for a in same]
     expr = exprs[0] if len(exprs) == 1 else "\nor\n".join(f"(\n{indent(e, 2)})" for e in exprs) + "\n"
-    first = same[0]
-    return expr, (OPS[first.op], cfg.num(first.threshold)) if first.op else ("gt", 0.0)
+    return expr, (OPS[same[0].op], cfg.num(same[0].threshold)) if same[0].op else ("gt", 0.0)
 
 
 def grafana_rule(model: Model, mirror: Mirror) -> dict[str, Any]:

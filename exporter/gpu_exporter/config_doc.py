@@ -131,10 +131,6 @@ def sample_yaml() -> str:
     return "\n".join(out) + "\n"
 
 
-def outputs() -> dict[Path, str]:
-    return {DOC: markdown(), SAMPLE: sample_yaml()}
-
-
 def check_flag(prog: str, description: str, argv: list[str] | None) -> bool:
     """Whether a generator's command line (``prog``: its only flag is ``--check``) asks to check only."""
     parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description=description)
@@ -162,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (ROOT / "docs").is_dir():
         print(f"error: {ROOT} is no source checkout (no docs/): run {COMMAND} from one", file=sys.stderr)
         return 2
-    return write_or_check(outputs(), ROOT, COMMAND, check)
+    return write_or_check({DOC: markdown(), SAMPLE: sample_yaml()}, ROOT, COMMAND, check)
 
 
 if __name__ == "__main__":

@@ -222,9 +222,8 @@ class PodAttribution(Collector):
 
     def _list(self) -> Any:
         if self._channel is None:
-            target = "unix://" + os.path.abspath(self.socket_path)
-            self._channel = grpc.insecure_channel(
-                target, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+            self._channel = grpc.insecure_channel("unix://" + os.path.abspath(self.socket_path),
+                                                  options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
         return self._channel.unary_unary(
             _LIST_METHOD,
             request_serializer=api_pb2.ListPodResourcesRequest.SerializeToString,

@@ -145,10 +145,8 @@ class Nvml:
         driver = self.call("system", "nvmlSystemGetDriverVersion")
         cuda = self.call("system", "nvmlSystemGetCudaDriverVersion_v2") or self.call(
             "system", "nvmlSystemGetCudaDriverVersion")
-        self.node = NodeInfo(
-            driver_version=_text(driver) if driver is not None else "",
-            cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else "",
-        )
+        self.node = NodeInfo(driver_version=_text(driver) if driver is not None else "",
+                             cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else "")
 
     def shutdown(self) -> None:
         """Shut NVML down, ignoring errors (the driver may already be gone)."""
@@ -213,16 +211,11 @@ class Nvml:
         arch = self.call(uuid, "nvmlDeviceGetArchitecture", handle)
         mig_mode = self.call(uuid, "nvmlDeviceGetMigMode", handle)
         mig_enabled = bool(mig_mode and mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
-        return Gpu(
-            index=index,
-            uuid=uuid,
-            handle=handle,
-            name=_text(self.call(uuid, "nvmlDeviceGetName", handle) or ""),
-            pci_bus_id=_text(pci.busId) if pci is not None else "",
-            architecture=_ARCHITECTURES.get(arch, "unknown"),
-            mig_enabled=mig_enabled,
-            mig_instances=self._mig_instances(uuid, handle) if mig_enabled else (),
-        )
+        return Gpu(index=index, uuid=uuid, handle=handle,
+                   name=_text(self.call(uuid, "nvmlDeviceGetName", handle) or ""),
+                   pci_bus_id=_text(pci.busId) if pci is not None else "",
+                   architecture=_ARCHITECTURES.get(arch, "unknown"), mig_enabled=mig_enabled,
+                   mig_instances=self._mig_instances(uuid, handle) if mig_enabled else ())
 
     def _mig_instances(self, uuid: str, handle: Any) -> tuple[MigInstance, ...]:
         instances = []
@@ -233,10 +226,8 @@ class Nvml:
             mig_uuid = _text(self.call(uuid, "nvmlDeviceGetUUID", mig))
             name = _text(self.call(mig_uuid, "nvmlDeviceGetName", mig) or "")
             instances.append(MigInstance(
-                uuid=mig_uuid,
-                handle=mig,
+                uuid=mig_uuid, handle=mig,
                 gpu_instance=int(self.call(mig_uuid, "nvmlDeviceGetGpuInstanceId", mig) or 0),
                 compute_instance=int(self.call(mig_uuid, "nvmlDeviceGetComputeInstanceId", mig) or 0),
-                profile=name.rpartition("MIG ")[2] if "MIG " in name else name,
-            ))
+                profile=name.rpartition("MIG ")[2]))  # "NVIDIA A100 MIG 1g.5gb" -> "1g.5gb"
         return tuple(instances)

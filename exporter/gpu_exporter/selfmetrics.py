@@ -34,11 +34,8 @@ def _pynvml_version() -> str:
 
 
 class SelfMetrics:
-    """``gpu_exporter_*`` families, computed at scrape time from the poller's bookkeeping.
-
-    ``extra_status`` returns the success flag of collectors that do not poll through the
-    poller (XID thread, Kubernetes attribution), keyed by collector name.
-    """
+    """``gpu_exporter_*`` families; ``extra_status`` returns the success flag of collectors that do not poll
+    through the poller (XID thread, Kubernetes attribution), keyed by collector name."""
 
     name = "self"
 

@@ -81,10 +81,8 @@ def _shutdown(sock: socket.socket) -> None:
 
 
 class LimitedServer(ThreadingHTTPServer):
-    """A threading HTTP(S) server that keeps :class:`Limits`; also a collector of its own counters.
-
-    ``body`` is the subclass's /metrics body: a refusal invalidates what was rendered ahead.
-    """
+    """A threading HTTP(S) server that keeps :class:`Limits`; also a collector of its own counters. ``body`` is
+    the subclass's /metrics body: a refusal invalidates what was rendered ahead."""
 
     body: Body
 

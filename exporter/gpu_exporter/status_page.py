@@ -78,27 +78,25 @@ def build_status(prev: Snapshot | None, cur: Snapshot, t: Thresholds) -> dict[st
     from gpu_exporter.verdict.levels import describe
 
     measured = cur.at - prev.at if prev is not None else 0.0
-    gpus = []
     judged = judge_node(prev, cur, t, measured)
-    for view, verdict in judged:
-        total = cur.value(catalog.GPU_MEMORY_TOTAL_BYTES.name, uuid=view.uuid)
-        used = cur.value(catalog.GPU_MEMORY_USED_BYTES.name, uuid=view.uuid)
-        gpus.append({
-            "index": view.gpu, "uuid": view.uuid, "name": view.name,
-            "utilization": view.utilization,
-            "sm_active": view.sm_active, "sm_source": view.sm_source, "tensor_active": view.tensor_active,
-            "dram_active": view.dram_active,
-            "memory_used_bytes": used, "memory_total_bytes": total, "memory_used_ratio": view.memory_used_ratio,
-            "processes": [{"pid": p.pid, "name": p.name, "memory_bytes": p.memory_bytes} for p in view.process_list],
-            "pods": list(view.pods),
-            "runs": [{"run": r.run, "rank": r.rank, "live": r.live, "since_start": r.since_start,
-                      "phases": [[p, r.shares[p]] for p in phase_order(r.shares)]} for r in view.runs],
-            "verdict": {"verdict": verdict.name, "title": verdict.title, "code": verdict.code,
-                        "level": verdict.level, "reason": verdict.reason, "remedy": verdict.remedy,
-                        "runbook": verdict.runbook, "below_target": verdict.below_target,
-                        "effective": verdict.effective, "worth": verdict.worth,
-                        "idle": None if verdict.idle is None else verdict.idle.text()},
-        })
+    gpus = [{
+        "index": view.gpu, "uuid": view.uuid, "name": view.name,
+        "utilization": view.utilization,
+        "sm_active": view.sm_active, "sm_source": view.sm_source, "tensor_active": view.tensor_active,
+        "dram_active": view.dram_active,
+        "memory_used_bytes": cur.value(catalog.GPU_MEMORY_USED_BYTES.name, uuid=view.uuid),
+        "memory_total_bytes": cur.value(catalog.GPU_MEMORY_TOTAL_BYTES.name, uuid=view.uuid),
+        "memory_used_ratio": view.memory_used_ratio,
+        "processes": [{"pid": p.pid, "name": p.name, "memory_bytes": p.memory_bytes} for p in view.process_list],
+        "pods": list(view.pods),
+        "runs": [{"run": r.run, "rank": r.rank, "live": r.live, "since_start": r.since_start,
+                  "phases": [[p, r.shares[p]] for p in phase_order(r.shares)]} for r in view.runs],
+        "verdict": {"verdict": verdict.name, "title": verdict.title, "code": verdict.code,
+                    "level": verdict.level, "reason": verdict.reason, "remedy": verdict.remedy,
+                    "runbook": verdict.runbook, "below_target": verdict.below_target,
+                    "effective": verdict.effective, "worth": verdict.worth,
+                    "idle": None if verdict.idle is None else verdict.idle.text()},
+    } for view, verdict in judged]
     return {
         "generated_at": cur.wall,
         "measured_seconds": round(measured, 3),
