@@ -231,7 +231,8 @@ def _identity(doc: dict[str, Any], max_length: int) -> tuple[str, tuple[tuple[st
                 None if run_id == "" else check_label("run_id", run_id, max_length),
                 "tags": check_tags(tags)}
     refused = "; ".join(f"{name} ({problem})" for name, problem in problems.items() if problem is not None)
-    return ("" if problems["run_id"] else run_id), (() if problems["tags"] else tuple(sorted(tags.items()))), refused
+    return (run_id if problems["run_id"] is None else "",
+            tuple(sorted(tags.items())) if problems["tags"] is None else (), refused)
 
 
 def _callback(doc: dict[str, Any], max_length: int) -> tuple[tuple[str, str, float] | None, str]:
