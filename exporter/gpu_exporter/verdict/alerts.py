@@ -43,8 +43,7 @@ def runbook_anchor(alert: str) -> str:
 
 @dataclass(frozen=True)
 class Compared:
-    """An alert that compares one value with one threshold: its name, the PromQL of the value (template text,
-    ``${key}`` placeholders), the comparison and the thresholds.yml key compared with."""
+    """An alert that compares one value (PromQL, template text) with one thresholds.yml key."""
 
     name: str
     value: str

@@ -4,17 +4,12 @@ The Lightning and Hugging Face integrations time each callback hook of the job's
 (gpu_exporter.training.callbacks): a hook that writes a checkpoint is ``checkpoint`` as a whole, any
 other is phase ``callbacks``. The snapshot carries the biggest hooks; the exporter exports the
 biggest as ``gpu_training_callback_seconds_total{callback, phase}`` and the rules record its share of
-the step (:data:`RECORD`). Two rows of the cause table use :class:`NamedCallback`:
-
-* CB (``callback_bound``), phase ``callbacks``: the job's own callbacks hold the GPU idle; the
-  remedy: move the work off the training thread, or do it every N steps;
-* CK (``checkpoint``): unchanged, and its verdict names the hook when a hook's checkpoint is what
-  fills the phase.
-
-Both say ``"`SaveEvery.on_train_batch_end` takes 63% of the step"`` (:func:`hook_text`) in diagnose
-(from :attr:`RunSignals.callback <gpu_exporter.verdict.signals.RunSignals>`) and in the alert's text (a
-lookup of the recorded share). A mixin, not a subclass of ``kinds.Cause``: the cause kinds import
-this module, never the other way round.
+the step (:data:`RECORD`). Two rows of the cause table use :class:`NamedCallback`: CB (``callback_bound``,
+phase ``callbacks``: the job's own callbacks hold the GPU idle) and CK (``checkpoint``, when a hook's checkpoint
+is what fills the phase). Both say ``"`SaveEvery.on_train_batch_end` takes 63% of the step"`` (:func:`hook_text`)
+in diagnose (from :attr:`RunSignals.callback <gpu_exporter.verdict.signals.RunSignals>`) and in the alert's text (a
+lookup of the recorded share). A mixin, not a subclass of ``kinds.Cause``: the cause kinds import this module, never
+the other way round.
 
 >>> hook_text("SaveEvery.on_train_batch_end", 0.634)
 '`SaveEvery.on_train_batch_end` takes 63% of the step'

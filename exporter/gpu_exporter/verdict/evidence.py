@@ -97,12 +97,9 @@ def from_snapshots(prev: Snapshot, cur: Snapshot) -> dict[str, list[ProcessSigna
 
 
 def from_window(query: Callable[[str], list[tuple[Labels, float]]], window: str) -> dict[str, list[ProcessSignals]]:
-    """Per GPU uuid, the processes' readings over ``window`` from the raw counters (:func:`rates`, the
-    recording rules' expressions with that window; the child processes and names as they are at its end), as
-    :func:`from_snapshots` reads two scrapes. The state shares are each state's rate over their sum, as
-    ``process:gpu_process_main_thread_state:share5m`` is. No hints: the table finds them (:func:`explain`).
-    ``query`` answers a PromQL expression with (labels, value) pairs.
-    """
+    """Per GPU uuid, the processes' readings over ``window`` from the raw counters (:func:`rates`; the child
+    processes and names as they are at its end), as :func:`from_snapshots` reads two scrapes, the state shares as
+    ``process:gpu_process_main_thread_state:share5m`` has them. No hints: the table finds them (:func:`explain`)."""
     cpu, children, read, states = (query(expr) for expr in rates(window))
     return _signals(_by_key(cpu), _by_key(children), _by_key(query(catalog.GPU_PROCESS_CHILD_PROCESSES.name)),
                     _by_key(read), _states(states), _names(query(catalog.GPU_PROCESS_MEMORY_USED_BYTES.name)))

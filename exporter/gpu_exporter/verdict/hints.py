@@ -36,8 +36,7 @@ class ProcessSignals:
     ``cpu_cores``: CPU seconds per second of the process (1.0 = one whole core);
     ``children_cpu_cores``: the same for its child processes; ``states``: share of the window its
     main thread was running / sleeping / disk / other; ``read_bytes_per_second`` None without the
-    right to read /proc/PID/io.
-    """
+    right to read /proc/PID/io."""
 
     pid: str
     cpu_cores: float
@@ -69,8 +68,7 @@ class Hint(Labelled):
 
     A process passes it when ``children`` holds for its child processes and ``compare`` holds for the
     value ``read`` from it and the threshold ``keys[0]``; ``promql`` is the same condition on one process
-    (monitoring/evidence.py), its value the reading. ``per_core``: the value is CPU cores, not a share.
-    """
+    (monitoring/evidence.py), its value the reading. ``per_core``: the value is CPU cores, not a share."""
 
     name: str
     code: str

@@ -73,8 +73,7 @@ def build_views(readings: Readings, t: Thresholds | None = None, window_seconds:
 
 
 def _activity(readings: Readings, gpu: str) -> dict[str, Any]:
-    """The GpuView fields of the GPU's SM, tensor, DRAM and fp pipe activity (None: unknown) and the GPU-level cause
-    the rules found."""
+    """The GpuView fields of the GPU's activity readings (None: unknown) and the GPU-level cause the rules found."""
     sm = readings.sm_active.get(gpu)
     return {"sm_active": sm[0] if sm else None, "sm_source": sm[1] if sm else None,
             "efficiency_recorded": readings.efficiency.get(gpu, ""),
@@ -97,8 +96,7 @@ def _findings(readings: Readings, key: RunKey, run: RunView, memory: float | Non
 
 def _judged(run: RunView, readings: Readings, gpu: str, memory: float | None, t: Thresholds,
             window_seconds: float, communication: dict[str, float] | None) -> RunView:
-    """``run`` with its causes (a live run) and the concrete remedies its reported context allows for them
-    (gpu_exporter.verdict.remedies), in one copy."""
+    """``run`` with its causes (a live run) and the concrete remedies its reported context allows, in one copy."""
     key = (run.run, run.rank, gpu)
     changes: dict[str, Any] = {"code": readings.code[key]} if key in readings.code else {}
     if run.live:

@@ -116,8 +116,7 @@ class Cause(Labelled):
         return f"{said}: {f.callback}." if f.callback else f"{said}."
 
     def alert_reason(self, table: Sequence[Cause]) -> str:
-        """The alert's reason, Go template text (``table``: the cause table, which a straggler's alert names the
-        straggler's own cause from)."""
+        """The alert's reason, Go template text (``table``: the cause table, for a straggler's own cause)."""
         return f"spends {{{{ $value | humanizePercentage }}}} of its time {self.doing}."
 
     def amount(self, value: float) -> str:
@@ -144,9 +143,8 @@ class Cause(Labelled):
         return "" if self.suggests is None else self.suggests.alert_text()
 
     def run_share(self, share: float, communication: Mapping[str, float], utilization: float | None) -> float | None:
-        """The share of a finished run's wall time the cause takes (the report's projection, docs/cli.md):
-        ``share`` its phase's share over the ranks it applied to, ``communication`` each rank's
-        communication share over the whole run, ``utilization`` the run's mean; None: not projected."""
+        """The share of a finished run's wall time the cause takes (the report's projection, docs/cli.md), from its
+        phase's ``share``, the ranks' ``communication`` shares and its mean ``utilization``; None: not projected."""
         return min(share, 1.0)
 
 
@@ -254,9 +252,8 @@ class Straggler(Cause):
              window_seconds: float) -> Found:
         straggler = straggler_of(run.communication or {})
         wait = run.shares.get(self.phase, 0.0) - straggler[1] if straggler else 0.0
-        if straggler is not None and wait > threshold(t, self.keys[0]):
-            return Finding(self, lvl, wait, _hidden(u, wait), straggler=straggler[0], step_seconds=run.step_seconds)
-        return None
+        return (Finding(self, lvl, wait, _hidden(u, wait), straggler=straggler[0], step_seconds=run.step_seconds)
+                if straggler is not None and wait > threshold(t, self.keys[0]) else None)
 
     def promql(self) -> str:
         comm = share(self.phase)
@@ -342,11 +339,8 @@ class Communication(Cause):
 
 @dataclass(frozen=True)
 class Finding:
-    """One cause that applies: its level, the value that explains it and the projected utilization.
-
-    ``value`` is the share of the run's time the cause takes (for M4: allocator events in the
-    window); ``projected`` the utilization the GPU could reach if it were removed (None for M4).
-    """
+    """One cause that applies: its level, the value that explains it (the share of the run's time it takes; M4:
+    allocator events in the window) and the utilization the GPU could reach without it (None for M4)."""
 
     cause: Cause
     level: str
@@ -367,13 +361,11 @@ class Finding:
         return f"{self.cause.label}: {self.projection(utilization, shares)}"
 
     def projection(self, utilization: float, shares: Mapping[str, float] | None = None) -> str:
-        """``"8% now, at most ~80% if loading overlapped compute"``: ``utilization`` is the GPU's, ``shares``
-        the run's phase shares (its collectives make the figure its useful utilization, see
-        :func:`~gpu_exporter.verdict.levels.useful_text`)."""
+        """``"8% now, at most ~80% if loading overlapped compute"``: ``utilization`` is the GPU's, ``shares`` the
+        run's phase shares (:func:`~gpu_exporter.verdict.levels.useful_text`)."""
         now = useful_text(utilization, *(() if shares is None else (shares,)))
-        if self.projected is None:
-            return f"{now} now; no projection (allocator stalls are counted, not timed)"
-        return self.cause.projection(self, now)
+        return (f"{now} now; no projection (allocator stalls are counted, not timed)" if self.projected is None
+                else self.cause.projection(self, now))
 
     @property
     def projected_step_seconds(self) -> float | None:

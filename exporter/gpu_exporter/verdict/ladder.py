@@ -246,8 +246,7 @@ def _suggested(run: RunView, verdict: Verdict) -> Verdict:
 
 
 def _idle_split(f: Facts) -> IdleSplit | None:
-    """Below target, the first live run's split of the GPU's idle time in compute and between the phases (how much of
-    it FO, HW and M3 explain; gpu_exporter.verdict.code.idle_split)."""
+    """Below target, the first live run's split of the GPU's idle time (gpu_exporter.verdict.code.idle_split)."""
     if f.level is None or f.utilization is None or not f.live or not f.live[0].shares:
         return None
     run = f.live[0]
@@ -330,12 +329,8 @@ VERDICT_TITLES: dict[str, str] = {row.verdict: row.title for row in reversed(LAD
 
 
 def judge(view: GpuView, t: Thresholds) -> Verdict:
-    """The one verdict for ``view`` under thresholds ``t``: the first row of :data:`LADDER` that holds.
-
-    The causes of its live runs (``RunView.findings``) were found by the join
-    (:func:`gpu_exporter.verdict.join.build_views`); the first in :func:`cause_order` names the
-    verdict, the others are listed with it.
-    """
+    """The one verdict for ``view`` under thresholds ``t``: the first row of :data:`LADDER` that holds (its live runs'
+    findings come from the join, :func:`gpu_exporter.verdict.join.build_views`)."""
     util = view.utilization
     live = tuple(r for r in view.runs if r.live)
     found = tuple(sorted(((f, r) for r in live for f in r.findings), key=lambda fr: cause_order(fr[0])))

@@ -30,11 +30,8 @@ SAME_JOB_SECONDS = 120.0
 
 def choose(launches: dict[RunKey, tuple[str, float]], run: str | None,
            run_id: str | None) -> tuple[set[RunKey] | None, str | None]:
-    """(the run keys to judge, or None for no launch filter; a one-line note or None).
-
-    ``launches`` maps (run, rank, GPU key) to (run id, start time). Without ``run_id`` and with one
-    launch of ``run`` (or runs from a library that sends no run id), no filter: the name says it all.
-    """
+    """(the run keys to judge, or None for no launch filter; a one-line note or None), from ``launches``: (run, rank,
+    GPU key) -> (run id, start time). Without ``run_id`` and with one launch of ``run``, no filter."""
     if run_id is not None:
         return {key for key, (ident, _) in launches.items() if ident == run_id
                 and (run is None or key[0] == run)}, None
@@ -58,10 +55,8 @@ def choose(launches: dict[RunKey, tuple[str, float]], run: str | None,
             ids.append(ident)
         else:
             others.append(ident)
-    note = None
-    if others:
-        note = (f"note: run name {run!r} is used by {len(others) + 1} live launches; judging the latest, run id "
-                f"{','.join(reversed(ids))}; the others: {', '.join(others)}: pick one with --run-id")
+    note = (f"note: run name {run!r} is used by {len(others) + 1} live launches; judging the latest, run id "
+            f"{','.join(reversed(ids))}; the others: {', '.join(others)}: pick one with --run-id") if others else None
     return chosen, note
 
 

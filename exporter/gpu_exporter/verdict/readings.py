@@ -116,11 +116,8 @@ def instant(readings: Readings, cur: Iterable[tuple[str, Pairs]], keys: Keys) ->
 
 
 def from_snapshots(prev: Snapshot, cur: Snapshot) -> Readings:
-    """Readings from two readings of one exporter: utilization and run activity are the deltas between them.
-
-    A run is live when it reports a current phase (it has not finished) and pushed within
-    ``max(STALE_SECONDS, 2 x window)`` of the second reading.
-    """
+    """Readings from two readings of one exporter: utilization and run activity are the deltas between them. A run is
+    live when it reports a current phase and pushed within ``max(STALE_SECONDS, 2 x window)`` of the second reading."""
     keys = Keys(cluster_label="")
     readings = instant(Readings(cluster_label=keys.cluster_label), ((name, cur.series(name)) for name in INSTANT), keys)
     elapsed = cur.at - prev.at
@@ -183,8 +180,7 @@ def _activity(readings: Readings, source: str, per_gpu: Iterable[dict[str, float
 
 
 def gpm(readings: Readings, snapshot: Snapshot) -> Readings:
-    """The whole GPU's GPM gauges (``mig_uuid=""``) of an exporter's reading: each the mean over the exporter's last
-    GPM sample."""
+    """The whole GPU's GPM gauges (``mig_uuid=""``) of an exporter's reading (means over its last GPM sample)."""
     keys = Keys(cluster_label=readings.cluster_label)
     _activity(readings, "gpm", (keys.per_gpu((labels, value) for labels, value in snapshot.series(family.name)
                                              if not labels.get("mig_uuid")) for family in GPM_GAUGES))

@@ -28,11 +28,8 @@ __all__ = ["RunSignals", "common_communication", "straggler_of"]
 
 @dataclass(frozen=True)
 class RunSignals:
-    """What one training run (rank) on a GPU reported over the window.
-
-    ``allocator_retries`` / ``allocator_ooms`` count events within ``allocator_window`` (diagnose
-    scales a shorter window's limit, see :func:`~gpu_exporter.verdict.causes.find_causes`).
-    """
+    """What one training run (rank) on a GPU reported over the window (``allocator_retries`` / ``allocator_ooms``:
+    events within it, :func:`~gpu_exporter.verdict.causes.find_causes` scales the limit to it)."""
 
     shares: Mapping[str, float]
     allocator_retries: float = 0.0

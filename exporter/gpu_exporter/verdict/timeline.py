@@ -127,12 +127,9 @@ def hint_of(m: Moment) -> str:
 
 @dataclass(frozen=True)
 class Effective:
-    """Effective utilization (SM activity) over a range, beside busy utilization, where a source reported it.
-
-    ``sm`` and ``busy``: means over the points with an SM source (None: none had one); ``compute``: the compute
-    phase's SM activity (SM activity / compute share) where the run reported phases; ``lost``: GPU-hours between
-    busy and effective (per GPU, the wall time times its mean ``busy - sm``); ``worth``: the same for the points
-    judged with each efficiency verdict (verdict -> GPU-hours)."""
+    """Effective utilization (SM activity) over a range, beside busy utilization: ``sm``, ``busy`` and ``compute``
+    (the compute phase's) are means over the points with an SM source (None: none); ``lost`` the GPU-hours between
+    busy and effective, ``worth`` the same for each efficiency verdict's points (verdict -> GPU-hours)."""
 
     sm: float | None
     busy: float | None
@@ -170,8 +167,7 @@ def effective(series: Mapping[str, Sequence[Moment | None]], wall: float) -> Eff
 def idle_over(series: Mapping[str, Sequence[Moment | None]], step: float) -> tuple[IdleSplit, float] | None:
     """How much of the GPUs' idle time in compute and between the phases FO, HW and M3 explained over a range, and
     the GPU-seconds that covers: the mean of the moments' own splits (each verdict's ``idle``), each standing for
-    the ``step`` before it. Sampled where some moment had the stack sampler's readings; None where no moment has a
-    split."""
+    the ``step`` before it; None where no moment has one."""
     splits = [m.verdict.idle for ms in series.values() for m in ms if m is not None and m.verdict.idle is not None]
     if not splits:
         return None

@@ -76,8 +76,7 @@ class RunView:
     source: str = ""
     """"sampled": phases estimated from the Python stack by the exporter (gpu_exporter.collectors.stacks)."""
     code: dict[str, float] | None = None
-    """The shares of the step the job's stack sampler read in the framework's and the job's own code (verdict/code.py);
-    None without its readings."""
+    """The stack sampler's shares of the step in the framework's and the job's own code (verdict/code.py), or None."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +145,7 @@ class GpuView:
     cluster: str = ""
     """The GPU's ``cluster_label`` value in a fleet read from Prometheus ("" for one node)."""
     sm_active: float | None = None
-    """Effective utilization: the whole GPU's SM activity (0-1, a 5m mean from Prometheus, the window's from an
-    exporter); None when no source reports it (verdict/efficiency.py)."""
+    """Effective utilization: the whole GPU's SM activity (0-1); None when no source reports it."""
     tensor_active: float | None = None
     dram_active: float | None = None
     """Tensor pipe and DRAM bandwidth activity (0-1); None when unknown."""
@@ -158,8 +156,7 @@ class GpuView:
     sm_source: str | None = None
     """Where the SM activity came from: ``"gpm"`` (NVML GPM) or ``"dcgm"`` (dcgm-exporter); None when unknown."""
     efficiency_recorded: str = ""
-    """The GPU-level cause the recording rules found (``gpu:gpu_busy_not_effective:ratio``'s cause label, read by
-    diagnose --prometheus-url); "" where they found none or were not read (verdict.efficiency.find_efficiency)."""
+    """The GPU-level cause the recording rules found (diagnose --prometheus-url); "" where none or not read."""
 
     @property
     def key(self) -> str:
@@ -183,14 +180,11 @@ class Verdict:
     projected: float | None = None
     suggestion: str = ""
     effective: str = ""
-    """The effective-use line: SM activity beside busy utilization ("SM activity 25% (GPM) while 96% busy"), or
-    "SM activity unknown: ..." (gpu_exporter.verdict.efficiency.effective_line)."""
+    """The effective-use line (gpu_exporter.verdict.efficiency.effective_line)."""
     worth: float | None = None
-    """An efficiency verdict's worth: the share of the GPU between busy and effective (busy - SM activity);
-    times hours, the GPU-hours it is worth."""
+    """An efficiency verdict's worth: the share of the GPU between busy and effective (times hours, GPU-hours)."""
     idle: IdleSplit | None = None
-    """Below target with a live run: the GPU's idle time in compute and between the phases, and how much of it FO, HW
-    and M3 explain (gpu_exporter.verdict.code.idle_split)."""
+    """Below target with a live run: the GPU's idle time split by cause (gpu_exporter.verdict.code.idle_split)."""
 
 
 @dataclass
@@ -233,10 +227,8 @@ class Readings:
     sm_active: dict[str, tuple[float, str]] = field(default_factory=dict)
     tensor_active: dict[str, float] = field(default_factory=dict)
     dram_active: dict[str, float] = field(default_factory=dict)
-    """Per GPU key: the whole GPU's SM activity with its source ("gpm" or "dcgm"), and the same source's tensor pipe
-    and DRAM activity."""
+    """Per GPU key: the SM activity with its source ("gpm" or "dcgm"), and that source's tensor pipe and DRAM's."""
     efficiency: dict[str, str] = field(default_factory=dict)
     """The GPU-level cause the recording rules found per GPU key (verdict.efficiency; from Prometheus)."""
     fp_active: dict[str, dict[str, float]] = field(default_factory=dict)
-    """The fp pipes' activity per pipe (``"fp32"``, ``"fp16"``, ``"fp64"``: verdict.efficiency.FP_PIPES) and GPU key,
-    dcgm-exporter's only (where its counters file has the fields)."""
+    """The fp pipes' activity per pipe (``"fp32"``, ...: verdict.efficiency.FP_PIPES) and GPU key (dcgm-exporter's)."""
