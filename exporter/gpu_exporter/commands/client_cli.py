@@ -89,14 +89,11 @@ def _secret(path: str, what: str) -> str:
     return text
 
 
-def connection(args: argparse.Namespace, url: str, url_flag: str,
-               env: Mapping[str, str] | None = None) -> Connection:
-    """The one place that turns the connection flags (:func:`add_client_arguments`) into a TLS context and
-    headers for ``url``, given as ``url_flag``; MetricsError for a bad combination or an unreadable file.
-
-    Credentials: ``--username`` with ``--password-file``, or ``USER:PASSWORD@`` in the URL (basic auth), or
-    ``--bearer-token-file``; else ``$GPU_EXPORTER_BEARER_TOKEN`` when set. Two kinds at once are an error.
-    """
+def connection(args: argparse.Namespace, url: str, url_flag: str, env: Mapping[str, str] | None = None) -> Connection:
+    """The one place that turns the connection flags (:func:`add_client_arguments`) into a TLS context and headers
+    for ``url``, given as ``url_flag``; MetricsError for a bad combination or an unreadable file. Credentials:
+    ``--username`` with ``--password-file``, or ``USER:PASSWORD@`` in the URL (basic auth), or ``--bearer-token-file``;
+    else ``$GPU_EXPORTER_BEARER_TOKEN`` when set. Two kinds at once are an error."""
     env = os.environ if env is None else env
 
     def get(name: str) -> Any:
@@ -121,8 +118,7 @@ def connection(args: argparse.Namespace, url: str, url_flag: str,
         headers["Authorization"] = "Bearer " + _secret(str(get("bearer_token_file")), "bearer token")
     elif not in_url and env.get(BEARER_TOKEN_ENV, "").strip():
         headers["Authorization"] = "Bearer " + env[BEARER_TOKEN_ENV].strip()
-    return Connection(tls_context(get("ca_file"), bool(get("insecure")), get("cert_file"), get("key_file")),
-                      headers)
+    return Connection(tls_context(get("ca_file"), bool(get("insecure")), get("cert_file"), get("key_file")), headers)
 
 
 def parse_seconds(text: str, what: str) -> float:

@@ -73,8 +73,7 @@ class Prometheus:
     def query(self, expr: str) -> list[tuple[Labels, float]]:
         """The instant vector ``expr`` evaluates to now (or at ``at``), as (labels, value) pairs."""
         params = {"query": expr} if self.at is None else {"query": expr, "time": f"{self.at:.3f}"}
-        return [(item["metric"], float(item["value"][1]))
-                for item in self._data("query", params, expr, "vector")]
+        return [(item["metric"], float(item["value"][1])) for item in self._data("query", params, expr, "vector")]
 
     def query_many(self, exprs: Sequence[str]) -> dict[str, list[tuple[Labels, float]]]:
         """:meth:`query` of every expression, ``QUERY_WORKERS`` at a time: a fleet's answer waits for its slowest
@@ -92,7 +91,6 @@ class Prometheus:
                 for item in self._data("query", params, selector, "matrix")]
 
     def require(self, metric: str, window: str) -> None:
-        """Raise MetricsError unless Prometheus holds ``metric`` within the last ``window``."""
         if not self.query(f"count(last_over_time({metric}[{window}]))"):
             raise MetricsError(f"Prometheus at {self.base} has no {metric} series in the last {window}: "
                                "is it scraping a gpu-exporter (see its Targets page)?")

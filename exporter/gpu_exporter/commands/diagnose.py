@@ -35,15 +35,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from gpu_exporter.commands.client_cli import (
-    add_client_arguments,
-    connection,
-    fail,
-    iso,
-    parse_seconds,
-    parse_time,
-    without_gc,
-)
+from gpu_exporter.commands import client_cli
 from gpu_exporter.commands.client_http import MetricsError
 from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.client_sources import DcgmSource, ExporterSource, read_after
@@ -90,12 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="thresholds YAML to judge with (default: the copy packaged with gpu_exporter, "
                              "which prometheus/thresholds.yml links to in a source checkout)")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="text for people, json for tools")
-    add_client_arguments(parser, "--url or --prometheus-url")
+    client_cli.add_client_arguments(parser, "--url or --prometheus-url")
 
 
 def _window(text: str) -> tuple[float, str]:
     """Seconds and a label (``30s``, ``15m``) of a ``--window`` value: a duration or plain seconds."""
-    value = parse_seconds(text, "--window")
+    value = client_cli.parse_seconds(text, "--window")
     return value, f"{value:g}s" if text.replace(".", "", 1).isdigit() else text
 
 
@@ -125,11 +117,11 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsError("--dcgm-url goes with --url: from Prometheus the recording rules already read "
                                "dcgm-exporter's series")
         if args.prometheus_url is not None:
-            at = None if args.at is None else parse_time(args.at, "--at")
+            at = None if args.at is None else client_cli.parse_time(args.at, "--at")
             prom = Prometheus(args.prometheus_url, at=at,
-                              connection=connection(args, args.prometheus_url, "--prometheus-url"))
+                              connection=client_cli.connection(args, args.prometheus_url, "--prometheus-url"))
             seconds, window = _window(args.window or PROMETHEUS_WINDOW)
-            ending = "" if at is None else f" ending {iso(at)}"
+            ending = "" if at is None else f" ending {client_cli.iso(at)}"
             if seconds == parse_duration(PROMETHEUS_WINDOW):
                 window = f"{PROMETHEUS_WINDOW}{ending} (recording rules)"
                 readings = from_prometheus(prom, cluster_label=thresholds.cluster_label,
@@ -143,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             seconds, window = _window(args.window or DEFAULT_WINDOW_EXPORTER)
             exporter = ExporterSource(args.url or DEFAULT_URL,
-                                      connection=connection(args, args.url or DEFAULT_URL, "--url"))
+                                      connection=client_cli.connection(args, args.url or DEFAULT_URL, "--url"))
             first = exporter.read()
             _wait(max(0.0, seconds - (time.monotonic() - first.at)), exporter.url, sys.stderr)
             readings, source = from_snapshots(first, read_after(exporter, first.at, 5.0)), exporter.url
@@ -161,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsError(f"no GPU matches {' '.join(filters)} at {source}" if filters else
                                f"{source} reports no GPUs")
     except (MetricsError, ThresholdsError) as err:
-        return fail(str(err))
+        return client_cli.fail(str(err))
     except KeyboardInterrupt:
-        return fail("interrupted", 130)
+        return client_cli.fail("interrupted", 130)
     unjoined = [(r, k) for r, k in unjoined_runs(readings) if args.run_name in (None, r)]
     if args.output == "json":
         render_json(results, source, seconds, thresholds, sys.stdout, unjoined)
@@ -174,4 +166,4 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subcommands: dict[str, Any]) -> None:
     subcommands["diagnose"] = ("say per GPU why it is below the utilization target, and the remedy",
-                               add_arguments, without_gc(run))
+                               add_arguments, client_cli.without_gc(run))

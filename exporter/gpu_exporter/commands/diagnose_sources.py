@@ -56,14 +56,12 @@ _READ: dict[str, tuple[str, ...]] = {
     catalog.GPU_SM_ACTIVE_AVG5M.name: ("uuid", "source"),
     catalog.GPU_BUSY_NOT_EFFECTIVE_RATIO.name: ("uuid", "cause"),
 }
-"""The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies), besides
-the cluster label; a rate of a counter keeps the counter's (evidence.rates). Prometheus drops the others
-(``max by``: instance, job, node and a target's own labels): at fleet scale that halves the answers to decode.
-Of ``gpu_info`` the labels of a GPU's view (verdict.join): its index, name and node (or instance)."""
+"""The labels diagnose reads of each series (verdict.readings' Keys and instant, evidence, remedies; of ``gpu_info``
+a GPU's view's), besides the cluster label; a rate of a counter keeps the counter's (evidence.rates). Prometheus drops
+the others (``max by``: instance, job, node and a target's own labels): at fleet scale that halves the answers."""
 
 
 def _sent(expr: str, labels: tuple[str, ...] | None, cluster_label: str) -> str:
-    """``expr`` as sent: ``max by (<labels>, <cluster_label>) (expr)``, or whole without ``labels``."""
     if labels is None:
         return expr
     return f"max by ({', '.join((*labels, cluster_label) if cluster_label else labels)}) ({expr})"
@@ -94,7 +92,6 @@ class _Fleet:
             prom.require(catalog.GPU_INFO.name, "15m")
 
     def raw(self, expr: str) -> Pairs:
-        """The answer to ``expr``, one of the reading's queries."""
         return self.answers[self.sent[expr]]
 
     def query(self, expr: str) -> Pairs:
@@ -196,10 +193,9 @@ def from_prometheus(prom: Prometheus, *, cluster_label: str, launches: bool = Tr
     utilization, memory, phase shares and causes (the GPU-level ones too, where ``gpu:gpu_busy_not_effective:ratio``
     has them); names, processes, pods and batch sizes from the exporter's instant series, every query sent at once.
     The runs' launches only with ``launches`` (``--run``, ``--run-id``; a fleet-wide read skips their series).
-    With ``sm_active_low`` the live runs that may get the batch suggestion of the SM form of M3
-    (verdict/efficiency.py) get their context read too: a run with no cause of its own on a GPU at or above
-    ``utilization_target`` whose SM activity is below ``sm_active_low``, not every run below the line (docs/fleet.md).
-    """
+    With ``sm_active_low`` the live runs that may get the batch suggestion of the SM form of M3 (verdict/efficiency.py)
+    get their context read too: a run with no cause of its own on a GPU at or above ``utilization_target`` whose SM
+    activity is below ``sm_active_low``, not every run below the line (docs/fleet.md)."""
     skip = {catalog.GPU_TRAINING_PHASE_SECONDS_TOTAL.name,  # the rules' shares instead
             catalog.GPU_MEMORY_USED_BYTES.name, catalog.GPU_MEMORY_TOTAL_BYTES.name}  # remedy_inputs reads them
     if not launches:

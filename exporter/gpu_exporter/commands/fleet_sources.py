@@ -65,8 +65,7 @@ def _launches(prom: Prometheus, start: float, end: float, now: float, *, cluster
     return rows
 
 
-def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step: float | None,
-                now: float) -> Range:
+def judge_range(prom: Prometheus, t: Thresholds, start: float, end: float, step: float | None, now: float) -> Range:
     """Judge every GPU at every point of [start, end] and find the launches in it (the module docstring)."""
     if end <= start:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
@@ -134,11 +133,9 @@ def owner_map(result: Iterable[tuple[Labels, float]]) -> dict[str, str]:
 def load_prices(path: str) -> Prices:
     """The prices file at ``path``; MetricsError with one line (``file:line: ...``) when it is not valid."""
     try:
-        text = Path(path).read_text()
+        doc = parse(Path(path).read_text(), path)
     except OSError as err:
         raise MetricsError(f"--prices: cannot read {path}: {err.strerror}") from None
-    try:
-        doc = parse(text, path)
     except YamlError as err:
         raise MetricsError(f"--prices: {err}") from None
     if not isinstance(doc, YamlMap):

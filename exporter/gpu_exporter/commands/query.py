@@ -358,8 +358,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("-l", "--loop", type=_loop_seconds, nargs="?", const=DEFAULT_LOOP_SECONDS, metavar="SECONDS",
                       help="print rows every SECONDS, or a duration such as 500ms or 1m (default 5 without a value; "
                       "each row the mean over that time) until Ctrl-C")
-    loop.add_argument("-lms", "--loop-ms", type=float, metavar="MILLISECONDS",
-                      help="as -l, in milliseconds")
+    loop.add_argument("-lms", "--loop-ms", type=float, metavar="MILLISECONDS", help="as -l, in milliseconds")
     parser.add_argument("--count", type=int, metavar="N", help="stop after N sets of rows (default: 1 without a "
                         "loop, unlimited with one); no short form: nvidia-smi's -c is --compute-mode")
     parser.add_argument("-i", "--id", metavar="ID[,ID...]",

@@ -37,7 +37,6 @@ from gpu_exporter.commands.client_cli import (
 from gpu_exporter.commands.client_http import MetricsError
 from gpu_exporter.commands.client_prometheus import Prometheus
 from gpu_exporter.commands.report_render import RENDERERS, CauseSpan, Report, write
-from gpu_exporter.commands.report_sources import MIN_STEP, POINTS, WINDOW_STEPS, Launch, Totals
 from gpu_exporter.thresholds import Thresholds, ThresholdsError, load_thresholds, parse_duration
 from gpu_exporter.verdict.causes import BY_ID
 from gpu_exporter.verdict.efficiency import EFFICIENCY_BY_ID
@@ -57,7 +56,7 @@ def _verdict_span(verdict: str, hint: str, span: Span, step: float) -> CauseSpan
 
 
 def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, step: float | None,
-          lookback: str, final: Totals | None = None, launch: Launch | None = None) -> Report:
+          lookback: str, final: sources.Totals | None = None, launch: sources.Launch | None = None) -> Report:
     """Read ``run`` (only ``launch``, when given) from ``start`` to ``end``: every figure of the report."""
     if end <= start:
         raise MetricsError(f"the range is empty: --from {iso(start)} is not before --to {iso(end)}")
@@ -80,8 +79,8 @@ def build(prom: Prometheus, run: str, t: Thresholds, start: float, end: float, s
     util = sources.utilization(prom, gpus, start, end, cluster_label=t.cluster_label) if gpus else {}
     mean_util = sum(util.values()) / len(util) if util else None
 
-    step = step or max(MIN_STEP, (end - start) / POINTS)
-    window = WINDOW_STEPS * step
+    step = step or max(sources.MIN_STEP, (end - start) / sources.POINTS)
+    window = sources.WINDOW_STEPS * step
     grid = [start + k * step for k in range(int((end - start) / step + 1e-9) + 1)]
     points = sources.readings_over(prom, grid, step, window, t.cluster_label, gpus) if gpus else ()
     timeline = Timeline.judge(points, t, window, run, launch.run_id.split(",") if launch else ())
@@ -134,8 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start of the range (default: the run's start): --from=-8h, Unix seconds or ISO 8601")
     parser.add_argument("--to", dest="end", metavar="TIME", help="end of the range (default: the run's last push)")
     parser.add_argument("--step", metavar="DURATION",
-                        help=f"time between points of the series (default: the range / {POINTS}, at least "
-                             f"{MIN_STEP:g}s); each point's rate window is {WINDOW_STEPS} steps")
+                        help=f"time between points of the series (default: the range / {sources.POINTS}, at least "
+                             f"{sources.MIN_STEP:g}s); each point's rate window is {sources.WINDOW_STEPS} steps")
     parser.add_argument("--lookback", metavar="DURATION", default="30d",
                         help="how far back to look for the run (default 30d; a PromQL range: 2w, 36h)")
     parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (default: the packaged copy)")

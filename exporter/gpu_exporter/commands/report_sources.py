@@ -80,8 +80,7 @@ def lifetime(prom: Prometheus, run: str, now: float, lookback: str, *,
 class Launch:
     """One launch (incarnation) of a run: its run id, its ranks, its own start and end. Launches of one name share
     the training series; only ``gpu_training_run_info`` and the start timestamp carry the ``run_id``
-    (docs/training.md#run-identity), so a read of a launch keeps the samples of its info series' time (:meth:`only`).
-    """
+    (docs/training.md#run-identity), so a read of a launch keeps the samples of its info series' time (:meth:`only`)."""
 
     run: str
     run_id: str
@@ -258,7 +257,6 @@ class Stepped(Prometheus):
         return self._all(f"({expr}) and on(uuid) {self.only}" if self.only else expr).get(_ms(self.at), [])
 
     def require(self, metric: str, window: str) -> None:
-        """Raise MetricsError unless Prometheus holds ``metric`` at some point of the grid."""
         if not self._all(f"count(last_over_time({metric}[{window}]))"):
             raise MetricsError(f"Prometheus at {self.base} has no {metric} series between {iso(self.times[0])} and "
                                f"{iso(self.times[-1])}: is it scraping a gpu-exporter, and is the range right?")
