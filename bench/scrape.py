@@ -81,8 +81,8 @@ def _metered(function):
     return call
 
 
-_library = pynvml.nvmlLib
-_library._functions = {{name: _metered(f) for name, f in _library._functions.items()}}
+for _name, _function in pynvml.nvmlLib.functions().items():
+    setattr(pynvml.nvmlLib, _name, _metered(_function))
 
 
 def _write():

@@ -236,6 +236,10 @@ class FakeNvmlLibrary:
     def __getattr__(self, name: str) -> Callable[..., int]:
         raise AttributeError(f"simulated NVML has no function {name}")
 
+    def functions(self) -> dict[str, Callable[..., int]]:
+        """Every simulated C function by name, as pynvml finds it; ``setattr`` one to wrap it (bench/scrape.py)."""
+        return {name: f for name, f in vars(self).items() if name.startswith("nvml")}
+
     # --- dispatch --------------------------------------------------------------------------
 
     def _wrap(self, method: Callable[..., int], name: str, device: bool, locked: bool,
