@@ -60,6 +60,10 @@ TRUTH_TOLERANCE = 0.05
 """How far (share of wall time) a reported phase may be from the device's account of it: compute from
 the GPU work (busy, and the gaps between the operators of the job's compute boxes), the others from the
 time the job marked for that work."""
+COMPUTE_HOST_EDGES = 0.08
+"""How far compute may be above the device's account: an integration times the framework's step as a whole, so its
+compute also holds the host time before the step's first operator and after its last, which the device never sees
+(+0.02 to +0.056 in quiet runs on 2 cores)."""
 
 
 def run_name(integration: str, loop: str) -> str:
@@ -134,4 +138,5 @@ def test_what_each_integration_counted_matches_the_device(stack: tuple[str, str,
         print(f"  {run_name(*key)}: " + ", ".join(f"{p} {r:.3f}/{t:.3f}" for p, (r, t) in shares.items()))
     for key, shares in table.items():
         for phase, (counted, truth) in shares.items():
-            assert counted == pytest.approx(truth, abs=TRUTH_TOLERANCE), (key, phase, table[key])
+            above = COMPUTE_HOST_EDGES if phase == "compute" else TRUTH_TOLERANCE
+            assert -TRUTH_TOLERANCE <= counted - truth <= above, (key, phase, table[key])
